@@ -1,0 +1,39 @@
+# Thin wrapper over CMake. `make bench CASE=llm-lora`, `make test`, `make gpu-check`.
+BUILD ?= build
+CASE ?= llm-lora
+SCALE ?=
+DEVICE ?= auto
+JOBS ?= $(shell nproc)
+ARGS ?=
+
+.PHONY: all build deps test bench plan report gpu-check clean
+
+all: build
+
+deps:
+	@./tools/deps.sh
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j 1
+
+bench: build
+	./$(BUILD)/vramlab bench $(CASE) --device $(DEVICE) $(if $(SCALE),--scale $(SCALE)) $(ARGS)
+
+plan: build
+	./$(BUILD)/vramlab plan $(CASE) $(ARGS)
+
+report: build
+	./$(BUILD)/vramlab report $(CASE) $(ARGS)
+
+gpu-check: build
+	@if [ -x ./$(BUILD)/vramlab-gpu-check ]; then ./$(BUILD)/vramlab-gpu-check; \
+	 else echo "gpu-check: skipped: this build has no CUDA backend (nvcc not found)"; fi
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,46 @@
+/* A case wires engine parts into one case study: which model, which data, which metrics.
+ * The harness drives it rung by rung; a case never prints reports itself. */
+#ifndef VRAMLAB_CASE_H
+#define VRAMLAB_CASE_H
+
+#include <cjson/cJSON.h>
+
+#include "harness.h"
+#include "vramlab/core.h"
+
+typedef struct {
+  const char *scale;       /* run scale: tiny | small | full */
+  vl_device device;        /* where `run` executes */
+  const vl_knobs *setting; /* the [case] section (after --set) */
+  int quiet;
+} vl_case_env;
+
+typedef struct vl_case {
+  const char *id;
+  const char *summary;
+  const char *const *knobs;   /* every knob a rung may set, NULL-terminated */
+  const char *const *scales;  /* valid scales, NULL-terminated */
+  /* Plan the rung at `scale` (memory, FLOPs, fits, max batch, OOM rate) into out. */
+  int (*plan)(const vl_case_env *env, const char *scale, const vl_knobs *knobs, cJSON *out,
+              char *err, size_t errn);
+  /* Run one repetition of the rung on env->device at env->scale; fills out. */
+  int (*run)(const vl_case_env *env, const vl_knobs *knobs, int rep, cJSON *out, char *err,
+             size_t errn);
+} vl_case;
+
+const vl_case *vl_case_find(const char *id);
+const vl_case *const *vl_case_all(int *n);
+/* Check a rung's knobs against the case's list: unknown knob -> error naming the known. */
+int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, char *err, size_t errn);
+
+/* Knob parsing helpers: return 0 or -1 with a message naming the knob and value. */
+int vl_knob_int(const vl_knobs *k, const char *key, long def, long lo, long hi, long *out, char *err, size_t errn);
+int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, double hi, double *out, char *err, size_t errn);
+int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *err, size_t errn);
+int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn);
+
+/* sgemm FLOP/s of this machine's CPU backend (square n, reps), for utilisation shares. */
+double vl_bench_sgemm(int n, int reps);
+
+extern const vl_case vl_case_llm_lora;
+#endif

@@ -1,0 +1,113 @@
+/* The case registry and knob parsing shared by all cases. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "case.h"
+#include "vramlab/nn.h"
+
+static const vl_case *const all_cases[] = {&vl_case_llm_lora};
+
+const vl_case *const *vl_case_all(int *n) {
+  *n = (int)(sizeof all_cases / sizeof *all_cases);
+  return all_cases;
+}
+
+const vl_case *vl_case_find(const char *id) {
+  int n;
+  const vl_case *const *a = vl_case_all(&n);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(a[i]->id, id)) return a[i];
+  return NULL;
+}
+
+int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, char *err, size_t errn) {
+  for (int i = 0; i < k->n; i++) {
+    int ok = 0;
+    for (int j = 0; c->knobs[j]; j++) ok |= !strcmp(c->knobs[j], k->k[i].key);
+    if (!ok) {
+      char known[512] = "";
+      for (int j = 0; c->knobs[j]; j++) {
+        strncat(known, c->knobs[j], sizeof known - strlen(known) - 1);
+        if (c->knobs[j + 1]) strncat(known, ", ", sizeof known - strlen(known) - 1);
+      }
+      snprintf(err, errn, "rung '%s': unknown knob '%s' (known: %s)", rung, k->k[i].key, known);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int vl_knob_int(const vl_knobs *k, const char *key, long def, long lo, long hi, long *out, char *err, size_t errn) {
+  const char *v = vl_knob_get(k, key);
+  if (!v) { *out = def; return 0; }
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    snprintf(err, errn, "%s = '%s': expected an integer in [%ld, %ld]", key, v, lo, hi);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, double hi, double *out, char *err, size_t errn) {
+  const char *v = vl_knob_get(k, key);
+  if (!v) { *out = def; return 0; }
+  char *end;
+  double x = strtod(v, &end);
+  if (end == v || *end || !(x >= lo && x <= hi)) {
+    snprintf(err, errn, "%s = '%s': expected a number in [%g, %g]", key, v, lo, hi);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *err, size_t errn) {
+  const char *v = vl_knob_get(k, key);
+  if (!v) { *out = def; return 0; }
+  if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "on")) { *out = 1; return 0; }
+  if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off")) { *out = 0; return 0; }
+  snprintf(err, errn, "%s = '%s': expected true or false", key, v);
+  return -1;
+}
+
+int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn) {
+  const char *v = vl_knob_get(k, key);
+  if (!v) v = def;
+  if (vl_parse_bytes(v, out) || *out == 0) {
+    snprintf(err, errn, "%s = '%s': expected a size like 24GiB or 22.08GB", key, v);
+    return -1;
+  }
+  return 0;
+}
+
+double vl_bench_sgemm(int n, int reps) {
+  vl_ctx *c;
+  if (vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP)) return 0;
+  vl_tensor a, b, d;
+  double best = 0;
+  if (!vl_tensor_alloc2(c, &a, VL_F32, VL_MEM_TEMP, n, n) &&
+      !vl_tensor_alloc2(c, &b, VL_F32, VL_MEM_TEMP, n, n) &&
+      !vl_tensor_alloc2(c, &d, VL_F32, VL_MEM_TEMP, n, n)) {
+    vl_rng r;
+    vl_rng_seed(&r, 3);
+    float *pa = a.data, *pb = b.data;
+    for (int64_t i = 0; i < (int64_t)n * n; i++) { pa[i] = vl_rng_normal(&r); pb[i] = vl_rng_normal(&r); }
+    for (int i = 0; i < reps + 1; i++) {
+      vl_gemm g = {.M = n, .N = n, .K = n, .alpha = 1, .beta = 0, .A = &a, .lda = n, .B = &b,
+                   .ldb = n, .C = &d, .ldc = n, .batch = 1};
+      double t0 = vl_now();
+      vl_op_gemm(c, &g);
+      double dt = vl_now() - t0;
+      double f = 2.0 * n * (double)n * n / dt;
+      if (i > 0 && f > best) best = f; /* first call warms up threads and pages */
+    }
+  }
+  vl_ctx_destroy(c);
+  return best;
+}

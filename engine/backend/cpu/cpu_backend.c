@@ -1,0 +1,275 @@
+/* CPU backend: OpenBLAS sgemm for GEMM, OpenMP loops over the single-source kernels. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vramlab/backend.h"
+#include "../../kernels/elem.h"
+#include "../../kernels/nf4.h"
+#include "../../kernels/optim.h"
+#include "../../kernels/rows.h"
+
+#define PAR_MIN 8192 /* below this many elements a parallel region costs more than it saves */
+
+static int dt(const vl_tensor *t) { return (int)t->dtype; }
+
+static vl_status cpu_init(vl_ctx *c) { (void)c; return VL_OK; }
+static void cpu_fini(vl_ctx *c) { (void)c; }
+static vl_status cpu_sync(vl_ctx *c) { (void)c; return VL_OK; }
+static size_t cpu_fixed_ws(const vl_ctx *c) { (void)c; return 0; }
+static size_t cpu_gemm_ws(const vl_ctx *c, const vl_gemm *g) { (void)c; return vl_gemm_ws_cpu(g); }
+
+/* Copy the (rows, cols) region at p (leading dim ld, dtype d) into packed fp32. */
+static void to_f32(float *dst, const void *p, int d, int64_t off, int64_t rows, int64_t cols,
+                   int64_t ld) {
+#pragma omp parallel for if (rows * cols > PAR_MIN)
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < cols; k++) dst[r * cols + k] = vl_ld(p, d, off + r * ld + k);
+}
+
+static vl_status cpu_gemm(vl_ctx *c, const vl_gemm *g) {
+  if (g->ws_bytes < vl_gemm_ws_cpu(g))
+    return vl_fail(c, VL_ERR_INVALID, "gemm workspace %zu < %zu", g->ws_bytes, vl_gemm_ws_cpu(g));
+  float *ws = g->ws;
+  int64_t arows = g->ta ? g->K : g->M, acols = g->ta ? g->M : g->K;
+  int64_t brows = g->tb ? g->N : g->K, bcols = g->tb ? g->K : g->N;
+  float *wa = NULL, *wb = NULL, *wc = NULL;
+  if (g->A->dtype != VL_F32) { wa = ws; ws += arows * acols; }
+  if (g->B->dtype == VL_NF4) {
+    if (g->b_off != 0 || g->ldb != bcols || (size_t)(brows * bcols) != (size_t)g->B->n)
+      return vl_fail(c, VL_ERR_UNSUPPORTED, "nf4 gemm operand must be a whole contiguous matrix");
+    wb = ws; ws += g->B->n;
+    const uint8_t *q = g->B->data;
+    int64_t n = g->B->n;
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) wb[i] = vl_nf4_get(q, n, i);
+  } else if (g->B->dtype != VL_F32) {
+    wb = ws; ws += brows * bcols;
+  }
+  if (g->C->dtype != VL_F32) wc = ws;
+  for (int64_t b = 0; b < g->batch; b++) {
+    const float *pa, *pb;
+    int64_t lda = g->lda, ldb = g->ldb, ldc = g->ldc;
+    if (wa) { to_f32(wa, g->A->data, dt(g->A), g->a_off + b * g->sa, arows, acols, g->lda); pa = wa; lda = acols; }
+    else pa = (const float *)g->A->data + g->a_off + b * g->sa;
+    if (g->B->dtype == VL_NF4) { pb = wb; ldb = bcols; }
+    else if (wb) { to_f32(wb, g->B->data, dt(g->B), g->b_off + b * g->sb, brows, bcols, g->ldb); pb = wb; ldb = bcols; }
+    else pb = (const float *)g->B->data + g->b_off + b * g->sb;
+    float *pc;
+    int64_t coff = g->c_off + b * g->sc;
+    if (wc) {
+      if (g->beta != 0.0f) to_f32(wc, g->C->data, dt(g->C), coff, g->M, g->N, g->ldc);
+      pc = wc; ldc = g->N;
+    } else {
+      pc = (float *)g->C->data + coff;
+    }
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                (blasint)g->M, (blasint)g->N, (blasint)g->K, g->alpha, pa, (blasint)lda, pb,
+                (blasint)ldb, g->beta, pc, (blasint)ldc);
+    if (wc) {
+      int64_t M = g->M, N = g->N;
+#pragma omp parallel for if (M * N > PAR_MIN)
+      for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < N; k++) vl_st(g->C->data, dt(g->C), coff + r * g->ldc + k, wc[r * N + k]);
+    }
+  }
+  return VL_OK;
+}
+
+static vl_status cpu_upload(vl_ctx *c, vl_tensor *dst, size_t off, const void *src, size_t n) {
+  (void)c;
+  memcpy((char *)dst->data + off, src, n);
+  return VL_OK;
+}
+static vl_status cpu_download(vl_ctx *c, void *dst, const vl_tensor *src, size_t off, size_t n) {
+  (void)c;
+  memcpy(dst, (const char *)src->data + off, n);
+  return VL_OK;
+}
+static vl_status cpu_zero(vl_ctx *c, vl_tensor *y) { (void)c; memset(y->data, 0, y->bytes); return VL_OK; }
+
+static vl_status cpu_convert(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
+  (void)c;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) vl_k_convert(y->data, dt(y), x->data, dt(x), i);
+  return VL_OK;
+}
+static vl_status cpu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b, int64_t n) {
+  (void)c;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) vl_k_axpby(y->data, dt(y), a, x->data, dt(x), b, i);
+  return VL_OK;
+}
+static vl_status cpu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
+                               int64_t R, int64_t C) {
+  (void)c;
+#pragma omp parallel for if (R * C > PAR_MIN)
+  for (int64_t i = 0; i < R * C; i++) vl_k_embed_fwd(out->data, dt(out), wte->data, dt(wte), tok, C, i);
+  return VL_OK;
+}
+static vl_status cpu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const int32_t *tok,
+                               int64_t R, int64_t C) {
+  (void)c;
+#pragma omp parallel for if (R * C > PAR_MIN)
+  for (int64_t k = 0; k < C; k++) vl_k_embed_bwd_col(dw->data, dt(dw), dout->data, dt(dout), tok, R, C, k);
+  return VL_OK;
+}
+static vl_status cpu_rmsnorm_fwd(vl_ctx *c, vl_tensor *out, vl_tensor *rstd, const vl_tensor *x,
+                                 const vl_tensor *w, int64_t R, int64_t C, float eps) {
+  (void)c;
+#pragma omp parallel for if (R * C > PAR_MIN)
+  for (int64_t r = 0; r < R; r++)
+    vl_k_rmsnorm_fwd_row(out->data, dt(out), rstd->data, x->data, dt(x), w->data, dt(w), C, eps, r);
+  return VL_OK;
+}
+static vl_status cpu_rmsnorm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const vl_tensor *dout,
+                                 const vl_tensor *x, const vl_tensor *w, const vl_tensor *rstd,
+                                 int64_t R, int64_t C) {
+  (void)c;
+#pragma omp parallel for if (R * C > PAR_MIN)
+  for (int64_t r = 0; r < R; r++)
+    vl_k_rmsnorm_bwd_row(dx->data, dt(dx), dout->data, dt(dout), x->data, dt(x), w->data, dt(w),
+                         rstd->data, C, r);
+  if (dw) {
+#pragma omp parallel for if (R * C > PAR_MIN)
+    for (int64_t k = 0; k < C; k++)
+      vl_k_rmsnorm_dw_col(dw->data, dt(dw), dout->data, dt(dout), x->data, dt(x), rstd->data, R, C, k);
+  }
+  return VL_OK;
+}
+static vl_status cpu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                          float theta, bool inverse) {
+  (void)c;
+  int64_t n = B * T * H * (D / 2);
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) vl_k_rope(x->data, dt(x), T, H, D, theta, inverse, i);
+  return VL_OK;
+}
+static vl_status cpu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
+                             int64_t H, int64_t D, bool back) {
+  (void)c;
+  int64_t n = B * T * H * D;
+  if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) vl_k_permute(y->data, x->data, dt(x), T, H, D, back, i);
+  return VL_OK;
+}
+static vl_status cpu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
+                                 int64_t T, float scale) {
+  (void)c;
+#pragma omp parallel for if (rows * T > PAR_MIN)
+  for (int64_t r = 0; r < rows; r++) vl_k_softmax_causal_row(P->data, dt(P), S->data, dt(S), T, scale, r);
+  return VL_OK;
+}
+static vl_status cpu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
+                                 int64_t rows, int64_t T, float scale) {
+  (void)c;
+#pragma omp parallel for if (rows * T > PAR_MIN)
+  for (int64_t r = 0; r < rows; r++)
+    vl_k_softmax_causal_bwd_row(dS->data, dt(dS), dP->data, dt(dP), P->data, dt(P), T, scale, r);
+  return VL_OK;
+}
+static vl_status cpu_swiglu_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *g, const vl_tensor *u,
+                                int64_t n) {
+  (void)c;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) vl_k_swiglu_fwd(out->data, dt(out), g->data, u->data, dt(g), i);
+  return VL_OK;
+}
+static vl_status cpu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl_tensor *dout,
+                                const vl_tensor *g, const vl_tensor *u, int64_t n) {
+  (void)c;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++)
+    vl_k_swiglu_bwd(dg->data, du->data, dt(dg), dout->data, dt(dout), g->data, u->data, dt(g), i);
+  return VL_OK;
+}
+static vl_status cpu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+                          int64_t R, int64_t V, float s) {
+  (void)c;
+#pragma omp parallel for if (R * V > PAR_MIN)
+  for (int64_t r = 0; r < R; r++) vl_k_xent_row(logits->data, dt(logits), loss->data, tgt, V, s, r);
+  return VL_OK;
+}
+static vl_status cpu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite) {
+  (void)c;
+  double acc = 0;
+  int bad = 0;
+#pragma omp parallel for reduction(+ : acc) reduction(| : bad) if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float v = vl_ld(x->data, dt(x), i);
+    if (!isfinite(v)) bad |= 1;
+    else acc += (double)v * v;
+  }
+  *out = acc;
+  *nonfinite = bad != 0;
+  return VL_OK;
+}
+static vl_status cpu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
+                           int64_t n, const vl_optim_hp *h) {
+  (void)c;
+  float bc1 = 1.0f - powf(h->beta1, (float)h->t), bc2 = 1.0f - powf(h->beta2, (float)h->t);
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++)
+    vl_k_adamw(p->data, g->data, m->data, v->data, h->lr, h->beta1, h->beta2, h->eps,
+               h->weight_decay, bc1, bc2, h->grad_scale, i);
+  return VL_OK;
+}
+static vl_status cpu_sgd(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *mom, int64_t n,
+                         const vl_optim_hp *h) {
+  (void)c;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++)
+    vl_k_sgd(p->data, g->data, mom->data, h->lr, h->momentum, h->weight_decay, h->grad_scale, i);
+  return VL_OK;
+}
+static vl_status cpu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
+                               vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
+                               const vl_optim_hp *h) {
+  (void)c;
+  float b2t = 1.0f - powf((float)h->t, -h->decay_pow);
+  const float eps1 = 1e-30f;
+  float *gp = g->data, *pp = p->data, *vrp = vr->data, *vcp = vc->data;
+  int64_t n = R * C;
+  float vr_mean = 0.0f;
+  if (R > 1) {
+#pragma omp parallel for if (n > PAR_MIN)
+    for (int64_t r = 0; r < R; r++) vl_k_adafactor_row(vrp, gp, C, b2t, eps1, h->grad_scale, r);
+    double s = 0;
+    for (int64_t r = 0; r < R; r++) s += vrp[r];
+    vr_mean = (float)(s / (double)R);
+  }
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t k = 0; k < C; k++) vl_k_adafactor_col(vcp, gp, R, C, b2t, eps1, h->grad_scale, k);
+  double ss = 0;
+#pragma omp parallel for reduction(+ : ss) if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float u = vl_k_adafactor_u(gp, vrp, vcp, vr_mean, R, C, h->grad_scale, i);
+    ss += (double)u * u;
+  }
+  float rms = (float)sqrt(ss / (double)n);
+  float div = rms / h->clip_thr > 1.0f ? rms / h->clip_thr : 1.0f;
+  float *mp = m ? m->data : NULL;
+#pragma omp parallel for if (n > PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float u = vl_k_adafactor_u(gp, vrp, vcp, vr_mean, R, C, h->grad_scale, i) / div;
+    if (mp) { mp[i] = h->beta1 * mp[i] + (1.0f - h->beta1) * u; u = mp[i]; }
+    pp[i] -= h->lr * (u + h->weight_decay * pp[i]);
+  }
+  return VL_OK;
+}
+
+const vl_backend vl_backend_cpu = {
+    .name = "cpu", .device = VL_DEV_CPU,
+    .init = cpu_init, .fini = cpu_fini, .sync = cpu_sync,
+    .gemm_ws_bytes = cpu_gemm_ws, .fixed_ws_bytes = cpu_fixed_ws,
+    .gemm = cpu_gemm, .upload = cpu_upload, .download = cpu_download,
+    .zero = cpu_zero, .convert = cpu_convert, .axpby = cpu_axpby,
+    .embed_fwd = cpu_embed_fwd, .embed_bwd = cpu_embed_bwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope = cpu_rope, .permute = cpu_permute,
+    .softmax_causal_fwd = cpu_softmax_fwd, .softmax_causal_bwd = cpu_softmax_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
+    .xent_fused = cpu_xent, .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw, .sgd = cpu_sgd, .adafactor = cpu_adafactor,
+};

@@ -1,0 +1,206 @@
+/* Status names, dtypes, categories, tensors, RNG, clock, byte parsing. */
+#define _POSIX_C_SOURCE 200809L
+#include "vramlab/core.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "../kernels/nf4.h"
+
+const char *vl_status_name(vl_status s) {
+  switch (s) {
+    case VL_OK: return "ok";
+    case VL_ERR_OOM: return "out of memory";
+    case VL_ERR_INVALID: return "invalid argument";
+    case VL_ERR_IO: return "i/o error";
+    case VL_ERR_NUMERIC: return "non-finite value";
+    case VL_ERR_UNSUPPORTED: return "unsupported";
+    case VL_ERR_BACKEND: return "backend failure";
+    case VL_ERR_INTERRUPTED: return "interrupted";
+  }
+  return "unknown status";
+}
+
+static const char *const dtype_names[VL_DTYPE_COUNT] = {"fp32", "fp16", "bf16", "nf4"};
+const char *vl_dtype_name(vl_dtype d) { return d < VL_DTYPE_COUNT ? dtype_names[d] : "?"; }
+
+int vl_dtype_parse(const char *s, vl_dtype *out) {
+  for (int i = 0; i < VL_DTYPE_COUNT; i++)
+    if (!strcasecmp(s, dtype_names[i])) { *out = (vl_dtype)i; return 0; }
+  if (!strcasecmp(s, "float32") || !strcasecmp(s, "f32")) { *out = VL_F32; return 0; }
+  if (!strcasecmp(s, "float16") || !strcasecmp(s, "f16") || !strcasecmp(s, "half")) { *out = VL_F16; return 0; }
+  if (!strcasecmp(s, "bfloat16")) { *out = VL_BF16; return 0; }
+  return -1;
+}
+
+size_t vl_dtype_bytes(vl_dtype d, int64_t n) {
+  switch (d) {
+    case VL_F32: return (size_t)n * 4;
+    case VL_F16:
+    case VL_BF16: return (size_t)n * 2;
+    case VL_NF4: return 4 * (size_t)(1 + vl_nf4_ngroups(n)) + (size_t)n / 2 + (size_t)n / VL_NF4_BLOCK;
+    default: return 0;
+  }
+}
+
+static const char *const cat_names[VL_MEM_NCAT] = {"frozen", "params", "grads", "optim", "acts",
+                                                   "temp", "workspace", "data", "comm"};
+const char *vl_mem_cat_name(vl_mem_cat c) { return c < VL_MEM_NCAT ? cat_names[c] : "?"; }
+
+const char *vl_device_name(vl_device d) {
+  return d == VL_DEV_CPU ? "cpu" : d == VL_DEV_CUDA ? "cuda" : d == VL_DEV_PLAN ? "plan" : "?";
+}
+
+vl_status vl_fail(vl_ctx *c, vl_status s, const char *fmt, ...) {
+  if (c) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+void vl_count(vl_ctx *c, double flops, double bytes) {
+  if (c->recomputing) c->flops_recompute += flops;
+  else c->flops += flops;
+  c->bytes_moved += bytes;
+}
+
+void vl_tensor_set_shape(vl_tensor *t, vl_dtype dt, int ndim, const int64_t *shape) {
+  t->dtype = dt;
+  t->ndim = ndim;
+  int64_t n = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    t->shape[i] = shape[i];
+    t->stride[i] = n;
+    n *= shape[i];
+  }
+  for (int i = ndim; i < VL_MAX_DIMS; i++) { t->shape[i] = 1; t->stride[i] = n; }
+  t->n = n;
+  t->bytes = vl_dtype_bytes(dt, n);
+}
+
+vl_status vl_tensor_alloc(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, int ndim,
+                          const int64_t *shape) {
+  memset(t, 0, sizeof *t);
+  if (ndim < 1 || ndim > VL_MAX_DIMS) return vl_fail(c, VL_ERR_INVALID, "tensor rank %d", ndim);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] <= 0) return vl_fail(c, VL_ERR_INVALID, "tensor dim %d is %lld", i, (long long)shape[i]);
+  vl_tensor_set_shape(t, dt, ndim, shape);
+  if (dt == VL_NF4 && t->n % VL_NF4_BLOCK)
+    return vl_fail(c, VL_ERR_INVALID, "nf4 tensor of %lld elements: not a multiple of 64", (long long)t->n);
+  t->device = c->device;
+  t->cat = cat;
+  size_t off;
+  vl_status s = vl_arena_alloc(c->arena, t->bytes, cat, &off);
+  if (s != VL_OK) {
+    char b1[32], b2[32];
+    vl_mem_stats st;
+    vl_arena_stats(c->arena, &st);
+    size_t bytes = t->bytes;
+    memset(t, 0, sizeof *t);
+    return vl_fail(c, s, "out of memory: %s for %s with %s in use under a cap of %s",
+                   vl_fmt_bytes(bytes, b1, sizeof b1), vl_mem_cat_name(cat),
+                   vl_fmt_bytes(st.cur_total, b2, sizeof b2),
+                   st.cap == VL_NO_CAP ? "none" : vl_fmt_bytes(st.cap, (char[32]){0}, 32));
+  }
+  t->off = off;
+  char *base = vl_arena_base(c->arena);
+  t->data = base ? base + off : NULL;
+  t->owned = true;
+  return VL_OK;
+}
+
+vl_status vl_tensor_alloc2(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, int64_t d0,
+                           int64_t d1) {
+  int64_t sh[2] = {d0, d1};
+  return vl_tensor_alloc(c, t, dt, cat, 2, sh);
+}
+
+void vl_tensor_free(vl_ctx *c, vl_tensor *t) {
+  if (t->owned) vl_arena_free(c->arena, t->off);
+  memset(t, 0, sizeof *t);
+}
+
+vl_tensor vl_tensor_rows(const vl_tensor *t, int64_t r0, int64_t nr) {
+  vl_tensor v = *t;
+  int64_t row = t->n / t->shape[0];
+  v.shape[0] = nr;
+  v.n = nr * row;
+  v.bytes = vl_dtype_bytes(t->dtype, v.n);
+  size_t boff = vl_dtype_bytes(t->dtype, r0 * row);
+  v.off = t->off + boff;
+  v.data = t->data ? (char *)t->data + boff : NULL;
+  v.owned = false;
+  return v;
+}
+
+/* ---- RNG ---- */
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+void vl_rng_seed(vl_rng *r, uint64_t seed) {
+  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t vl_rng_u64(vl_rng *r) {
+  uint64_t *s = r->s;
+  uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+  return res;
+}
+double vl_rng_uniform(vl_rng *r) { return (double)(vl_rng_u64(r) >> 11) * 0x1.0p-53; }
+float vl_rng_normal(vl_rng *r) {
+  double u1 = vl_rng_uniform(r), u2 = vl_rng_uniform(r);
+  if (u1 < 1e-300) u1 = 1e-300;
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+uint64_t vl_rng_below(vl_rng *r, uint64_t n) { return n ? vl_rng_u64(r) % n : 0; }
+
+double vl_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int vl_parse_bytes(const char *s, size_t *out) {
+  if (!s || !*s) return -1;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || !(v >= 0) || !isfinite(v)) return -1;
+  while (*end == ' ') end++;
+  double m = 1;
+  if (!*end || !strcasecmp(end, "b")) m = 1;
+  else if (!strcasecmp(end, "k") || !strcasecmp(end, "kb")) m = 1e3;
+  else if (!strcasecmp(end, "kib")) m = 1024.0;
+  else if (!strcasecmp(end, "m") || !strcasecmp(end, "mb")) m = 1e6;
+  else if (!strcasecmp(end, "mib")) m = 1048576.0;
+  else if (!strcasecmp(end, "g") || !strcasecmp(end, "gb")) m = 1e9;
+  else if (!strcasecmp(end, "gib")) m = 1073741824.0;
+  else if (!strcasecmp(end, "tb")) m = 1e12;
+  else if (!strcasecmp(end, "tib")) m = 1099511627776.0;
+  else return -1;
+  double b = v * m;
+  if (b >= 1.8e19) return -1;
+  *out = (size_t)(b + 0.5);
+  return 0;
+}
+
+const char *vl_fmt_bytes(size_t b, char *buf, size_t n) {
+  if (b == VL_NO_CAP) snprintf(buf, n, "none");
+  else if (b >= (size_t)1 << 30) snprintf(buf, n, "%.2f GiB", (double)b / 1073741824.0);
+  else if (b >= (size_t)1 << 20) snprintf(buf, n, "%.2f MiB", (double)b / 1048576.0);
+  else if (b >= 1024) snprintf(buf, n, "%.2f KiB", (double)b / 1024.0);
+  else snprintf(buf, n, "%zu B", b);
+  return buf;
+}

@@ -1,0 +1,131 @@
+/* The backend interface: a struct of function pointers plus a context (DESIGN.md).
+ *
+ * Three backends implement it: `cpu` (OpenBLAS + OpenMP loops over the single-source
+ * kernels), `cuda` (cuBLAS + the same kernels wrapped in grid-stride launches) and `plan`
+ * (computes nothing). A NULL op pointer means "counted, not computed": the plan backend
+ * leaves every compute op NULL, so the layers still run their allocation sequence and
+ * count FLOPs and bytes, and nothing touches memory. Workspace sizing is a pure function
+ * of the op's arguments, so the planner can ask the backend it plans *for* (its target).
+ *
+ * Tensors are row-major. All ops accumulate in fp32 and read/write any storage dtype
+ * (fp32, fp16, bf16) unless stated; NF4 appears only as GEMM operand B (a frozen weight). */
+#ifndef VRAMLAB_BACKEND_H
+#define VRAMLAB_BACKEND_H
+
+#include "vramlab/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, `batch` times with element
+ * strides sa/sb/sc. Offsets and leading dimensions are in elements of the operand. */
+typedef struct {
+  bool ta, tb;
+  int64_t M, N, K;
+  float alpha, beta;
+  const vl_tensor *A; int64_t a_off, lda, sa;
+  const vl_tensor *B; int64_t b_off, ldb, sb;
+  vl_tensor *C; int64_t c_off, ldc, sc;
+  int64_t batch;
+  void *ws; size_t ws_bytes; /* from gemm_ws_bytes, allocated in VL_MEM_WORKSPACE */
+} vl_gemm;
+
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t t;        /* step count, from 1 */
+  float eps2;       /* Adafactor: regulariser of the factored second moment */
+  float clip_thr;   /* Adafactor: update RMS clip (1.0 in the paper) */
+  float decay_pow;  /* Adafactor: beta2_t = 1 - t^(-decay_pow); 0.8 in the paper */
+  float momentum;   /* SGD */
+  float grad_scale; /* gradients are multiplied by this first (1/loss_scale, clip coef) */
+} vl_optim_hp;
+
+typedef struct vl_backend {
+  const char *name;
+  vl_device device;
+  vl_status (*init)(vl_ctx *c);
+  void (*fini)(vl_ctx *c);
+  vl_status (*sync)(vl_ctx *c);
+  size_t (*gemm_ws_bytes)(const vl_ctx *c, const vl_gemm *g);
+  /* Persistent library workspace taken once at context creation (cuBLAS); 0 on CPU. */
+  size_t (*fixed_ws_bytes)(const vl_ctx *c);
+
+  vl_status (*gemm)(vl_ctx *c, const vl_gemm *g);
+  /* Host <-> device copies of raw bytes into a tensor (uploading batches, weights). */
+  vl_status (*upload)(vl_ctx *c, vl_tensor *dst, size_t dst_off, const void *src, size_t n);
+  vl_status (*download)(vl_ctx *c, void *dst, const vl_tensor *src, size_t src_off, size_t n);
+
+  /* y = 0 */
+  vl_status (*zero)(vl_ctx *c, vl_tensor *y);
+  /* y[i] = convert(x[i]) for the first n elements (dtype conversion / copy). */
+  vl_status (*convert)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n);
+  /* y = a*x + b*y over n elements */
+  vl_status (*axpby)(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b, int64_t n);
+  /* out (R,C) = wte[tok[r]] ; tok is int32 (R) in host-visible memory of the device */
+  vl_status (*embed_fwd)(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
+                         int64_t R, int64_t C);
+  vl_status (*embed_bwd)(vl_ctx *c, vl_tensor *dwte, const vl_tensor *dout, const int32_t *tok,
+                         int64_t R, int64_t C);
+  /* out = x * rstd * w ; rstd (R) fp32 saved for backward */
+  vl_status (*rmsnorm_fwd)(vl_ctx *c, vl_tensor *out, vl_tensor *rstd, const vl_tensor *x,
+                           const vl_tensor *w, int64_t R, int64_t C, float eps);
+  /* dx += ... ; dw += ... (dw may be NULL when the norm weight is frozen) */
+  vl_status (*rmsnorm_bwd)(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const vl_tensor *dout,
+                           const vl_tensor *x, const vl_tensor *w, const vl_tensor *rstd,
+                           int64_t R, int64_t C);
+  /* In-place rotary embedding of x (B,T,H,D) at positions 0..T-1; inverse=true rotates by
+   * -theta (the backward of a rotation is its transpose). */
+  vl_status (*rope)(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                    float theta, bool inverse);
+  /* (B,T,H,D) <-> (B,H,T,D); back=true maps (B,H,T,D) -> (B,T,H,D). */
+  vl_status (*permute)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
+                       int64_t H, int64_t D, bool back);
+  /* Row softmax of scale*S with a causal mask; rows are (.., T) where row r has query
+   * position r % T. P may alias S. */
+  vl_status (*softmax_causal_fwd)(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
+                                  int64_t T, float scale);
+  /* dS = scale * P * (dP - sum(dP*P)); dS may alias dP */
+  vl_status (*softmax_causal_bwd)(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP,
+                                  const vl_tensor *P, int64_t rows, int64_t T, float scale);
+  /* out = silu(g) * u over n elements */
+  vl_status (*swiglu_fwd)(vl_ctx *c, vl_tensor *out, const vl_tensor *g, const vl_tensor *u,
+                          int64_t n);
+  vl_status (*swiglu_bwd)(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl_tensor *dout,
+                          const vl_tensor *g, const vl_tensor *u, int64_t n);
+  /* Fused cross-entropy: per row r with target tgt[r] (-1 = ignored), loss[r] (fp32) and,
+   * in place, logits := dloss_scale * (softmax - onehot) (zero for ignored rows). */
+  vl_status (*xent_fused)(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+                          int64_t R, int64_t V, float dloss_scale);
+  /* sum of squares of x[0..n) into *out (double on host); sets *nonfinite when a NaN/Inf
+   * was seen. */
+  vl_status (*sumsq)(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite);
+  /* Optimizer updates on fp32 params p with fp32 grads g (n elements). */
+  vl_status (*adamw)(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
+                     int64_t n, const vl_optim_hp *hp);
+  vl_status (*sgd)(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *mom, int64_t n,
+                   const vl_optim_hp *hp);
+  /* Adafactor on a (R,C) matrix (R=1 for vectors: vc holds the unfactored v of C
+   * elements and vr is unused). vr (R), vc (C) factored second moments; m (R*C) first
+   * moment or NULL when beta1=0. The update is recomputed per pass: no (R*C) scratch. */
+  vl_status (*adafactor)(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
+                         vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
+                         const vl_optim_hp *hp);
+} vl_backend;
+
+extern const vl_backend vl_backend_cpu;
+extern const vl_backend vl_backend_plan;
+/* The CUDA backend (NULL-returning when built without CUDA). */
+const vl_backend *vl_backend_cuda(void);
+/* True when a CUDA device is visible (always false without the CUDA build). */
+bool vl_cuda_available(void);
+
+/* Shared workspace rules (pure; used by the backends and the planner). */
+size_t vl_gemm_ws_cpu(const vl_gemm *g);
+size_t vl_gemm_ws_cuda(const vl_gemm *g);
+#define VL_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

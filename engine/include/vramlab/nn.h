@@ -1,0 +1,81 @@
+/* Layers as explicit forward/backward functions over backend ops (llm.c style), plus the
+ * parameter store and optimizers. Every op call goes through vl_op_*: it counts FLOPs and
+ * bytes and skips the compute when the backend leaves the op NULL (plan). */
+#ifndef VRAMLAB_NN_H
+#define VRAMLAB_NN_H
+
+#include "vramlab/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VL_TRY(expr)                    \
+  do {                                  \
+    vl_status vl_try_s_ = (expr);       \
+    if (vl_try_s_ != VL_OK) return vl_try_s_; \
+  } while (0)
+
+/* Dispatch an op that may be NULL (plan): `VL_RUN(c, rope, &t, ...)`. */
+#define VL_RUN(c, op, ...) ((c)->be->op ? (c)->be->op((c), __VA_ARGS__) : VL_OK)
+
+/* GEMM with its workspace taken from the arena (VL_MEM_WORKSPACE) for the duration of the
+ * call; counts 2*M*N*K*batch FLOPs. */
+vl_status vl_op_gemm(vl_ctx *c, vl_gemm *g);
+
+/* y (R, N) = x (R, K) @ W^T, W (N, K) as PyTorch's nn.Linear; beta=1 accumulates. */
+vl_status vl_linear_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *W,
+                        int64_t R, int64_t K, int64_t N, float beta);
+/* dx (R,K) (+)= dy (R,N) @ W ; beta selects overwrite (0) or accumulate (1). */
+vl_status vl_linear_bwd_x(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *W,
+                          int64_t R, int64_t K, int64_t N, float beta);
+/* dW (N,K) += scale * dy^T (N,R) @ x (R,K) */
+vl_status vl_linear_bwd_w(vl_ctx *c, vl_tensor *dW, const vl_tensor *dy, const vl_tensor *x,
+                          int64_t R, int64_t K, int64_t N, float scale);
+
+/* ---- parameters ------------------------------------------------------------------- */
+typedef enum { VL_OPT_ADAMW = 0, VL_OPT_ADAFACTOR, VL_OPT_SGD, VL_OPT_COUNT } vl_optimizer;
+const char *vl_optimizer_name(vl_optimizer o);
+int vl_optimizer_parse(const char *s, vl_optimizer *o);
+
+typedef struct {
+  vl_tensor w;       /* what compute reads: fp32 weights, the AMP working copy, or the
+                        frozen storage (fp32/fp16/bf16/nf4) */
+  vl_tensor master;  /* fp32 master of a trainable tensor under AMP (else unused) */
+  vl_tensor grad;    /* fp32, trainable only */
+  vl_tensor st[3];   /* optimizer state: AdamW (m, v); SGD (mom); Adafactor (vr, vc, m) */
+  int64_t rows, cols; /* (out, in) for matrices, (1, n) for vectors */
+  bool trainable;
+  bool has_master;
+  char name[48];
+} vl_param;
+
+typedef struct {
+  vl_optimizer opt;
+  vl_optim_hp hp;    /* lr, betas, eps, wd, Adafactor and SGD knobs */
+  bool adafactor_beta1; /* Adafactor keeps a first moment */
+} vl_optim_cfg;
+
+/* Allocate a parameter: storage dtype `dt` (compute copy), trainable -> grads + master when
+ * dt != fp32. Values are set by vl_param_init_* or vl_param_load. */
+vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows, int64_t cols,
+                         vl_dtype dt, bool trainable);
+/* Allocate optimizer state for a trainable parameter (zeroed). */
+vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc);
+/* Set values from host fp32 (quantising/converting into w, copying into master). */
+vl_status vl_param_load(vl_ctx *c, vl_param *p, const float *host);
+/* Read the fp32 value of the parameter (master when present) into host memory. */
+vl_status vl_param_read(vl_ctx *c, const vl_param *p, float *host);
+vl_status vl_param_read_grad(vl_ctx *c, const vl_param *p, float *host);
+void vl_param_free(vl_ctx *c, vl_param *p);
+/* One optimizer update; grad_scale multiplies gradients first (unscale, clip). Then the
+ * AMP working copy is refreshed from the master. */
+vl_status vl_param_update(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc, int64_t t,
+                          float grad_scale);
+/* Bytes of optimizer state per trainable element class, for reports. */
+size_t vl_optim_state_bytes(const vl_optim_cfg *oc, int64_t rows, int64_t cols);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

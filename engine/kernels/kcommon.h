@@ -1,0 +1,93 @@
+/* Single-source kernel support (DESIGN.md "The CUDA backend must be verifiable without a
+ * GPU"): every kernel body in engine/kernels/ is a `VL_HD static inline` function; the CPU
+ * backend loops over it with OpenMP, the CUDA backend wraps it in a grid-stride kernel.
+ * Storage dtypes are read and written through vl_ld/vl_st with fp32 arithmetic. */
+#ifndef VRAMLAB_KCOMMON_H
+#define VRAMLAB_KCOMMON_H
+
+#include <stdint.h>
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define VL_HD __host__ __device__
+#else
+#define VL_HD
+#endif
+
+/* dtype codes, equal to vl_dtype (kept as int so the header compiles as CUDA C++). */
+#define VL_K_F32 0
+#define VL_K_F16 1
+#define VL_K_BF16 2
+
+typedef union { float f; uint32_t u; } vl_fu32;
+
+/* fp32 -> fp16, round to nearest even; overflow to inf, NaN stays NaN. The subnormal range
+ * is rounded by letting the FPU add a magic constant whose exponent aligns the bits. */
+VL_HD static inline uint16_t vl_f2h(float f) {
+  vl_fu32 v; v.f = f;
+  uint32_t x = v.u;
+  uint32_t sign = x & 0x80000000u;
+  x ^= sign;
+  uint16_t o;
+  if (x >= (uint32_t)(127 + 16) << 23) {            /* >= 65536, inf or nan */
+    o = x > 0x7f800000u ? 0x7e00 : 0x7c00;
+  } else if (x < (uint32_t)113 << 23) {             /* below 2^-14: subnormal half or 0 */
+    vl_fu32 magic; magic.u = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
+    vl_fu32 t; t.u = x;
+    t.f += magic.f;
+    o = (uint16_t)(t.u - magic.u);
+  } else {
+    uint32_t odd = (x >> 13) & 1u;
+    x += ((uint32_t)(15 - 127) << 23) + 0xfffu;
+    x += odd;
+    o = (uint16_t)(x >> 13);
+  }
+  return (uint16_t)(o | (sign >> 16));
+}
+
+VL_HD static inline float vl_h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  vl_fu32 v;
+  if (e == 0) {
+    v.f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+    v.u |= sign;
+  } else if (e == 31) {
+    v.u = sign | 0x7f800000u | (m << 13);
+  } else {
+    v.u = sign | ((e + 112) << 23) | (m << 13);
+  }
+  return v.f;
+}
+
+VL_HD static inline uint16_t vl_f2bf(float f) {
+  vl_fu32 v; v.f = f;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+VL_HD static inline float vl_bf2f(uint16_t b) {
+  vl_fu32 v; v.u = (uint32_t)b << 16;
+  return v.f;
+}
+
+VL_HD static inline float vl_ld(const void *p, int dt, int64_t i) {
+  if (dt == VL_K_F32) return ((const float *)p)[i];
+  if (dt == VL_K_F16) return vl_h2f(((const uint16_t *)p)[i]);
+  return vl_bf2f(((const uint16_t *)p)[i]);
+}
+
+VL_HD static inline void vl_st(void *p, int dt, int64_t i, float x) {
+  if (dt == VL_K_F32) ((float *)p)[i] = x;
+  else if (dt == VL_K_F16) ((uint16_t *)p)[i] = vl_f2h(x);
+  else ((uint16_t *)p)[i] = vl_f2bf(x);
+}
+
+/* Round-trip through a storage dtype (what a value becomes once stored). */
+VL_HD static inline float vl_round_to(int dt, float x) {
+  if (dt == VL_K_F16) return vl_h2f(vl_f2h(x));
+  if (dt == VL_K_BF16) return vl_bf2f(vl_f2bf(x));
+  return x;
+}
+
+#endif

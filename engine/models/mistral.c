@@ -1,0 +1,650 @@
+/* Mistral decoder training step: explicit forward/backward per layer (llm.c style).
+ * Rows R = B*T; C = dim; H heads of D; KVH key/value heads (GQA: rep = H/KVH query heads
+ * share one KV head); F = ffn. Activations are stored in the compute dtype (fp32 or the
+ * AMP half type); gradients of weights are fp32. */
+#include "vramlab/mistral.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum { LQ, LK, LV, LO, LG, LU, LD, NLIN };
+enum { P_LN1, P_LN2, P_LIN0 };               /* per-layer param slots: norms, then linears */
+#define PER_LAYER (P_LIN0 + NLIN * 3)        /* each linear: base W, LoRA A, LoRA B */
+
+/* Everything one layer allocates during a step; freed as backward consumes it, and all
+ * freed by cleanup() when a step fails (OOM), so the engine keeps working. */
+typedef struct {
+  vl_tensor ln1, rstd1, q, k, v, P, att, res2, ln2, rstd2, g, u, h;
+  vl_tensor xa[NLIN]; /* LoRA: x A^T (R, r) kept for dB */
+} layer_acts;
+
+typedef struct {
+  vl_tensor data, lnf, rstdf, logits, loss, dres, dlnf;
+  vl_tensor tmp[8];
+} step_tmp;
+
+struct vl_mistral {
+  vl_ctx *c;
+  vl_mistral_cfg mc;
+  vl_train_cfg tc;
+  vl_param *params; int n_params;
+  int p_embed, p_normf, p_head, p_layer0;
+  vl_tensor *res;     /* (L+1) residual stream tensors (R, C) */
+  layer_acts *acts;   /* L */
+  step_tmp st;
+  int64_t t;          /* optimizer steps taken */
+  float loss_scale;
+  int good_steps;
+  double pending_loss; int64_t pending_tokens;
+};
+
+/* ---- presets ------------------------------------------------------------------------ */
+int vl_mistral_preset(const char *scale, vl_mistral_cfg *o) {
+  memset(o, 0, sizeof *o);
+  o->rope_theta = 10000.0f;
+  o->norm_eps = 1e-5f;
+  if (!strcasecmp(scale, "full")) {
+    *o = (vl_mistral_cfg){32000, 4096, 32, 32, 8, 128, 14336, 512, 10000.0f, 1e-5f};
+  } else if (!strcasecmp(scale, "small")) {
+    *o = (vl_mistral_cfg){4096, 256, 4, 8, 2, 32, 896, 128, 10000.0f, 1e-5f};
+  } else if (!strcasecmp(scale, "tiny")) {
+    *o = (vl_mistral_cfg){256, 64, 2, 4, 2, 16, 128, 32, 10000.0f, 1e-5f};
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+void vl_train_cfg_default(vl_train_cfg *t) {
+  memset(t, 0, sizeof *t);
+  t->compute = VL_F32;
+  t->frozen = VL_F32;
+  t->lora_alpha = 16.0f;
+  t->optim.opt = VL_OPT_ADAMW;
+  t->optim.hp = (vl_optim_hp){.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = 0.0f, .eps2 = 1e-3f, .clip_thr = 1.0f,
+                              .decay_pow = 0.8f, .momentum = 0.9f, .grad_scale = 1.0f};
+  t->clip = 1.0f;
+  t->loss_scale = 65536.0f;
+  t->loss_scale_window = 2000;
+}
+
+/* ---- parameters --------------------------------------------------------------------- */
+static vl_param *LP(vl_mistral *m, int64_t l, int slot) { return &m->params[m->p_layer0 + l * PER_LAYER + slot]; }
+static vl_param *LW(vl_mistral *m, int64_t l, int lin, int which) { return LP(m, l, P_LIN0 + lin * 3 + which); }
+
+static bool lora_on(const vl_mistral *m, int lin) {
+  if (m->tc.lora_rank <= 0) return false;
+  return m->tc.lora_targets == VL_LORA_ALL || lin <= LO;
+}
+
+static void lin_shape(const vl_mistral_cfg *mc, int lin, int64_t *out, int64_t *in) {
+  int64_t C = mc->dim, HD = mc->n_heads * mc->head_dim, KD = mc->n_kv_heads * mc->head_dim;
+  switch (lin) {
+    case LQ: *out = HD; *in = C; break;
+    case LK: case LV: *out = KD; *in = C; break;
+    case LO: *out = C; *in = HD; break;
+    case LG: case LU: *out = mc->ffn; *in = C; break;
+    default: *out = C; *in = mc->ffn; break;
+  }
+}
+
+static const char *lin_name[NLIN] = {"q", "k", "v", "o", "gate", "up", "down"};
+
+static vl_status validate(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_cfg *tc) {
+  if (mc->vocab < 2 || mc->dim < 2 || mc->n_layers < 1 || mc->n_heads < 1 || mc->head_dim < 2 ||
+      mc->ffn < 1 || mc->seq < 1)
+    return vl_fail(c, VL_ERR_INVALID, "model config: every size must be positive");
+  if (mc->head_dim % 2) return vl_fail(c, VL_ERR_INVALID, "head_dim %lld must be even (RoPE)", (long long)mc->head_dim);
+  if (mc->n_kv_heads < 1 || mc->n_heads % mc->n_kv_heads)
+    return vl_fail(c, VL_ERR_INVALID, "n_heads %lld must be a multiple of n_kv_heads %lld",
+                   (long long)mc->n_heads, (long long)mc->n_kv_heads);
+  if (tc->compute == VL_NF4) return vl_fail(c, VL_ERR_INVALID, "compute dtype cannot be nf4");
+  if (tc->lora_rank < 0) return vl_fail(c, VL_ERR_INVALID, "lora rank %d < 0", tc->lora_rank);
+  if (tc->lora_rank == 0 && tc->frozen == VL_NF4)
+    return vl_fail(c, VL_ERR_INVALID, "an nf4 base needs LoRA (lora_rank > 0): nf4 weights cannot be trained");
+  if (tc->frozen == VL_NF4 && ((mc->dim * mc->ffn) % 64 || (mc->dim * mc->head_dim) % 64))
+    return vl_fail(c, VL_ERR_INVALID, "nf4 needs weight sizes divisible by 64");
+  if (tc->optim.opt >= VL_OPT_COUNT) return vl_fail(c, VL_ERR_INVALID, "unknown optimizer");
+  if (!(tc->optim.hp.lr > 0)) return vl_fail(c, VL_ERR_INVALID, "learning rate must be > 0");
+  return VL_OK;
+}
+
+/* Seeded init on the host: N(0, 0.02) for matrices, 1 for norms, LoRA A ~ N(0, 1/in),
+ * LoRA B = 0 (so training starts from the base model, as PEFT does). */
+static vl_status init_param(vl_mistral *m, vl_param *p, int kind, vl_rng *rng) {
+  vl_ctx *c = m->c;
+  if (!c->be->upload) return VL_OK; /* plan: no values */
+  int64_t n = p->rows * p->cols;
+  float *h = malloc((size_t)n * sizeof(float));
+  if (!h) return vl_fail(c, VL_ERR_OOM, "host init buffer");
+  float sd = kind == 2 ? 1.0f / sqrtf((float)p->cols) : 0.02f;
+  for (int64_t i = 0; i < n; i++)
+    h[i] = kind == 1 ? 1.0f : kind == 3 ? 0.0f : sd * vl_rng_normal(rng);
+  vl_status s = vl_param_load(c, p, h);
+  free(h);
+  return s;
+}
+
+static vl_status build_params(vl_mistral *m, uint64_t seed) {
+  const vl_mistral_cfg *mc = &m->mc;
+  const vl_train_cfg *tc = &m->tc;
+  vl_ctx *c = m->c;
+  bool full = tc->lora_rank == 0;
+  /* Non-linear weights (embedding, norms, head): trainable in compute dtype for a full
+   * fine-tune; frozen under LoRA, in the base dtype (or compute dtype when it is nf4). */
+  vl_dtype other = full ? tc->compute : (tc->frozen == VL_NF4 ? tc->compute : tc->frozen);
+  vl_dtype base = full ? tc->compute : tc->frozen;
+  m->n_params = 3 + (int)mc->n_layers * PER_LAYER;
+  m->params = calloc((size_t)m->n_params, sizeof(vl_param));
+  if (!m->params) return vl_fail(c, VL_ERR_OOM, "param table");
+  vl_rng rng;
+  vl_rng_seed(&rng, seed);
+  m->p_embed = 0;
+  m->p_layer0 = 1;
+  m->p_normf = 1 + (int)mc->n_layers * PER_LAYER;
+  m->p_head = m->p_normf + 1;
+  VL_TRY(vl_param_alloc(c, &m->params[m->p_embed], "embed", mc->vocab, mc->dim, other, full));
+  VL_TRY(init_param(m, &m->params[m->p_embed], 0, &rng));
+  char nm[48];
+  for (int64_t l = 0; l < mc->n_layers; l++) {
+    for (int k = 0; k < 2; k++) {
+      snprintf(nm, sizeof nm, "l%lld.norm%d", (long long)l, k + 1);
+      VL_TRY(vl_param_alloc(c, LP(m, l, k), nm, 1, mc->dim, other, full));
+      VL_TRY(init_param(m, LP(m, l, k), 1, &rng));
+    }
+    for (int lin = 0; lin < NLIN; lin++) {
+      int64_t o, i;
+      lin_shape(mc, lin, &o, &i);
+      snprintf(nm, sizeof nm, "l%lld.%s", (long long)l, lin_name[lin]);
+      VL_TRY(vl_param_alloc(c, LW(m, l, lin, 0), nm, o, i, base, full));
+      VL_TRY(init_param(m, LW(m, l, lin, 0), 0, &rng));
+      if (lora_on(m, lin)) {
+        int64_t r = tc->lora_rank;
+        snprintf(nm, sizeof nm, "l%lld.%s.lora_A", (long long)l, lin_name[lin]);
+        VL_TRY(vl_param_alloc(c, LW(m, l, lin, 1), nm, r, i, tc->compute, true));
+        VL_TRY(init_param(m, LW(m, l, lin, 1), 2, &rng));
+        snprintf(nm, sizeof nm, "l%lld.%s.lora_B", (long long)l, lin_name[lin]);
+        VL_TRY(vl_param_alloc(c, LW(m, l, lin, 2), nm, o, r, tc->compute, true));
+        VL_TRY(init_param(m, LW(m, l, lin, 2), 3, &rng));
+      }
+    }
+  }
+  VL_TRY(vl_param_alloc(c, &m->params[m->p_normf], "norm", 1, mc->dim, other, full));
+  VL_TRY(init_param(m, &m->params[m->p_normf], 1, &rng));
+  VL_TRY(vl_param_alloc(c, &m->params[m->p_head], "lm_head", mc->vocab, mc->dim, other, full));
+  VL_TRY(init_param(m, &m->params[m->p_head], 0, &rng));
+  for (int i = 0; i < m->n_params; i++)
+    if (m->params[i].trainable) VL_TRY(vl_param_alloc_optim(c, &m->params[i], &tc->optim));
+  return VL_OK;
+}
+
+vl_status vl_mistral_create(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_cfg *tc,
+                            uint64_t seed, vl_mistral **out) {
+  *out = NULL;
+  VL_TRY(validate(c, mc, tc));
+  vl_mistral *m = calloc(1, sizeof *m);
+  if (!m) return vl_fail(c, VL_ERR_OOM, "model struct");
+  m->c = c;
+  m->mc = *mc;
+  m->tc = *tc;
+  m->loss_scale = tc->compute == VL_F16 ? tc->loss_scale : 1.0f;
+  m->res = calloc((size_t)mc->n_layers + 1, sizeof(vl_tensor));
+  m->acts = calloc((size_t)mc->n_layers, sizeof(layer_acts));
+  vl_status s = (m->res && m->acts) ? build_params(m, seed) : vl_fail(c, VL_ERR_OOM, "act tables");
+  if (s != VL_OK) { vl_mistral_destroy(m); return s; }
+  *out = m;
+  return VL_OK;
+}
+
+static void cleanup(vl_mistral *m) {
+  vl_ctx *c = m->c;
+  for (int64_t l = m->mc.n_layers - 1; l >= 0; l--) {
+    layer_acts *a = &m->acts[l];
+    vl_tensor *list[] = {&a->h, &a->u, &a->g, &a->rstd2, &a->ln2, &a->res2, &a->att, &a->P,
+                         &a->v, &a->k, &a->q, &a->rstd1, &a->ln1};
+    for (size_t i = 0; i < sizeof list / sizeof *list; i++) vl_tensor_free(c, list[i]);
+    for (int i = 0; i < NLIN; i++) vl_tensor_free(c, &a->xa[i]);
+  }
+  for (int64_t l = 0; l <= m->mc.n_layers; l++) vl_tensor_free(c, &m->res[l]);
+  step_tmp *t = &m->st;
+  for (int i = 7; i >= 0; i--) vl_tensor_free(c, &t->tmp[i]);
+  vl_tensor *list[] = {&t->dlnf, &t->dres, &t->loss, &t->logits, &t->rstdf, &t->lnf, &t->data};
+  for (size_t i = 0; i < sizeof list / sizeof *list; i++) vl_tensor_free(c, list[i]);
+}
+
+void vl_mistral_destroy(vl_mistral *m) {
+  if (!m) return;
+  if (m->res && m->acts) cleanup(m);
+  for (int i = m->n_params - 1; i >= 0; i--) vl_param_free(m->c, &m->params[i]);
+  free(m->params);
+  free(m->res);
+  free(m->acts);
+  free(m);
+}
+
+/* ---- helpers -------------------------------------------------------------------------- */
+static vl_status alloc2(vl_mistral *m, vl_tensor *t, vl_mem_cat cat, int64_t r, int64_t k) {
+  return vl_tensor_alloc2(m->c, t, m->tc.compute, cat, r, k);
+}
+static vl_status alloc_f32(vl_mistral *m, vl_tensor *t, vl_mem_cat cat, int64_t n) {
+  return vl_tensor_alloc(m->c, t, VL_F32, cat, 1, &n);
+}
+static void FREE(vl_mistral *m, vl_tensor *t) { vl_tensor_free(m->c, t); }
+
+/* y (R,N) (beta: overwrite/accumulate) = x W^T + s (x A^T) B^T ; xa saved when LoRA is on. */
+static vl_status lin_fwd(vl_mistral *m, int64_t l, int lin, vl_tensor *y, const vl_tensor *x,
+                         vl_tensor *xa, vl_mem_cat cat, int64_t R, float beta) {
+  int64_t N, K;
+  lin_shape(&m->mc, lin, &N, &K);
+  VL_TRY(vl_linear_fwd(m->c, y, x, &LW(m, l, lin, 0)->w, R, K, N, beta));
+  if (!lora_on(m, lin)) return VL_OK;
+  int64_t r = m->tc.lora_rank;
+  float s = m->tc.lora_alpha / (float)r;
+  VL_TRY(alloc2(m, xa, cat, R, r));
+  VL_TRY(vl_linear_fwd(m->c, xa, x, &LW(m, l, lin, 1)->w, R, K, r, 0.0f));
+  vl_gemm g = {.ta = false, .tb = true, .M = R, .N = N, .K = r, .alpha = s, .beta = 1.0f,
+               .A = xa, .lda = r, .B = &LW(m, l, lin, 2)->w, .ldb = r, .C = y, .ldc = N, .batch = 1};
+  return vl_op_gemm(m->c, &g);
+}
+
+/* dx (beta) = dy W (+ LoRA path); weight grads accumulate. Frees xa. */
+static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const vl_tensor *dy,
+                         const vl_tensor *x, vl_tensor *xa, int64_t R, float beta) {
+  int64_t N, K;
+  lin_shape(&m->mc, lin, &N, &K);
+  vl_param *W = LW(m, l, lin, 0);
+  if (W->trainable) VL_TRY(vl_linear_bwd_w(m->c, &W->grad, dy, x, R, K, N, 1.0f));
+  VL_TRY(vl_linear_bwd_x(m->c, dx, dy, &W->w, R, K, N, beta));
+  if (!lora_on(m, lin)) return VL_OK;
+  int64_t r = m->tc.lora_rank;
+  float s = m->tc.lora_alpha / (float)r;
+  vl_param *A = LW(m, l, lin, 1), *B = LW(m, l, lin, 2);
+  VL_TRY(vl_linear_bwd_w(m->c, &B->grad, dy, xa, R, r, N, s)); /* dB = s dy^T xa */
+  FREE(m, xa);
+  vl_tensor dxa;
+  VL_TRY(alloc2(m, &dxa, VL_MEM_TEMP, R, r));
+  vl_gemm g = {.ta = false, .tb = false, .M = R, .N = r, .K = N, .alpha = s, .beta = 0.0f,
+               .A = dy, .lda = N, .B = &B->w, .ldb = r, .C = &dxa, .ldc = r, .batch = 1};
+  vl_status st = vl_op_gemm(m->c, &g);
+  if (st == VL_OK) st = vl_linear_bwd_w(m->c, &A->grad, &dxa, x, R, K, r, 1.0f);
+  if (st == VL_OK) st = vl_linear_bwd_x(m->c, dx, &dxa, &A->w, R, K, r, 1.0f);
+  FREE(m, &dxa);
+  return st;
+}
+
+/* Batched attention GEMM over the B*KVH groups: each group's rep query heads are stacked
+ * into (rep*T) rows, so GQA needs no K/V expansion. */
+static vl_status attn_gemm(vl_mistral *m, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                           const vl_tensor *A, int64_t lda, int64_t sa, const vl_tensor *B,
+                           int64_t ldb, int64_t sb, vl_tensor *C, int64_t sc, int64_t nb) {
+  vl_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = 0.0f,
+               .A = A, .lda = lda, .sa = sa, .B = B, .ldb = ldb, .sb = sb,
+               .C = C, .ldc = N, .sc = sc, .batch = nb};
+  return vl_op_gemm(m->c, &g);
+}
+
+/* ---- layer forward ------------------------------------------------------------------------ */
+/* keep: activations are saved for backward (category acts); otherwise (checkpointed first
+ * pass) they are temps freed at the end of the layer and only res[l+1] survives.
+ * recompute: the re-run inside backward (keep is true; res[l+1] is not rebuilt). */
+static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool keep,
+                           bool recompute) {
+  vl_ctx *c = m->c;
+  const vl_mistral_cfg *mc = &m->mc;
+  layer_acts *a = &m->acts[l];
+  vl_mem_cat cat = keep ? VL_MEM_ACTS : VL_MEM_TEMP;
+  int64_t R = B * T, C = mc->dim, H = mc->n_heads, KVH = mc->n_kv_heads, D = mc->head_dim;
+  int64_t F = mc->ffn, rep = H / KVH;
+  vl_tensor *x = &m->res[l];
+
+  VL_TRY(alloc2(m, &a->ln1, cat, R, C));
+  VL_TRY(alloc_f32(m, &a->rstd1, cat, R));
+  VL_TRY(VL_RUN(c, rmsnorm_fwd, &a->ln1, &a->rstd1, x, &LP(m, l, P_LN1)->w, R, C, mc->norm_eps));
+  /* q, k, v: project, rotate (q, k), permute to (B, heads, T, D). */
+  vl_tensor *dst[3] = {&a->q, &a->k, &a->v};
+  int64_t heads[3] = {H, KVH, KVH};
+  for (int i = 0; i < 3; i++) {
+    vl_tensor tmp;
+    VL_TRY(alloc2(m, &tmp, VL_MEM_TEMP, R, heads[i] * D));
+    vl_status s = lin_fwd(m, l, LQ + i, &tmp, &a->ln1, &a->xa[LQ + i], cat, R, 0.0f);
+    if (s == VL_OK && i < 2) s = VL_RUN(c, rope, &tmp, B, T, heads[i], D, mc->rope_theta, false);
+    if (s == VL_OK) s = alloc2(m, dst[i], cat, R, heads[i] * D);
+    if (s == VL_OK) s = VL_RUN(c, permute, dst[i], &tmp, B, T, heads[i], D, false);
+    FREE(m, &tmp);
+    VL_TRY(s);
+  }
+  /* S = Q K^T per (b, kv head): (rep*T, D) x (T, D)^T -> (rep*T, T); softmax in place. */
+  VL_TRY(alloc2(m, &a->P, cat, B * H * T, T));
+  VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &a->q, D, rep * T * D, &a->k, D, T * D,
+                   &a->P, rep * T * T, B * KVH));
+  VL_TRY(VL_RUN(c, softmax_causal_fwd, &a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D)));
+  vl_tensor O;
+  VL_TRY(alloc2(m, &O, VL_MEM_TEMP, R, H * D));
+  vl_status s = attn_gemm(m, false, false, rep * T, D, T, &a->P, T, rep * T * T, &a->v, D,
+                          T * D, &O, rep * T * D, B * KVH);
+  if (s == VL_OK) s = alloc2(m, &a->att, cat, R, H * D);
+  if (s == VL_OK) s = VL_RUN(c, permute, &a->att, &O, B, T, H, D, true);
+  FREE(m, &O);
+  VL_TRY(s);
+  /* res2 = x + att Wo^T */
+  VL_TRY(alloc2(m, &a->res2, cat, R, C));
+  VL_TRY(VL_RUN(c, convert, &a->res2, x, R * C));
+  VL_TRY(lin_fwd(m, l, LO, &a->res2, &a->att, &a->xa[LO], cat, R, 1.0f));
+  /* MLP: h = silu(ln2 Wg^T) * (ln2 Wu^T); out = res2 + h Wd^T */
+  VL_TRY(alloc2(m, &a->ln2, cat, R, C));
+  VL_TRY(alloc_f32(m, &a->rstd2, cat, R));
+  VL_TRY(VL_RUN(c, rmsnorm_fwd, &a->ln2, &a->rstd2, &a->res2, &LP(m, l, P_LN2)->w, R, C, mc->norm_eps));
+  VL_TRY(alloc2(m, &a->g, cat, R, F));
+  VL_TRY(lin_fwd(m, l, LG, &a->g, &a->ln2, &a->xa[LG], cat, R, 0.0f));
+  VL_TRY(alloc2(m, &a->u, cat, R, F));
+  VL_TRY(lin_fwd(m, l, LU, &a->u, &a->ln2, &a->xa[LU], cat, R, 0.0f));
+  VL_TRY(alloc2(m, &a->h, cat, R, F));
+  VL_TRY(VL_RUN(c, swiglu_fwd, &a->h, &a->g, &a->u, R * F));
+  if (recompute) {
+    /* Re-running a checkpointed block: its output is not needed again, only what backward
+     * reads (the LoRA intermediate of the down projection). */
+    if (!lora_on(m, LD)) return VL_OK;
+    int64_t r = m->tc.lora_rank;
+    VL_TRY(alloc2(m, &a->xa[LD], cat, R, r));
+    return vl_linear_fwd(c, &a->xa[LD], &a->h, &LW(m, l, LD, 1)->w, R, F, r, 0.0f);
+  }
+  /* The next layer's input is kept in both modes: it is the checkpoint. */
+  VL_TRY(alloc2(m, &m->res[l + 1], VL_MEM_ACTS, R, C));
+  VL_TRY(VL_RUN(c, convert, &m->res[l + 1], &a->res2, R * C));
+  VL_TRY(lin_fwd(m, l, LD, &m->res[l + 1], &a->h, &a->xa[LD], cat, R, 1.0f));
+  if (!keep) {
+    vl_tensor *list[] = {&a->h, &a->u, &a->g, &a->rstd2, &a->ln2, &a->res2, &a->att, &a->P,
+                         &a->v, &a->k, &a->q, &a->rstd1, &a->ln1};
+    for (int i = NLIN - 1; i >= 0; i--) FREE(m, &a->xa[i]);
+    for (size_t i = 0; i < sizeof list / sizeof *list; i++) FREE(m, list[i]);
+  }
+  return VL_OK;
+}
+
+/* ---- layer backward ------------------------------------------------------------------------ */
+/* dres holds dL/d(res[l+1]) on entry and dL/d(res[l]) on exit. */
+static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_tensor *dres) {
+  vl_ctx *c = m->c;
+  const vl_mistral_cfg *mc = &m->mc;
+  layer_acts *a = &m->acts[l];
+  int64_t R = B * T, C = mc->dim, H = mc->n_heads, KVH = mc->n_kv_heads, D = mc->head_dim;
+  int64_t F = mc->ffn, rep = H / KVH;
+  float scale = 1.0f / sqrtf((float)D);
+  vl_tensor *t = m->st.tmp; /* t[0..7]: this layer's gradient temps */
+
+  /* MLP */
+  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, F)); /* dh, then dg in place */
+  VL_TRY(lin_bwd(m, l, LD, &t[0], dres, &a->h, &a->xa[LD], R, 0.0f));
+  FREE(m, &a->h);
+  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, F)); /* du */
+  VL_TRY(VL_RUN(c, swiglu_bwd, &t[0], &t[1], &t[0], &a->g, &a->u, R * F));
+  FREE(m, &a->u);
+  FREE(m, &a->g);
+  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, R, C)); /* dln2 */
+  VL_TRY(lin_bwd(m, l, LG, &t[2], &t[0], &a->ln2, &a->xa[LG], R, 0.0f));
+  VL_TRY(lin_bwd(m, l, LU, &t[2], &t[1], &a->ln2, &a->xa[LU], R, 1.0f));
+  FREE(m, &t[1]);
+  FREE(m, &t[0]);
+  vl_param *n2 = LP(m, l, P_LN2);
+  VL_TRY(VL_RUN(c, rmsnorm_bwd, dres, n2->trainable ? &n2->grad : NULL, &t[2], &a->res2, &n2->w,
+                &a->rstd2, R, C));
+  FREE(m, &t[2]);
+  FREE(m, &a->rstd2);
+  FREE(m, &a->ln2);
+  FREE(m, &a->res2);
+
+  /* attention output projection */
+  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, H * D)); /* datt */
+  VL_TRY(lin_bwd(m, l, LO, &t[0], dres, &a->att, &a->xa[LO], R, 0.0f));
+  FREE(m, &a->att);
+  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, H * D)); /* dO (B,H,T,D) */
+  VL_TRY(VL_RUN(c, permute, &t[1], &t[0], B, T, H, D, false));
+  FREE(m, &t[0]);
+  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, B * H * T, T)); /* dP, then dS in place */
+  VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &t[1], D, rep * T * D, &a->v, D, T * D,
+                   &t[2], rep * T * T, B * KVH));
+  VL_TRY(alloc2(m, &t[3], VL_MEM_TEMP, R, KVH * D)); /* dv = P^T dO, summed over rep heads */
+  VL_TRY(attn_gemm(m, true, false, T, D, rep * T, &a->P, T, rep * T * T, &t[1], D, rep * T * D,
+                   &t[3], T * D, B * KVH));
+  FREE(m, &t[1]);
+  FREE(m, &a->v);
+  VL_TRY(VL_RUN(c, softmax_causal_bwd, &t[2], &t[2], &a->P, B * H * T, T, scale));
+  FREE(m, &a->P);
+  VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq = dS K */
+  VL_TRY(attn_gemm(m, false, false, rep * T, D, T, &t[2], T, rep * T * T, &a->k, D, T * D,
+                   &t[4], rep * T * D, B * KVH));
+  VL_TRY(alloc2(m, &t[5], VL_MEM_TEMP, R, KVH * D)); /* dk = dS^T Q */
+  VL_TRY(attn_gemm(m, true, false, T, D, rep * T, &t[2], T, rep * T * T, &a->q, D, rep * T * D,
+                   &t[5], T * D, B * KVH));
+  FREE(m, &t[2]);
+  FREE(m, &a->k);
+  FREE(m, &a->q);
+  /* back to (B,T,heads,D), undo the rotation, project to dln1 */
+  VL_TRY(alloc2(m, &t[6], VL_MEM_TEMP, R, C)); /* dln1 */
+  vl_tensor *g[3] = {&t[4], &t[5], &t[3]};
+  int64_t heads[3] = {H, KVH, KVH};
+  for (int i = 0; i < 3; i++) {
+    VL_TRY(alloc2(m, &t[7], VL_MEM_TEMP, R, heads[i] * D));
+    vl_status s = VL_RUN(c, permute, &t[7], g[i], B, T, heads[i], D, true);
+    if (s == VL_OK && i < 2) s = VL_RUN(c, rope, &t[7], B, T, heads[i], D, mc->rope_theta, true);
+    FREE(m, g[i]);
+    if (s == VL_OK) s = lin_bwd(m, l, LQ + i, &t[6], &t[7], &a->ln1, &a->xa[LQ + i], R, i ? 1.0f : 0.0f);
+    FREE(m, &t[7]);
+    VL_TRY(s);
+  }
+  vl_param *n1 = LP(m, l, P_LN1);
+  VL_TRY(VL_RUN(c, rmsnorm_bwd, dres, n1->trainable ? &n1->grad : NULL, &t[6], &m->res[l], &n1->w,
+                &a->rstd1, R, C));
+  FREE(m, &t[6]);
+  FREE(m, &a->rstd1);
+  FREE(m, &a->ln1);
+  return VL_OK;
+}
+
+/* ---- one micro-batch ------------------------------------------------------------------------ */
+static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_scale, double *loss_sum) {
+  vl_ctx *c = m->c;
+  const vl_mistral_cfg *mc = &m->mc;
+  step_tmp *st = &m->st;
+  int64_t B = b->B, T = b->T, R = B * T, C = mc->dim, V = mc->vocab, L = mc->n_layers;
+  bool ck = m->tc.checkpoint;
+
+  /* the batch on the device: tokens and targets, int32 each */
+  VL_TRY(alloc_f32(m, &st->data, VL_MEM_DATA, 2 * R));
+  if (c->be->upload && b->tokens) {
+    VL_TRY(c->be->upload(c, &st->data, 0, b->tokens, (size_t)R * 4));
+    VL_TRY(c->be->upload(c, &st->data, (size_t)R * 4, b->targets, (size_t)R * 4));
+  }
+  VL_TRY(alloc2(m, &m->res[0], VL_MEM_ACTS, R, C));
+  vl_param *E = &m->params[m->p_embed];
+  VL_TRY(VL_RUN(c, embed_fwd, &m->res[0], &E->w, b->tokens, R, C));
+  for (int64_t l = 0; l < L; l++) VL_TRY(layer_fwd(m, l, B, T, !ck, false));
+
+  /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
+  VL_TRY(alloc2(m, &st->lnf, VL_MEM_ACTS, R, C));
+  VL_TRY(alloc_f32(m, &st->rstdf, VL_MEM_ACTS, R));
+  vl_param *NF = &m->params[m->p_normf], *HW = &m->params[m->p_head];
+  VL_TRY(VL_RUN(c, rmsnorm_fwd, &st->lnf, &st->rstdf, &m->res[L], &NF->w, R, C, mc->norm_eps));
+  VL_TRY(alloc2(m, &st->logits, VL_MEM_TEMP, R, V));
+  VL_TRY(vl_linear_fwd(c, &st->logits, &st->lnf, &HW->w, R, C, V, 0.0f));
+  VL_TRY(alloc_f32(m, &st->loss, VL_MEM_TEMP, R));
+  VL_TRY(VL_RUN(c, xent_fused, &st->logits, &st->loss, b->targets, R, V, dloss_scale));
+  if (c->be->download && b->targets) {
+    float *lh = malloc((size_t)R * sizeof(float));
+    if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
+    vl_status s = c->be->download(c, lh, &st->loss, 0, (size_t)R * 4);
+    for (int64_t r = 0; s == VL_OK && r < R; r++) *loss_sum += lh[r];
+    free(lh);
+    VL_TRY(s);
+  }
+  FREE(m, &st->loss);
+  VL_TRY(alloc2(m, &st->dlnf, VL_MEM_TEMP, R, C));
+  if (HW->trainable) VL_TRY(vl_linear_bwd_w(c, &HW->grad, &st->logits, &st->lnf, R, C, V, 1.0f));
+  VL_TRY(vl_linear_bwd_x(c, &st->dlnf, &st->logits, &HW->w, R, C, V, 0.0f));
+  FREE(m, &st->logits);
+  VL_TRY(alloc2(m, &st->dres, VL_MEM_TEMP, R, C));
+  VL_TRY(VL_RUN(c, zero, &st->dres));
+  VL_TRY(VL_RUN(c, rmsnorm_bwd, &st->dres, NF->trainable ? &NF->grad : NULL, &st->dlnf,
+                &m->res[L], &NF->w, &st->rstdf, R, C));
+  FREE(m, &st->dlnf);
+  FREE(m, &st->rstdf);
+  FREE(m, &st->lnf);
+  FREE(m, &m->res[L]);
+
+  for (int64_t l = L - 1; l >= 0; l--) {
+    if (ck) {
+      /* re-run this block's forward from its saved input; its FLOPs are recompute */
+      c->recomputing++;
+      vl_status s = layer_fwd(m, l, B, T, true, true);
+      c->recomputing--;
+      VL_TRY(s);
+    }
+    VL_TRY(layer_bwd(m, l, B, T, &st->dres));
+    if (l > 0) FREE(m, &m->res[l]);
+  }
+  if (E->trainable) VL_TRY(VL_RUN(c, embed_bwd, &E->grad, &st->dres, b->tokens, R, C));
+  FREE(m, &st->dres);
+  FREE(m, &m->res[0]);
+  FREE(m, &st->data);
+  return VL_OK;
+}
+
+static int64_t valid_tokens(const vl_batch *b) {
+  if (!b->targets) return b->B * b->T;
+  int64_t n = 0;
+  for (int64_t i = 0; i < b->B * b->T; i++) n += b->targets[i] >= 0;
+  return n;
+}
+
+vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {
+  vl_ctx *c = m->c;
+  memset(info, 0, sizeof *info);
+  if (n_micro < 1) return vl_fail(c, VL_ERR_INVALID, "need at least one micro-batch");
+  int64_t ntok = 0;
+  for (int i = 0; i < n_micro; i++) {
+    if (mb[i].B < 1 || mb[i].T < 1 || mb[i].T > m->mc.seq)
+      return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: B=%lld T=%lld (sequence limit %lld)", i,
+                     (long long)mb[i].B, (long long)mb[i].T, (long long)m->mc.seq);
+    if (c->be->upload && !mb[i].tokens)
+      return vl_fail(c, VL_ERR_INVALID, "micro-batch %d has no tokens", i);
+    for (int64_t k = 0; mb[i].tokens && k < mb[i].B * mb[i].T; k++)
+      if (mb[i].tokens[k] < 0 || mb[i].tokens[k] >= m->mc.vocab || mb[i].targets[k] >= m->mc.vocab)
+        return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: token %lld out of the vocabulary", i, (long long)k);
+    ntok += valid_tokens(&mb[i]);
+  }
+  if (ntok == 0) return vl_fail(c, VL_ERR_INVALID, "no target tokens in the step");
+  float dscale = m->loss_scale / (float)ntok;
+  double loss_sum = 0;
+  for (int i = 0; i < n_micro; i++) {
+    vl_status s = micro_fwd_bwd(m, &mb[i], dscale, &loss_sum);
+    if (s != VL_OK) {
+      cleanup(m);
+      vl_mistral_zero_grads(m);
+      return s;
+    }
+  }
+  info->loss = loss_sum / (double)ntok;
+  info->n_tokens = ntok;
+  info->loss_scale = m->loss_scale;
+  if (c->be->download && !isfinite(info->loss))
+    return vl_fail(c, VL_ERR_NUMERIC, "loss is %g: training diverged", info->loss);
+  return VL_OK;
+}
+
+vl_status vl_mistral_zero_grads(vl_mistral *m) {
+  for (int i = 0; i < m->n_params; i++)
+    if (m->params[i].trainable) VL_TRY(VL_RUN(m->c, zero, &m->params[i].grad));
+  return VL_OK;
+}
+
+vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info) {
+  vl_ctx *c = m->c;
+  double ss = 0;
+  bool bad = false;
+  if (c->be->sumsq) {
+    for (int i = 0; i < m->n_params; i++) {
+      vl_param *p = &m->params[i];
+      if (!p->trainable) continue;
+      double s1;
+      bool b1;
+      VL_TRY(c->be->sumsq(c, &p->grad, p->rows * p->cols, &s1, &b1));
+      ss += s1;
+      bad |= b1;
+    }
+  }
+  float ls = m->loss_scale;
+  info->loss_scale = ls;
+  if (bad) {
+    if (m->tc.compute != VL_F16) {
+      vl_mistral_zero_grads(m);
+      return vl_fail(c, VL_ERR_NUMERIC, "non-finite gradient without fp16 loss scaling");
+    }
+    /* GradScaler: skip the step, halve the scale */
+    info->skipped = true;
+    m->loss_scale = ls * 0.5f;
+    m->good_steps = 0;
+    return vl_mistral_zero_grads(m);
+  }
+  double norm = sqrt(ss) / ls;
+  info->grad_norm = norm;
+  float coef = 1.0f;
+  if (m->tc.clip > 0 && norm > m->tc.clip) coef = (float)(m->tc.clip / (norm + 1e-6));
+  m->t++;
+  for (int i = 0; i < m->n_params; i++)
+    VL_TRY(vl_param_update(c, &m->params[i], &m->tc.optim, m->t, coef / ls));
+  if (m->tc.compute == VL_F16 && ++m->good_steps >= m->tc.loss_scale_window) {
+    m->loss_scale = ls * 2.0f;
+    m->good_steps = 0;
+  }
+  return vl_mistral_zero_grads(m);
+}
+
+vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {
+  VL_TRY(vl_mistral_fwd_bwd(m, mb, n_micro, info));
+  return vl_mistral_apply(m, info);
+}
+
+vl_param *vl_mistral_params(vl_mistral *m, int *n) { *n = m->n_params; return m->params; }
+const vl_mistral_cfg *vl_mistral_config(const vl_mistral *m) { return &m->mc; }
+const vl_train_cfg *vl_mistral_train_config(const vl_mistral *m) { return &m->tc; }
+
+int64_t vl_mistral_n_params(const vl_mistral *m, bool trainable_only) {
+  int64_t n = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    const vl_param *p = &m->params[i];
+    if (!p->w.owned && !p->master.owned) continue; /* unused LoRA slot */
+    if (!trainable_only || p->trainable) n += p->rows * p->cols;
+  }
+  return n;
+}
+
+vl_status vl_mistral_merged_weight(vl_mistral *m, int idx, float *out) {
+  vl_ctx *c = m->c;
+  if (idx < m->p_layer0 || idx >= m->p_normf) return vl_fail(c, VL_ERR_INVALID, "not a layer weight");
+  int slot = (idx - m->p_layer0) % PER_LAYER;
+  int64_t l = (idx - m->p_layer0) / PER_LAYER;
+  if (slot < P_LIN0 || (slot - P_LIN0) % 3) return vl_fail(c, VL_ERR_INVALID, "not a base linear");
+  int lin = (slot - P_LIN0) / 3;
+  vl_param *W = LW(m, l, lin, 0);
+  VL_TRY(vl_param_read(c, W, out));
+  if (!lora_on(m, lin)) return VL_OK;
+  int64_t r = m->tc.lora_rank, N = W->rows, K = W->cols;
+  float *A = malloc((size_t)(r * K) * sizeof(float)), *Bm = malloc((size_t)(N * r) * sizeof(float));
+  vl_status s = (A && Bm) ? VL_OK : VL_ERR_OOM;
+  if (s == VL_OK) s = vl_param_read(c, LW(m, l, lin, 1), A);
+  if (s == VL_OK) s = vl_param_read(c, LW(m, l, lin, 2), Bm);
+  float sc = m->tc.lora_alpha / (float)r;
+  for (int64_t i = 0; s == VL_OK && i < N; i++)
+    for (int64_t j = 0; j < K; j++) {
+      float acc = 0;
+      for (int64_t k = 0; k < r; k++) acc += Bm[i * r + k] * A[k * K + j];
+      out[i * K + j] += sc * acc;
+    }
+  free(A);
+  free(Bm);
+  return s;
+}

@@ -1,0 +1,64 @@
+/* The vramlab harness: ladders and claims (INI), statistics, results JSON, reports. */
+#ifndef VRAMLAB_HARNESS_H
+#define VRAMLAB_HARNESS_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define VL_MAX_KNOBS 48
+#define VL_MAX_RUNGS 16
+#define VL_MAX_CLAIMS 32
+
+typedef struct { char key[40]; char val[96]; } vl_knob;
+typedef struct { vl_knob k[VL_MAX_KNOBS]; int n; } vl_knobs;
+
+const char *vl_knob_get(const vl_knobs *ks, const char *key); /* NULL when absent */
+int vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* 0 on success */
+/* Apply "k=v,k=v" on top of ks; returns 0, or -1 with a message in err. */
+int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn);
+
+typedef struct {
+  char name[32];
+  char label[160];
+  vl_knobs knobs; /* resolved: every knob of the rungs above, then its own */
+} vl_rung;
+
+typedef struct {
+  char id[40], text[200], source[64], metric[40], unit[16], kind[8], note[240];
+  char before[32], after[32], before_set[160], after_set[160];
+  double article_before, article_after, tol, lo, hi;
+} vl_claim;
+
+typedef struct {
+  char case_id[40];
+  vl_knobs setting;         /* the [case] section */
+  vl_rung rungs[VL_MAX_RUNGS];
+  int n_rungs;
+  vl_claim claims[VL_MAX_CLAIMS];
+  int n_claims;
+} vl_ladder;
+
+/* Load cases/<id>/ladder.ini and claims.ini from `dir`. err gets a readable message. */
+int vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, char *err, size_t errn);
+/* --set overrides: "key=value" sets the [case] setting; "rung.key=value" one rung (and the
+ * rungs below it, which inherit). */
+int vl_ladder_set(vl_ladder *L, const char *assignment, char *err, size_t errn);
+int vl_ladder_find(const vl_ladder *L, const char *rung);
+
+/* ---- statistics ---- */
+typedef struct { double median, min, max, mean, p90, cv; int n; } vl_stats;
+void vl_stats_compute(const double *x, int n, vl_stats *s);
+cJSON *vl_stats_json(const vl_stats *s, const double *samples, int n);
+
+/* ---- results ---- */
+cJSON *vl_env_json(const char *device);
+/* Write text atomically: temp file in the same directory, fsync, rename. */
+int vl_write_atomic(const char *path, const char *text, char *err, size_t errn);
+int vl_mkdir_p(const char *path);
+char *vl_read_file(const char *path, size_t *n);
+
+/* ---- progress ---- */
+void vl_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

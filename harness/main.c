@@ -1,0 +1,308 @@
+/* vramlab: list | plan | run | report | bench */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "case.h"
+#include "report.h"
+#include "vramlab/backend.h"
+
+extern volatile sig_atomic_t vl_interrupted;
+static void on_signal(int sig) { (void)sig; vl_interrupted = 1; }
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: vramlab <command> [options]\n"
+          "  list                               cases, scales and rungs\n"
+          "  plan CASE [--step RUNG]            memory/FLOPs of a step without running it\n"
+          "  run CASE [--step RUNG]             run the ladder (plan at full scale + timed run)\n"
+          "  report CASE [--results FILE]       write reports/CASE.md and plots from results\n"
+          "  bench CASE                         run + report\n"
+          "  bench gemm [--n N]                 this machine's sgemm FLOP/s\n"
+          "options:\n"
+          "  --device auto|cpu|cuda|plan        where run executes (auto: cuda if visible)\n"
+          "  --scale tiny|small|full            run scale (plan defaults to full)\n"
+          "  --step RUNG                        one rung only\n"
+          "  --set key=value | rung.key=value   override the ladder (repeatable)\n"
+          "  --vram SIZE                        card memory for plan (e.g. 24GiB)\n"
+          "  --json                             machine-readable output (plan)\n"
+          "  --out DIR                          results directory (default results)\n");
+}
+
+typedef struct {
+  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out;
+  const char *sets[32];
+  int nsets, json, n, quiet;
+} args;
+
+static int parse_args(int argc, char **argv, args *a) {
+  memset(a, 0, sizeof *a);
+  a->device = "auto";
+  a->out = "results";
+  a->n = 1024;
+  int pos = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *s = argv[i];
+    const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name, field) if (!strcmp(s, name)) { if (!next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
+    OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
+    OPT("--results", results) OPT("--out", out)
+#undef OPT
+    if (!strcmp(s, "--set")) {
+      if (!next || a->nsets >= 32) { fprintf(stderr, "vramlab: --set needs key=value\n"); return -1; }
+      a->sets[a->nsets++] = next; i++; continue;
+    }
+    if (!strcmp(s, "--json")) { a->json = 1; continue; }
+    if (!strcmp(s, "--quiet")) { a->quiet = 1; continue; }
+    if (!strcmp(s, "--n")) { if (!next) return -1; a->n = atoi(next); i++; continue; }
+    if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
+    if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
+    if (pos == 0) a->cmd = s;
+    else if (pos == 1) a->case_id = s;
+    else { fprintf(stderr, "vramlab: unexpected argument '%s'\n", s); return -1; }
+    pos++;
+  }
+  if (!a->cmd) { usage(stderr); return -1; }
+  return 0;
+}
+
+static int parse_device(const char *s, vl_device *d) {
+  if (!strcmp(s, "auto")) { *d = vl_cuda_available() ? VL_DEV_CUDA : VL_DEV_CPU; return 0; }
+  if (!strcmp(s, "cpu")) { *d = VL_DEV_CPU; return 0; }
+  if (!strcmp(s, "plan")) { *d = VL_DEV_PLAN; return 0; }
+  if (!strcmp(s, "cuda")) {
+    if (!vl_cuda_available()) { fprintf(stderr, "vramlab: --device cuda: no CUDA GPU is visible (or this build has no CUDA backend)\n"); return -1; }
+    *d = VL_DEV_CUDA;
+    return 0;
+  }
+  fprintf(stderr, "vramlab: unknown device '%s' (auto, cpu, cuda, plan)\n", s);
+  return -1;
+}
+
+static int valid_scale(const vl_case *c, const char *s) {
+  for (int i = 0; c->scales[i]; i++) if (!strcmp(c->scales[i], s)) return 1;
+  return 0;
+}
+
+/* Load the case and its ladder, apply --set and --vram, validate every rung's knobs. */
+static const vl_case *load_case(const args *a, vl_ladder *L) {
+  if (!a->case_id) { fprintf(stderr, "vramlab: %s needs a case (try: vramlab list)\n", a->cmd); return NULL; }
+  const vl_case *c = vl_case_find(a->case_id);
+  if (!c) {
+    int n;
+    const vl_case *const *all = vl_case_all(&n);
+    fprintf(stderr, "vramlab: unknown case '%s'; known:", a->case_id);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", all[i]->id);
+    fprintf(stderr, "\n");
+    return NULL;
+  }
+  char err[512];
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
+  for (int i = 0; i < a->nsets; i++)
+    if (vl_ladder_set(L, a->sets[i], err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
+  if (a->vram && vl_knob_set(&L->setting, "card", a->vram)) { fprintf(stderr, "vramlab: bad --vram\n"); return NULL; }
+  for (int i = 0; i < L->n_rungs; i++)
+    if (vl_case_check_knobs(c, L->rungs[i].name, &L->rungs[i].knobs, err, sizeof err)) {
+      fprintf(stderr, "vramlab: %s\n", err);
+      return NULL;
+    }
+  if (a->step && vl_ladder_find(L, a->step) < 0) {
+    fprintf(stderr, "vramlab: unknown step '%s' of %s; steps:", a->step, c->id);
+    for (int i = 0; i < L->n_rungs; i++) fprintf(stderr, " %s", L->rungs[i].name);
+    fprintf(stderr, "\n");
+    return NULL;
+  }
+  if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
+  return c;
+}
+
+static int cmd_list(void) {
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  for (int i = 0; i < n; i++) {
+    printf("%-12s %s\n", all[i]->id, all[i]->summary);
+    vl_ladder L;
+    char err[256];
+    if (vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, all[i]->id, err, sizeof err)) { printf("  (ladder: %s)\n", err); continue; }
+    printf("  scales:");
+    for (int j = 0; all[i]->scales[j]; j++) printf(" %s", all[i]->scales[j]);
+    printf("\n  steps:\n");
+    for (int j = 0; j < L.n_rungs; j++) printf("    %-10s %s\n", L.rungs[j].name, L.rungs[j].label);
+  }
+  printf("devices: cpu, plan%s\n", vl_cuda_available() ? ", cuda" : " (cuda: no GPU visible)");
+  return 0;
+}
+
+static int cmd_plan(const args *a) {
+  vl_ladder L;
+  const vl_case *c = load_case(a, &L);
+  if (!c) return 2;
+  vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L.setting};
+  cJSON *all = cJSON_CreateObject();
+  int rc = 0;
+  if (!a->json) printf("%-10s %9s %9s %9s %9s %9s %8s %5s %9s %6s\n", "step", "params", "trainable",
+                       "peak GiB", "weights", "acts GiB", "TFLOP", "fits", "max batch", "OOM%");
+  for (int i = 0; i < L.n_rungs; i++) {
+    if (a->step && strcmp(a->step, L.rungs[i].name)) continue;
+    cJSON *o = cJSON_CreateObject();
+    char err[512];
+    if (c->plan(&env, env.scale, &L.rungs[i].knobs, o, err, sizeof err)) {
+      fprintf(stderr, "vramlab: plan %s: %s\n", L.rungs[i].name, err);
+      cJSON_Delete(o);
+      rc = 1;
+      break;
+    }
+    if (!a->json) {
+      double G = 1073741824.0;
+#define N(k) cJSON_GetNumberValue(cJSON_GetObjectItem(o, k))
+      printf("%-10s %8.2fB %8.2fM %9.2f %9.2f %9.2f %8.1f %5s %9.0f %5.0f%%\n", L.rungs[i].name,
+             N("params_total") / 1e9, N("params_trainable") / 1e6, N("peak_bytes") / G,
+             N("weight_bytes") / G, N("acts_bytes") / G, N("flops_per_step") / 1e12,
+             cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no", N("max_batch"),
+             100 * N("oom_rate"));
+#undef N
+    }
+    cJSON_DeleteItemFromObject(o, "timeline");
+    cJSON_DeleteItemFromObject(o, "batch_curve");
+    cJSON_AddItemToObject(all, L.rungs[i].name, o);
+  }
+  if (a->json && rc == 0) {
+    cJSON *single = a->step ? cJSON_DetachItemFromObject(all, a->step) : NULL;
+    char *s = cJSON_Print(single ? single : all);
+    printf("%s\n", s);
+    free(s);
+    cJSON_Delete(single);
+  }
+  cJSON_Delete(all);
+  return rc;
+}
+
+static int write_results(const char *out, const char *case_id, cJSON *res, char *path, size_t pn) {
+  char dir[800], err[512];
+  snprintf(dir, sizeof dir, "%s/%s", out, case_id);
+  if (vl_mkdir_p(dir)) { fprintf(stderr, "vramlab: cannot create %s\n", dir); return -1; }
+  char stamp[32];
+  time_t t = time(NULL);
+  strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&t));
+  snprintf(path, pn, "%s/%s.json", dir, stamp);
+  char *text = cJSON_Print(res);
+  int rc = vl_write_atomic(path, text, err, sizeof err);
+  if (!rc) {
+    char latest[900];
+    snprintf(latest, sizeof latest, "%s/latest.json", dir);
+    rc = vl_write_atomic(latest, text, err, sizeof err);
+  }
+  free(text);
+  if (rc) fprintf(stderr, "vramlab: %s\n", err);
+  return rc;
+}
+
+static int cmd_run(const args *a, char *results_path, size_t rn) {
+  vl_ladder L;
+  const vl_case *c = load_case(a, &L);
+  if (!c) return 2;
+  vl_device dev;
+  if (parse_device(a->device, &dev)) return 2;
+  const char *scale = a->scale ? a->scale : (dev == VL_DEV_CUDA ? "full" : "small");
+  vl_case_env env = {.scale = scale, .device = dev, .setting = &L.setting, .quiet = a->quiet};
+  char err[512];
+  long reps;
+  if (vl_knob_int(&L.setting, "reps", 2, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+
+  cJSON *res = cJSON_CreateObject();
+  cJSON_AddNumberToObject(res, "schema_version", 1);
+  cJSON_AddStringToObject(res, "case", c->id);
+  cJSON_AddItemToObject(res, "env", vl_env_json(vl_device_name(dev)));
+  cJSON_AddStringToObject(res, "run_scale", scale);
+  cJSON *setting = cJSON_AddObjectToObject(res, "setting");
+  for (int i = 0; i < L.setting.n; i++) cJSON_AddStringToObject(setting, L.setting.k[i].key, L.setting.k[i].val);
+  if (dev == VL_DEV_CPU) {
+    vl_progress("measuring sgemm FLOP/s (1024^3, best of 5)");
+    cJSON_AddNumberToObject(res, "sgemm_flops_per_s", vl_bench_sgemm(1024, 5));
+  }
+  cJSON *rungs = cJSON_AddArrayToObject(res, "rungs");
+  int rc = 0;
+  for (int i = 0; i < L.n_rungs && !rc; i++) {
+    vl_rung *r = &L.rungs[i];
+    if (a->step && strcmp(a->step, r->name)) continue;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", r->name);
+    cJSON_AddStringToObject(o, "label", r->label);
+    cJSON *kn = cJSON_AddObjectToObject(o, "knobs");
+    for (int j = 0; j < r->knobs.n; j++) cJSON_AddStringToObject(kn, r->knobs.k[j].key, r->knobs.k[j].val);
+    vl_progress("plan %s (full scale)", r->name);
+    cJSON *p = cJSON_AddObjectToObject(o, "plan");
+    if (c->plan(&env, "full", &r->knobs, p, err, sizeof err)) {
+      fprintf(stderr, "vramlab: plan %s: %s\n", r->name, err);
+      rc = 1;
+    }
+    cJSON_AddItemToArray(rungs, o);
+  }
+  /* Timed runs: whole ladder repeated in interleaved order (A B C .. A B C ..). */
+  for (int rep = 0; rep < reps && !rc && dev != VL_DEV_PLAN; rep++) {
+    cJSON *o;
+    cJSON_ArrayForEach(o, rungs) {
+      const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(o, "name"));
+      vl_rung *r = &L.rungs[vl_ladder_find(&L, name)];
+      vl_progress("run %s (%s, %s scale, repetition %d/%ld)", name, vl_device_name(dev), scale, rep + 1, reps);
+      cJSON *runs = cJSON_GetObjectItem(o, "runs");
+      if (!runs) runs = cJSON_AddArrayToObject(o, "runs");
+      cJSON *ro = cJSON_CreateObject();
+      int e = c->run(&env, &r->knobs, rep, ro, err, sizeof err);
+      cJSON_AddItemToArray(runs, ro);
+      if (e) {
+        fprintf(stderr, "vramlab: run %s: %s\n", name, err);
+        rc = 1;
+        break;
+      }
+    }
+  }
+  if (vl_interrupted) cJSON_AddBoolToObject(res, "interrupted", 1);
+  if (write_results(a->out, c->id, res, results_path, rn)) rc = 1;
+  else vl_progress("results: %s", results_path);
+  cJSON_Delete(res);
+  return rc;
+}
+
+static int cmd_report(const args *a, const char *path) {
+  vl_ladder L;
+  const vl_case *c = load_case(a, &L);
+  if (!c) return 2;
+  char def[800];
+  if (!path) { snprintf(def, sizeof def, "%s/%s/latest.json", a->out, c->id); path = def; }
+  char err[512];
+  char md[800];
+  snprintf(md, sizeof md, "%s/reports/%s.md", VRAMLAB_SOURCE_DIR, c->id);
+  if (vl_report_write(c, &L, path, md, err, sizeof err)) { fprintf(stderr, "vramlab: report: %s\n", err); return 1; }
+  vl_progress("report: %s", md);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  args a;
+  if (parse_args(argc, argv, &a)) return 2;
+  char results[900] = "";
+  if (!strcmp(a.cmd, "list")) return cmd_list();
+  if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);
+  if (!strcmp(a.cmd, "run")) return cmd_run(&a, results, sizeof results);
+  if (!strcmp(a.cmd, "report")) return cmd_report(&a, a.results);
+  if (!strcmp(a.cmd, "bench")) {
+    if (a.case_id && !strcmp(a.case_id, "gemm")) {
+      if (a.n < 16 || a.n > 16384) { fprintf(stderr, "vramlab: --n must be in [16, 16384]\n"); return 2; }
+      double f = vl_bench_sgemm(a.n, 5);
+      printf("sgemm %dx%dx%d: %.1f GFLOP/s (cpu backend, best of 5)\n", a.n, a.n, a.n, f / 1e9);
+      return f > 0 ? 0 : 1;
+    }
+    int rc = cmd_run(&a, results, sizeof results);
+    if (rc) return rc;
+    return cmd_report(&a, results);
+  }
+  fprintf(stderr, "vramlab: unknown command '%s'\n", a.cmd);
+  usage(stderr);
+  return 2;
+}
