@@ -87,7 +87,7 @@ static int on_claims(void *user, const char *section, const char *name, const ch
   if (!c) { snprintf(lc->err, sizeof lc->err, "too many claims"); return 0; }
 #define STR(f) if (!strcmp(name, #f)) { snprintf(c->f, sizeof c->f, "%s", value); return 1; }
   STR(text) STR(source) STR(metric) STR(unit) STR(kind) STR(note) STR(before) STR(after)
-  STR(before_set) STR(after_set)
+  STR(before_set) STR(after_set) STR(needs)
 #undef STR
   double *num = !strcmp(name, "article_before") ? &c->article_before
               : !strcmp(name, "article_after")  ? &c->article_after
@@ -114,7 +114,14 @@ static int parse_file(const char *path, ini_handler h, load_ctx *lc, char *err, 
   int rc = ini_parse_file(f, h, lc);
   fclose(f);
   if (rc != 0) {
-    snprintf(err, errn, "%s:%d: %s", path, rc > 0 ? rc : 0, lc->err[0] ? lc->err : "malformed line");
+    /* inih stops at its line-length limit (200 bytes) with the same code as a syntax error */
+    const char *why = lc->err[0] ? lc->err : "malformed line (expected [section], key = value or ; comment)";
+    f = rc > 0 ? fopen(path, "r") : NULL;
+    char line[4096];
+    for (int i = 1; f && fgets(line, sizeof line, f); i++)
+      if (i == rc) { if (strlen(line) >= 199) why = "line longer than 199 characters"; break; }
+    if (f) fclose(f);
+    snprintf(err, errn, "%s:%d: %s", path, rc > 0 ? rc : 0, why);
     return -1;
   }
   return 0;

@@ -242,6 +242,8 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
     double b = metric(c, L, res, cl->before, cl->before_set, cl->metric);
     double a = metric(c, L, res, cl->after, cl->after_set, cl->metric);
     vl_verdict v = vl_judge(cl, b, a);
+    const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(env, "device"));
+    if (cl->needs[0] && (!dev || strcmp(dev, cl->needs))) v = VL_NOT_MEASURABLE;
     counts[v]++;
     char x1[32], x2[32], y1[32], y2[32];
     if (!strcmp(cl->kind, "range"))
