@@ -273,6 +273,13 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
             cJSON_IsTrue(cJSON_GetObjectItem(p, "fits")) ? "yes" : "**no**", num(p, "max_batch"),
             100 * num(p, "oom_rate"), num(p, "flops_per_step") / 1e12);
   }
+  double tp = 0, ts = 0;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    cJSON *p = cJSON_GetObjectItem(r, "plan");
+    if (num(p, "plan_seconds") > tp) tp = num(p, "plan_seconds");
+    if (num(p, "max_batch_search_seconds") > ts) ts = num(p, "max_batch_search_seconds");
+  }
+  fprintf(md, "\nPlanning one full-scale step took at most %.3f s; the largest-batch search at most %.3f s (targets: < 0.5 s, < 2 s).\n", tp, ts);
   fprintf(md, "\nPeak = all live bytes at the step's high-water mark (batch %s, sequence %g). "
               "`acts` is the activation category's own peak. Max batch is found by bisection "
               "over planned steps at the full sequence length; OOM rate is the share of %g "

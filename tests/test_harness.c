@@ -214,6 +214,24 @@ static void test_llm_plan_fields(void **state) {
   assert_non_null(strstr(err, "unknown knob 'colour'"));
 }
 
+/* A truncated or corrupt results file gives a clear error and writes no report. */
+static void test_report_rejects_corrupt_results(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("llm-lora");
+  vl_ladder L;
+  char err[512], res[512], md[512];
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  write_file("res/trunc.json", "{\"schema_version\": 1, \"rungs\": [ {\"name\": \"base");
+  snprintf(res, sizeof res, "%s/res/trunc.json", tmpdir);
+  snprintf(md, sizeof md, "%s/res/out.md", tmpdir);
+  assert_int_not_equal(vl_report_write(c, &L, res, md, err, sizeof err), 0);
+  assert_non_null(strstr(err, "truncated or corrupt"));
+  assert_int_not_equal(access(md, F_OK), 0);
+  snprintf(res, sizeof res, "%s/res/missing.json", tmpdir);
+  assert_int_not_equal(vl_report_write(c, &L, res, md, err, sizeof err), 0);
+  assert_non_null(strstr(err, "cannot read"));
+}
+
 /* The command line: unknown case, unknown step and bad values exit non-zero with a message. */
 static void test_cli_errors(void **state) {
   (void)state;
@@ -247,7 +265,7 @@ int main(void) {
       cmocka_unit_test(test_ladder_inherits),  cmocka_unit_test(test_ladder_errors),
       cmocka_unit_test(test_knob_parsing),     cmocka_unit_test(test_verdicts),
       cmocka_unit_test(test_stats_and_atomic_write), cmocka_unit_test(test_llm_plan_fields),
-      cmocka_unit_test(test_cli_errors),
+      cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
