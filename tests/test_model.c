@@ -30,6 +30,16 @@ static vl_mistral *make(vl_ctx **c, const vl_mistral_cfg *mc, const vl_train_cfg
   return m;
 }
 
+/* A right-padded batch of B dialogues from the tiny preset's distribution (buffers hold
+ * B*32 tokens). */
+static vl_batch tiny_batch(int32_t *tok, int32_t *tgt, int64_t B, uint64_t seed) {
+  vl_dialogue_gen g;
+  vl_dialogue_init(&g, 256, 32, seed);
+  vl_batch b = {B, 0, tok, tgt};
+  b.T = vl_dialogue_batch(&g, B, 0, tok, tgt);
+  return b;
+}
+
 static double loss_of(vl_mistral *m, const vl_batch *b, int n) {
   vl_step_info info;
   assert_int_equal(vl_mistral_fwd_bwd(m, b, n, &info), VL_OK);
@@ -124,10 +134,7 @@ static void test_checkpoint_equivalence(void **state) {
   vl_mistral_cfg mc;
   vl_mistral_preset("tiny", &mc);
   int32_t tok[4 * 32], tgt[4 * 32];
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, mc.vocab, mc.seq, 3);
-  vl_batch b = {4, 0, tok, tgt};
-  b.T = vl_dialogue_batch(&g, 4, 0, tok, tgt);
+  vl_batch b = tiny_batch(tok, tgt, 4, 3);
   for (int lora = 0; lora < 2; lora++) {
     vl_train_cfg tc;
     vl_train_cfg_default(&tc);
@@ -217,10 +224,7 @@ static void test_merged_lora(void **state) {
   assert_int_equal(merged, (int)mc.n_layers * 7);
   batch_buf bb;
   int32_t tok[2 * 32], tgt[2 * 32];
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, mc.vocab, mc.seq, 4);
-  bb.b = (vl_batch){2, 0, tok, tgt};
-  bb.b.T = vl_dialogue_batch(&g, 2, 0, tok, tgt);
+  bb.b = tiny_batch(tok, tgt, 2, 4);
   double a = loss_of(ml, &bb.b, 1), b = loss_of(mf, &bb.b, 1);
   assert_true(fabs(a - b) < 1e-5 * fabs(b));
   /* and the adapters matter: zeroing B changes the loss */
@@ -252,10 +256,7 @@ static void test_fp16_overflow_skips(void **state) {
   assert_int_equal(vl_param_read(c, &ps[0], before), VL_OK);
   batch_buf bb;
   int32_t tok[2 * 32], tgt[2 * 32];
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, mc.vocab, mc.seq, 4);
-  bb.b = (vl_batch){2, 0, tok, tgt};
-  bb.b.T = vl_dialogue_batch(&g, 2, 0, tok, tgt);
+  bb.b = tiny_batch(tok, tgt, 2, 4);
   vl_step_info info;
   assert_int_equal(vl_mistral_step(m, &bb.b, 1, &info), VL_OK);
   assert_true(info.skipped);
@@ -406,13 +407,10 @@ static void test_loss_decreases(void **state) {
   tc.optim.hp.lr = 3e-3f;
   vl_ctx *c;
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, mc.vocab, mc.seq, 2);
   int32_t tok[8 * 32], tgt[8 * 32];
   double first = 0, last = 0;
   for (int i = 0; i < 60; i++) {
-    vl_batch b = {8, 0, tok, tgt};
-    b.T = vl_dialogue_batch(&g, 8, 0, tok, tgt);
+    vl_batch b = tiny_batch(tok, tgt, 8, 2 + (uint64_t)i);
     vl_step_info info;
     assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_OK);
     if (i < 5) first += info.loss / 5;
