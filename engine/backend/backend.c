@@ -19,6 +19,7 @@ vl_status vl_ctx_create_ex(vl_ctx **out, vl_device device, size_t cap, vl_device
   c->be = be;
   c->device = device;
   c->plan_target = plan_target;
+  c->cap = cap;
   vl_status s = VL_OK;
   if (device == VL_DEV_CPU) s = vl_arena_create(&c->arena, VL_ARENA_HOST, cap, NULL);
   else if (device == VL_DEV_PLAN) s = vl_arena_create(&c->arena, VL_ARENA_VIRTUAL, cap, NULL);

@@ -51,4 +51,15 @@ VL_HD static inline float vl_k_adafactor_u(const float *g, const float *vr, cons
   return g[i] * gscale / sqrtf(v);
 }
 
+/* Final pass: the update clipped by div (max(1, RMS/clip)), the optional first moment m
+ * (NULL when beta1 = 0), decoupled weight decay, then the step. */
+VL_HD static inline void vl_k_adafactor_apply(float *p, float *m, const float *g, const float *vr,
+                                              const float *vc, float vr_mean, int64_t R,
+                                              int64_t C, float gscale, float div, float lr,
+                                              float b1, float wd, int64_t i) {
+  float u = vl_k_adafactor_u(g, vr, vc, vr_mean, R, C, gscale, i) / div;
+  if (m) { m[i] = b1 * m[i] + (1.0f - b1) * u; u = m[i]; }
+  p[i] -= lr * (u + wd * p[i]);
+}
+
 #endif

@@ -251,11 +251,9 @@ static vl_status cpu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_t
   float div = rms / h->clip_thr > 1.0f ? rms / h->clip_thr : 1.0f;
   float *mp = m ? m->data : NULL;
 #pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    float u = vl_k_adafactor_u(gp, vrp, vcp, vr_mean, R, C, h->grad_scale, i) / div;
-    if (mp) { mp[i] = h->beta1 * mp[i] + (1.0f - h->beta1) * u; u = mp[i]; }
-    pp[i] -= h->lr * (u + h->weight_decay * pp[i]);
-  }
+  for (int64_t i = 0; i < n; i++)
+    vl_k_adafactor_apply(pp, mp, gp, vrp, vcp, vr_mean, R, C, h->grad_scale, div, h->lr, h->beta1,
+                         h->weight_decay, i);
   return VL_OK;
 }
 

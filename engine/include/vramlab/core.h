@@ -133,6 +133,7 @@ typedef struct vl_ctx {
   void *be_state;
   vl_arena *arena;
   vl_device device;
+  size_t cap;            /* arena cap the context was created with (VL_NO_CAP: none) */
   vl_device plan_target; /* plan device: whose workspace rules to follow (cuda default) */
   char err[512];        /* last error message */
   double flops;         /* model FLOPs counted (recompute excluded) */

@@ -1,0 +1,689 @@
+/* CUDA backend: cuBLAS for GEMM, and every element-wise / row-wise op a grid-stride kernel
+ * whose body is the same single-source vl_k_* function the CPU backend loops over
+ * (DESIGN.md "The CUDA backend must be verifiable without a GPU"). All argument logic
+ * (GEMM mapping, dtype choice, launch geometry, arena size) lives in cuda_host.c and is
+ * unit-tested on the CPU; this file only executes it.
+ *
+ * Device memory: the arena is ONE cudaMalloc of the cap, taken in init; the cuBLAS
+ * workspace is its first block (VL_MEM_WORKSPACE), so it is counted. Outside the arena,
+ * and therefore inside VL_CUDA_UNCAPPED_RESERVE, are only: the CUDA context and cuBLAS
+ * handle, the reduction partial sums (VL_RED_BLOCKS doubles + ints, ~12 KiB, taken once)
+ * and the token scratch (R int32 for embed/xent, grown on demand).
+ *
+ * Everything runs on one stream, so ops are ordered; host-visible results (sumsq,
+ * download) synchronise it. Errors become VL_ERR_BACKEND statuses, never exit/abort. */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vramlab/backend.h"
+#include "cuda_host.h"
+#include "cuda_gemm_k.h"
+#include "../../kernels/elem.h"
+#include "../../kernels/nf4.h"
+#include "../../kernels/optim.h"
+#include "../../kernels/rows.h"
+
+#define VL_THREADS 256     /* element-wise blocks; a power of two for the reductions */
+#define VL_ROW_THREADS 128 /* one thread per row / column: fewer, longer threads */
+#define VL_RED_BLOCKS 1024 /* most partial sums a reduction produces */
+
+typedef struct {
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  void *base;         /* the cudaMalloc backing the arena */
+  size_t ws_off;      /* cuBLAS workspace block in the arena */
+  bool ws_held;
+  int max_blocks;     /* grid-stride cap: 32 blocks per SM */
+  double *red_dev;    /* VL_RED_BLOCKS partial sums (outside the arena) */
+  int *bad_dev;       /* VL_RED_BLOCKS non-finite flags (outside the arena) */
+  double red_host[VL_RED_BLOCKS];
+  int bad_host[VL_RED_BLOCKS];
+  int32_t *tok_dev;   /* token scratch (outside the arena), grown on demand */
+  size_t tok_cap;     /* bytes */
+} cu_state;
+
+#define CU_CHECK(c, call)                                                                  \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess)                                                                 \
+      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+                     cudaGetErrorString(e_));                                              \
+  } while (0)
+
+#define CUBLAS_CHECK(c, call)                                                              \
+  do {                                                                                     \
+    cublasStatus_t s_ = (call);                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+                     cublasGetStatusString(s_));                                           \
+  } while (0)
+
+/* Grid-stride launch of `kernel` over n items on the context's stream, then check it. */
+#define LAUNCH(c, s, n, threads, kernel, ...)                                              \
+  do {                                                                                     \
+    int nb_;                                                                               \
+    vl_cuda_grid((n), (threads), (s)->max_blocks, &nb_);                                   \
+    kernel<<<nb_, (threads), 0, (s)->stream>>>(__VA_ARGS__);                               \
+    CU_CHECK((c), cudaGetLastError());                                                     \
+  } while (0)
+
+#define GRID_STRIDE(i, n)                                                                  \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+       i += (int64_t)blockDim.x * gridDim.x)
+
+static cu_state *st(vl_ctx *c) { return (cu_state *)c->be_state; }
+static int dt(const vl_tensor *t) { return (int)t->dtype; }
+
+/* ---- kernels: thin grid-stride wrappers over the single-source bodies -------------------- */
+
+__global__ void k_convert(void *y, int ydt, const void *x, int xdt, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_convert(y, ydt, x, xdt, i);
+}
+__global__ void k_axpby(void *y, int ydt, float a, const void *x, int xdt, float b, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_axpby(y, ydt, a, x, xdt, b, i);
+}
+__global__ void k_embed_fwd(void *out, int odt, const void *wte, int wdt, const int32_t *tok,
+                            int64_t C, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_embed_fwd(out, odt, wte, wdt, tok, C, i);
+}
+__global__ void k_embed_bwd(void *dw, int wdt, const void *dout, int odt, const int32_t *tok,
+                            int64_t R, int64_t C) {
+  GRID_STRIDE(k, C) vl_k_embed_bwd_col(dw, wdt, dout, odt, tok, R, C, k);
+}
+__global__ void k_rmsnorm_fwd(void *out, int odt, float *rstd, const void *x, int xdt,
+                              const void *w, int wdt, int64_t R, int64_t C, float eps) {
+  GRID_STRIDE(r, R) vl_k_rmsnorm_fwd_row(out, odt, rstd, x, xdt, w, wdt, C, eps, r);
+}
+__global__ void k_rmsnorm_bwd(void *dx, int dxdt, const void *dy, int dydt, const void *x,
+                              int xdt, const void *w, int wdt, const float *rstd, int64_t R,
+                              int64_t C) {
+  GRID_STRIDE(r, R) vl_k_rmsnorm_bwd_row(dx, dxdt, dy, dydt, x, xdt, w, wdt, rstd, C, r);
+}
+__global__ void k_rmsnorm_dw(void *dw, int dwdt, const void *dy, int dydt, const void *x,
+                             int xdt, const float *rstd, int64_t R, int64_t C) {
+  GRID_STRIDE(k, C) vl_k_rmsnorm_dw_col(dw, dwdt, dy, dydt, x, xdt, rstd, R, C, k);
+}
+__global__ void k_rope(void *x, int xdt, int64_t T, int64_t H, int64_t D, float theta,
+                       int inverse, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_rope(x, xdt, T, H, D, theta, inverse, i);
+}
+__global__ void k_permute(void *y, const void *x, int xdt, int64_t T, int64_t H, int64_t D,
+                          int back, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_permute(y, x, xdt, T, H, D, back, i);
+}
+__global__ void k_softmax_fwd(void *P, int pdt, const void *S, int sdt, int64_t T, float scale,
+                              int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_causal_row(P, pdt, S, sdt, T, scale, r);
+}
+__global__ void k_softmax_bwd(void *dS, int ddt, const void *dP, int dpdt, const void *P, int pdt,
+                              int64_t T, float scale, int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_causal_bwd_row(dS, ddt, dP, dpdt, P, pdt, T, scale, r);
+}
+__global__ void k_swiglu_fwd(void *out, int odt, const void *g, const void *u, int gdt,
+                             int64_t n) {
+  GRID_STRIDE(i, n) vl_k_swiglu_fwd(out, odt, g, u, gdt, i);
+}
+__global__ void k_swiglu_bwd(void *dg, void *du, int ddt, const void *dout, int odt,
+                             const void *g, const void *u, int gdt, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_swiglu_bwd(dg, du, ddt, dout, odt, g, u, gdt, i);
+}
+__global__ void k_xent(void *logits, int ldt, float *loss, const int32_t *tgt, int64_t V,
+                       float s, int64_t R) {
+  GRID_STRIDE(r, R) vl_k_xent_row(logits, ldt, loss, tgt, V, s, r);
+}
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, float lr, float b1,
+                        float b2, float eps, float wd, float bc1, float bc2, float gscale,
+                        int64_t n) {
+  GRID_STRIDE(i, n) vl_k_adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, gscale, i);
+}
+__global__ void k_sgd(float *p, const float *g, float *mom, float lr, float mu, float wd,
+                      float gscale, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_sgd(p, g, mom, lr, mu, wd, gscale, i);
+}
+__global__ void k_adafactor_row(float *vr, const float *g, int64_t R, int64_t C, float b2t,
+                                float eps1, float gscale) {
+  GRID_STRIDE(r, R) vl_k_adafactor_row(vr, g, C, b2t, eps1, gscale, r);
+}
+__global__ void k_adafactor_col(float *vc, const float *g, int64_t R, int64_t C, float b2t,
+                                float eps1, float gscale) {
+  GRID_STRIDE(k, C) vl_k_adafactor_col(vc, g, R, C, b2t, eps1, gscale, k);
+}
+
+/* GEMM helpers (cuda_gemm_k.h): operand packing, NF4 dequantisation, and the generic
+ * column-major GEMM for C types cuBLAS cannot produce from the operand type. */
+__global__ void k_gemm_pack(void *dst, int ddt, const void *src, int sdt, int64_t off,
+                            int64_t ld, int64_t cols, int64_t n) {
+  GRID_STRIDE(i, n) vl_kg_pack(dst, ddt, src, sdt, off, ld, cols, i);
+}
+__global__ void k_gemm_nf4(void *dst, int ddt, const uint8_t *q, int64_t n) {
+  GRID_STRIDE(i, n) vl_kg_nf4(dst, ddt, q, n, i);
+}
+__global__ void k_gemm_generic(vl_cublas_args a, const void *F, int fdt, const void *S, int sdt,
+                               void *C, int cdt, float alpha, float beta, int64_t total) {
+  GRID_STRIDE(i, total) vl_kg_colmajor(&a, F, fdt, S, sdt, C, cdt, alpha, beta, i);
+}
+
+/* ---- reductions: per-block partial sums in double, summed on the host in block order
+ * (deterministic for a given grid). The block size must be VL_THREADS. */
+
+__device__ static double block_sum(double v, double *sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int k = VL_THREADS / 2; k > 0; k >>= 1) {
+    if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+    __syncthreads();
+  }
+  return sh[0];
+}
+
+/* sum of x^2 over finite x, and whether a NaN/Inf was seen (as cpu_sumsq) */
+__global__ void k_sumsq(const void *x, int xdt, int64_t n, double *part, int *bad) {
+  __shared__ double sh[VL_THREADS];
+  __shared__ int sbad;
+  if (threadIdx.x == 0) sbad = 0;
+  __syncthreads();
+  double acc = 0.0;
+  int b = 0;
+  GRID_STRIDE(i, n) {
+    float v = vl_ld(x, xdt, i);
+    if (!isfinite(v)) b = 1;
+    else acc += (double)v * v;
+  }
+  if (b) atomicOr(&sbad, 1); /* an OR: order-independent */
+  double s = block_sum(acc, sh);
+  if (threadIdx.x == 0) { part[blockIdx.x] = s; bad[blockIdx.x] = sbad; }
+}
+
+__global__ void k_sum_f32(const float *x, int64_t n, double *part) {
+  __shared__ double sh[VL_THREADS];
+  double acc = 0.0;
+  GRID_STRIDE(i, n) acc += x[i];
+  double s = block_sum(acc, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+/* Partial sums of the squared unscaled Adafactor update (its RMS clips it). */
+__global__ void k_adafactor_ss(const float *g, const float *vr, const float *vc, float vr_mean,
+                               int64_t R, int64_t C, float gscale, double *part) {
+  __shared__ double sh[VL_THREADS];
+  double acc = 0.0;
+  GRID_STRIDE(i, R * C) {
+    float ui = vl_k_adafactor_u(g, vr, vc, vr_mean, R, C, gscale, i);
+    acc += (double)ui * ui;
+  }
+  double s = block_sum(acc, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+/* The final Adafactor pass: the same single-source body as the CPU backend. */
+__global__ void k_adafactor_apply(float *p, float *m, const float *g, const float *vr,
+                                  const float *vc, float vr_mean, int64_t R, int64_t C,
+                                  float gscale, float div, float lr, float b1, float wd) {
+  GRID_STRIDE(i, R * C) vl_k_adafactor_apply(p, m, g, vr, vc, vr_mean, R, C, gscale, div, lr, b1, wd, i);
+}
+
+/* Copy `blocks` partial sums to the host and add them in block order. */
+static vl_status reduce_finish(vl_ctx *c, cu_state *s, int blocks, double *sum, int *bad) {
+  CU_CHECK(c, cudaMemcpyAsync(s->red_host, s->red_dev, sizeof(double) * blocks,
+                              cudaMemcpyDeviceToHost, s->stream));
+  if (bad)
+    CU_CHECK(c, cudaMemcpyAsync(s->bad_host, s->bad_dev, sizeof(int) * blocks,
+                                cudaMemcpyDeviceToHost, s->stream));
+  CU_CHECK(c, cudaStreamSynchronize(s->stream));
+  double acc = 0.0;
+  int b = 0;
+  for (int i = 0; i < blocks; i++) {
+    acc += s->red_host[i];
+    if (bad) b |= s->bad_host[i];
+  }
+  *sum = acc;
+  if (bad) *bad = b;
+  return VL_OK;
+}
+
+static int red_blocks(int64_t n) {
+  int b;
+  vl_cuda_grid(n, VL_THREADS, VL_RED_BLOCKS, &b);
+  return b;
+}
+
+/* Token / target ids arrive in host memory: copy them into the device scratch. Copying
+ * with cudaMemcpyDefault also accepts ids that already live on the device. */
+static vl_status tok_to_device(vl_ctx *c, cu_state *s, const int32_t *tok, int64_t n,
+                               const int32_t **out) {
+  size_t need = sizeof(int32_t) * (size_t)(n > 0 ? n : 1);
+  if (need > s->tok_cap) {
+    if (s->tok_dev) {
+      CU_CHECK(c, cudaStreamSynchronize(s->stream)); /* a queued kernel may still read it */
+      CU_CHECK(c, cudaFree(s->tok_dev));
+      s->tok_dev = NULL;
+      s->tok_cap = 0;
+    }
+    size_t cap = need > 2 * s->tok_cap ? need : 2 * s->tok_cap;
+    if (cap < 4096) cap = 4096;
+    CU_CHECK(c, cudaMalloc((void **)&s->tok_dev, cap));
+    s->tok_cap = cap;
+  }
+  if (n > 0)
+    CU_CHECK(c, cudaMemcpyAsync(s->tok_dev, tok, sizeof(int32_t) * (size_t)n, cudaMemcpyDefault,
+                                s->stream));
+  *out = s->tok_dev;
+  return VL_OK;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------ */
+
+/* The arena cap the context was created with (vl_ctx_create_ex sets it before init). */
+static size_t ctx_cap(const vl_ctx *c) { return c->cap; }
+
+static void cu_fini(vl_ctx *c) {
+  cu_state *s = st(c);
+  if (!s) return;
+  if (s->stream) (void)cudaStreamSynchronize(s->stream);
+  if (s->blas) (void)cublasDestroy(s->blas);
+  if (s->ws_held && c->arena) vl_arena_free(c->arena, s->ws_off);
+  if (s->tok_dev) (void)cudaFree(s->tok_dev);
+  if (s->red_dev) (void)cudaFree(s->red_dev);
+  if (s->bad_dev) (void)cudaFree(s->bad_dev);
+  if (s->base) (void)cudaFree(s->base);
+  if (s->stream) (void)cudaStreamDestroy(s->stream);
+  (void)cudaGetLastError();
+  free(s);
+  c->be_state = NULL;
+}
+
+static vl_status cu_init(vl_ctx *c) {
+  cu_state *s = (cu_state *)calloc(1, sizeof *s);
+  if (!s) return vl_fail(c, VL_ERR_OOM, "cuda: no host memory for the backend state");
+  c->be_state = s; /* on failure vl_ctx_create_ex calls fini, which undoes what was done */
+  CU_CHECK(c, cudaSetDevice(0));
+  int sms = 0;
+  CU_CHECK(c, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  s->max_blocks = sms > 0 ? sms * 32 : 1024;
+  CU_CHECK(c, cudaStreamCreate(&s->stream));
+  CUBLAS_CHECK(c, cublasCreate(&s->blas));
+  /* cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first. */
+  CUBLAS_CHECK(c, cublasSetStream(s->blas, s->stream));
+  CU_CHECK(c, cudaMalloc((void **)&s->red_dev, sizeof(double) * VL_RED_BLOCKS));
+  CU_CHECK(c, cudaMalloc((void **)&s->bad_dev, sizeof(int) * VL_RED_BLOCKS));
+
+  size_t free_b = 0, total_b = 0;
+  CU_CHECK(c, cudaMemGetInfo(&free_b, &total_b));
+  size_t bytes = vl_cuda_arena_bytes(ctx_cap(c), free_b);
+  if (bytes < VL_CUBLAS_WORKSPACE_BYTES)
+    return vl_fail(c, VL_ERR_OOM, "cuda: an arena of %zu bytes cannot hold the %zu-byte cuBLAS "
+                   "workspace (%zu bytes free)", bytes, VL_CUBLAS_WORKSPACE_BYTES, free_b);
+  cudaError_t e = cudaMalloc(&s->base, bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    s->base = NULL;
+    return vl_fail(c, e == cudaErrorMemoryAllocation ? VL_ERR_OOM : VL_ERR_BACKEND,
+                   "cuda: cannot reserve an arena of %zu bytes (%zu free of %zu): %s", bytes,
+                   free_b, total_b, cudaGetErrorString(e));
+  }
+  vl_status vs = vl_arena_create(&c->arena, VL_ARENA_EXTERNAL, bytes, s->base);
+  if (vs != VL_OK) return vl_fail(c, vs, "cuda: arena creation failed");
+  vs = vl_arena_alloc(c->arena, VL_CUBLAS_WORKSPACE_BYTES, VL_MEM_WORKSPACE, &s->ws_off);
+  if (vs != VL_OK) return vl_fail(c, vs, "cuda: no room for the cuBLAS workspace");
+  s->ws_held = true;
+  CUBLAS_CHECK(c, cublasSetWorkspace(s->blas, (char *)s->base + s->ws_off,
+                                     VL_CUBLAS_WORKSPACE_BYTES));
+  return VL_OK;
+}
+
+static vl_status cu_sync(vl_ctx *c) {
+  CU_CHECK(c, cudaStreamSynchronize(st(c)->stream));
+  return VL_OK;
+}
+
+static size_t cu_gemm_ws(const vl_ctx *c, const vl_gemm *g) { (void)c; return vl_gemm_ws_cuda(g); }
+static size_t cu_fixed_ws(const vl_ctx *c) { (void)c; return VL_CUBLAS_WORKSPACE_BYTES; }
+
+/* ---- GEMM ----------------------------------------------------------------------------- */
+
+static cudaDataType_t cuda_type(vl_cu_dtype d) {
+  return d == VL_CU_R_16F ? CUDA_R_16F : d == VL_CU_R_16BF ? CUDA_R_16BF : CUDA_R_32F;
+}
+static cublasOperation_t cuda_op(vl_cu_op o) { return o == VL_CU_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N; }
+static cublasComputeType_t cuda_compute(vl_cu_compute k) { (void)k; return CUBLAS_COMPUTE_32F; }
+
+/* One cuBLAS call (or generic kernel launch) for the mapped arguments; pa / pb are the
+ * row-major A / B as the plan passes them (the tensor or its workspace copy). */
+static vl_status gemm_run(vl_ctx *c, cu_state *s, const vl_gemm *g, const vl_cuda_gemm_plan *p,
+                          const vl_cublas_args *a, const void *pa, const void *pb) {
+  bool fa = a->first == VL_CU_OPND_A, sa = a->second == VL_CU_OPND_A;
+  const void *F = fa ? pa : pb, *S = sa ? pa : pb;
+  vl_cu_dtype ft = fa ? p->a_type : p->b_type, stp = sa ? p->a_type : p->b_type;
+  if (p->path == VL_CU_PATH_KERNEL) {
+    int64_t total = a->batch * a->m * a->n;
+    LAUNCH(c, s, total, VL_THREADS, k_gemm_generic, *a, F, vl_cu_dtype_k(ft), S,
+           vl_cu_dtype_k(stp), g->C->data, vl_cu_dtype_k(p->c_type), g->alpha, g->beta, total);
+    return VL_OK;
+  }
+  const char *Fp = (const char *)F + a->first_off * (int64_t)vl_cu_dtype_size(ft);
+  const char *Sp = (const char *)S + a->second_off * (int64_t)vl_cu_dtype_size(stp);
+  char *Cp = (char *)g->C->data + a->c_off * (int64_t)vl_cu_dtype_size(p->c_type);
+  CUBLAS_CHECK(c, cublasGemmStridedBatchedEx(
+                      s->blas, cuda_op(a->transa), cuda_op(a->transb), (int)a->m, (int)a->n,
+                      (int)a->k, &g->alpha, Fp, cuda_type(ft), (int)a->lda,
+                      (long long)a->stride_a, Sp, cuda_type(stp), (int)a->ldb,
+                      (long long)a->stride_b, &g->beta, Cp, cuda_type(p->c_type), (int)a->ldc,
+                      (long long)a->stride_c, (int)a->batch, cuda_compute(p->compute),
+                      CUBLAS_GEMM_DEFAULT));
+  return VL_OK;
+}
+
+static vl_status cu_gemm(vl_ctx *c, const vl_gemm *g) {
+  cu_state *s = st(c);
+  vl_cuda_gemm_plan p;
+  if (vl_cuda_gemm_plan_make(g, &p) != VL_OK)
+    return vl_fail(c, VL_ERR_UNSUPPORTED, "cuda gemm: %s", p.why);
+  if (g->ws_bytes < p.ws_need || (p.ws_need && !g->ws))
+    return vl_fail(c, VL_ERR_INVALID, "gemm workspace %zu < %zu", g->ws_bytes, p.ws_need);
+  if (g->batch <= 0 || g->M <= 0 || g->N <= 0) return VL_OK;
+  vl_cublas_args a = vl_cuda_gemm_args(g, &p);
+  const char *why = NULL;
+  if (vl_cublas_check(&a, &why) != VL_OK) return vl_fail(c, VL_ERR_INVALID, "cuda gemm: %s", why);
+  /* an operand region past its tensor would be a silent out-of-bounds read on the device */
+  int64_t ef, es, ec;
+  vl_cublas_extents(&a, &ef, &es, &ec);
+  int64_t ea = a.first == VL_CU_OPND_A ? ef : es, eb = a.first == VL_CU_OPND_A ? es : ef;
+  if ((p.a_src == VL_CU_SRC_DIRECT && (size_t)ea * vl_cu_dtype_size(p.a_type) > g->A->bytes) ||
+      (p.b_src == VL_CU_SRC_DIRECT && (size_t)eb * vl_cu_dtype_size(p.b_type) > g->B->bytes) ||
+      (size_t)ec * vl_cu_dtype_size(p.c_type) > g->C->bytes)
+    return vl_fail(c, VL_ERR_INVALID, "cuda gemm: an operand region exceeds its tensor");
+  char *ws = (char *)g->ws;
+  const void *pa = p.a_src == VL_CU_SRC_DIRECT ? g->A->data : (const void *)(ws + p.a_ws);
+  const void *pb = p.b_src == VL_CU_SRC_DIRECT ? g->B->data : (const void *)(ws + p.b_ws);
+  if (p.b_src == VL_CU_SRC_NF4)
+    LAUNCH(c, s, g->B->n, VL_THREADS, k_gemm_nf4, ws + p.b_ws, vl_cu_dtype_k(p.b_type),
+           (const uint8_t *)g->B->data, g->B->n);
+  if (!p.per_batch) return gemm_run(c, s, g, &p, &a, pa, pb);
+  /* The workspace holds one batch of each converted operand: one call per batch. */
+  int64_t na = p.a_rows * p.a_cols, nb = p.b_rows * p.b_cols;
+  for (int64_t b = 0; b < g->batch; b++) {
+    if (p.a_src == VL_CU_SRC_CONVERT)
+      LAUNCH(c, s, na, VL_THREADS, k_gemm_pack, ws + p.a_ws, VL_K_F32, g->A->data, dt(g->A),
+             g->a_off + b * g->sa, g->lda, p.a_cols, na);
+    if (p.b_src == VL_CU_SRC_CONVERT)
+      LAUNCH(c, s, nb, VL_THREADS, k_gemm_pack, ws + p.b_ws, VL_K_F32, g->B->data, dt(g->B),
+             g->b_off + b * g->sb, g->ldb, p.b_cols, nb);
+    vl_cublas_args one = vl_cublas_slice(&a, b);
+    vl_status r = gemm_run(c, s, g, &p, &one, pa, pb);
+    if (r != VL_OK) return r;
+  }
+  return VL_OK;
+}
+
+/* ---- copies --------------------------------------------------------------------------- */
+
+static vl_status cu_upload(vl_ctx *c, vl_tensor *dst, size_t off, const void *src, size_t n) {
+  if (off + n > dst->bytes)
+    return vl_fail(c, VL_ERR_INVALID, "upload of %zu bytes at %zu into a %zu-byte tensor", n, off,
+                   dst->bytes);
+  cu_state *s = st(c);
+  CU_CHECK(c, cudaMemcpyAsync((char *)dst->data + off, src, n, cudaMemcpyHostToDevice, s->stream));
+  CU_CHECK(c, cudaStreamSynchronize(s->stream)); /* the caller may reuse src at once */
+  return VL_OK;
+}
+
+static vl_status cu_download(vl_ctx *c, void *dst, const vl_tensor *src, size_t off, size_t n) {
+  if (off + n > src->bytes)
+    return vl_fail(c, VL_ERR_INVALID, "download of %zu bytes at %zu from a %zu-byte tensor", n,
+                   off, src->bytes);
+  cu_state *s = st(c);
+  CU_CHECK(c, cudaMemcpyAsync(dst, (const char *)src->data + off, n, cudaMemcpyDeviceToHost,
+                              s->stream));
+  CU_CHECK(c, cudaStreamSynchronize(s->stream));
+  return VL_OK;
+}
+
+/* ---- element-wise and row-wise ops ------------------------------------------------------ */
+
+static vl_status cu_zero(vl_ctx *c, vl_tensor *y) {
+  CU_CHECK(c, cudaMemsetAsync(y->data, 0, y->bytes, st(c)->stream));
+  return VL_OK;
+}
+
+static vl_status cu_convert(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
+  if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_convert, y->data, dt(y), x->data, dt(x), n);
+  return VL_OK;
+}
+
+static vl_status cu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b,
+                          int64_t n) {
+  if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_axpby, y->data, dt(y), a, x->data, dt(x), b, n);
+  return VL_OK;
+}
+
+static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
+                              int64_t R, int64_t C) {
+  if (R <= 0 || C <= 0) return VL_OK;
+  cu_state *s = st(c);
+  const int32_t *dtok = NULL;
+  vl_status r = tok_to_device(c, s, tok, R, &dtok);
+  if (r != VL_OK) return r;
+  LAUNCH(c, s, R * C, VL_THREADS, k_embed_fwd, out->data, dt(out), wte->data, dt(wte), dtok, C,
+         R * C);
+  return VL_OK;
+}
+
+static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const int32_t *tok,
+                              int64_t R, int64_t C) {
+  if (R <= 0 || C <= 0) return VL_OK;
+  cu_state *s = st(c);
+  const int32_t *dtok = NULL;
+  vl_status r = tok_to_device(c, s, tok, R, &dtok);
+  if (r != VL_OK) return r;
+  /* one thread per column, rows in order: deterministic without atomics (as on CPU) */
+  LAUNCH(c, s, C, VL_ROW_THREADS, k_embed_bwd, dw->data, dt(dw), dout->data, dt(dout), dtok, R, C);
+  return VL_OK;
+}
+
+static vl_status cu_rmsnorm_fwd(vl_ctx *c, vl_tensor *out, vl_tensor *rstd, const vl_tensor *x,
+                                const vl_tensor *w, int64_t R, int64_t C, float eps) {
+  if (R > 0)
+    LAUNCH(c, st(c), R, VL_ROW_THREADS, k_rmsnorm_fwd, out->data, dt(out), (float *)rstd->data,
+           x->data, dt(x), w->data, dt(w), R, C, eps);
+  return VL_OK;
+}
+
+static vl_status cu_rmsnorm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const vl_tensor *dout,
+                                const vl_tensor *x, const vl_tensor *w, const vl_tensor *rstd,
+                                int64_t R, int64_t C) {
+  if (R <= 0 || C <= 0) return VL_OK;
+  cu_state *s = st(c);
+  LAUNCH(c, s, R, VL_ROW_THREADS, k_rmsnorm_bwd, dx->data, dt(dx), dout->data, dt(dout), x->data,
+         dt(x), w->data, dt(w), (const float *)rstd->data, R, C);
+  if (dw)
+    LAUNCH(c, s, C, VL_ROW_THREADS, k_rmsnorm_dw, dw->data, dt(dw), dout->data, dt(dout), x->data,
+           dt(x), (const float *)rstd->data, R, C);
+  return VL_OK;
+}
+
+static vl_status cu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                         float theta, bool inverse) {
+  int64_t n = B * T * H * (D / 2);
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_rope, x->data, dt(x), T, H, D, theta, inverse ? 1 : 0, n);
+  return VL_OK;
+}
+
+static vl_status cu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
+                            int64_t H, int64_t D, bool back) {
+  if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
+  int64_t n = B * T * H * D;
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_permute, y->data, x->data, dt(x), T, H, D, back ? 1 : 0, n);
+  return VL_OK;
+}
+
+static vl_status cu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
+                                int64_t T, float scale) {
+  if (rows > 0)
+    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_fwd, P->data, dt(P), S->data, dt(S), T,
+           scale, rows);
+  return VL_OK;
+}
+
+static vl_status cu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
+                                int64_t rows, int64_t T, float scale) {
+  if (rows > 0)
+    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_bwd, dS->data, dt(dS), dP->data, dt(dP),
+           P->data, dt(P), T, scale, rows);
+  return VL_OK;
+}
+
+static vl_status cu_swiglu_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *g, const vl_tensor *u,
+                               int64_t n) {
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_swiglu_fwd, out->data, dt(out), g->data, u->data, dt(g), n);
+  return VL_OK;
+}
+
+static vl_status cu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl_tensor *dout,
+                               const vl_tensor *g, const vl_tensor *u, int64_t n) {
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_swiglu_bwd, dg->data, du->data, dt(dg), dout->data,
+           dt(dout), g->data, u->data, dt(g), n);
+  return VL_OK;
+}
+
+static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+                         int64_t R, int64_t V, float scale) {
+  if (R <= 0) return VL_OK;
+  cu_state *s = st(c);
+  const int32_t *dtgt = NULL;
+  vl_status r = tok_to_device(c, s, tgt, R, &dtgt);
+  if (r != VL_OK) return r;
+  LAUNCH(c, s, R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, dtgt, V,
+         scale, R);
+  return VL_OK;
+}
+
+static vl_status cu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite) {
+  *out = 0.0;
+  *nonfinite = false;
+  if (n <= 0) return VL_OK;
+  cu_state *s = st(c);
+  int blocks = red_blocks(n);
+  k_sumsq<<<blocks, VL_THREADS, 0, s->stream>>>(x->data, dt(x), n, s->red_dev, s->bad_dev);
+  CU_CHECK(c, cudaGetLastError());
+  int bad = 0;
+  vl_status r = reduce_finish(c, s, blocks, out, &bad);
+  *nonfinite = bad != 0;
+  return r;
+}
+
+/* ---- optimizers ----------------------------------------------------------------------- */
+
+static vl_status cu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
+                          int64_t n, const vl_optim_hp *h) {
+  if (n <= 0) return VL_OK;
+  /* bias corrections on the host, in float, exactly as cpu_adamw */
+  float bc1 = 1.0f - powf(h->beta1, (float)h->t), bc2 = 1.0f - powf(h->beta2, (float)h->t);
+  LAUNCH(c, st(c), n, VL_THREADS, k_adamw, (float *)p->data, (const float *)g->data,
+         (float *)m->data, (float *)v->data, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
+         bc1, bc2, h->grad_scale, n);
+  return VL_OK;
+}
+
+static vl_status cu_sgd(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *mom, int64_t n,
+                        const vl_optim_hp *h) {
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_sgd, (float *)p->data, (const float *)g->data,
+           (float *)mom->data, h->lr, h->momentum, h->weight_decay, h->grad_scale, n);
+  return VL_OK;
+}
+
+/* Four passes, as cpu_adafactor: row moments and their mean (R > 1), column moments, the
+ * RMS of the update (two-pass reduction through the host), then the clipped update. */
+static vl_status cu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
+                              vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
+                              const vl_optim_hp *h) {
+  int64_t n = R * C;
+  if (n <= 0) return VL_OK;
+  cu_state *s = st(c);
+  float b2t = 1.0f - powf((float)h->t, -h->decay_pow);
+  const float eps1 = 1e-30f;
+  float *gp = (float *)g->data, *vrp = (float *)vr->data, *vcp = (float *)vc->data;
+  float *mp = m ? (float *)m->data : NULL;
+  float vr_mean = 0.0f;
+  vl_status r;
+  if (R > 1) {
+    LAUNCH(c, s, R, VL_ROW_THREADS, k_adafactor_row, vrp, gp, R, C, b2t, eps1, h->grad_scale);
+    int blocks = red_blocks(R);
+    k_sum_f32<<<blocks, VL_THREADS, 0, s->stream>>>(vrp, R, s->red_dev);
+    CU_CHECK(c, cudaGetLastError());
+    double sum = 0.0;
+    if ((r = reduce_finish(c, s, blocks, &sum, NULL)) != VL_OK) return r;
+    vr_mean = (float)(sum / (double)R);
+  }
+  LAUNCH(c, s, C, VL_ROW_THREADS, k_adafactor_col, vcp, gp, R, C, b2t, eps1, h->grad_scale);
+  int blocks = red_blocks(n);
+  k_adafactor_ss<<<blocks, VL_THREADS, 0, s->stream>>>(gp, vrp, vcp, vr_mean, R, C,
+                                                        h->grad_scale, s->red_dev);
+  CU_CHECK(c, cudaGetLastError());
+  double ss = 0.0;
+  if ((r = reduce_finish(c, s, blocks, &ss, NULL)) != VL_OK) return r;
+  float rms = (float)sqrt(ss / (double)n);
+  float div = rms / h->clip_thr > 1.0f ? rms / h->clip_thr : 1.0f;
+  LAUNCH(c, s, n, VL_THREADS, k_adafactor_apply, (float *)p->data, mp, gp, vrp, vcp, vr_mean, R,
+         C, h->grad_scale, div, h->lr, h->beta1, h->weight_decay);
+  return VL_OK;
+}
+
+/* ---- the backend ---------------------------------------------------------------------- */
+
+static vl_backend make_backend(void) {
+  vl_backend b;
+  memset(&b, 0, sizeof b);
+  b.name = "cuda";
+  b.device = VL_DEV_CUDA;
+  b.init = cu_init;
+  b.fini = cu_fini;
+  b.sync = cu_sync;
+  b.gemm_ws_bytes = cu_gemm_ws;
+  b.fixed_ws_bytes = cu_fixed_ws;
+  b.gemm = cu_gemm;
+  b.upload = cu_upload;
+  b.download = cu_download;
+  b.zero = cu_zero;
+  b.convert = cu_convert;
+  b.axpby = cu_axpby;
+  b.embed_fwd = cu_embed_fwd;
+  b.embed_bwd = cu_embed_bwd;
+  b.rmsnorm_fwd = cu_rmsnorm_fwd;
+  b.rmsnorm_bwd = cu_rmsnorm_bwd;
+  b.rope = cu_rope;
+  b.permute = cu_permute;
+  b.softmax_causal_fwd = cu_softmax_fwd;
+  b.softmax_causal_bwd = cu_softmax_bwd;
+  b.swiglu_fwd = cu_swiglu_fwd;
+  b.swiglu_bwd = cu_swiglu_bwd;
+  b.xent_fused = cu_xent;
+  b.sumsq = cu_sumsq;
+  b.adamw = cu_adamw;
+  b.sgd = cu_sgd;
+  b.adafactor = cu_adafactor;
+  return b;
+}
+
+/* Filled once at load time (namespace-scope initialisation). */
+static const vl_backend g_cuda_backend = make_backend();
+
+const vl_backend *vl_cuda_backend_table(void) { return &g_cuda_backend; }
+
+bool vl_cuda_probe(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n); /* no driver / no GPU: an error, not a crash */
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}

@@ -1,0 +1,710 @@
+/* vramlab-gpu-check: every backend op run on CUDA and on the CPU backend with the same
+ * seeded inputs (DESIGN.md "The CUDA backend must be verifiable without a GPU", point 3;
+ * the idea of ggml's test-backend-ops). Per check: the op's status on both, NaN/Inf in the
+ * CUDA output where the CPU output is finite, the normalised MSE
+ *   nmse = sum (cuda - cpu)^2 / sum cpu^2
+ * of every output against a per-check limit, and guard bytes: each tensor lives inside a
+ * larger allocation whose GUARD bytes on either side must come back untouched.
+ *
+ * Without a GPU (not a CUDA build, or no device) every check prints "SKIP (no GPU)" and the
+ * exit status is 0: skipped, never passed. With one, one line per check with PASS/FAIL and
+ * the NMSE; exit status 1 when any check fails. `vramlab-gpu-check WORD` runs the checks
+ * whose name contains WORD; `vramlab-gpu-check --self-test [WORD]` runs them with the CPU
+ * backend on both sides, to check this tool itself where there is no GPU. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vramlab/backend.h"
+#include "vramlab/quant.h"
+#include "../engine/kernels/kcommon.h"
+#include "../engine/kernels/nf4.h"
+
+enum { CU = 0, CPU = 1 }; /* side index: the device under test, the reference */
+static const char *SIDE[2] = {"cuda", "cpu"};
+
+#define GUARD 256        /* bytes before and after each tensor (keeps 256-byte alignment) */
+#define GUARD_BYTE 0xA5
+#define CUDA_CAP ((size_t)2 << 30)
+
+/* Limits: bit-identical for pure data movement; otherwise the last-bit differences of the
+ * math libraries (expf, FMA contraction, summation order) after rounding to the storage
+ * dtype: 1 ulp of fp16 is 2^-11 relative, of bf16 2^-8. */
+#define EXACT 0.0
+
+typedef struct {
+  vl_ctx *ctx[2];
+  vl_rng rng;
+  double nmse;     /* worst NMSE seen in the current check */
+  bool bad;
+  char why[320];   /* first failure of the current check */
+} chk;
+
+/* A tensor on both sides with the same contents, each inside a guarded allocation. */
+typedef struct {
+  vl_tensor buf[2]; /* the allocation: GUARD | tensor | GUARD */
+  vl_tensor t[2];   /* the op's view of the middle */
+  size_t total;     /* bytes uploaded / downloaded, guards included */
+  uint8_t *host;    /* the initial contents, guards included */
+  bool ok;
+} tp;
+
+static void fail(chk *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(chk *k, const char *fmt, ...) {
+  if (!k->bad) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->why, sizeof k->why, fmt, ap);
+    va_end(ap);
+  }
+  k->bad = true;
+}
+
+static void status(chk *k, int side, vl_status s, const char *op) {
+  if (s != VL_OK)
+    fail(k, "%s %s: %s: %s", SIDE[side], op, vl_status_name(s), k->ctx[side]->err);
+}
+
+static float *randv(chk *k, int64_t n, float scale) {
+  float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (!v) { perror("malloc"); exit(2); }
+  for (int64_t i = 0; i < n; i++) v[i] = scale * vl_rng_normal(&k->rng);
+  return v;
+}
+
+/* Allocate and fill on both sides. vals: n fp32 values (NF4 is quantised from them), or
+ * NULL for zeros. */
+static void tp_make(chk *k, tp *p, vl_dtype dt, int ndim, const int64_t *shape, const float *vals) {
+  memset(p, 0, sizeof *p);
+  vl_tensor shp;
+  memset(&shp, 0, sizeof shp);
+  vl_tensor_set_shape(&shp, dt, ndim, shape);
+  p->total = shp.bytes + 2 * GUARD;
+  p->host = malloc(p->total);
+  if (!p->host) { perror("malloc"); exit(2); }
+  memset(p->host, GUARD_BYTE, p->total);
+  uint8_t *mid = p->host + GUARD;
+  if (!vals) memset(mid, 0, shp.bytes);
+  else if (dt == VL_NF4) {
+    if (vl_nf4_quantize_host(mid, vals, shp.n) != 0) fail(k, "nf4 quantisation failed");
+  } else {
+    for (int64_t i = 0; i < shp.n; i++) vl_st(mid, (int)dt, i, vals[i]);
+  }
+  for (int s = 0; s < 2; s++) {
+    vl_ctx *c = k->ctx[s];
+    vl_status r = vl_tensor_alloc2(c, &p->buf[s], VL_F32, VL_MEM_TEMP, 1,
+                                   (int64_t)((p->total + 3) / 4));
+    status(k, s, r, "alloc");
+    if (r != VL_OK) return;
+    status(k, s, c->be->upload(c, &p->buf[s], 0, p->host, p->total), "upload");
+    vl_tensor v = p->buf[s];
+    vl_tensor_set_shape(&v, dt, ndim, shape);
+    v.data = (char *)p->buf[s].data + GUARD;
+    v.off = p->buf[s].off + GUARD;
+    v.owned = false;
+    p->t[s] = v;
+  }
+  p->ok = !k->bad;
+}
+
+static void tp_free(chk *k, tp *p) {
+  for (int s = 0; s < 2; s++)
+    if (p->buf[s].owned) vl_tensor_free(k->ctx[s], &p->buf[s]);
+  free(p->host);
+  memset(p, 0, sizeof *p);
+}
+
+/* Download both sides, check the guards, decode to fp32 (n elements of the view each). */
+static bool tp_read(chk *k, tp *p, const char *what, float *out[2]) {
+  out[0] = out[1] = NULL;
+  if (!p->ok) return false;
+  bool ok = true;
+  for (int s = 0; s < 2; s++) {
+    vl_ctx *c = k->ctx[s];
+    uint8_t *raw = malloc(p->total);
+    out[s] = malloc(sizeof(float) * (size_t)(p->t[s].n > 0 ? p->t[s].n : 1));
+    if (!raw || !out[s]) { perror("malloc"); exit(2); }
+    vl_status r = c->be->download(c, raw, &p->buf[s], 0, p->total);
+    status(k, s, r, "download");
+    if (r != VL_OK) { free(raw); ok = false; continue; }
+    for (size_t i = 0; i < GUARD; i++)
+      if (raw[i] != GUARD_BYTE || raw[p->total - 1 - i] != GUARD_BYTE) {
+        fail(k, "%s: guard bytes around %s overwritten", SIDE[s], what);
+        ok = false;
+        break;
+      }
+    const vl_tensor *t = &p->t[s];
+    for (int64_t i = 0; i < t->n; i++)
+      out[s][i] = t->dtype == VL_NF4 ? vl_nf4_get(raw + GUARD, t->n, i)
+                                     : vl_ld(raw + GUARD, (int)t->dtype, i);
+    free(raw);
+  }
+  return ok;
+}
+
+/* Compare one output of the op on both sides. */
+static void cmp(chk *k, tp *p, const char *what) {
+  float *v[2];
+  if (tp_read(k, p, what, v)) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < p->t[CU].n; i++) {
+      double a = v[CU][i], b = v[CPU][i];
+      if (isfinite(b) && !isfinite(a)) {
+        fail(k, "%s[%lld]: cuda %g where cpu is %g", what, (long long)i, a, b);
+        break;
+      }
+      if (!isfinite(b)) continue; /* both sides saw the same non-finite input */
+      num += (a - b) * (a - b);
+      den += b * b;
+    }
+    double e = den > 0 ? num / den : num;
+    if (e > k->nmse || isnan(e)) k->nmse = e;
+  }
+  free(v[0]);
+  free(v[1]);
+}
+
+/* The same value on both sides for a host-side result (sumsq). */
+static void cmp_scalar(chk *k, double cu, double cpu, const char *what) {
+  if (isfinite(cpu) && !isfinite(cu)) { fail(k, "%s: cuda %g where cpu is %g", what, cu, cpu); return; }
+  double e = cpu != 0 ? (cu - cpu) * (cu - cpu) / (cpu * cpu) : cu * cu;
+  if (e > k->nmse) k->nmse = e;
+}
+
+/* ---- checks: each gets up to three dtypes and an option from its table row ------------- */
+typedef struct { vl_dtype a, b, c; int opt; } args;
+
+#define EACH(s) for (int s = 0; s < 2; s++)
+#define CALL(k, s, op, ...) status((k), (s), (k)->ctx[s]->be->op((k)->ctx[s], __VA_ARGS__), #op)
+
+static void ck_copy(chk *k, args a) {
+  int64_t n = 1024; /* a multiple of the NF4 block */
+  float *x = randv(k, n, 1);
+  tp t;
+  tp_make(k, &t, a.a, 1, &n, x);
+  cmp(k, &t, "tensor"); /* upload in tp_make, download in cmp */
+  tp_free(k, &t);
+  free(x);
+}
+
+static void ck_sync(chk *k, args a) {
+  (void)a;
+  EACH(s) status(k, s, k->ctx[s]->be->sync(k->ctx[s]), "sync");
+}
+
+static void ck_zero(chk *k, args a) {
+  int64_t n = 3001;
+  float *x = randv(k, n, 1);
+  tp y;
+  tp_make(k, &y, a.a, 1, &n, x);
+  if (y.ok) EACH(s) CALL(k, s, zero, &y.t[s]);
+  cmp(k, &y, "y");
+  tp_free(k, &y);
+  free(x);
+}
+
+static void ck_convert(chk *k, args a) {
+  int64_t n = 4099;
+  float *xv = randv(k, n, 3), *yv = randv(k, n, 1);
+  xv[0] = 70000.0f; /* overflows fp16 */
+  xv[1] = 1e-6f;    /* fp16 subnormal */
+  tp x, y;
+  tp_make(k, &x, a.a, 1, &n, xv);
+  tp_make(k, &y, a.b, 1, &n, yv);
+  if (x.ok && y.ok) EACH(s) CALL(k, s, convert, &y.t[s], &x.t[s], n - 3); /* tail untouched */
+  cmp(k, &y, "y");
+  tp_free(k, &x); tp_free(k, &y);
+  free(xv); free(yv);
+}
+
+static void ck_axpby(chk *k, args a) {
+  int64_t n = 5003;
+  float *xv = randv(k, n, 1), *yv = randv(k, n, 1), *nanv = randv(k, n, 1);
+  for (int64_t i = 0; i < n; i++) nanv[i] = NAN; /* b = 0 must ignore y's garbage */
+  tp x, y, z;
+  tp_make(k, &x, a.b, 1, &n, xv);
+  tp_make(k, &y, a.a, 1, &n, yv);
+  tp_make(k, &z, a.a, 1, &n, nanv);
+  if (x.ok && y.ok && z.ok) EACH(s) {
+    CALL(k, s, axpby, &y.t[s], 0.75f, &x.t[s], -1.25f, n);
+    CALL(k, s, axpby, &z.t[s], 2.0f, &x.t[s], 0.0f, n);
+  }
+  cmp(k, &y, "y");
+  cmp(k, &z, "y (b=0)");
+  tp_free(k, &x); tp_free(k, &y); tp_free(k, &z);
+  free(xv); free(yv); free(nanv);
+}
+
+static int32_t *tokens(chk *k, int64_t R, int64_t V, bool some_ignored) {
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)R);
+  if (!t) { perror("malloc"); exit(2); }
+  for (int64_t r = 0; r < R; r++) t[r] = (int32_t)vl_rng_below(&k->rng, (uint64_t)V);
+  if (some_ignored)
+    for (int64_t r = 0; r < R; r += 5) t[r] = -1;
+  return t;
+}
+
+static void ck_embed_fwd(chk *k, args a) {
+  int64_t V = 53, C = 96, R = 70, ws[2] = {V, C}, os[2] = {R, C};
+  float *w = randv(k, V * C, 1);
+  int32_t *tok = tokens(k, R, V, false);
+  tp wte, out;
+  tp_make(k, &wte, a.b, 2, ws, w);
+  tp_make(k, &out, a.a, 2, os, NULL);
+  if (wte.ok && out.ok) EACH(s) CALL(k, s, embed_fwd, &out.t[s], &wte.t[s], tok, R, C);
+  cmp(k, &out, "out");
+  tp_free(k, &wte); tp_free(k, &out);
+  free(w); free(tok);
+}
+
+static void ck_embed_bwd(chk *k, args a) {
+  int64_t V = 11, C = 130, R = 97, ws[2] = {V, C}, os[2] = {R, C}; /* many repeated tokens */
+  float *w = randv(k, V * C, 1), *d = randv(k, R * C, 1);
+  int32_t *tok = tokens(k, R, V, false);
+  tp dw, dout;
+  tp_make(k, &dw, a.a, 2, ws, w);
+  tp_make(k, &dout, a.b, 2, os, d);
+  if (dw.ok && dout.ok) EACH(s) CALL(k, s, embed_bwd, &dw.t[s], &dout.t[s], tok, R, C);
+  cmp(k, &dw, "dwte");
+  tp_free(k, &dw); tp_free(k, &dout);
+  free(w); free(d); free(tok);
+}
+
+static float *around_one(chk *k, int64_t n) {
+  float *w = randv(k, n, 0.2f);
+  for (int64_t i = 0; i < n; i++) w[i] += 1.0f;
+  return w;
+}
+
+static void ck_rmsnorm_fwd(chk *k, args a) {
+  int64_t R = 33, C = 200, xs[2] = {R, C};
+  float *xv = randv(k, R * C, 2), *wv = around_one(k, C);
+  tp x, w, out, rstd;
+  tp_make(k, &x, a.a, 2, xs, xv);
+  tp_make(k, &w, a.b, 1, &C, wv);
+  tp_make(k, &out, a.a, 2, xs, NULL);
+  tp_make(k, &rstd, VL_F32, 1, &R, NULL);
+  if (x.ok && w.ok && out.ok && rstd.ok)
+    EACH(s) CALL(k, s, rmsnorm_fwd, &out.t[s], &rstd.t[s], &x.t[s], &w.t[s], R, C, 1e-5f);
+  cmp(k, &out, "out");
+  cmp(k, &rstd, "rstd");
+  tp_free(k, &x); tp_free(k, &w); tp_free(k, &out); tp_free(k, &rstd);
+  free(xv); free(wv);
+}
+
+/* opt 1: frozen norm weight (dw NULL) */
+static void ck_rmsnorm_bwd(chk *k, args a) {
+  int64_t R = 29, C = 160, xs[2] = {R, C};
+  float *xv = randv(k, R * C, 1), *wv = around_one(k, C), *dyv = randv(k, R * C, 1);
+  float *dxv = randv(k, R * C, 1), *dwv = randv(k, C, 1), *rv = randv(k, R, 0.1f);
+  for (int64_t r = 0; r < R; r++) rv[r] = 1.0f + fabsf(rv[r]);
+  tp x, w, dy, dx, dw, rstd;
+  tp_make(k, &x, a.a, 2, xs, xv);
+  tp_make(k, &w, a.b, 1, &C, wv);
+  tp_make(k, &dy, a.a, 2, xs, dyv);
+  tp_make(k, &dx, a.a, 2, xs, dxv);
+  tp_make(k, &dw, VL_F32, 1, &C, dwv);
+  tp_make(k, &rstd, VL_F32, 1, &R, rv);
+  if (x.ok && w.ok && dy.ok && dx.ok && dw.ok && rstd.ok)
+    EACH(s) CALL(k, s, rmsnorm_bwd, &dx.t[s], a.opt ? NULL : &dw.t[s], &dy.t[s], &x.t[s],
+                 &w.t[s], &rstd.t[s], R, C);
+  cmp(k, &dx, "dx");
+  cmp(k, &dw, "dw");
+  tp_free(k, &x); tp_free(k, &w); tp_free(k, &dy); tp_free(k, &dx); tp_free(k, &dw);
+  tp_free(k, &rstd);
+  free(xv); free(wv); free(dyv); free(dxv); free(dwv); free(rv);
+}
+
+/* opt 1: inverse rotation */
+static void ck_rope(chk *k, args a) {
+  int64_t B = 2, T = 19, H = 3, D = 16, sh[4] = {B, T, H, D};
+  float *xv = randv(k, B * T * H * D, 1);
+  tp x;
+  tp_make(k, &x, a.a, 4, sh, xv);
+  if (x.ok) EACH(s) CALL(k, s, rope, &x.t[s], B, T, H, D, 10000.0f, a.opt != 0);
+  cmp(k, &x, "x");
+  tp_free(k, &x);
+  free(xv);
+}
+
+/* opt 1: back = true, (B,H,T,D) -> (B,T,H,D) */
+static void ck_permute(chk *k, args a) {
+  int64_t B = 2, T = 7, H = 5, D = 12, sh[4] = {B, T, H, D};
+  float *xv = randv(k, B * T * H * D, 1);
+  tp x, y;
+  tp_make(k, &x, a.a, 4, sh, xv);
+  tp_make(k, &y, a.a, 4, sh, NULL);
+  if (x.ok && y.ok) EACH(s) CALL(k, s, permute, &y.t[s], &x.t[s], B, T, H, D, a.opt != 0);
+  cmp(k, &y, "y");
+  tp_free(k, &x); tp_free(k, &y);
+  free(xv);
+}
+
+/* opt 1: P aliases S (in place) */
+static void ck_softmax_fwd(chk *k, args a) {
+  int64_t T = 17, rows = 2 * 3 * T, sh[2] = {rows, T};
+  float *sv = randv(k, rows * T, 3);
+  tp S, P;
+  tp_make(k, &S, a.a, 2, sh, sv);
+  tp_make(k, &P, a.b, 2, sh, NULL);
+  if (S.ok && P.ok)
+    EACH(s) CALL(k, s, softmax_causal_fwd, a.opt ? &S.t[s] : &P.t[s], &S.t[s], rows, T, 0.35f);
+  cmp(k, a.opt ? &S : &P, "P");
+  tp_free(k, &S); tp_free(k, &P);
+  free(sv);
+}
+
+/* opt 1: dS aliases dP */
+static void ck_softmax_bwd(chk *k, args a) {
+  int64_t T = 13, rows = 4 * T, sh[2] = {rows, T};
+  float *pv = randv(k, rows * T, 1), *dpv = randv(k, rows * T, 1);
+  for (int64_t r = 0; r < rows; r++) { /* a causal probability row */
+    int64_t q = r % T;
+    float sum = 0;
+    for (int64_t c = 0; c < T; c++) { pv[r * T + c] = c <= q ? expf(pv[r * T + c]) : 0; sum += pv[r * T + c]; }
+    for (int64_t c = 0; c <= q; c++) pv[r * T + c] /= sum;
+  }
+  tp P, dP, dS;
+  tp_make(k, &P, a.a, 2, sh, pv);
+  tp_make(k, &dP, a.a, 2, sh, dpv);
+  tp_make(k, &dS, a.a, 2, sh, NULL);
+  if (P.ok && dP.ok && dS.ok)
+    EACH(s) CALL(k, s, softmax_causal_bwd, a.opt ? &dP.t[s] : &dS.t[s], &dP.t[s], &P.t[s], rows, T,
+                 0.35f);
+  cmp(k, a.opt ? &dP : &dS, "dS");
+  tp_free(k, &P); tp_free(k, &dP); tp_free(k, &dS);
+  free(pv); free(dpv);
+}
+
+static void ck_swiglu_fwd(chk *k, args a) {
+  int64_t n = 6007;
+  float *gv = randv(k, n, 2), *uv = randv(k, n, 1);
+  tp g, u, out;
+  tp_make(k, &g, a.a, 1, &n, gv);
+  tp_make(k, &u, a.a, 1, &n, uv);
+  tp_make(k, &out, a.b, 1, &n, NULL);
+  if (g.ok && u.ok && out.ok) EACH(s) CALL(k, s, swiglu_fwd, &out.t[s], &g.t[s], &u.t[s], n);
+  cmp(k, &out, "out");
+  tp_free(k, &g); tp_free(k, &u); tp_free(k, &out);
+  free(gv); free(uv);
+}
+
+static void ck_swiglu_bwd(chk *k, args a) {
+  int64_t n = 6007;
+  float *gv = randv(k, n, 2), *uv = randv(k, n, 1), *dv = randv(k, n, 1);
+  tp g, u, d, dg, du;
+  tp_make(k, &g, a.a, 1, &n, gv);
+  tp_make(k, &u, a.a, 1, &n, uv);
+  tp_make(k, &d, a.a, 1, &n, dv);
+  tp_make(k, &dg, a.b, 1, &n, NULL);
+  tp_make(k, &du, a.b, 1, &n, NULL);
+  if (g.ok && u.ok && d.ok && dg.ok && du.ok)
+    EACH(s) CALL(k, s, swiglu_bwd, &dg.t[s], &du.t[s], &d.t[s], &g.t[s], &u.t[s], n);
+  cmp(k, &dg, "dg");
+  cmp(k, &du, "du");
+  tp_free(k, &g); tp_free(k, &u); tp_free(k, &d); tp_free(k, &dg); tp_free(k, &du);
+  free(gv); free(uv); free(dv);
+}
+
+static void ck_xent(chk *k, args a) {
+  int64_t R = 19, V = 300, sh[2] = {R, V};
+  float *lv = randv(k, R * V, 2);
+  int32_t *tgt = tokens(k, R, V, true);
+  tp logits, loss;
+  tp_make(k, &logits, a.a, 2, sh, lv);
+  tp_make(k, &loss, VL_F32, 1, &R, NULL);
+  if (logits.ok && loss.ok)
+    EACH(s) CALL(k, s, xent_fused, &logits.t[s], &loss.t[s], tgt, R, V, 1.0f / (float)R);
+  cmp(k, &logits, "dlogits");
+  cmp(k, &loss, "loss");
+  tp_free(k, &logits); tp_free(k, &loss);
+  free(lv); free(tgt);
+}
+
+/* opt 1: one NaN and one Inf in the input: both sides must report non-finite */
+static void ck_sumsq(chk *k, args a) {
+  int64_t n = 300007;
+  float *xv = randv(k, n, 1);
+  if (a.opt) { xv[n / 3] = NAN; xv[n - 1] = INFINITY; }
+  tp x;
+  tp_make(k, &x, a.a, 1, &n, xv);
+  double out[2] = {0, 0};
+  bool nf[2] = {false, false};
+  if (x.ok) EACH(s) CALL(k, s, sumsq, &x.t[s], n, &out[s], &nf[s]);
+  if (nf[CU] != nf[CPU]) fail(k, "nonfinite: cuda %d, cpu %d", nf[CU], nf[CPU]);
+  if (a.opt && !nf[CU]) fail(k, "cuda missed the NaN/Inf");
+  cmp_scalar(k, out[CU], out[CPU], "sum of squares");
+  cmp(k, &x, "x (unchanged)");
+  tp_free(k, &x);
+  free(xv);
+}
+
+static vl_optim_hp hparams(void) {
+  vl_optim_hp h;
+  memset(&h, 0, sizeof h);
+  h.lr = 1e-2f; h.beta1 = 0.9f; h.beta2 = 0.999f; h.eps = 1e-8f; h.weight_decay = 0.01f;
+  h.t = 3; h.eps2 = 1e-3f; h.clip_thr = 1.0f; h.decay_pow = 0.8f; h.momentum = 0.9f;
+  h.grad_scale = 0.5f;
+  return h;
+}
+
+static void ck_adamw(chk *k, args a) {
+  (void)a;
+  int64_t n = 7001;
+  float *pv = randv(k, n, 1), *gv = randv(k, n, 1), *mv = randv(k, n, 0.1f), *vv = randv(k, n, 0.1f);
+  for (int64_t i = 0; i < n; i++) vv[i] = vv[i] * vv[i];
+  tp p, g, m, v;
+  tp_make(k, &p, VL_F32, 1, &n, pv);
+  tp_make(k, &g, VL_F32, 1, &n, gv);
+  tp_make(k, &m, VL_F32, 1, &n, mv);
+  tp_make(k, &v, VL_F32, 1, &n, vv);
+  vl_optim_hp h = hparams();
+  if (p.ok && g.ok && m.ok && v.ok) EACH(s) CALL(k, s, adamw, &p.t[s], &g.t[s], &m.t[s], &v.t[s], n, &h);
+  cmp(k, &p, "p"); cmp(k, &m, "m"); cmp(k, &v, "v");
+  tp_free(k, &p); tp_free(k, &g); tp_free(k, &m); tp_free(k, &v);
+  free(pv); free(gv); free(mv); free(vv);
+}
+
+static void ck_sgd(chk *k, args a) {
+  (void)a;
+  int64_t n = 7001;
+  float *pv = randv(k, n, 1), *gv = randv(k, n, 1), *mv = randv(k, n, 0.1f);
+  tp p, g, m;
+  tp_make(k, &p, VL_F32, 1, &n, pv);
+  tp_make(k, &g, VL_F32, 1, &n, gv);
+  tp_make(k, &m, VL_F32, 1, &n, mv);
+  vl_optim_hp h = hparams();
+  if (p.ok && g.ok && m.ok) EACH(s) CALL(k, s, sgd, &p.t[s], &g.t[s], &m.t[s], n, &h);
+  cmp(k, &p, "p"); cmp(k, &m, "momentum");
+  tp_free(k, &p); tp_free(k, &g); tp_free(k, &m);
+  free(pv); free(gv); free(mv);
+}
+
+/* opt 0: (R,C) matrix with a first moment; 1: a vector (R = 1) without; 2: matrix without */
+static void ck_adafactor(chk *k, args a) {
+  int64_t R = a.opt == 1 ? 1 : 37, C = 150, n = R * C;
+  float *pv = randv(k, n, 1), *gv = randv(k, n, 1), *mv = randv(k, n, 0.1f);
+  float *vrv = randv(k, R, 0.1f), *vcv = randv(k, C, 0.1f);
+  for (int64_t i = 0; i < R; i++) vrv[i] = vrv[i] * vrv[i] + 1e-3f;
+  for (int64_t i = 0; i < C; i++) vcv[i] = vcv[i] * vcv[i] + 1e-3f;
+  tp p, g, m, vr, vc;
+  tp_make(k, &p, VL_F32, 1, &n, pv);
+  tp_make(k, &g, VL_F32, 1, &n, gv);
+  tp_make(k, &m, VL_F32, 1, &n, mv);
+  tp_make(k, &vr, VL_F32, 1, &R, vrv);
+  tp_make(k, &vc, VL_F32, 1, &C, vcv);
+  vl_optim_hp h = hparams();
+  bool with_m = a.opt == 0;
+  if (!with_m) h.beta1 = 0.0f;
+  if (p.ok && g.ok && m.ok && vr.ok && vc.ok)
+    EACH(s) CALL(k, s, adafactor, &p.t[s], &g.t[s], &vr.t[s], &vc.t[s], with_m ? &m.t[s] : NULL,
+                 R, C, &h);
+  cmp(k, &p, "p"); cmp(k, &vc, "vc");
+  if (R > 1) cmp(k, &vr, "vr");
+  if (with_m) cmp(k, &m, "m");
+  tp_free(k, &p); tp_free(k, &g); tp_free(k, &m); tp_free(k, &vr); tp_free(k, &vc);
+  free(pv); free(gv); free(mv); free(vrv); free(vcv);
+}
+
+/* GEMM with A, B, C dtypes a.a, a.b, a.c; opt bit 0: ta, bit 1: tb, bit 2: batch 3 with
+ * padded leading dims, offsets and strides (an NF4 B stays whole and shared). */
+static void ck_gemm(chk *k, args a) {
+  bool ta = a.opt & 1, tb = a.opt & 2, big = a.opt & 4;
+  int64_t M = 37, N = 64, K = 48, batch = big ? 3 : 1, pad = big ? 5 : 0;
+  int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+  vl_gemm g;
+  memset(&g, 0, sizeof g);
+  g.ta = ta; g.tb = tb; g.M = M; g.N = N; g.K = K; g.batch = batch;
+  g.alpha = 0.8f; g.beta = big ? 0.5f : 0.0f;
+  g.lda = ac + pad; g.a_off = pad; g.sa = ar * g.lda + pad;
+  if (a.b == VL_NF4) { g.ldb = bc; g.b_off = 0; g.sb = 0; }
+  else { g.ldb = bc + pad; g.b_off = 2 * pad; g.sb = br * g.ldb + pad; }
+  g.ldc = N + pad; g.c_off = 3 * pad; g.sc = M * g.ldc + pad;
+  int64_t na = g.a_off + (batch - 1) * g.sa + ar * g.lda;
+  int64_t nb = a.b == VL_NF4 ? br * bc : g.b_off + (batch - 1) * g.sb + br * g.ldb;
+  int64_t nc = g.c_off + (batch - 1) * g.sc + M * g.ldc;
+  float *av = randv(k, na, 1), *bv = randv(k, nb, 1), *cv = randv(k, nc, 1);
+  tp A, B, C;
+  tp_make(k, &A, a.a, 1, &na, av);
+  tp_make(k, &B, a.b, 1, &nb, bv);
+  tp_make(k, &C, a.c, 1, &nc, cv);
+  if (A.ok && B.ok && C.ok) EACH(s) {
+    vl_ctx *c = k->ctx[s];
+    vl_gemm gs = g;
+    gs.A = &A.t[s]; gs.B = &B.t[s]; gs.C = &C.t[s];
+    gs.ws_bytes = c->be->gemm_ws_bytes(c, &gs);
+    vl_tensor ws;
+    memset(&ws, 0, sizeof ws);
+    if (gs.ws_bytes) {
+      vl_status r = vl_tensor_alloc2(c, &ws, VL_F32, VL_MEM_WORKSPACE, 1,
+                                     (int64_t)((gs.ws_bytes + 3) / 4));
+      status(k, s, r, "workspace alloc");
+      if (r != VL_OK) continue;
+      gs.ws = ws.data;
+    }
+    CALL(k, s, gemm, &gs);
+    if (s == CU) status(k, s, c->be->sync(c), "sync"); /* before the workspace is freed */
+    if (ws.owned) vl_tensor_free(c, &ws);
+  }
+  cmp(k, &C, "C");
+  tp_free(k, &A); tp_free(k, &B); tp_free(k, &C);
+  free(av); free(bv); free(cv);
+}
+
+/* ---- the table ---------------------------------------------------------------------- */
+typedef struct {
+  const char *name;
+  void (*fn)(chk *, args);
+  args a;
+  double limit;
+} check;
+
+#define F32 VL_F32
+#define F16 VL_F16
+#define BF16 VL_BF16
+#define NF4 VL_NF4
+#define A1(d) {d, d, d, 0}
+#define A2(d, e) {d, e, d, 0}
+#define AO(d, o) {d, d, d, o}
+
+static const check CHECKS[] = {
+    {"upload/download f32", ck_copy, A1(F32), EXACT},
+    {"upload/download bf16", ck_copy, A1(BF16), EXACT},
+    {"upload/download nf4", ck_copy, A1(NF4), EXACT},
+    {"sync", ck_sync, A1(F32), EXACT},
+    {"zero f32", ck_zero, A1(F32), EXACT},
+    {"zero f16", ck_zero, A1(F16), EXACT},
+    {"zero bf16", ck_zero, A1(BF16), EXACT},
+    {"convert f32->f16", ck_convert, A2(F32, F16), EXACT},
+    {"convert f32->bf16", ck_convert, A2(F32, BF16), EXACT},
+    {"convert f16->f32", ck_convert, A2(F16, F32), EXACT},
+    {"convert bf16->f16", ck_convert, A2(BF16, F16), EXACT},
+    {"convert f16->bf16", ck_convert, A2(F16, BF16), EXACT},
+    {"axpby f32", ck_axpby, A1(F32), 1e-12},
+    {"axpby f16 (x f32)", ck_axpby, A2(F16, F32), 1e-6},
+    {"axpby bf16", ck_axpby, A1(BF16), 1e-4},
+    {"embed_fwd f32", ck_embed_fwd, A1(F32), EXACT},
+    {"embed_fwd bf16 (wte f32)", ck_embed_fwd, A2(BF16, F32), EXACT},
+    {"embed_fwd f16", ck_embed_fwd, A1(F16), EXACT},
+    {"embed_bwd f32", ck_embed_bwd, A1(F32), 1e-12},
+    {"embed_bwd f32 (dout bf16)", ck_embed_bwd, A2(F32, BF16), 1e-12},
+    {"embed_bwd f16", ck_embed_bwd, A1(F16), 1e-6},
+    {"rmsnorm_fwd f32", ck_rmsnorm_fwd, A1(F32), 1e-9},
+    {"rmsnorm_fwd f16", ck_rmsnorm_fwd, A1(F16), 1e-5},
+    {"rmsnorm_fwd bf16 (w f32)", ck_rmsnorm_fwd, A2(BF16, F32), 5e-4},
+    {"rmsnorm_bwd f32", ck_rmsnorm_bwd, A1(F32), 1e-9},
+    {"rmsnorm_bwd f32 (no dw)", ck_rmsnorm_bwd, AO(F32, 1), 1e-9},
+    {"rmsnorm_bwd f16", ck_rmsnorm_bwd, A1(F16), 1e-5},
+    {"rmsnorm_bwd bf16", ck_rmsnorm_bwd, A1(BF16), 5e-4},
+    {"rope f32", ck_rope, A1(F32), 1e-9},
+    {"rope f32 inverse", ck_rope, AO(F32, 1), 1e-9},
+    {"rope f16", ck_rope, A1(F16), 1e-5},
+    {"rope bf16 inverse", ck_rope, AO(BF16, 1), 5e-4},
+    {"permute f32", ck_permute, A1(F32), EXACT},
+    {"permute f32 back", ck_permute, AO(F32, 1), EXACT},
+    {"permute bf16", ck_permute, A1(BF16), EXACT},
+    {"permute f16 back", ck_permute, AO(F16, 1), EXACT},
+    {"softmax_causal_fwd f32", ck_softmax_fwd, A1(F32), 1e-9},
+    {"softmax_causal_fwd f32 in place", ck_softmax_fwd, AO(F32, 1), 1e-9},
+    {"softmax_causal_fwd f16", ck_softmax_fwd, A1(F16), 1e-5},
+    {"softmax_causal_fwd bf16 (P f32)", ck_softmax_fwd, A2(BF16, F32), 1e-9},
+    {"softmax_causal_bwd f32", ck_softmax_bwd, A1(F32), 1e-9},
+    {"softmax_causal_bwd f32 in place", ck_softmax_bwd, AO(F32, 1), 1e-9},
+    {"softmax_causal_bwd f16", ck_softmax_bwd, A1(F16), 1e-5},
+    {"softmax_causal_bwd bf16", ck_softmax_bwd, A1(BF16), 5e-4},
+    {"swiglu_fwd f32", ck_swiglu_fwd, A1(F32), 1e-9},
+    {"swiglu_fwd f16", ck_swiglu_fwd, A1(F16), 1e-5},
+    {"swiglu_fwd bf16 (out f32)", ck_swiglu_fwd, A2(BF16, F32), 1e-9},
+    {"swiglu_bwd f32", ck_swiglu_bwd, A1(F32), 1e-9},
+    {"swiglu_bwd f16", ck_swiglu_bwd, A1(F16), 1e-5},
+    {"swiglu_bwd bf16 (grads f32)", ck_swiglu_bwd, A2(BF16, F32), 1e-9},
+    {"xent_fused f32", ck_xent, A1(F32), 1e-9},
+    {"xent_fused f16", ck_xent, A1(F16), 1e-5},
+    {"xent_fused bf16", ck_xent, A1(BF16), 5e-4},
+    {"sumsq f32", ck_sumsq, A1(F32), 1e-20},
+    {"sumsq f16", ck_sumsq, A1(F16), 1e-20},
+    {"sumsq bf16 non-finite", ck_sumsq, AO(BF16, 1), 1e-20},
+    {"adamw f32", ck_adamw, A1(F32), 1e-9},
+    {"sgd f32", ck_sgd, A1(F32), 1e-9},
+    {"adafactor f32 matrix", ck_adafactor, AO(F32, 0), 1e-9},
+    {"adafactor f32 vector", ck_adafactor, AO(F32, 1), 1e-9},
+    {"adafactor f32 matrix beta1=0", ck_adafactor, AO(F32, 2), 1e-9},
+    {"gemm f32 NN", ck_gemm, {F32, F32, F32, 0}, 1e-9},
+    {"gemm f32 TN", ck_gemm, {F32, F32, F32, 1}, 1e-9},
+    {"gemm f32 NT", ck_gemm, {F32, F32, F32, 2}, 1e-9},
+    {"gemm f32 TT", ck_gemm, {F32, F32, F32, 3}, 1e-9},
+    {"gemm f32 NN batched padded", ck_gemm, {F32, F32, F32, 4}, 1e-9},
+    {"gemm f32 TT batched padded", ck_gemm, {F32, F32, F32, 7}, 1e-9},
+    {"gemm f16 NT", ck_gemm, {F16, F16, F16, 2}, 1e-5},
+    {"gemm f16->f32 TN batched", ck_gemm, {F16, F16, F32, 5}, 1e-9},
+    {"gemm bf16 NN", ck_gemm, {BF16, BF16, BF16, 0}, 5e-4},
+    {"gemm bf16->f32 NT batched", ck_gemm, {BF16, BF16, F32, 6}, 1e-9},
+    {"gemm bf16 x f32 -> f32 batched", ck_gemm, {BF16, F32, F32, 4}, 1e-9},
+    {"gemm f32 x f16 -> f32 TT", ck_gemm, {F32, F16, F32, 3}, 1e-9},
+    {"gemm bf16 x f32 -> bf16 (kernel)", ck_gemm, {BF16, F32, BF16, 1}, 5e-4},
+    {"gemm f32 -> f16 (kernel) batched", ck_gemm, {F32, F32, F16, 6}, 1e-5},
+    {"gemm f16 x nf4 -> f16", ck_gemm, {F16, NF4, F16, 0}, 1e-5},
+    {"gemm bf16 x nf4 -> bf16 NT", ck_gemm, {BF16, NF4, BF16, 2}, 5e-4},
+    {"gemm f32 x nf4 -> f32 batched", ck_gemm, {F32, NF4, F32, 4}, 1e-9},
+    {"gemm bf16 x nf4 -> f32 TN", ck_gemm, {BF16, NF4, F32, 1}, 5e-4},
+};
+#define NCHECKS (sizeof CHECKS / sizeof CHECKS[0])
+
+int main(int argc, char **argv) {
+  /* --self-test: the CPU backend on both sides. Checks this tool (inputs, guards, NMSE)
+   * on a machine without a GPU; every check must come out at nmse 0. Not a GPU result. */
+  bool self = argc > 1 && strcmp(argv[1], "--self-test") == 0;
+  const char *only = argc > 1 + self ? argv[1 + self] : NULL;
+  if (!self && !vl_cuda_available()) {
+    int n = 0;
+    for (size_t i = 0; i < NCHECKS; i++) {
+      if (only && !strstr(CHECKS[i].name, only)) continue;
+      printf("%-36s SKIP (no GPU)\n", CHECKS[i].name);
+      n++;
+    }
+    printf("gpu-check: %d checks skipped, none run: %s\n", n,
+           vl_backend_cuda() ? "no CUDA device visible" : "built without CUDA");
+    return 0;
+  }
+  chk k;
+  memset(&k, 0, sizeof k);
+  vl_status s = self ? vl_ctx_create(&k.ctx[CU], VL_DEV_CPU, VL_NO_CAP)
+                     : vl_ctx_create(&k.ctx[CU], VL_DEV_CUDA, CUDA_CAP);
+  if (s != VL_OK) {
+    printf("gpu-check: FAIL: cannot create a CUDA context: %s\n", vl_status_name(s));
+    return 1;
+  }
+  s = vl_ctx_create(&k.ctx[CPU], VL_DEV_CPU, VL_NO_CAP);
+  if (s != VL_OK) {
+    printf("gpu-check: FAIL: cannot create a CPU context: %s\n", vl_status_name(s));
+    vl_ctx_destroy(k.ctx[CU]);
+    return 1;
+  }
+  if (self) SIDE[CU] = "cpu (as device)";
+  int run = 0, failed = 0;
+  for (size_t i = 0; i < NCHECKS; i++) {
+    const check *c = &CHECKS[i];
+    if (only && !strstr(c->name, only)) continue;
+    k.nmse = 0;
+    k.bad = false;
+    k.why[0] = 0;
+    vl_rng_seed(&k.rng, 1000 + i); /* fixed per check: reruns see the same inputs */
+    c->fn(&k, c->a);
+    double limit = self ? 0.0 : c->limit;
+    bool ok = !k.bad && k.nmse <= limit;
+    if (!k.bad && !ok) snprintf(k.why, sizeof k.why, "nmse above the limit %.1e", limit);
+    printf("%-36s %s  nmse=%.3e  (limit %.1e)%s%s\n", c->name,
+           ok ? (self ? "ok (self-test)" : "PASS") : "FAIL", k.nmse, limit, ok ? "" : "  ",
+           ok ? "" : k.why);
+    run++;
+    failed += !ok;
+  }
+  printf("gpu-check: %d checks, %d %s, %d failed (%s)\n", run, run - failed,
+         self ? "agree" : "passed", failed,
+         self ? "self-test: cpu against cpu, NOT a GPU result" : "device: cuda, reference: cpu");
+  vl_ctx_destroy(k.ctx[CU]);
+  vl_ctx_destroy(k.ctx[CPU]);
+  return failed ? 1 : 0;
+}
