@@ -130,7 +130,7 @@ static void plots(const vl_ladder *L, cJSON *res, const char *dir, FILE *md, con
       "set terminal png size 1000,560\nset output 'mem_by_category.png'\n"
       "set title 'Peak memory by category per rung (planned, full scale, batch as configured)'\n"
       "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
-      "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset logscale y 10\nset yrange [0.01:*]\n"
+      "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
       "plot for [i=2:10] 'mem_by_category.dat' using i:xtic(1) title columnheader(i), "
       "'' using 0:11 with linespoints lw 2 lc rgb 'red' title 'cap'\n";
   /* 2. memory timeline of one step (after rung) */

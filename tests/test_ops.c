@@ -27,17 +27,7 @@
 #define FD_TOL 1e-2
 #define OK(expr) assert_int_equal((expr), VL_OK)
 
-static vl_ctx *cx;
-
-static int setup(void **state) {
-  (void)state;
-  return vl_ctx_create(&cx, VL_DEV_CPU, VL_NO_CAP) == VL_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-  (void)state;
-  vl_ctx_destroy(cx);
-  return 0;
-}
+#define cx tu_cpu /* the group's CPU context (tu_cpu_setup) */
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -802,5 +792,5 @@ int main(void) {
       cmocka_unit_test(test_convert_axpby),
       cmocka_unit_test(test_sumsq),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tu_cpu_setup, tu_cpu_teardown);
 }

@@ -21,17 +21,7 @@
 #define ATOL 1e-6
 #define RTOL 1e-5
 
-static vl_ctx *cx;
-
-static int setup(void **state) {
-  (void)state;
-  return vl_ctx_create(&cx, VL_DEV_CPU, VL_NO_CAP) == VL_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-  (void)state;
-  vl_ctx_destroy(cx);
-  return 0;
-}
+#define cx tu_cpu /* the group's CPU context (tu_cpu_setup) */
 
 /* A trainable parameter of (rows, cols) with optimizer state, loaded with p0. */
 static void mk_param(vl_param *p, int64_t rows, int64_t cols, vl_dtype dt, const vl_optim_cfg *oc,
@@ -417,5 +407,5 @@ int main(void) {
       cmocka_unit_test(test_grad_scale),
       cmocka_unit_test(test_frozen_untouched),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tu_cpu_setup, tu_cpu_teardown);
 }

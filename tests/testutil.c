@@ -29,3 +29,17 @@ void tu_assert_close(const float *a, const float *b, int64_t n, double atol, dou
     }
   }
 }
+
+vl_ctx *tu_cpu;
+
+int tu_cpu_setup(void **state) {
+  (void)state;
+  return vl_ctx_create(&tu_cpu, VL_DEV_CPU, VL_NO_CAP) == VL_OK ? 0 : -1;
+}
+
+int tu_cpu_teardown(void **state) {
+  (void)state;
+  vl_ctx_destroy(tu_cpu);
+  tu_cpu = NULL;
+  return 0;
+}

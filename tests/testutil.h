@@ -16,4 +16,9 @@ double tu_max_rel_err(const float *a, const float *b, int64_t n, double atol, do
 /* Assert |a-b| <= atol + rtol*|b| elementwise, printing the first failure. */
 void tu_assert_close(const float *a, const float *b, int64_t n, double atol, double rtol,
                      const char *what);
+/* A CPU context shared by a test group: pass tu_cpu_setup/tu_cpu_teardown to
+ * cmocka_run_group_tests. */
+extern vl_ctx *tu_cpu;
+int tu_cpu_setup(void **state);
+int tu_cpu_teardown(void **state);
 #endif

@@ -45,18 +45,21 @@ VL_HD static inline void vl_k_embed_bwd_col(void *dwte, int wdt, const void *dou
   }
 }
 
+/* Source row (of D elements) of destination row r for (B,T,H,D) <-> (B,H,T,D). */
+VL_HD static inline int64_t vl_k_permute_src_row(int64_t T, int64_t H, int back, int64_t r) {
+  if (!back) { /* y is (B,H,T,D): r = (b*H + h)*T + t */
+    int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
+    return (b * T + t) * H + h;
+  }
+  /* y is (B,T,H,D): r = (b*T + t)*H + h */
+  int64_t h = r % H, t = (r / H) % T, b = r / (T * H);
+  return (b * H + h) * T + t;
+}
+
 /* (B,T,H,D) <-> (B,H,T,D); i indexes the destination. */
 VL_HD static inline void vl_k_permute(void *y, const void *x, int dt, int64_t T, int64_t H,
                                       int64_t D, int back, int64_t i) {
-  int64_t d = i % D, r = i / D;
-  int64_t src;
-  if (!back) { /* y is (B,H,T,D) */
-    int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
-    src = ((b * T + t) * H + h) * D + d;
-  } else {     /* y is (B,T,H,D) */
-    int64_t h = r % H, t = (r / H) % T, b = r / (T * H);
-    src = ((b * H + h) * T + t) * D + d;
-  }
+  int64_t src = vl_k_permute_src_row(T, H, back, i / D) * D + i % D;
   vl_st(y, dt, i, vl_ld(x, dt, src));
 }
 

@@ -19,6 +19,9 @@
 #define VL_K_F16 1
 #define VL_K_BF16 2
 
+/* No-alias promise for kernel pointer arguments (gcc and nvcc both accept __restrict__). */
+#define VL_RESTRICT __restrict__
+
 typedef union { float f; uint32_t u; } vl_fu32;
 
 /* fp32 -> fp16, round to nearest even; overflow to inf, NaN stays NaN. The subnormal range

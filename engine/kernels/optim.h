@@ -5,7 +5,8 @@
 
 /* AdamW as torch.optim.AdamW: decoupled decay first, then the bias-corrected Adam step.
  * bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
-VL_HD static inline void vl_k_adamw(float *p, const float *g, float *m, float *v, float lr,
+VL_HD static inline void vl_k_adamw(float *VL_RESTRICT p, const float *VL_RESTRICT g,
+                                    float *VL_RESTRICT m, float *VL_RESTRICT v, float lr,
                                     float b1, float b2, float eps, float wd, float bc1,
                                     float bc2, float gscale, int64_t i) {
   float gi = g[i] * gscale;
@@ -17,7 +18,8 @@ VL_HD static inline void vl_k_adamw(float *p, const float *g, float *m, float *v
 }
 
 /* SGD with momentum as torch.optim.SGD (dampening 0, L2 weight decay). */
-VL_HD static inline void vl_k_sgd(float *p, const float *g, float *mom, float lr, float mu,
+VL_HD static inline void vl_k_sgd(float *VL_RESTRICT p, const float *VL_RESTRICT g,
+                                  float *VL_RESTRICT mom, float lr, float mu,
                                   float wd, float gscale, int64_t i) {
   float gi = g[i] * gscale + wd * p[i];
   float b = mu * mom[i] + gi;

@@ -148,10 +148,13 @@ static vl_status cpu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t
 static vl_status cpu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
                              int64_t H, int64_t D, bool back) {
   (void)c;
-  int64_t n = B * T * H * D;
+  int64_t n = B * T * H * D, rows = B * T * H;
   if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
+  /* whole rows of D contiguous elements: one copy per row, same index map as the kernel */
+  size_t rb = vl_dtype_bytes(y->dtype, D);
 #pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) vl_k_permute(y->data, x->data, dt(x), T, H, D, back, i);
+  for (int64_t r = 0; r < rows; r++)
+    memcpy((char *)y->data + r * rb, (const char *)x->data + vl_k_permute_src_row(T, H, back, r) * rb, rb);
   return VL_OK;
 }
 static vl_status cpu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
@@ -193,16 +196,19 @@ static vl_status cpu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const i
 }
 static vl_status cpu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite) {
   (void)c;
+  /* A NaN or Inf element makes the double sum non-finite (a finite float squared cannot
+   * overflow a double), so one check at the end finds it. */
   double acc = 0;
-  int bad = 0;
-#pragma omp parallel for reduction(+ : acc) reduction(| : bad) if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    float v = vl_ld(x->data, dt(x), i);
-    if (!isfinite(v)) bad |= 1;
-    else acc += (double)v * v;
+  if (x->dtype == VL_F32) {
+    const float *p = x->data;
+#pragma omp parallel for simd reduction(+ : acc) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) acc += (double)p[i] * p[i];
+  } else {
+#pragma omp parallel for reduction(+ : acc) if (n > PAR_MIN)
+    for (int64_t i = 0; i < n; i++) { double v = vl_ld(x->data, dt(x), i); acc += v * v; }
   }
-  *out = acc;
-  *nonfinite = bad != 0;
+  *nonfinite = !isfinite(acc);
+  *out = *nonfinite ? 0 : acc;
   return VL_OK;
 }
 static vl_status cpu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
