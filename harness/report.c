@@ -94,6 +94,14 @@ static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
   return b;
 }
 
+static const char *fmt_count(double v, char *b, size_t n) {
+  if (v >= 1e9) snprintf(b, n, "%.2fB", v / 1e9);
+  else if (v >= 1e6) snprintf(b, n, "%.2fM", v / 1e6);
+  else if (v >= 1e3) snprintf(b, n, "%.1fk", v / 1e3);
+  else snprintf(b, n, "%.0f", v);
+  return b;
+}
+
 /* ---- plots -------------------------------------------------------------------------------- */
 static int have_gnuplot(void) { return system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
@@ -115,13 +123,14 @@ static void plots(const vl_ladder *L, cJSON *res, const char *dir, FILE *md, con
   snprintf(path, sizeof path, "%s/mem_by_category.dat", dir);
   FILE *f = fopen(path, "w");
   if (!f) return;
-  fprintf(f, "rung");
+  fprintf(f, "index rung");
   for (int i = 0; i < 9; i++) fprintf(f, " %s", cats[i]);
   fprintf(f, " cap\n");
   cJSON *r;
+  int idx = 0;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
     cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
-    fprintf(f, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")));
+    fprintf(f, "%d %s", idx++, cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")));
     for (int i = 0; i < 9; i++) fprintf(f, " %.4f", num(bc, cats[i]) / 1e9);
     fprintf(f, " %.4f\n", num(p, "cap_bytes") / 1e9);
   }
@@ -131,8 +140,9 @@ static void plots(const vl_ladder *L, cJSON *res, const char *dir, FILE *md, con
       "set title 'Peak memory by category per rung (planned, full scale, batch as configured)'\n"
       "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
       "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
-      "plot for [i=2:10] 'mem_by_category.dat' using i:xtic(1) title columnheader(i), "
-      "'' using 0:11 with linespoints lw 2 lc rgb 'red' title 'cap'\n";
+      "array col[9] = ['#7b3294', '#1b9e77', '#80b1d3', '#e6ab02', '#f0e442', '#377eb8', '#e41a1c', '#333333', '#a65628']\n"
+      "plot for [i=3:11] 'mem_by_category.dat' using i:xtic(2) title columnheader(i) lc rgb col[i-2], "
+      "'' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'\n";
   /* 2. memory timeline of one step (after rung) */
   cJSON *last = NULL;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
@@ -265,9 +275,11 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
   cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
     cJSON *p = cJSON_GetObjectItem(r, "plan");
-    fprintf(md, "| %s | %s | %.3gB | %.3gM | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %.0f%% | %.1f |\n",
+    char c1[24], c2[24];
+    fprintf(md, "| %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.0f | %.0f%% | %.1f |\n",
             cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), cJSON_GetStringValue(cJSON_GetObjectItem(r, "label")),
-            num(p, "params_total") / 1e9, num(p, "params_trainable") / 1e6, num(p, "weight_bytes") / G,
+            fmt_count(num(p, "params_total"), c1, sizeof c1), fmt_count(num(p, "params_trainable"), c2, sizeof c2),
+            num(p, "weight_bytes") / G,
             num(p, "grads_bytes") / G, num(p, "optim_bytes") / G, num(p, "acts_bytes") / G,
             num(p, "peak_bytes") / G, num(p, "cap_bytes") / G,
             cJSON_IsTrue(cJSON_GetObjectItem(p, "fits")) ? "yes" : "**no**", num(p, "max_batch"),

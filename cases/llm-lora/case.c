@@ -255,9 +255,9 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddItemToObject(out, "timeline", timeline);
   /* peak vs batch at the worst-case length, for the batch plot */
   cJSON *curve = cJSON_CreateArray();
-  int64_t top = mb + 4 > 8 ? mb + 4 : 8;
-  if (top > 64) top = 64;
-  for (int64_t b = 1; b <= top; b++) {
+  int64_t top = mb + mb / 4 + 2 > 8 ? mb + mb / 4 + 2 : 8; /* past the cap crossing */
+  int64_t step = top / 64 + 1;
+  for (int64_t b = 1; b <= top; b += step) {
     plan_res q;
     plan_step(&r, b, T, VL_NO_CAP, VL_DEV_CUDA, NULL, &q);
     cJSON *pt = cJSON_CreateArray();
