@@ -101,7 +101,7 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
 typedef struct {
   vl_status st;
   vl_mem_stats mem;
-  double flops, flops_re;
+  double flops, flops_re, bytes;
   int64_t ptot, ptrain;
   char err[256];
 } plan_res;
@@ -122,12 +122,13 @@ static void plan_step(const rung_cfg *r, int64_t B, int64_t T, size_t cap, vl_de
     vl_batch mb[64];
     int n = r->accum < 64 ? (int)r->accum : 64;
     for (int i = 0; i < n; i++) mb[i] = (vl_batch){B, T, NULL, NULL};
-    c->flops = c->flops_recompute = 0;
+    c->flops = c->flops_recompute = c->bytes_moved = 0;
     vl_arena_log_enable(c->arena, timeline != NULL);
     vl_step_info info;
     out->st = vl_mistral_step(m, mb, n, &info);
     out->flops = c->flops;
     out->flops_re = c->flops_recompute;
+    out->bytes = c->bytes_moved;
     if (timeline) {
       size_t ne;
       const vl_mem_event *ev = vl_arena_log(c->arena, &ne);
@@ -232,6 +233,7 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
                           p.ptrain ? (double)p.mem.at_peak[VL_MEM_OPTIM] / (4.0 * (double)p.ptrain) : 0);
   cJSON_AddNumberToObject(out, "flops_per_step", p.flops);
   cJSON_AddNumberToObject(out, "flops_recompute", p.flops_re);
+  cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes);
   cJSON_AddNumberToObject(out, "card_bytes", (double)r.card);
   cJSON_AddNumberToObject(out, "cap_bytes", (double)r.cap);
   cJSON_AddBoolToObject(out, "fits", fit);
@@ -310,10 +312,10 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
     }
     if (i == r.warmup) { vl_arena_reset_peaks(c->arena); c->flops = 0; }
     vl_step_info info;
-    double t0 = vl_now();
-    s = vl_mistral_step(m, mb, (int)nmb, &info);
-    if (s == VL_OK && c->be->sync) s = c->be->sync(c);
-    double dt = vl_now() - t0;
+    double dt = 0;
+    s = c->be->timer_start(c);
+    if (s == VL_OK) s = vl_mistral_step(m, mb, (int)nmb, &info);
+    if (s == VL_OK) s = c->be->timer_stop(c, &dt);
     if (s != VL_OK) break;
     losses[i] = info.loss;
     scale_end = info.loss_scale;

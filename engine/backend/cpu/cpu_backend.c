@@ -16,6 +16,8 @@ static int dt(const vl_tensor *t) { return (int)t->dtype; }
 static vl_status cpu_init(vl_ctx *c) { (void)c; return VL_OK; }
 static void cpu_fini(vl_ctx *c) { (void)c; }
 static vl_status cpu_sync(vl_ctx *c) { (void)c; return VL_OK; }
+static vl_status cpu_timer_start(vl_ctx *c) { c->timer_t0 = vl_now(); return VL_OK; }
+static vl_status cpu_timer_stop(vl_ctx *c, double *sec) { *sec = vl_now() - c->timer_t0; return VL_OK; }
 static size_t cpu_fixed_ws(const vl_ctx *c) { (void)c; return 0; }
 static size_t cpu_gemm_ws(const vl_ctx *c, const vl_gemm *g) { (void)c; return vl_gemm_ws_cpu(g); }
 
@@ -266,6 +268,7 @@ static vl_status cpu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_t
 const vl_backend vl_backend_cpu = {
     .name = "cpu", .device = VL_DEV_CPU,
     .init = cpu_init, .fini = cpu_fini, .sync = cpu_sync,
+    .timer_start = cpu_timer_start, .timer_stop = cpu_timer_stop,
     .gemm_ws_bytes = cpu_gemm_ws, .fixed_ws_bytes = cpu_fixed_ws,
     .gemm = cpu_gemm, .upload = cpu_upload, .download = cpu_download,
     .zero = cpu_zero, .convert = cpu_convert, .axpby = cpu_axpby,

@@ -44,6 +44,7 @@ typedef struct {
   int bad_host[VL_RED_BLOCKS];
   int32_t *tok_dev;   /* token scratch (outside the arena), grown on demand */
   size_t tok_cap;     /* bytes */
+  cudaEvent_t ev[2];  /* step timing: start, stop */
 } cu_state;
 
 #define CU_CHECK(c, call)                                                                  \
@@ -290,6 +291,8 @@ static void cu_fini(vl_ctx *c) {
   if (s->red_dev) (void)cudaFree(s->red_dev);
   if (s->bad_dev) (void)cudaFree(s->bad_dev);
   if (s->base) (void)cudaFree(s->base);
+  for (int i = 0; i < 2; i++)
+    if (s->ev[i]) (void)cudaEventDestroy(s->ev[i]);
   if (s->stream) (void)cudaStreamDestroy(s->stream);
   (void)cudaGetLastError();
   free(s);
@@ -305,6 +308,8 @@ static vl_status cu_init(vl_ctx *c) {
   CU_CHECK(c, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   s->max_blocks = sms > 0 ? sms * 32 : 1024;
   CU_CHECK(c, cudaStreamCreate(&s->stream));
+  CU_CHECK(c, cudaEventCreate(&s->ev[0]));
+  CU_CHECK(c, cudaEventCreate(&s->ev[1]));
   CUBLAS_CHECK(c, cublasCreate(&s->blas));
   /* cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first. */
   CUBLAS_CHECK(c, cublasSetStream(s->blas, s->stream));
@@ -337,6 +342,21 @@ static vl_status cu_init(vl_ctx *c) {
 
 static vl_status cu_sync(vl_ctx *c) {
   CU_CHECK(c, cudaStreamSynchronize(st(c)->stream));
+  return VL_OK;
+}
+
+static vl_status cu_timer_start(vl_ctx *c) {
+  CU_CHECK(c, cudaEventRecord(st(c)->ev[0], st(c)->stream));
+  return VL_OK;
+}
+
+static vl_status cu_timer_stop(vl_ctx *c, double *sec) {
+  cu_state *s = st(c);
+  float ms = 0;
+  CU_CHECK(c, cudaEventRecord(s->ev[1], s->stream));
+  CU_CHECK(c, cudaEventSynchronize(s->ev[1]));
+  CU_CHECK(c, cudaEventElapsedTime(&ms, s->ev[0], s->ev[1]));
+  *sec = 1e-3 * ms;
   return VL_OK;
 }
 
@@ -647,6 +667,8 @@ static vl_backend make_backend(void) {
   b.init = cu_init;
   b.fini = cu_fini;
   b.sync = cu_sync;
+  b.timer_start = cu_timer_start;
+  b.timer_stop = cu_timer_stop;
   b.gemm_ws_bytes = cu_gemm_ws;
   b.fixed_ws_bytes = cu_fixed_ws;
   b.gemm = cu_gemm;

@@ -47,6 +47,10 @@ typedef struct vl_backend {
   vl_status (*init)(vl_ctx *c);
   void (*fini)(vl_ctx *c);
   vl_status (*sync)(vl_ctx *c);
+  /* Step timing at step edges: CUDA events on the compute stream, the monotonic host clock
+   * on CPU. timer_stop waits for the work recorded since timer_start and returns seconds. */
+  vl_status (*timer_start)(vl_ctx *c);
+  vl_status (*timer_stop)(vl_ctx *c, double *seconds);
   size_t (*gemm_ws_bytes)(const vl_ctx *c, const vl_gemm *g);
   /* Persistent library workspace taken once at context creation (cuBLAS); 0 on CPU. */
   size_t (*fixed_ws_bytes)(const vl_ctx *c);

@@ -134,7 +134,8 @@ typedef struct vl_ctx {
   vl_arena *arena;
   vl_device device;
   size_t cap;            /* arena cap the context was created with (VL_NO_CAP: none) */
-  vl_device plan_target; /* plan device: whose workspace rules to follow (cuda default) */
+  vl_device plan_target;
+  double timer_t0;       /* host clock at timer_start (CPU backend) */ /* plan device: whose workspace rules to follow (cuda default) */
   char err[512];        /* last error message */
   double flops;         /* model FLOPs counted (recompute excluded) */
   double flops_recompute;
