@@ -349,37 +349,55 @@ static float ref_bf16(float x) { return ref_round(x, 7, -126, 127); }
 static float bits_f(uint32_t u) { vl_fu32 v; v.u = u; return v.f; }
 static uint32_t f_bits(float f) { vl_fu32 v; v.f = f; return v.u; }
 
+/* The fp16 tests run twice: on the conversions kernels use on this host (F16C hardware on
+ * capable x86) and on the portable code a CUDA device runs (vl_f2h_sw / vl_h2f_sw). */
+static uint16_t (*F2H)(float) = vl_f2h;
+static float (*H2F)(uint16_t) = vl_h2f;
+
+static int use_portable_fp16(void **state) {
+  (void)state;
+  F2H = vl_f2h_sw;
+  H2F = vl_h2f_sw;
+  return 0;
+}
+static int use_host_fp16(void **state) {
+  (void)state;
+  F2H = vl_f2h;
+  H2F = vl_h2f;
+  return 0;
+}
+
 static void test_fp16_exact_values(void **state) {
   (void)state;
-  assert_int_equal(vl_f2h(1.0f), 0x3c00);
-  assert_int_equal(vl_f2h(-2.0f), 0xc000);
-  assert_int_equal(vl_f2h(0.0f), 0x0000);
-  assert_int_equal(vl_f2h(-0.0f), 0x8000);
-  assert_int_equal(vl_f2h(65504.0f), 0x7bff);            /* largest finite half */
-  assert_int_equal(vl_f2h(65519.99f), 0x7bff);           /* just below the midpoint */
-  assert_int_equal(vl_f2h(65520.0f), 0x7c00);            /* the midpoint ties to "even" inf */
-  assert_int_equal(vl_f2h(-1e6f), 0xfc00);
-  assert_int_equal(vl_f2h(INFINITY), 0x7c00);
-  assert_int_equal(vl_f2h(ldexpf(1.0f, -24)), 0x0001);   /* smallest subnormal */
-  assert_int_equal(vl_f2h(ldexpf(1.0f, -25)), 0x0000);   /* half of it: tie to even 0 */
-  assert_int_equal(vl_f2h(ldexpf(1.5f, -25)), 0x0001);   /* above the tie */
-  assert_int_equal(vl_f2h(ldexpf(3.0f, -25)), 0x0002);   /* 1.5 ulp: tie to even 2 */
-  assert_int_equal(vl_f2h(ldexpf(1.0f, -14)), 0x0400);   /* smallest normal */
-  assert_int_equal(vl_f2h(ldexpf(1023.5f, -24)), 0x0400); /* subnormal rounding up to normal */
-  assert_int_equal(vl_f2h(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie: down to even */
-  assert_int_equal(vl_f2h(1.0f + ldexpf(3.0f, -11)), 0x3c02); /* tie: up to even */
-  assert_true(vl_h2f(0x0001) == ldexpf(1.0f, -24));
-  assert_true(vl_h2f(0x7bff) == 65504.0f);
-  assert_true(vl_h2f(0x3555) == 0.333251953125f);
-  assert_true(isinf(vl_h2f(0xfc00)) && vl_h2f(0xfc00) < 0);
-  assert_true(signbit(vl_h2f(0x8000)) && vl_h2f(0x8000) == 0.0f);
+  assert_int_equal(F2H(1.0f), 0x3c00);
+  assert_int_equal(F2H(-2.0f), 0xc000);
+  assert_int_equal(F2H(0.0f), 0x0000);
+  assert_int_equal(F2H(-0.0f), 0x8000);
+  assert_int_equal(F2H(65504.0f), 0x7bff);            /* largest finite half */
+  assert_int_equal(F2H(65519.99f), 0x7bff);           /* just below the midpoint */
+  assert_int_equal(F2H(65520.0f), 0x7c00);            /* the midpoint ties to "even" inf */
+  assert_int_equal(F2H(-1e6f), 0xfc00);
+  assert_int_equal(F2H(INFINITY), 0x7c00);
+  assert_int_equal(F2H(ldexpf(1.0f, -24)), 0x0001);   /* smallest subnormal */
+  assert_int_equal(F2H(ldexpf(1.0f, -25)), 0x0000);   /* half of it: tie to even 0 */
+  assert_int_equal(F2H(ldexpf(1.5f, -25)), 0x0001);   /* above the tie */
+  assert_int_equal(F2H(ldexpf(3.0f, -25)), 0x0002);   /* 1.5 ulp: tie to even 2 */
+  assert_int_equal(F2H(ldexpf(1.0f, -14)), 0x0400);   /* smallest normal */
+  assert_int_equal(F2H(ldexpf(1023.5f, -24)), 0x0400); /* subnormal rounding up to normal */
+  assert_int_equal(F2H(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie: down to even */
+  assert_int_equal(F2H(1.0f + ldexpf(3.0f, -11)), 0x3c02); /* tie: up to even */
+  assert_true(H2F(0x0001) == ldexpf(1.0f, -24));
+  assert_true(H2F(0x7bff) == 65504.0f);
+  assert_true(H2F(0x3555) == 0.333251953125f);
+  assert_true(isinf(H2F(0xfc00)) && H2F(0xfc00) < 0);
+  assert_true(signbit(H2F(0x8000)) && H2F(0x8000) == 0.0f);
   /* NaN stays NaN, including a signalling NaN whose payload sits in the low bits. */
   const uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0xffc00000u, 0x7fffffffu};
   for (int i = 0; i < 4; i++) {
-    uint16_t h = vl_f2h(bits_f(nans[i]));
+    uint16_t h = F2H(bits_f(nans[i]));
     assert_int_equal(h & 0x7c00, 0x7c00);
     assert_int_not_equal(h & 0x03ff, 0);
-    assert_true(isnan(vl_h2f(h)));
+    assert_true(isnan(H2F(h)));
   }
 }
 
@@ -391,23 +409,23 @@ static void test_fp16_exhaustive(void **state) {
     uint32_t e = (h >> 10) & 31, m = h & 1023;
     double want = e == 0 ? ldexp((double)m, -24) : ldexp(1.0 + m / 1024.0, (int)e - 15);
     if (h & 0x8000) want = -want;
-    float got = vl_h2f((uint16_t)h);
+    float got = H2F((uint16_t)h);
     if (e == 31) {
       assert_true(m ? isnan(got) : isinf(got));
       if (m) continue;
     } else {
       assert_true((double)got == want);
     }
-    assert_int_equal(vl_f2h(got), h); /* round trip, signed zeros included */
+    assert_int_equal(F2H(got), h); /* round trip, signed zeros included */
   }
   for (uint32_t h = 0; h < 0x7c00u; h++) { /* positive finite; 0x7bff's upper is inf */
-    double lo = vl_h2f((uint16_t)h), hi = h == 0x7bff ? 65536.0 : vl_h2f((uint16_t)(h + 1));
+    double lo = H2F((uint16_t)h), hi = h == 0x7bff ? 65536.0 : H2F((uint16_t)(h + 1));
     float mid = (float)((lo + hi) / 2); /* exact: 12 significant bits */
     uint32_t even = (h & 1) ? h + 1 : h;
-    assert_int_equal(vl_f2h(mid), even);
-    assert_int_equal(vl_f2h(-mid), even | 0x8000);
-    assert_int_equal(vl_f2h(nextafterf(mid, 0.0f)), h);
-    assert_int_equal(vl_f2h(nextafterf(mid, INFINITY)), h + 1);
+    assert_int_equal(F2H(mid), even);
+    assert_int_equal(F2H(-mid), even | 0x8000);
+    assert_int_equal(F2H(nextafterf(mid, 0.0f)), h);
+    assert_int_equal(F2H(nextafterf(mid, INFINITY)), h + 1);
   }
 }
 
@@ -421,11 +439,11 @@ static void test_fp16_random_vs_reference(void **state) {
     uint32_t u = (uint32_t)vl_rng_u64(&r);
     if (i & 1) u = (u & 0x80000000u) | ((u & 0x1fffffffu) + (96u << 23)); /* 2^-31..2^33 */
     float f = bits_f(u);
-    uint16_t h = vl_f2h(f);
+    uint16_t h = F2H(f);
     float want = ref_f16(f);
-    if (isnan(f)) { assert_true(isnan(vl_h2f(h))); continue; }
-    if (!(vl_h2f(h) == want && signbit(vl_h2f(h)) == signbit(want))) {
-      print_error("f2h(%a) = 0x%04x (%a), want %a\n", (double)f, h, (double)vl_h2f(h), (double)want);
+    if (isnan(f)) { assert_true(isnan(H2F(h))); continue; }
+    if (!(H2F(h) == want && signbit(H2F(h)) == signbit(want))) {
+      print_error("f2h(%a) = 0x%04x (%a), want %a\n", (double)f, h, (double)H2F(h), (double)want);
       fail();
     }
 #ifdef __FLT16_MAX__
@@ -693,6 +711,9 @@ int main(void) {
       cmocka_unit_test(test_fp16_exact_values),
       cmocka_unit_test(test_fp16_exhaustive),
       cmocka_unit_test(test_fp16_random_vs_reference),
+      cmocka_unit_test_setup_teardown(test_fp16_exact_values, use_portable_fp16, use_host_fp16),
+      cmocka_unit_test_setup_teardown(test_fp16_exhaustive, use_portable_fp16, use_host_fp16),
+      cmocka_unit_test_setup_teardown(test_fp16_random_vs_reference, use_portable_fp16, use_host_fp16),
       cmocka_unit_test(test_bf16),
       cmocka_unit_test(test_round_to),
       cmocka_unit_test(test_parse_bytes),
