@@ -232,6 +232,35 @@ static void test_report_rejects_corrupt_results(void **state) {
   assert_non_null(strstr(err, "cannot read"));
 }
 
+/* Ctrl-C during a run: the run stops at a step edge, the results written so far are kept
+ * (atomically), marked interrupted, and the exit status says it failed. */
+static void test_interrupted_run_keeps_results(void **state) {
+  (void)state;
+  char cmd[1024], path[512];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && (%s/vramlab run llm-lora --device cpu --scale tiny --step baseline "
+           "--set steps=100000 --set reps=1 --out res-int --quiet >int.log 2>&1 & pid=$!; "
+           "sleep 3; kill -INT $pid; wait $pid; echo $? > int.rc)",
+           tmpdir, VRAMLAB_BINARY_DIR);
+  assert_int_equal(system(cmd), 0);
+  snprintf(path, sizeof path, "%s/int.rc", tmpdir);
+  char *rc = vl_read_file(path, NULL);
+  assert_non_null(rc);
+  assert_int_equal(atoi(rc), 1);
+  free(rc);
+  snprintf(path, sizeof path, "%s/res-int/llm-lora/latest.json", tmpdir);
+  char *text = vl_read_file(path, NULL);
+  assert_non_null(text);
+  cJSON *res = cJSON_Parse(text);
+  free(text);
+  assert_non_null(res);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted")));
+  /* the plan part of the rung survived */
+  cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0);
+  assert_non_null(cJSON_GetObjectItem(cJSON_GetObjectItem(r0, "plan"), "peak_bytes"));
+  cJSON_Delete(res);
+}
+
 /* The command line: unknown case, unknown step and bad values exit non-zero with a message. */
 static void test_cli_errors(void **state) {
   (void)state;
@@ -266,6 +295,7 @@ int main(void) {
       cmocka_unit_test(test_knob_parsing),     cmocka_unit_test(test_verdicts),
       cmocka_unit_test(test_stats_and_atomic_write), cmocka_unit_test(test_llm_plan_fields),
       cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
+      cmocka_unit_test(test_interrupted_run_keeps_results),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
