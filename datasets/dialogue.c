@@ -29,14 +29,16 @@ static int32_t next_token(vl_dialogue_gen *g, int32_t cur, int speaker) {
 
 int64_t vl_dialogue_batch(vl_dialogue_gen *g, int64_t B, int64_t fixed_T, int32_t *tokens,
                           int32_t *targets) {
-  int64_t lens[4096];
+  /* Lengths first (T is the longest), parked in targets[b]. Rows are written last to first:
+   * row b writes [b*T, b*T+T), which holds no parked length of a row still to come (< b). */
   int64_t T = 0;
   for (int64_t b = 0; b < B; b++) {
-    lens[b % 4096] = fixed_T > 0 ? fixed_T : vl_dialogue_len(g);
-    if (lens[b % 4096] > T) T = lens[b % 4096];
+    int64_t n = fixed_T > 0 ? fixed_T : vl_dialogue_len(g);
+    targets[b] = (int32_t)n;
+    if (n > T) T = n;
   }
-  for (int64_t b = 0; b < B; b++) {
-    int64_t n = lens[b % 4096];
+  for (int64_t b = B - 1; b >= 0; b--) {
+    int64_t n = targets[b];
     int32_t cur = (int32_t)vl_rng_below(&g->rng, (uint64_t)g->vocab);
     int speaker = 0;
     for (int64_t t = 0; t < T; t++) {

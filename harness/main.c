@@ -143,8 +143,8 @@ static int cmd_plan(const args *a) {
   vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L.setting};
   cJSON *all = cJSON_CreateObject();
   int rc = 0;
-  if (!a->json) printf("%-10s %9s %9s %9s %9s %9s %8s %5s %9s %6s\n", "step", "params", "trainable",
-                       "peak GiB", "weights", "acts GiB", "TFLOP", "fits", "max batch", "OOM%");
+  if (!a->json) printf("%-10s %6s %9s %9s %9s %10s %9s %8s %5s %9s %6s\n", "step", "batch", "params",
+                       "trainable", "peak GB", "weights GB", "acts GB", "TFLOP", "fits", "max batch", "OOM%");
   for (int i = 0; i < L.n_rungs; i++) {
     if (a->step && strcmp(a->step, L.rungs[i].name)) continue;
     cJSON *o = cJSON_CreateObject();
@@ -156,10 +156,10 @@ static int cmd_plan(const args *a) {
       break;
     }
     if (!a->json) {
-      double G = 1073741824.0;
+      double G = 1e9;
 #define N(k) cJSON_GetNumberValue(cJSON_GetObjectItem(o, k))
-      printf("%-10s %8.2fB %8.2fM %9.2f %9.2f %9.2f %8.1f %5s %9.0f %5.0f%%\n", L.rungs[i].name,
-             N("params_total") / 1e9, N("params_trainable") / 1e6, N("peak_bytes") / G,
+      printf("%-10s %6.0f %8.2fB %8.2fM %9.2f %10.2f %9.2f %8.1f %5s %9.0f %5.0f%%\n", L.rungs[i].name,
+             N("batch"), N("params_total") / 1e9, N("params_trainable") / 1e6, N("peak_bytes") / G,
              N("weight_bytes") / G, N("acts_bytes") / G, N("flops_per_step") / 1e12,
              cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no", N("max_batch"),
              100 * N("oom_rate"));

@@ -137,6 +137,7 @@ static void test_verdicts(void **state) {
   c.article_after = 14e9;
   c.tol = 0.15;
   assert_int_equal(vl_judge(&c, 29e9, 14.5e9), VL_HOLDS);
+  assert_int_equal(vl_judge(&c, 40e9, 14.5e9), VL_DIRECTION_HOLDS); /* before is off */
   assert_int_equal(vl_judge(&c, 29e9, 20e9), VL_DIRECTION_HOLDS);
   assert_int_equal(vl_judge(&c, 29e9, 43e9), VL_DOES_NOT_HOLD);
   assert_int_equal(vl_judge(&c, NAN, 14e9), VL_NOT_MEASURABLE);

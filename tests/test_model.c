@@ -323,6 +323,8 @@ static void test_plan_equals_measured(void **state) {
     assert_int_equal(sm.peak_total, sp.peak_total);
     assert_memory_equal(sm.at_peak, sp.at_peak, sizeof sm.at_peak);
     assert_int_equal(sm.reserved, sp.reserved);
+    assert_int_equal(sm.n_bad_free, 0); /* every block freed exactly once */
+    assert_int_equal(sp.n_bad_free, 0);
     assert_true(c->flops == p->flops && c->flops > 0);
     vl_mistral_destroy(m);
     vl_mistral_destroy(pm);

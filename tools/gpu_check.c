@@ -246,16 +246,25 @@ static int32_t *tokens(chk *k, int64_t R, int64_t V, bool some_ignored) {
   return t;
 }
 
+/* Token ids in a device tensor on each side (ops read ids from device memory). */
+static void tok_make(chk *k, tp *p, const int32_t *tok, int64_t R) {
+  tp_make(k, p, VL_F32, 1, &R, NULL); /* 4-byte elements, zeroed, with guards */
+  if (!p->ok) return;
+  EACH(s) status(k, s, k->ctx[s]->be->upload(k->ctx[s], &p->buf[s], GUARD, tok, sizeof(int32_t) * (size_t)R), "upload ids");
+}
+#define IDS(p, s) ((const int32_t *)(p).t[s].data)
+
 static void ck_embed_fwd(chk *k, args a) {
   int64_t V = 53, C = 96, R = 70, ws[2] = {V, C}, os[2] = {R, C};
   float *w = randv(k, V * C, 1);
   int32_t *tok = tokens(k, R, V, false);
-  tp wte, out;
+  tp wte, out, ids;
   tp_make(k, &wte, a.b, 2, ws, w);
   tp_make(k, &out, a.a, 2, os, NULL);
-  if (wte.ok && out.ok) EACH(s) CALL(k, s, embed_fwd, &out.t[s], &wte.t[s], tok, R, C);
+  tok_make(k, &ids, tok, R);
+  if (wte.ok && out.ok && ids.ok) EACH(s) CALL(k, s, embed_fwd, &out.t[s], &wte.t[s], IDS(ids, s), R, C);
   cmp(k, &out, "out");
-  tp_free(k, &wte); tp_free(k, &out);
+  tp_free(k, &wte); tp_free(k, &out); tp_free(k, &ids);
   free(w); free(tok);
 }
 
@@ -263,12 +272,13 @@ static void ck_embed_bwd(chk *k, args a) {
   int64_t V = 11, C = 130, R = 97, ws[2] = {V, C}, os[2] = {R, C}; /* many repeated tokens */
   float *w = randv(k, V * C, 1), *d = randv(k, R * C, 1);
   int32_t *tok = tokens(k, R, V, false);
-  tp dw, dout;
+  tp dw, dout, ids;
   tp_make(k, &dw, a.a, 2, ws, w);
   tp_make(k, &dout, a.b, 2, os, d);
-  if (dw.ok && dout.ok) EACH(s) CALL(k, s, embed_bwd, &dw.t[s], &dout.t[s], tok, R, C);
+  tok_make(k, &ids, tok, R);
+  if (dw.ok && dout.ok && ids.ok) EACH(s) CALL(k, s, embed_bwd, &dw.t[s], &dout.t[s], IDS(ids, s), R, C);
   cmp(k, &dw, "dwte");
-  tp_free(k, &dw); tp_free(k, &dout);
+  tp_free(k, &dw); tp_free(k, &dout); tp_free(k, &ids);
   free(w); free(d); free(tok);
 }
 
@@ -412,14 +422,15 @@ static void ck_xent(chk *k, args a) {
   int64_t R = 19, V = 300, sh[2] = {R, V};
   float *lv = randv(k, R * V, 2);
   int32_t *tgt = tokens(k, R, V, true);
-  tp logits, loss;
+  tp logits, loss, ids;
   tp_make(k, &logits, a.a, 2, sh, lv);
   tp_make(k, &loss, VL_F32, 1, &R, NULL);
-  if (logits.ok && loss.ok)
-    EACH(s) CALL(k, s, xent_fused, &logits.t[s], &loss.t[s], tgt, R, V, 1.0f / (float)R);
+  tok_make(k, &ids, tgt, R);
+  if (logits.ok && loss.ok && ids.ok)
+    EACH(s) CALL(k, s, xent_fused, &logits.t[s], &loss.t[s], IDS(ids, s), R, V, 1.0f / (float)R);
   cmp(k, &logits, "dlogits");
   cmp(k, &loss, "loss");
-  tp_free(k, &logits); tp_free(k, &loss);
+  tp_free(k, &logits); tp_free(k, &loss); tp_free(k, &ids);
   free(lv); free(tgt);
 }
 

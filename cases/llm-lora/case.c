@@ -26,7 +26,7 @@ typedef struct {
   long batch;       /* micro-batch rows; 0 = "max" */
   long accum;
   double cap_fraction;
-  size_t card, cap;
+  size_t card, cap, context; /* card bytes, arena cap, CUDA context outside the arena */
   long seed, steps, warmup, oom_batches;
 } rung_cfg;
 
@@ -52,6 +52,9 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   /* The article's sequence length applies at full scale; reduced scales keep their own. */
   if (!strcasecmp(scale, "full")) r->mc.seq = seq;
   if (vl_knob_bytes(s, "card", "24GiB", &r->card, err, errn)) return -1;
+  /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
+   * measured here: no GPU. A GPU run can measure it and set cuda_context. */
+  if (vl_knob_bytes(s, "cuda_context", "512MiB", &r->context, err, errn)) return -1;
   if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &r->seed, err, errn)) return -1;
   if (vl_knob_int(s, "steps", 12, 1, 100000, &r->steps, err, errn)) return -1;
   if (vl_knob_int(s, "warmup", 2, 0, 1000, &r->warmup, err, errn)) return -1;
@@ -78,7 +81,11 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   if (vl_knob_bool(k, "checkpoint", 0, &b, err, errn)) return -1;
   r->tc.checkpoint = b;
   if (vl_knob_double(k, "cap_fraction", 1.0, 1e-6, 1.0, &r->cap_fraction, err, errn)) return -1;
+  /* set_per_process_memory_fraction caps the allocator at fraction x card; the context
+   * sits outside that cap, so the arena gets at most card - context. */
   r->cap = (size_t)((double)r->card * r->cap_fraction);
+  if (r->context >= r->card) return FAIL("cuda_context must be smaller than the card");
+  if (r->cap > r->card - r->context) r->cap = r->card - r->context;
   if (vl_knob_double(k, "lr", 1e-4, 1e-12, 10, &d, err, errn)) return -1;
   r->tc.optim.hp.lr = (float)d;
   if (vl_knob_double(k, "clip", 1.0, 0, 1e9, &d, err, errn)) return -1;
@@ -119,13 +126,15 @@ static void plan_step(const rung_cfg *r, int64_t B, int64_t T, size_t cap, vl_de
   if (out->st == VL_OK) {
     out->ptot = vl_mistral_n_params(m, false);
     out->ptrain = vl_mistral_n_params(m, true);
-    vl_batch mb[64];
-    int n = r->accum < 64 ? (int)r->accum : 64;
+    int n = (int)r->accum;
+    vl_batch *mb = calloc((size_t)n, sizeof *mb);
+    if (!mb) { out->st = VL_ERR_OOM; snprintf(out->err, sizeof out->err, "host memory"); vl_mistral_destroy(m); vl_ctx_destroy(c); return; }
     for (int i = 0; i < n; i++) mb[i] = (vl_batch){B, T, NULL, NULL};
     c->flops = c->flops_recompute = c->bytes_moved = 0;
     vl_arena_log_enable(c->arena, timeline != NULL);
     vl_step_info info;
     out->st = vl_mistral_step(m, mb, n, &info);
+    free(mb);
     out->flops = c->flops;
     out->flops_re = c->flops_recompute;
     out->bytes = c->bytes_moved;
@@ -156,14 +165,17 @@ static bool fits(const rung_cfg *r, int64_t B, int64_t T) {
   return p.st == VL_OK;
 }
 
+#define MAX_BATCH_SEARCH 65536
+
 /* Largest micro-batch whose worst-case step (T = seq) fits under the cap: doubling, then
- * bisection (peak is monotone in B). 0 when not even one row fits. */
+ * bisection (peak is monotone in B). 0 when not even one row fits; MAX_BATCH_SEARCH means
+ * "at least that many" (the search stops there). */
 static int64_t max_batch(const rung_cfg *r) {
   int64_t T = r->mc.seq;
   if (!fits(r, 1, T)) return 0;
   int64_t lo = 1, hi = 2;
-  while (hi <= 65536 && fits(r, hi, T)) { lo = hi; hi *= 2; }
-  if (hi > 65536) return lo;
+  while (hi <= MAX_BATCH_SEARCH && fits(r, hi, T)) { lo = hi; hi *= 2; }
+  if (hi > MAX_BATCH_SEARCH) return lo;
   while (hi - lo > 1) {
     int64_t mid = (lo + hi) / 2;
     if (fits(r, mid, T)) lo = mid; else hi = mid;
@@ -236,8 +248,11 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes);
   cJSON_AddNumberToObject(out, "card_bytes", (double)r.card);
   cJSON_AddNumberToObject(out, "cap_bytes", (double)r.cap);
+  cJSON_AddNumberToObject(out, "usable_fraction", (double)r.cap / (double)r.card);
   cJSON_AddBoolToObject(out, "fits", fit);
   cJSON_AddNumberToObject(out, "max_batch", (double)mb);
+  cJSON_AddBoolToObject(out, "max_batch_at_search_limit", mb >= MAX_BATCH_SEARCH);
+  cJSON_AddNumberToObject(out, "cuda_context_bytes", (double)r.context);
   cJSON_AddNumberToObject(out, "plan_seconds", t_plan);
   cJSON_AddNumberToObject(out, "max_batch_search_seconds", t_search);
   /* OOM rate over variable-length batches: a step fails when its padded length exceeds
@@ -262,6 +277,7 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   for (int64_t b = 1; b <= top; b += step) {
     plan_res q;
     plan_step(&r, b, T, VL_NO_CAP, VL_DEV_CUDA, NULL, &q);
+    if (q.st != VL_OK) break; /* uncapped, so only a host failure ends the curve */
     cJSON *pt = cJSON_CreateArray();
     cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)b));
     cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)q.mem.peak_total));

@@ -133,7 +133,7 @@ vl_status vl_arena_alloc(vl_arena *a, size_t bytes, vl_mem_cat cat, size_t *off)
 
 void vl_arena_free(vl_arena *a, size_t off) {
   size_t k = blk_lower(a, off);
-  if (k >= a->nbl || a->bl[k].off != off) return; /* not a live block: ignore */
+  if (k >= a->nbl || a->bl[k].off != off) { a->st.n_bad_free++; return; } /* double free */
   blk b = a->bl[k];
   memmove(&a->bl[k], &a->bl[k + 1], (a->nbl - k - 1) * sizeof(blk));
   a->nbl--;

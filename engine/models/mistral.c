@@ -459,9 +459,12 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
     VL_TRY(c->be->upload(c, &st->data, 0, b->tokens, (size_t)R * 4));
     VL_TRY(c->be->upload(c, &st->data, (size_t)R * 4, b->targets, (size_t)R * 4));
   }
+  /* ops read the ids from the device copy: (R) tokens, then (R) targets */
+  const int32_t *dtok = st->data.data ? (const int32_t *)st->data.data : NULL;
+  const int32_t *dtgt = dtok ? dtok + R : NULL;
   VL_TRY(alloc2(m, &m->res[0], VL_MEM_ACTS, R, C));
   vl_param *E = &m->params[m->p_embed];
-  VL_TRY(VL_RUN(c, embed_fwd, &m->res[0], &E->w, b->tokens, R, C));
+  VL_TRY(VL_RUN(c, embed_fwd, &m->res[0], &E->w, dtok, R, C));
   for (int64_t l = 0; l < L; l++) VL_TRY(layer_fwd(m, l, B, T, !ck, false));
 
   /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
@@ -472,7 +475,7 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
   VL_TRY(alloc2(m, &st->logits, VL_MEM_TEMP, R, V));
   VL_TRY(vl_linear_fwd(c, &st->logits, &st->lnf, &HW->w, R, C, V, 0.0f));
   VL_TRY(alloc_f32(m, &st->loss, VL_MEM_TEMP, R));
-  VL_TRY(VL_RUN(c, xent_fused, &st->logits, &st->loss, b->targets, R, V, dloss_scale));
+  VL_TRY(VL_RUN(c, xent_fused, &st->logits, &st->loss, dtgt, R, V, dloss_scale));
   if (c->be->download && b->targets) {
     float *lh = malloc((size_t)R * sizeof(float));
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
@@ -506,11 +509,19 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
     VL_TRY(layer_bwd(m, l, B, T, &st->dres));
     if (l > 0) FREE(m, &m->res[l]);
   }
-  if (E->trainable) VL_TRY(VL_RUN(c, embed_bwd, &E->grad, &st->dres, b->tokens, R, C));
+  if (E->trainable) VL_TRY(VL_RUN(c, embed_bwd, &E->grad, &st->dres, dtok, R, C));
   FREE(m, &st->dres);
   FREE(m, &m->res[0]);
   FREE(m, &st->data);
   return VL_OK;
+}
+
+/* GradScaler's response to an overflow: no update, scale halved, gradients dropped. */
+static vl_status skip_step(vl_mistral *m, vl_step_info *info) {
+  info->skipped = true;
+  m->loss_scale *= 0.5f;
+  m->good_steps = 0;
+  return vl_mistral_zero_grads(m);
 }
 
 static int64_t valid_tokens(const vl_batch *b) {
@@ -529,8 +540,8 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
     if (mb[i].B < 1 || mb[i].T < 1 || mb[i].T > m->mc.seq)
       return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: B=%lld T=%lld (sequence limit %lld)", i,
                      (long long)mb[i].B, (long long)mb[i].T, (long long)m->mc.seq);
-    if (c->be->upload && !mb[i].tokens)
-      return vl_fail(c, VL_ERR_INVALID, "micro-batch %d has no tokens", i);
+    if (c->be->upload && (!mb[i].tokens || !mb[i].targets))
+      return vl_fail(c, VL_ERR_INVALID, "micro-batch %d has no tokens or no targets", i);
     for (int64_t k = 0; mb[i].tokens && k < mb[i].B * mb[i].T; k++)
       if (mb[i].tokens[k] < 0 || mb[i].tokens[k] >= m->mc.vocab || mb[i].targets[k] >= m->mc.vocab)
         return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: token %lld out of the vocabulary", i, (long long)k);
@@ -550,8 +561,12 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
   info->loss = loss_sum / (double)ntok;
   info->n_tokens = ntok;
   info->loss_scale = m->loss_scale;
-  if (c->be->download && !isfinite(info->loss))
+  if (c->be->download && !isfinite(info->loss)) {
+    VL_TRY(vl_mistral_zero_grads(m));
+    /* fp16: an overflow in forward is what GradScaler skips (its gradients are inf too) */
+    if (m->tc.compute == VL_F16) return skip_step(m, info);
     return vl_fail(c, VL_ERR_NUMERIC, "loss is %g: training diverged", info->loss);
+  }
   return VL_OK;
 }
 
@@ -583,19 +598,20 @@ vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info) {
       vl_mistral_zero_grads(m);
       return vl_fail(c, VL_ERR_NUMERIC, "non-finite gradient without fp16 loss scaling");
     }
-    /* GradScaler: skip the step, halve the scale */
-    info->skipped = true;
-    m->loss_scale = ls * 0.5f;
-    m->good_steps = 0;
-    return vl_mistral_zero_grads(m);
+    return skip_step(m, info);
   }
   double norm = sqrt(ss) / ls;
   info->grad_norm = norm;
   float coef = 1.0f;
   if (m->tc.clip > 0 && norm > m->tc.clip) coef = (float)(m->tc.clip / (norm + 1e-6));
   m->t++;
-  for (int i = 0; i < m->n_params; i++)
-    VL_TRY(vl_param_update(c, &m->params[i], &m->tc.optim, m->t, coef / ls));
+  for (int i = 0; i < m->n_params; i++) {
+    vl_status s = vl_param_update(c, &m->params[i], &m->tc.optim, m->t, coef / ls);
+    if (s != VL_OK) {
+      vl_mistral_zero_grads(m); /* the next step must not see this step's gradients */
+      return s;
+    }
+  }
   if (m->tc.compute == VL_F16 && ++m->good_steps >= m->tc.loss_scale_window) {
     m->loss_scale = ls * 2.0f;
     m->good_steps = 0;
@@ -605,6 +621,7 @@ vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info) {
 
 vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {
   VL_TRY(vl_mistral_fwd_bwd(m, mb, n_micro, info));
+  if (info->skipped) return VL_OK;
   return vl_mistral_apply(m, info);
 }
 

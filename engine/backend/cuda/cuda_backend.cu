@@ -42,8 +42,6 @@ typedef struct {
   int *bad_dev;       /* VL_RED_BLOCKS non-finite flags (outside the arena) */
   double red_host[VL_RED_BLOCKS];
   int bad_host[VL_RED_BLOCKS];
-  int32_t *tok_dev;   /* token scratch (outside the arena), grown on demand */
-  size_t tok_cap;     /* bytes */
   cudaEvent_t ev[2];  /* step timing: start, stop */
 } cu_state;
 
@@ -252,30 +250,6 @@ static int red_blocks(int64_t n) {
   return b;
 }
 
-/* Token / target ids arrive in host memory: copy them into the device scratch. Copying
- * with cudaMemcpyDefault also accepts ids that already live on the device. */
-static vl_status tok_to_device(vl_ctx *c, cu_state *s, const int32_t *tok, int64_t n,
-                               const int32_t **out) {
-  size_t need = sizeof(int32_t) * (size_t)(n > 0 ? n : 1);
-  if (need > s->tok_cap) {
-    if (s->tok_dev) {
-      CU_CHECK(c, cudaStreamSynchronize(s->stream)); /* a queued kernel may still read it */
-      CU_CHECK(c, cudaFree(s->tok_dev));
-      s->tok_dev = NULL;
-      s->tok_cap = 0;
-    }
-    size_t cap = need > 2 * s->tok_cap ? need : 2 * s->tok_cap;
-    if (cap < 4096) cap = 4096;
-    CU_CHECK(c, cudaMalloc((void **)&s->tok_dev, cap));
-    s->tok_cap = cap;
-  }
-  if (n > 0)
-    CU_CHECK(c, cudaMemcpyAsync(s->tok_dev, tok, sizeof(int32_t) * (size_t)n, cudaMemcpyDefault,
-                                s->stream));
-  *out = s->tok_dev;
-  return VL_OK;
-}
-
 /* ---- lifecycle ------------------------------------------------------------------------ */
 
 /* The arena cap the context was created with (vl_ctx_create_ex sets it before init). */
@@ -287,7 +261,6 @@ static void cu_fini(vl_ctx *c) {
   if (s->stream) (void)cudaStreamSynchronize(s->stream);
   if (s->blas) (void)cublasDestroy(s->blas);
   if (s->ws_held && c->arena) vl_arena_free(c->arena, s->ws_off);
-  if (s->tok_dev) (void)cudaFree(s->tok_dev);
   if (s->red_dev) (void)cudaFree(s->red_dev);
   if (s->bad_dev) (void)cudaFree(s->bad_dev);
   if (s->base) (void)cudaFree(s->base);
@@ -483,11 +456,8 @@ static vl_status cu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, 
 static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
                               int64_t R, int64_t C) {
   if (R <= 0 || C <= 0) return VL_OK;
-  cu_state *s = st(c);
-  const int32_t *dtok = NULL;
-  vl_status r = tok_to_device(c, s, tok, R, &dtok);
-  if (r != VL_OK) return r;
-  LAUNCH(c, s, R * C, VL_THREADS, k_embed_fwd, out->data, dt(out), wte->data, dt(wte), dtok, C,
+  /* tok: device memory (the step's VL_MEM_DATA tensor) */
+  LAUNCH(c, st(c), R * C, VL_THREADS, k_embed_fwd, out->data, dt(out), wte->data, dt(wte), tok, C,
          R * C);
   return VL_OK;
 }
@@ -495,12 +465,9 @@ static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, c
 static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const int32_t *tok,
                               int64_t R, int64_t C) {
   if (R <= 0 || C <= 0) return VL_OK;
-  cu_state *s = st(c);
-  const int32_t *dtok = NULL;
-  vl_status r = tok_to_device(c, s, tok, R, &dtok);
-  if (r != VL_OK) return r;
   /* one thread per column, rows in order: deterministic without atomics (as on CPU) */
-  LAUNCH(c, s, C, VL_ROW_THREADS, k_embed_bwd, dw->data, dt(dw), dout->data, dt(dout), dtok, R, C);
+  LAUNCH(c, st(c), C, VL_ROW_THREADS, k_embed_bwd, dw->data, dt(dw), dout->data, dt(dout), tok, R,
+         C);
   return VL_OK;
 }
 
@@ -576,12 +543,8 @@ static vl_status cu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl
 static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
                          int64_t R, int64_t V, float scale) {
   if (R <= 0) return VL_OK;
-  cu_state *s = st(c);
-  const int32_t *dtgt = NULL;
-  vl_status r = tok_to_device(c, s, tgt, R, &dtgt);
-  if (r != VL_OK) return r;
-  LAUNCH(c, s, R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, dtgt, V,
-         scale, R);
+  LAUNCH(c, st(c), R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, tgt,
+         V, scale, R);
   return VL_OK;
 }
 

@@ -66,7 +66,8 @@ typedef struct vl_backend {
   vl_status (*convert)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n);
   /* y = a*x + b*y over n elements */
   vl_status (*axpby)(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b, int64_t n);
-  /* out (R,C) = wte[tok[r]] ; tok is int32 (R) in host-visible memory of the device */
+  /* out (R,C) = wte[tok[r]]. Token and target ids (int32) are device memory: they live in
+   * the step's VL_MEM_DATA tensor, so the input batch is counted like any other buffer. */
   vl_status (*embed_fwd)(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
                          int64_t R, int64_t C);
   vl_status (*embed_bwd)(vl_ctx *c, vl_tensor *dwte, const vl_tensor *dout, const int32_t *tok,

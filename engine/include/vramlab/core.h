@@ -82,6 +82,7 @@ typedef struct {
   size_t free_bytes, largest_free;  /* below the current extent */
   double fragmentation;             /* 1 - largest_free/free_bytes below the extent */
   uint64_t n_alloc, n_free, n_oom;
+  uint64_t n_bad_free;              /* frees of offsets that are not live blocks (bugs) */
 } vl_mem_stats;
 
 typedef struct {
@@ -134,8 +135,8 @@ typedef struct vl_ctx {
   vl_arena *arena;
   vl_device device;
   size_t cap;            /* arena cap the context was created with (VL_NO_CAP: none) */
-  vl_device plan_target;
-  double timer_t0;       /* host clock at timer_start (CPU backend) */ /* plan device: whose workspace rules to follow (cuda default) */
+  vl_device plan_target; /* plan device: whose workspace rules to follow (cuda default) */
+  double timer_t0;       /* host clock at timer_start (CPU backend) */
   char err[512];        /* last error message */
   double flops;         /* model FLOPs counted (recompute excluded) */
   double flops_recompute;
