@@ -4,6 +4,8 @@
 #define VRAMLAB_CASE_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdio.h>
 
 #include "harness.h"
 #include "vramlab/core.h"
@@ -26,6 +28,10 @@ typedef struct vl_case {
   /* Run one repetition of the rung on env->device at env->scale; fills out. */
   int (*run)(const vl_case_env *env, const vl_knobs *knobs, int rep, cJSON *out, char *err,
              size_t errn);
+  /* How the case measures, one paragraph of markdown for the report's setting. */
+  const char *method;
+  /* The case's own report sections after the claims (tables, plots into dir). */
+  void (*report)(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 } vl_case;
 
 const vl_case *vl_case_find(const char *id);
@@ -43,4 +49,5 @@ int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *o
 double vl_bench_sgemm(int n, int reps);
 
 extern const vl_case vl_case_llm_lora;
+void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 #endif

@@ -393,4 +393,10 @@ const vl_case vl_case_llm_lora = {
     .scales = scales,
     .plan = llm_plan,
     .run = llm_run,
+    .method = "Memory, FLOPs, fit, largest batch and OOM rate are **planned at full scale** (the "
+              "article's Mistral-7B and sequence length) by the plan backend, which runs the exact "
+              "allocation sequence of a training step through the same arena algorithm as a real "
+              "run, with a CUDA card's workspace rules. Step time, tokens/s and loss are measured "
+              "by running each rung at the run scale.",
+    .report = vl_llm_lora_report,
 };
