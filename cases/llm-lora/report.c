@@ -168,7 +168,7 @@ void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_
               cJSON_GetObjectItem(r0, "planned_peak_bytes") ? (match ? "yes" : "**no**") : "—",
               sg > 0 ? 100 * vl_rep_run_metric(r, "flops_per_s") / sg : NAN);
     }
-    fprintf(md, "\nsgemm reference of this run: %.1f GFLOP/s (1024³, best of 5). Model FLOPs exclude "
+    fprintf(md, "\nsgemm reference of this run: %.1f GFLOP/s (1024³, best of 5, the higher of the measurements before and after the ladder). Model FLOPs exclude "
                 "recomputation (MLPerf rule). Loss is over the warm-up and timed steps of the first "
                 "repetition. Runs are uncapped (the cap is a full-scale notion), so the `cap` row "
                 "repeats `baseline`. Planned peak follows the CPU backend's workspace rules for the "
