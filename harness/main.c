@@ -286,7 +286,7 @@ static int cmd_report(const args *a, const char *path) {
   if (!c) return 2;
   char def[800];
   if (!path) { snprintf(def, sizeof def, "%s/%s/latest.json", a->out, c->id); path = def; }
-  char err[512];
+  char err[512] = "";
   char md[800];
   snprintf(md, sizeof md, "%s/reports/%s.md", VRAMLAB_SOURCE_DIR, c->id);
   if (vl_report_write(c, &L, path, md, err, sizeof err)) { fprintf(stderr, "vramlab: report: %s\n", err); return 1; }

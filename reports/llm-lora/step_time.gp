@@ -1,0 +1,10 @@
+set terminal png size 900,480
+set output 'step_time.png'
+set title 'Time per target token (measured at the run scale)'
+set style data histograms
+set style fill solid 0.8 border -1
+set boxwidth 0.7
+set ylabel 'ms per token'
+set xtics rotate by -30
+set grid y
+plot 'step_time.dat' using 2:xtic(1) notitle
