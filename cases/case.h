@@ -28,6 +28,9 @@ typedef struct vl_case {
   /* Run one repetition of the rung on env->device at env->scale; fills out. */
   int (*run)(const vl_case_env *env, const vl_knobs *knobs, int rep, cJSON *out, char *err,
              size_t errn);
+  /* Optional: case-wide measurements after the ladder's runs (a sweep, a ceiling), stored
+   * in res (e.g. res.sweep, res.case_metrics). */
+  int (*extra)(const vl_case_env *env, cJSON *res, char *err, size_t errn);
   /* How the case measures, one paragraph of markdown for the report's setting. */
   const char *method;
   /* The case's own report sections after the claims (tables, plots into dir). */

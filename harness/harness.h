@@ -25,7 +25,7 @@ typedef struct {
 } vl_rung;
 
 typedef struct {
-  char id[40], text[200], source[64], metric[40], unit[16], kind[8], note[240];
+  char id[40], text[200], source[64], metric[40], unit[16], kind[16], note[240];
   char before[32], after[32], before_set[160], after_set[160];
   char needs[16]; /* device the measurement needs ("cuda"): judged only there */
   double article_before, article_after, tol, lo, hi;

@@ -144,6 +144,11 @@ int vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, char *err
       snprintf(err, errn, "claim [%s]: needs metric and after", c->id);
       return -1;
     }
+    if (strcmp(c->kind, "value") && strcmp(c->kind, "ratio") && strcmp(c->kind, "range") &&
+        strcmp(c->kind, "ratio_range")) {
+      snprintf(err, errn, "claim [%s]: kind '%s' (value, ratio, range or ratio_range)", c->id, c->kind);
+      return -1;
+    }
     if ((c->before[0] && vl_ladder_find(L, c->before) < 0) || vl_ladder_find(L, c->after) < 0) {
       snprintf(err, errn, "claim [%s]: unknown rung '%s'", c->id,
                vl_ladder_find(L, c->after) < 0 ? c->after : c->before);

@@ -265,6 +265,12 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
       }
     }
   }
+  if (!rc && !vl_interrupted && dev != VL_DEV_PLAN && c->extra && !a->step) {
+    if (c->extra(&env, res, err, sizeof err)) {
+      fprintf(stderr, "vramlab: %s: %s\n", c->id, err);
+      rc = 1;
+    }
+  }
   if (dev == VL_DEV_CPU) {
     double sg1 = vl_interrupted ? 0 : vl_bench_sgemm(1024, 5);
     cJSON *sg = cJSON_CreateArray();

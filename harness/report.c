@@ -20,6 +20,13 @@ const char *vl_verdict_name(vl_verdict v) {
 static int sgn(double x) { return (x > 0) - (x < 0); }
 
 vl_verdict vl_judge(const vl_claim *c, double before, double after) {
+  if (!strcmp(c->kind, "ratio_range")) {
+    /* the measured change after/before inside [lo, hi]; else the direction of the range */
+    if (isnan(after) || isnan(before) || before == 0) return VL_NOT_MEASURABLE;
+    double r = after / before, mid = 0.5 * (c->lo + c->hi);
+    if (r >= c->lo && r <= c->hi) return VL_HOLDS;
+    return sgn(r - 1) == sgn(mid - 1) ? VL_DIRECTION_HOLDS : VL_DOES_NOT_HOLD;
+  }
   if (!strcmp(c->kind, "range")) {
     if (isnan(after)) return VL_NOT_MEASURABLE;
     return after >= c->lo && after <= c->hi ? VL_HOLDS : VL_DOES_NOT_HOLD;
@@ -85,7 +92,9 @@ static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const cha
   cJSON *r = find_rung(res, rung);
   if (!r) return NAN;
   double v = vl_rep_num(cJSON_GetObjectItem(r, "plan"), m);
-  return isnan(v) ? vl_rep_run_metric(r, m) : v;
+  if (isnan(v)) v = vl_rep_run_metric(r, m);
+  /* case-wide measurements (a sweep's best setting, a ceiling) stand for every rung */
+  return isnan(v) ? vl_rep_num(cJSON_GetObjectItem(res, "case_metrics"), m) : v;
 }
 
 static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
@@ -186,6 +195,9 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
     if (!strcmp(cl->kind, "range"))
       fprintf(md, "| %s | %s | %g–%g | %s (rung %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
               cl->hi, fmt_val(a, cl->unit, y2, sizeof y2), cl->after, vl_verdict_name(v), cl->note);
+    else if (!strcmp(cl->kind, "ratio_range"))
+      fprintf(md, "| %s | %s | ×%g–%g | ×%.3g (%s → %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
+              cl->hi, a / b, cl->before, cl->after, vl_verdict_name(v), cl->note);
     else if (!strcmp(cl->kind, "ratio"))
       fprintf(md, "| %s | %s | ×%.3g | ×%.3g (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
               cl->article_after / cl->article_before, a / b, cl->before, cl->after, vl_verdict_name(v), cl->note);

@@ -88,6 +88,10 @@ static void test_ladder_errors(void **state) {
   write_file("cases/t4/claims.ini", "[c]\nmetric = m\nafter = a\ntol = lots\n");
   assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t4", err, sizeof err), 0);
   assert_non_null(strstr(err, "not a number"));
+  write_file("cases/t6/ladder.ini", ladder_ok);
+  write_file("cases/t6/claims.ini", "[c]\nmetric = m\nafter = a\nkind = vibes\n");
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t6", err, sizeof err), 0);
+  assert_non_null(strstr(err, "kind 'vibes'"));
   write_file("cases/t5/ladder.ini", ladder_ok);
   write_file("cases/t5/claims.ini", "[c]\nmetric = m\nafter = a\ncolour = red\n");
   assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t5", err, sizeof err), 0);
@@ -154,6 +158,13 @@ static void test_verdicts(void **state) {
   assert_int_equal(vl_judge(&c, NAN, 3), VL_HOLDS);
   assert_int_equal(vl_judge(&c, NAN, 75), VL_DOES_NOT_HOLD);
   assert_int_equal(vl_judge(&c, NAN, NAN), VL_NOT_MEASURABLE);
+  snprintf(c.kind, sizeof c.kind, "ratio_range");
+  c.lo = 0.3;
+  c.hi = 0.5;
+  assert_int_equal(vl_judge(&c, 10, 4), VL_HOLDS);
+  assert_int_equal(vl_judge(&c, 10, 8), VL_DIRECTION_HOLDS);
+  assert_int_equal(vl_judge(&c, 10, 12), VL_DOES_NOT_HOLD);
+  assert_int_equal(vl_judge(&c, 0, 12), VL_NOT_MEASURABLE);
   assert_string_equal(vl_verdict_name(VL_DIRECTION_HOLDS), "direction holds");
 }
 
