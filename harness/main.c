@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "case.h"
+#include "datasets/jpegset.h"
 #include "report.h"
 #include "vramlab/backend.h"
 
@@ -22,6 +23,8 @@ static void usage(FILE *f) {
           "  report CASE [--results FILE]       write reports/CASE.md and plots from results\n"
           "  bench CASE                         run + report\n"
           "  bench gemm [--n N]                 this machine's sgemm FLOP/s\n"
+          "  data gen --out DIR [--n N] [--seed S] [--quality Q]\n"
+          "                                     make a synthetic JPEG set (dataloader case)\n"
           "options:\n"
           "  --device auto|cpu|cuda|plan        where run executes (auto: cuda if visible)\n"
           "  --scale tiny|small|full            run scale (plan defaults to full)\n"
@@ -35,7 +38,9 @@ static void usage(FILE *f) {
 typedef struct {
   const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out;
   const char *sets[32];
-  int nsets, json, n, quiet;
+  int nsets, json, n, quiet, quality;
+  long seed;
+  int out_given;
 } args;
 
 static int parse_args(int argc, char **argv, args *a) {
@@ -43,13 +48,19 @@ static int parse_args(int argc, char **argv, args *a) {
   a->device = "auto";
   a->out = "results";
   a->n = 1024;
+  a->quality = 90;
+  a->seed = 1;
   int pos = 0;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name, field) if (!strcmp(s, name)) { if (!next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
-    OPT("--results", results) OPT("--out", out)
+    OPT("--results", results)
+    if (!strcmp(s, "--out")) {
+      if (!next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
+      a->out = next; a->out_given = 1; i++; continue;
+    }
 #undef OPT
     if (!strcmp(s, "--set")) {
       if (!next || a->nsets >= 32) { fprintf(stderr, "vramlab: --set needs key=value\n"); return -1; }
@@ -58,6 +69,8 @@ static int parse_args(int argc, char **argv, args *a) {
     if (!strcmp(s, "--json")) { a->json = 1; continue; }
     if (!strcmp(s, "--quiet")) { a->quiet = 1; continue; }
     if (!strcmp(s, "--n")) { if (!next) return -1; a->n = atoi(next); i++; continue; }
+    if (!strcmp(s, "--seed")) { if (!next) return -1; a->seed = atol(next); i++; continue; }
+    if (!strcmp(s, "--quality")) { if (!next) return -1; a->quality = atoi(next); i++; continue; }
     if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
     if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
     if (pos == 0) a->cmd = s;
@@ -300,6 +313,43 @@ static int cmd_report(const args *a, const char *path) {
   return 0;
 }
 
+static void data_gen_progress(int64_t done, int64_t total, void *user) {
+  int *last = user; /* every 10% and at the end */
+  int pct = (int)(100 * done / total);
+  if (pct / 10 != *last / 10 || done == total) {
+    *last = pct;
+    vl_progress("data gen: %lld/%lld images", (long long)done, (long long)total);
+  }
+}
+
+static int cmd_data_gen(const args *a) {
+  if (!a->out_given) { fprintf(stderr, "vramlab: data gen needs --out DIR\n"); return 2; }
+  if (a->n < 1 || a->quality < 1 || a->quality > 100 || a->seed < 0) {
+    fprintf(stderr, "vramlab: data gen: --n >= 1, --quality in 1..100, --seed >= 0\n");
+    return 2;
+  }
+  int last = 0;
+  vl_jpegset_gen_cfg g;
+  vl_jpegset_gen_cfg_default(&g);
+  g.n = a->n;
+  g.seed = (uint64_t)a->seed;
+  g.quality = a->quality;
+  g.progress = data_gen_progress;
+  g.user = &last;
+  char err[512];
+  double t0 = vl_now();
+  if (vl_jpegset_generate_ex(a->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  double dt = vl_now() - t0;
+  vl_jpegset *s;
+  if (vl_jpegset_open(&s, a->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  vl_jpegset_info in;
+  vl_jpegset_info_get(s, &in);
+  printf("%s: %lld images, %.1f KB average, %.1f s (%.0f images/s)\n", a->out, (long long)in.n,
+         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
+  vl_jpegset_close(s);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   args a;
   if (parse_args(argc, argv, &a)) return 2;
@@ -308,6 +358,11 @@ int main(int argc, char **argv) {
   if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);
   if (!strcmp(a.cmd, "run")) return cmd_run(&a, results, sizeof results);
   if (!strcmp(a.cmd, "report")) return cmd_report(&a, a.results);
+  if (!strcmp(a.cmd, "data")) {
+    if (a.case_id && !strcmp(a.case_id, "gen")) return cmd_data_gen(&a);
+    fprintf(stderr, "vramlab: data: expected 'data gen --out DIR'\n");
+    return 2;
+  }
   if (!strcmp(a.cmd, "bench")) {
     if (a.case_id && !strcmp(a.case_id, "gemm")) {
       if (a.n < 16 || a.n > 16384) { fprintf(stderr, "vramlab: --n must be in [16, 16384]\n"); return 2; }

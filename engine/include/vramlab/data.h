@@ -36,9 +36,15 @@ typedef struct {
   vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out, char *err, size_t errn);
   /* Bytes of decoder scratch one worker holds (for the host-memory bound). */
   size_t scratch_bytes;
+  /* Largest decoded image in bytes (max w*h*c), for the host-memory bound: each worker
+   * keeps one vl_image. 0 when unknown; the bound then leaves decoded images out. */
+  size_t max_image_bytes;
 } vl_dataset;
 
 typedef enum { VL_CORRUPT_ERROR = 0, VL_CORRUPT_SKIP } vl_corrupt_policy;
+
+#define VL_LOADER_CROP_MAX 4096
+#define VL_LOADER_WORKERS_MAX 1024
 
 typedef struct {
   int64_t batch;           /* samples per batch */
@@ -49,7 +55,7 @@ typedef struct {
                               tensors, then a copy into the batch: PyTorch's default) */
   bool drop_last;
   bool shuffle;
-  int crop;                /* output side (224) */
+  int crop;                /* output side (224), 1..VL_LOADER_CROP_MAX */
   float scale_min, scale_max;   /* random-resized crop area range (0.08, 1.0) */
   float ratio_min, ratio_max;   /* aspect ratio range (3/4, 4/3) */
   float mean[3], std[3];   /* normalisation, on [0,1] pixel values */
@@ -59,6 +65,9 @@ typedef struct {
   size_t host_mem_cap;     /* 0: none; else loader creation fails if its bound exceeds it */
 } vl_loader_cfg;
 
+/* batch 32, workers 0, prefetch 2, not persistent, per-sample collate, no drop_last,
+ * shuffle, crop 224, scale (0.08, 1), ratio (3/4, 4/3), ImageNet mean/std, seed 0,
+ * rank 0 of 1, VL_CORRUPT_ERROR, no cap. */
 void vl_loader_cfg_default(vl_loader_cfg *c);
 
 /* One delivered batch: x (n, 3, crop, crop) fp32 contiguous, labels and sample indices.
@@ -69,9 +78,13 @@ typedef struct {
   int32_t *labels;
   int64_t *index;
   double load_seconds;     /* time a worker spent producing it (read+decode+transform) */
+  double transform_seconds; /* the crop/flip/normalise/collate part of load_seconds */
   int64_t skipped;         /* corrupt samples skipped while producing it */
 } vl_batch_buf;
 
+/* Counters are totals since vl_loader_create (all epochs); host_bytes_peak counts batch
+ * buffers only (see "Host memory" below); last_error is the current epoch's error (or a
+ * misuse of the API), cleared by vl_loader_start_epoch. */
 typedef struct {
   int64_t batches, samples, skipped;
   size_t host_bytes_bound;  /* workers x prefetch x batch bytes + decode scratch */
@@ -82,12 +95,61 @@ typedef struct {
 
 typedef struct vl_loader vl_loader;
 
+/* Sampler. Epoch e's order is a Fisher-Yates shuffle of 0..n-1 drawn from a vl_rng seeded
+ * by (seed, e) (the identity without shuffle). Like PyTorch's DistributedSampler
+ * (drop_last=False): the order is padded by repeating its head to world*ceil(n/world)
+ * (so at most world-1 samples appear twice in an epoch, and none when world divides n),
+ * and rank r takes positions r, r+world, r+2*world, ...: every rank gets ceil(n/world)
+ * samples, the shards are disjoint apart from that padding, and together they cover the
+ * epoch. Batches are cut from the rank's shard in order.
+ *
+ * Workers. Batch k of the epoch is made by worker k % workers. At most workers x prefetch
+ * batches are in flight (dispatched to a worker and not yet taken by vl_loader_next), as
+ * with PyTorch's prefetch_factor; taking a batch dispatches the next one. Batches are
+ * delivered in sampler order whichever worker finishes first. With workers = 0 every batch
+ * is made inside vl_loader_next (prefetch then has no effect, as in PyTorch).
+ *
+ * Corrupt samples (read() gives VL_ERR_IO). VL_CORRUPT_SKIP: the sample is left out and
+ * counted, and batches are refilled from the following samples of the epoch order: the
+ * delivered stream is exactly the shard's order with the corrupt samples removed, cut into
+ * batches of `batch`, so every batch is full except the epoch's last (dropped when short
+ * under drop_last; with drop_last the samples past the last full batch are read only when
+ * a skip makes them needed). A batch's `skipped` is the number of corrupt samples the loader
+ * met since the previous batch was delivered (corrupt samples in a dropped tail are only
+ * in the stats). Refilling moves samples between buffers in memory (one batch's worth per
+ * batch after the first skip of an epoch). VL_CORRUPT_ERROR: vl_loader_next returns
+ * VL_ERR_IO when it reaches the batch holding the sample (the batches before it are
+ * delivered first), last_error is "sample <i>: <the dataset's message>", and every later
+ * call in the epoch returns the same status until vl_loader_start_epoch. Any other status
+ * from read() is returned the same way whatever the policy. The engine prints nothing.
+ *
+ * Random draws. Sample i's transform in epoch e draws from a vl_rng seeded by
+ * vl_loader_sample_seed(seed, e, i), so batches are identical for every worker count,
+ * prefetch depth and collate mode.
+ *
+ * Host memory (host_bytes_bound, what it counts):
+ *   batch buffers: (workers x prefetch in flight, or 1 with workers = 0)
+ *                  + 1 held by the caller + 1 for refilling under VL_CORRUPT_SKIP,
+ *                  each vl_loader_batch_bytes;
+ *   per worker (one with workers = 0): the dataset's scratch_bytes, one decoded image
+ *                  (the dataset's max_image_bytes) and, with per-sample collate, the one
+ *                  sample tensor it holds at a time (3*crop*crop floats);
+ *   the epoch order (8 bytes per dataset sample) and the in-flight task table.
+ * Batch buffers are allocated on first need, reused through a free list (released batches
+ * go back to it) and never exceed that count: the caller is expected to hold one batch at
+ * a time; holding more shrinks the prefetch window, and if the caller holds every buffer
+ * vl_loader_next returns VL_ERR_INVALID instead of waiting forever. */
+
 /* Checks the config (clear message in err), computes the host-memory bound and applies the
- * cap. Starts persistent workers now; others start at each epoch. */
+ * cap (VL_ERR_OOM naming both numbers). Starts persistent workers now (they wait on a
+ * condition variable between epochs); others start at each epoch and are joined when it
+ * ends, so their start-up shows in first_batch_seconds. */
 vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_dataset *ds,
                            char *err, size_t errn);
 /* Begin epoch `epoch` (its shuffle is seeded by seed and epoch). An epoch in progress is
- * stopped first (workers stop at the next batch; nothing leaks). */
+ * stopped first: workers stop before their next sample, are joined (or parked, when
+ * persistent), and their buffers go back to the free list; nothing leaks. Batches the
+ * caller still holds stay valid until released. */
 vl_status vl_loader_start_epoch(vl_loader *l, int64_t epoch);
 /* Next batch of the epoch, in sampler order whatever the worker count; *out = NULL at the
  * end of the epoch. The buffer stays valid until vl_loader_release. On a corrupt sample
@@ -95,15 +157,25 @@ vl_status vl_loader_start_epoch(vl_loader *l, int64_t epoch);
 vl_status vl_loader_next(vl_loader *l, vl_batch_buf **out);
 void vl_loader_release(vl_loader *l, vl_batch_buf *b);
 void vl_loader_stats_get(const vl_loader *l, vl_loader_stats *s);
-/* Stops and joins every worker, frees every buffer. */
+/* Stops and joins every worker, frees every buffer (batches still held become invalid). */
 void vl_loader_destroy(vl_loader *l);
 
 /* Bytes of one batch buffer (x + labels + index). */
 size_t vl_loader_batch_bytes(const vl_loader_cfg *c);
+/* Samples per epoch on this loader's rank (ceil(n/world)), before any skip. */
+int64_t vl_loader_shard_len(const vl_loader *l);
+/* The seed of sample `index`'s transform RNG in epoch `epoch`. */
+uint64_t vl_loader_sample_seed(uint64_t seed, int64_t epoch, int64_t index);
 
 /* The per-sample transform both collate paths use, exposed for tests and the decode-only
  * ceiling: random-resized crop of img (bilinear), optional horizontal flip, normalise,
- * write CHW floats to dst (3*crop*crop). The random draws come from rng. */
+ * write CHW floats to dst (3*crop*crop). The random draws come from rng.
+ * Crop box as torchvision's RandomResizedCrop.get_params (up to 10 draws of an area in
+ * [scale_min, scale_max] x area and a log-uniform aspect ratio in [ratio_min, ratio_max],
+ * then the center-crop fallback), then one uniform draw: flip when < 0.5. Resize is
+ * bilinear with half-pixel centres (align_corners=False) and no antialiasing. Pixels are
+ * (v/255 - mean[c]) / std[c]. img must be HWC with c = 3, w, h >= 1; c->crop must be in
+ * 1..VL_LOADER_CROP_MAX. */
 void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst);
 
 #ifdef __cplusplus

@@ -1,0 +1,975 @@
+/* Input pipeline (engine/data): sampler coverage and sharding, worker counts, prefetch,
+ * persistent workers, in-order deterministic delivery, collate modes, corrupt samples,
+ * stopping mid-epoch, the host-memory bound and cap, and the transform. The dataset is an
+ * in-memory synthetic one: image i has a size and pixels that are functions of i, label
+ * i % 10, and a configurable set of indices that read as corrupt. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "vramlab/data.h"
+
+/* ============================== synthetic dataset ==================================== */
+
+#define MAXBAD 16
+
+typedef struct {
+  int64_t n;
+  int64_t bad[MAXBAD];
+  int nbad;
+  int hard_fail;           /* index returning VL_ERR_BACKEND, or -1 */
+  atomic_int delay_us;     /* reads of i % delay_mod == 0 sleep this long (jumbles finish */
+  int delay_mod;           /* order; slows workers down), 3 by default */
+  atomic_int scratch_live; /* scratch_new minus scratch_free */
+  atomic_long reads;
+} synth;
+
+static int img_w(int64_t i) { return 9 + (int)((i * 7) % 29); }
+static int img_h(int64_t i) { return 7 + (int)((i * 5) % 23); }
+static uint8_t img_px(int64_t i, int y, int x, int c) {
+  return (uint8_t)((i * 31 + y * 7 + x * 3 + c * 50 + (x * y) % 11) & 255);
+}
+
+static int64_t syn_len(void *self) { return ((synth *)self)->n; }
+static void *syn_scratch_new(void *self) {
+  atomic_fetch_add(&((synth *)self)->scratch_live, 1);
+  return malloc(64);
+}
+static void syn_scratch_free(void *self, void *scratch) {
+  atomic_fetch_sub(&((synth *)self)->scratch_live, 1);
+  free(scratch);
+}
+
+static void sleep_us(int us) {
+  struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Runs on worker threads: no cmocka asserts here (they cannot unwind another thread);
+ * failures come back as statuses the test checks. */
+static bool fill_image(int64_t i, vl_image *out) {
+  int w = img_w(i), h = img_h(i);
+  size_t need = (size_t)w * h * 3;
+  if (out->cap < need) {
+    uint8_t *p = realloc(out->pix, need);
+    if (!p) return false;
+    out->pix = p;
+    out->cap = need;
+  }
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int c = 0; c < 3; c++) out->pix[((size_t)y * w + x) * 3 + c] = img_px(i, y, x, c);
+  out->w = w;
+  out->h = h;
+  out->c = 3;
+  out->label = (int32_t)(i % 10);
+  return true;
+}
+
+static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, char *err, size_t errn) {
+  synth *s = self;
+  atomic_fetch_add(&s->reads, 1);
+  if (!scratch || i < 0 || i >= s->n) {
+    snprintf(err, errn, "synthetic: bad call (scratch %p, index %lld)", scratch, (long long)i);
+    return VL_ERR_INVALID;
+  }
+  int d = atomic_load(&s->delay_us);
+  if (d > 0 && i % s->delay_mod == 0) sleep_us(d);
+  for (int k = 0; k < s->nbad; k++)
+    if (s->bad[k] == i) {
+      snprintf(err, errn, "synthetic corrupt image %lld", (long long)i);
+      return VL_ERR_IO;
+    }
+  if (i == s->hard_fail) {
+    snprintf(err, errn, "synthetic hard failure %lld", (long long)i);
+    return VL_ERR_BACKEND;
+  }
+  return fill_image(i, out) ? VL_OK : VL_ERR_OOM;
+}
+
+static void syn_init(synth *s, int64_t n) {
+  memset(s, 0, sizeof *s);
+  s->n = n;
+  s->hard_fail = -1;
+  s->delay_mod = 3;
+}
+
+static vl_dataset syn_dataset(synth *s) {
+  vl_dataset d;
+  memset(&d, 0, sizeof d);
+  d.self = s;
+  d.len = syn_len;
+  d.scratch_new = syn_scratch_new;
+  d.scratch_free = syn_scratch_free;
+  d.read = syn_read;
+  d.scratch_bytes = 64;
+  d.max_image_bytes = (size_t)(9 + 28) * (7 + 22) * 3;
+  return d;
+}
+
+/* ============================== helpers ============================================== */
+
+static vl_loader_cfg small_cfg(void) {
+  vl_loader_cfg c;
+  vl_loader_cfg_default(&c);
+  c.batch = 5;
+  c.crop = 8;
+  c.seed = 1234;
+  return c;
+}
+
+static vl_loader *mk_loader(const vl_loader_cfg *c, synth *s) {
+  vl_dataset d = syn_dataset(s);
+  vl_loader *l = NULL;
+  char err[512] = "";
+  vl_status st = vl_loader_create(&l, c, &d, err, sizeof err);
+  if (st != VL_OK) print_error("create: %s\n", err);
+  assert_int_equal(st, VL_OK);
+  assert_non_null(l);
+  return l;
+}
+
+#define MAXS 256
+typedef struct {
+  int64_t n, nb, skipped_sum;
+  int64_t idx[MAXS];
+  int32_t lab[MAXS];
+  int64_t bsz[MAXS];
+  float *x; /* n * F */
+} epoch_out;
+
+static void out_free(epoch_out *o) {
+  free(o->x);
+  o->x = NULL;
+}
+
+/* Runs epoch `e` to its end, releasing each batch, and collects what was delivered.
+ * Returns the first non-OK status of vl_loader_next (what came before it is in o). */
+static vl_status run_epoch(vl_loader *l, const vl_loader_cfg *c, int64_t e, epoch_out *o) {
+  memset(o, 0, sizeof *o);
+  const int64_t F = 3 * (int64_t)c->crop * c->crop;
+  o->x = malloc((size_t)MAXS * F * sizeof(float));
+  assert_non_null(o->x);
+  assert_int_equal(vl_loader_start_epoch(l, e), VL_OK);
+  for (;;) {
+    vl_batch_buf *b = NULL;
+    vl_status st = vl_loader_next(l, &b);
+    if (st != VL_OK) {
+      assert_null(b);
+      return st;
+    }
+    if (!b) break;
+    assert_true(b->n >= 1 && b->n <= c->batch);
+    assert_true(o->n + b->n <= MAXS);
+    memcpy(o->x + o->n * F, b->x, (size_t)b->n * F * sizeof(float));
+    memcpy(o->idx + o->n, b->index, (size_t)b->n * sizeof(int64_t));
+    memcpy(o->lab + o->n, b->labels, (size_t)b->n * sizeof(int32_t));
+    o->bsz[o->nb++] = b->n;
+    o->skipped_sum += b->skipped;
+    o->n += b->n;
+    vl_loader_release(l, b);
+  }
+  /* After the end, next keeps saying "end". */
+  vl_batch_buf *b = (vl_batch_buf *)1;
+  assert_int_equal(vl_loader_next(l, &b), VL_OK);
+  assert_null(b);
+  return VL_OK;
+}
+
+static void assert_same_epoch(const epoch_out *a, const epoch_out *b, int64_t F) {
+  assert_int_equal(a->n, b->n);
+  assert_int_equal(a->nb, b->nb);
+  assert_memory_equal(a->idx, b->idx, (size_t)a->n * sizeof(int64_t));
+  assert_memory_equal(a->lab, b->lab, (size_t)a->n * sizeof(int32_t));
+  assert_memory_equal(a->bsz, b->bsz, (size_t)a->nb * sizeof(int64_t));
+  assert_memory_equal(a->x, b->x, (size_t)(a->n * F) * sizeof(float));
+}
+
+static int count_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+/* Threads exit asynchronously after pthread_join returns to nobody; joined threads are
+ * gone from /proc by the time join returns, so no waiting is needed. */
+
+/* ============================== config =============================================== */
+
+static void expect_invalid(const vl_loader_cfg *c, synth *s, const char *needle) {
+  vl_dataset d = syn_dataset(s);
+  vl_loader *l = (vl_loader *)1;
+  char err[512] = "";
+  assert_int_equal(vl_loader_create(&l, c, &d, err, sizeof err), VL_ERR_INVALID);
+  assert_null(l);
+  if (!strstr(err, needle)) print_error("message '%s' lacks '%s'\n", err, needle);
+  assert_non_null(strstr(err, needle));
+}
+
+static void test_config_validation(void **state) {
+  (void)state;
+  synth s;
+  syn_init(&s, 20);
+  vl_loader_cfg c;
+  c = small_cfg(), c.batch = 0, expect_invalid(&c, &s, "batch");
+  c = small_cfg(), c.prefetch = 0, expect_invalid(&c, &s, "prefetch");
+  c = small_cfg(), c.workers = -1, expect_invalid(&c, &s, "workers");
+  c = small_cfg(), c.crop = 0, expect_invalid(&c, &s, "crop");
+  c = small_cfg(), c.crop = VL_LOADER_CROP_MAX + 1, expect_invalid(&c, &s, "crop");
+  c = small_cfg(), c.world = 0, expect_invalid(&c, &s, "world");
+  c = small_cfg(), c.world = 2, c.rank = 2, expect_invalid(&c, &s, "rank 2");
+  c = small_cfg(), c.rank = -1, expect_invalid(&c, &s, "rank -1");
+  c = small_cfg(), c.std[1] = 0, expect_invalid(&c, &s, "std[1]");
+  c = small_cfg(), c.std[2] = NAN, expect_invalid(&c, &s, "std[2]");
+  c = small_cfg(), c.mean[0] = INFINITY, expect_invalid(&c, &s, "mean[0]");
+  c = small_cfg(), c.scale_min = 0.9f, c.scale_max = 0.5f, expect_invalid(&c, &s, "scale");
+  c = small_cfg(), c.ratio_min = 0, expect_invalid(&c, &s, "ratio");
+  c = small_cfg(), c.on_corrupt = (vl_corrupt_policy)7, expect_invalid(&c, &s, "on_corrupt");
+  synth empty;
+  syn_init(&empty, 0);
+  c = small_cfg(), expect_invalid(&c, &empty, "empty");
+  /* A dataset without read(). */
+  vl_dataset d = syn_dataset(&s);
+  d.read = NULL;
+  vl_loader *l = NULL;
+  char err[256] = "";
+  c = small_cfg();
+  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_INVALID);
+  assert_non_null(strstr(err, "read"));
+  /* next before start_epoch is an error, not a crash. */
+  l = mk_loader(&c, &s);
+  vl_batch_buf *b = NULL;
+  assert_int_equal(vl_loader_next(l, &b), VL_ERR_INVALID);
+  assert_null(b);
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  assert_non_null(strstr(st.last_error, "start_epoch"));
+  vl_loader_destroy(l);
+  assert_int_equal(atomic_load(&s.scratch_live), 0);
+}
+
+/* ============================== coverage ============================================= */
+
+/* Every sample exactly once per epoch (or, with drop_last, every sample but the order's
+ * last n % batch), for every worker count, prefetch depth, persistence and drop_last. */
+static void test_every_sample_once(void **state) {
+  (void)state;
+  const int64_t N = 53;
+  const int workers[] = {0, 1, 2, 4}, prefetch[] = {1, 2, 4};
+  synth s;
+  syn_init(&s, N);
+  for (int wi = 0; wi < 4; wi++)
+    for (int pi = 0; pi < 3; pi++)
+      for (int pers = 0; pers < 2; pers++)
+        for (int dl = 0; dl < 2; dl++) {
+          vl_loader_cfg c = small_cfg();
+          c.workers = workers[wi];
+          c.prefetch = prefetch[pi];
+          c.persistent = pers;
+          c.drop_last = dl;
+          vl_loader *l = mk_loader(&c, &s);
+          assert_int_equal(vl_loader_shard_len(l), N);
+          for (int64_t e = 0; e < 2; e++) {
+            epoch_out o;
+            assert_int_equal(run_epoch(l, &c, e, &o), VL_OK);
+            int64_t expect = dl ? (N / c.batch) * c.batch : N;
+            assert_int_equal(o.n, expect);
+            assert_int_equal(o.nb, dl ? N / c.batch : (N + c.batch - 1) / c.batch);
+            for (int64_t b = 0; b + 1 < o.nb; b++) assert_int_equal(o.bsz[b], c.batch);
+            int seen[53] = {0};
+            for (int64_t i = 0; i < o.n; i++) {
+              assert_true(o.idx[i] >= 0 && o.idx[i] < N);
+              seen[o.idx[i]]++;
+              assert_int_equal(o.lab[i], o.idx[i] % 10);
+            }
+            int64_t once = 0;
+            for (int i = 0; i < N; i++) {
+              assert_true(seen[i] <= 1);
+              once += seen[i];
+            }
+            assert_int_equal(once, expect);
+            out_free(&o);
+          }
+          vl_loader_stats st;
+          vl_loader_stats_get(l, &st);
+          assert_int_equal(st.samples, 2 * (dl ? (N / c.batch) * c.batch : N));
+          assert_int_equal(st.skipped, 0);
+          assert_true(st.host_bytes_peak > 0);
+          assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+          vl_loader_destroy(l);
+          assert_int_equal(atomic_load(&s.scratch_live), 0);
+        }
+}
+
+/* world = 2: shards have equal length, together cover the epoch, and are disjoint apart
+ * from the documented padding (world*ceil(n/world) - n repeats of the order's head). */
+static void test_shards(void **state) {
+  (void)state;
+  const int64_t sizes[] = {54, 53};
+  for (int si = 0; si < 2; si++) {
+    const int64_t N = sizes[si];
+    synth s;
+    syn_init(&s, N);
+    epoch_out o[2];
+    for (int r = 0; r < 2; r++) {
+      vl_loader_cfg c = small_cfg();
+      c.world = 2;
+      c.rank = r;
+      c.workers = r + 1;
+      vl_loader *l = mk_loader(&c, &s);
+      assert_int_equal(vl_loader_shard_len(l), (N + 1) / 2);
+      assert_int_equal(run_epoch(l, &c, 3, &o[r]), VL_OK);
+      vl_loader_destroy(l);
+    }
+    assert_int_equal(o[0].n, (N + 1) / 2);
+    assert_int_equal(o[1].n, (N + 1) / 2);
+    int seen[2][64] = {{0}};
+    for (int r = 0; r < 2; r++)
+      for (int64_t i = 0; i < o[r].n; i++) seen[r][o[r].idx[i]]++;
+    int64_t both = 0, covered = 0;
+    for (int i = 0; i < N; i++) {
+      assert_true(seen[0][i] <= 1 && seen[1][i] <= 1);
+      if (seen[0][i] && seen[1][i]) both++;
+      if (seen[0][i] || seen[1][i]) covered++;
+    }
+    assert_int_equal(covered, N);
+    assert_int_equal(both, 2 * ((N + 1) / 2) - N);
+    if (N % 2) /* the pad is the order's first sample, i.e. rank 0's first */
+      assert_int_equal(o[1].idx[o[1].n - 1], o[0].idx[0]);
+    out_free(&o[0]);
+    out_free(&o[1]);
+  }
+}
+
+/* ============================== determinism ========================================== */
+
+/* Same seed and epoch: the same order and bit-identical batches for any worker count and
+ * prefetch, even when workers finish out of order (some reads are slow). */
+static void test_deterministic_across_workers(void **state) {
+  (void)state;
+  const int64_t N = 47;
+  synth s;
+  syn_init(&s, N);
+  vl_loader_cfg c = small_cfg();
+  const int64_t F = 3 * c.crop * c.crop;
+  vl_loader *l = mk_loader(&c, &s);
+  epoch_out ref;
+  assert_int_equal(run_epoch(l, &c, 5, &ref), VL_OK);
+  vl_loader_destroy(l);
+  s.delay_us = 300;
+  const int workers[] = {1, 2, 3, 4};
+  for (int wi = 0; wi < 4; wi++) {
+    vl_loader_cfg c2 = c;
+    c2.workers = workers[wi];
+    c2.prefetch = 1 + wi % 2;
+    c2.persistent = wi % 2;
+    l = mk_loader(&c2, &s);
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &c2, 5, &o), VL_OK);
+    assert_same_epoch(&ref, &o, F);
+    out_free(&o);
+    vl_loader_destroy(l);
+  }
+  out_free(&ref);
+}
+
+/* Different epochs shuffle differently, the same epoch repeats, the seed matters, and
+ * without shuffle the order is the identity. */
+static void test_epochs_shuffle(void **state) {
+  (void)state;
+  const int64_t N = 40;
+  synth s;
+  syn_init(&s, N);
+  vl_loader_cfg c = small_cfg();
+  c.workers = 2;
+  const int64_t F = 3 * c.crop * c.crop;
+  vl_loader *l = mk_loader(&c, &s);
+  epoch_out e0, e1, e0b;
+  assert_int_equal(run_epoch(l, &c, 0, &e0), VL_OK);
+  assert_int_equal(run_epoch(l, &c, 1, &e1), VL_OK);
+  assert_int_equal(run_epoch(l, &c, 0, &e0b), VL_OK);
+  assert_same_epoch(&e0, &e0b, F);
+  assert_int_equal(e0.n, e1.n);
+  assert_true(memcmp(e0.idx, e1.idx, (size_t)N * sizeof(int64_t)) != 0);
+  int64_t same_pos = 0, identity = 0;
+  for (int64_t i = 0; i < N; i++) {
+    same_pos += e0.idx[i] == e1.idx[i];
+    identity += e0.idx[i] == i;
+  }
+  assert_true(same_pos < N / 4); /* two shuffles agree in ~1 place on average */
+  assert_true(identity < N / 4);
+  vl_loader_destroy(l);
+
+  vl_loader_cfg c2 = c;
+  c2.seed = c.seed + 1;
+  l = mk_loader(&c2, &s);
+  epoch_out other;
+  assert_int_equal(run_epoch(l, &c2, 0, &other), VL_OK);
+  assert_true(memcmp(e0.idx, other.idx, (size_t)N * sizeof(int64_t)) != 0);
+  vl_loader_destroy(l);
+
+  c2 = c;
+  c2.shuffle = false;
+  l = mk_loader(&c2, &s);
+  epoch_out ord;
+  assert_int_equal(run_epoch(l, &c2, 9, &ord), VL_OK);
+  for (int64_t i = 0; i < N; i++) assert_int_equal(ord.idx[i], i);
+  vl_loader_destroy(l);
+  out_free(&e0), out_free(&e1), out_free(&e0b), out_free(&other), out_free(&ord);
+}
+
+/* Batched collate is bit-identical to per-sample collate, and both equal vl_transform of
+ * the sample with its documented seed. */
+static void test_collate_bit_identical(void **state) {
+  (void)state;
+  const int64_t N = 23;
+  synth s;
+  syn_init(&s, N);
+  vl_loader_cfg c = small_cfg();
+  c.crop = 12;
+  c.workers = 2;
+  const int64_t F = 3 * c.crop * c.crop;
+  epoch_out o[2];
+  for (int m = 0; m < 2; m++) {
+    vl_loader_cfg cm = c;
+    cm.batched_collate = m;
+    vl_loader *l = mk_loader(&cm, &s);
+    assert_int_equal(run_epoch(l, &cm, 2, &o[m]), VL_OK);
+    vl_loader_destroy(l);
+  }
+  assert_same_epoch(&o[0], &o[1], F);
+  vl_image img = {0};
+  float *ref = malloc((size_t)F * sizeof(float));
+  assert_non_null(ref);
+  for (int64_t i = 0; i < o[0].n; i++) {
+    assert_true(fill_image(o[0].idx[i], &img));
+    vl_rng r;
+    vl_rng_seed(&r, vl_loader_sample_seed(c.seed, 2, o[0].idx[i]));
+    vl_transform(&c, &img, &r, ref);
+    assert_memory_equal(ref, o[0].x + i * F, (size_t)F * sizeof(float));
+  }
+  free(ref);
+  free(img.pix);
+  out_free(&o[0]);
+  out_free(&o[1]);
+}
+
+/* ============================== corrupt samples ====================================== */
+
+/* SKIP: corrupt samples are counted and never delivered; the stream is the order minus
+ * them, cut into full batches (only the last may be short), the same for every worker
+ * count. */
+static void test_corrupt_skip(void **state) {
+  (void)state;
+  const int64_t N = 53;
+  synth s;
+  syn_init(&s, N);
+  const int64_t bad[] = {3, 7, 8, 20, 52};
+  s.nbad = 5;
+  memcpy(s.bad, bad, sizeof bad);
+  vl_loader_cfg c = small_cfg();
+  c.on_corrupt = VL_CORRUPT_SKIP;
+  const int64_t F = 3 * c.crop * c.crop;
+  epoch_out ref;
+  vl_loader *l = mk_loader(&c, &s);
+  assert_int_equal(run_epoch(l, &c, 1, &ref), VL_OK);
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  assert_int_equal(st.skipped, 5);
+  assert_int_equal(ref.skipped_sum, 5);
+  assert_int_equal(ref.n, N - 5);
+  assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+  vl_loader_destroy(l);
+  for (int64_t i = 0; i < ref.n; i++)
+    for (int k = 0; k < 5; k++) assert_true(ref.idx[i] != bad[k]);
+  for (int64_t b = 0; b + 1 < ref.nb; b++) assert_int_equal(ref.bsz[b], c.batch);
+  /* The same stream as an unshuffled-order check would give: compare to the order of a
+   * clean run minus the bad ones. */
+  synth clean;
+  syn_init(&clean, N);
+  l = mk_loader(&c, &clean);
+  epoch_out all;
+  assert_int_equal(run_epoch(l, &c, 1, &all), VL_OK);
+  vl_loader_destroy(l);
+  int64_t j = 0;
+  for (int64_t i = 0; i < all.n; i++) {
+    bool isbad = false;
+    for (int k = 0; k < 5; k++) isbad |= all.idx[i] == bad[k];
+    if (isbad) continue;
+    assert_true(j < ref.n);
+    assert_int_equal(ref.idx[j], all.idx[i]);
+    assert_memory_equal(ref.x + j * F, all.x + i * F, (size_t)F * sizeof(float));
+    j++;
+  }
+  assert_int_equal(j, ref.n);
+  out_free(&all);
+
+  s.delay_us = 200;
+  const int workers[] = {1, 2, 3};
+  for (int wi = 0; wi < 3; wi++) {
+    vl_loader_cfg c2 = c;
+    c2.workers = workers[wi];
+    c2.prefetch = 1 + wi;
+    c2.persistent = wi == 1;
+    c2.batched_collate = wi == 2;
+    l = mk_loader(&c2, &s);
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &c2, 1, &o), VL_OK);
+    assert_same_epoch(&ref, &o, F);
+    vl_loader_stats_get(l, &st);
+    assert_int_equal(st.skipped, 5);
+    assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+    vl_loader_destroy(l);
+    out_free(&o);
+  }
+  out_free(&ref);
+}
+
+/* SKIP with drop_last: samples past the last full batch top up batches shortened by
+ * skips, so an epoch with one corrupt sample still gives every full batch it can. */
+static void test_corrupt_skip_drop_last(void **state) {
+  (void)state;
+  const int64_t N = 53;
+  synth s;
+  syn_init(&s, N);
+  s.bad[0] = 7;
+  s.nbad = 1;
+  for (int w = 0; w <= 2; w += 2) {
+    vl_loader_cfg c = small_cfg();
+    c.on_corrupt = VL_CORRUPT_SKIP;
+    c.drop_last = true;
+    c.shuffle = false;
+    c.workers = w;
+    vl_loader *l = mk_loader(&c, &s);
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &c, 0, &o), VL_OK);
+    assert_int_equal(o.nb, 10);
+    assert_int_equal(o.n, 50);
+    for (int64_t i = 0; i < o.n; i++) assert_int_equal(o.idx[i], i < 7 ? i : i + 1);
+    assert_int_equal(o.skipped_sum, 1);
+    out_free(&o);
+    /* Two more corrupt samples: 50 good ones are left, the last full batch is 46..52. */
+    s.bad[1] = 30, s.bad[2] = 31, s.nbad = 3;
+    assert_int_equal(run_epoch(l, &c, 0, &o), VL_OK);
+    assert_int_equal(o.n, 50);
+    assert_int_equal(o.idx[49], 52);
+    vl_loader_stats st;
+    vl_loader_stats_get(l, &st);
+    assert_int_equal(st.skipped, 4);
+    vl_loader_destroy(l);
+    out_free(&o);
+    s.nbad = 1;
+  }
+}
+
+/* ERROR: next returns VL_ERR_IO at the batch holding the sample, after delivering every
+ * batch before it; last_error names the sample; the epoch stays failed; a later epoch
+ * works again. A hard dataset failure is returned whatever the policy. */
+static void test_corrupt_error(void **state) {
+  (void)state;
+  const int64_t N = 53;
+  for (int w = 0; w <= 3; w += 3) {
+    synth s;
+    syn_init(&s, N);
+    s.bad[0] = 17;
+    s.nbad = 1;
+    vl_loader_cfg c = small_cfg();
+    c.workers = w;
+    c.persistent = true;
+    vl_loader *l = mk_loader(&c, &s);
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &c, 4, &o), VL_ERR_IO);
+    /* Everything before 17's batch was delivered, 17 never. */
+    synth clean;
+    syn_init(&clean, N);
+    vl_loader *lc = mk_loader(&c, &clean);
+    epoch_out all;
+    assert_int_equal(run_epoch(lc, &c, 4, &all), VL_OK);
+    vl_loader_destroy(lc);
+    int64_t pos = -1;
+    for (int64_t i = 0; i < all.n; i++)
+      if (all.idx[i] == 17) pos = i;
+    assert_true(pos >= 0);
+    assert_int_equal(o.n, (pos / c.batch) * c.batch);
+    assert_memory_equal(o.idx, all.idx, (size_t)o.n * sizeof(int64_t));
+    vl_loader_stats st;
+    vl_loader_stats_get(l, &st);
+    assert_non_null(strstr(st.last_error, "sample 17"));
+    assert_non_null(strstr(st.last_error, "synthetic corrupt image 17"));
+    vl_batch_buf *b = NULL;
+    assert_int_equal(vl_loader_next(l, &b), VL_ERR_IO); /* sticky */
+    assert_null(b);
+    out_free(&o);
+    /* Fixed data: the next epoch runs through. */
+    s.nbad = 0;
+    assert_int_equal(run_epoch(l, &c, 5, &o), VL_OK);
+    assert_int_equal(o.n, N);
+    vl_loader_stats_get(l, &st);
+    assert_int_equal(st.last_error[0], 0);
+    out_free(&o);
+    /* A hard failure is never skipped. */
+    vl_loader_destroy(l);
+    c.on_corrupt = VL_CORRUPT_SKIP;
+    s.hard_fail = 11;
+    l = mk_loader(&c, &s);
+    assert_int_equal(run_epoch(l, &c, 5, &o), VL_ERR_BACKEND);
+    vl_loader_stats_get(l, &st);
+    assert_non_null(strstr(st.last_error, "sample 11"));
+    vl_loader_destroy(l);
+    assert_int_equal(atomic_load(&s.scratch_live), 0);
+    out_free(&o);
+    out_free(&all);
+  }
+}
+
+/* ============================== stopping ============================================= */
+
+/* Restarting an epoch after one batch, and destroying after one (unreleased) batch,
+ * stop workers promptly, join every thread, free every scratch; the restarted epoch is
+ * complete. LeakSanitizer checks the rest under the ASan build. */
+static void test_stop_mid_epoch(void **state) {
+  (void)state;
+  const int64_t N = 60;
+  const int base = count_threads();
+  assert_true(base >= 1);
+  const int workers[] = {0, 1, 3};
+  for (int wi = 0; wi < 3; wi++)
+    for (int pers = 0; pers < 2; pers++) {
+      synth s;
+      syn_init(&s, N);
+      /* Slow reads (40 ms each, 320 ms a batch): workers are mid-batch when stopped. */
+      s.delay_mod = 1;
+      atomic_store(&s.delay_us, 40000);
+      vl_loader_cfg c = small_cfg();
+      c.batch = 8;
+      c.workers = workers[wi];
+      c.persistent = pers;
+      c.prefetch = 2;
+      vl_loader *l = mk_loader(&c, &s);
+      if (pers) assert_int_equal(count_threads(), base + c.workers);
+      assert_int_equal(vl_loader_start_epoch(l, 0), VL_OK);
+      vl_batch_buf *b = NULL;
+      assert_int_equal(vl_loader_next(l, &b), VL_OK);
+      assert_non_null(b);
+      vl_loader_release(l, b);
+      double t0 = vl_now();
+      assert_int_equal(vl_loader_start_epoch(l, 1), VL_OK); /* stops epoch 0 mid-way */
+      double stop_s = vl_now() - t0;
+      /* A stop waits for at most one read per worker, not for the rest of its batch. */
+      if (stop_s >= 0.16) print_error("stop took %.3f s\n", stop_s);
+      assert_true(stop_s < 0.16);
+      atomic_store(&s.delay_us, 0);
+      if (!pers) assert_int_equal(count_threads(), base + c.workers);
+      int seen[60] = {0};
+      int64_t got = 0, nb = 0;
+      for (;;) {
+        assert_int_equal(vl_loader_next(l, &b), VL_OK);
+        if (!b) break;
+        for (int64_t i = 0; i < b->n; i++) seen[b->index[i]]++;
+        got += b->n;
+        nb++;
+        vl_loader_release(l, b);
+      }
+      assert_int_equal(got, N);
+      assert_int_equal(nb, (N + c.batch - 1) / c.batch);
+      for (int i = 0; i < N; i++) assert_int_equal(seen[i], 1);
+      /* Non-persistent workers are joined at the end of the epoch. */
+      assert_int_equal(count_threads(), base + (pers ? c.workers : 0));
+      /* Destroy mid-epoch with a batch still held. */
+      assert_int_equal(vl_loader_start_epoch(l, 2), VL_OK);
+      assert_int_equal(vl_loader_next(l, &b), VL_OK);
+      assert_non_null(b);
+      vl_loader_destroy(l);
+      assert_int_equal(count_threads(), base);
+      assert_int_equal(atomic_load(&s.scratch_live), 0);
+    }
+}
+
+/* ============================== host memory ========================================== */
+
+static void test_host_mem_cap(void **state) {
+  (void)state;
+  synth s;
+  syn_init(&s, 64);
+  vl_dataset d = syn_dataset(&s);
+  vl_loader_cfg c = small_cfg();
+  c.workers = 3;
+  c.prefetch = 2;
+  const size_t bb = vl_loader_batch_bytes(&c);
+  assert_int_equal(bb, (size_t)c.batch * (3 * c.crop * c.crop * 4 + 4 + 8));
+  vl_loader *l = mk_loader(&c, &s);
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  const size_t bound = st.host_bytes_bound;
+  /* At least the in-flight batches, the caller's one, and each worker's decode state. */
+  assert_true(bound >= (size_t)(3 * 2 + 1) * bb + 3 * (d.scratch_bytes + d.max_image_bytes));
+  assert_true(bound <= (size_t)(3 * 2 + 2) * bb + 3 * (d.scratch_bytes + d.max_image_bytes +
+                                                       3 * c.crop * c.crop * 4) + 64 * 8 + 4096);
+  /* Hold the maximum the caller is expected to (one batch) while the workers run ahead. */
+  for (int64_t e = 0; e < 2; e++) {
+    assert_int_equal(vl_loader_start_epoch(l, e), VL_OK);
+    vl_batch_buf *b;
+    while (vl_loader_next(l, &b) == VL_OK && b) {
+      sleep_us(300); /* workers fill the window meanwhile */
+      vl_loader_release(l, b);
+    }
+  }
+  vl_loader_stats_get(l, &st);
+  assert_true(st.host_bytes_peak >= bb);
+  assert_true(st.host_bytes_peak <= (size_t)(3 * 2 + 1) * bb);
+  assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+  vl_loader_destroy(l);
+
+  /* A cap one byte short is refused with both numbers; the bound itself is accepted. */
+  c.host_mem_cap = bound - 1;
+  char err[512] = "";
+  l = (vl_loader *)1;
+  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_OOM);
+  assert_null(l);
+  char nb[32], nc[32];
+  snprintf(nb, sizeof nb, "%zu", bound);
+  snprintf(nc, sizeof nc, "%zu", bound - 1);
+  assert_non_null(strstr(err, nb));
+  assert_non_null(strstr(err, nc));
+  c.host_mem_cap = bound;
+  l = mk_loader(&c, &s);
+  epoch_out o;
+  assert_int_equal(run_epoch(l, &c, 0, &o), VL_OK);
+  assert_int_equal(o.n, 64);
+  vl_loader_stats_get(l, &st);
+  assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+  vl_loader_destroy(l);
+  out_free(&o);
+
+  /* The blow-up to reproduce: the bound grows as workers x prefetch x batch bytes. */
+  vl_loader_cfg big = c;
+  big.host_mem_cap = 0;
+  big.crop = 224;
+  big.batch = 64;
+  big.workers = 16;
+  big.prefetch = 5;
+  l = mk_loader(&big, &s);
+  vl_loader_stats_get(l, &st);
+  assert_true(st.host_bytes_bound >= (size_t)80 * vl_loader_batch_bytes(&big));
+  vl_loader_destroy(l);
+}
+
+/* The caller holding every buffer gets an error instead of a deadlock; releasing one
+ * lets the epoch continue. Buffers are reused, not allocated per batch. */
+static void test_buffer_reuse_and_holding(void **state) {
+  (void)state;
+  const int64_t N = 40;
+  const int workers[] = {0, 2};
+  for (int wi = 0; wi < 2; wi++) {
+    synth s;
+    syn_init(&s, N);
+    vl_loader_cfg c = small_cfg();
+    c.workers = workers[wi];
+    c.prefetch = 1;
+    vl_loader *l = mk_loader(&c, &s);
+    const int cap = (c.workers ? c.workers * c.prefetch : 1) + 1;
+    assert_int_equal(vl_loader_start_epoch(l, 0), VL_OK);
+    vl_batch_buf *held[8];
+    for (int i = 0; i < cap; i++) {
+      assert_int_equal(vl_loader_next(l, &held[i]), VL_OK);
+      assert_non_null(held[i]);
+    }
+    vl_batch_buf *b = (vl_batch_buf *)1;
+    assert_int_equal(vl_loader_next(l, &b), VL_ERR_INVALID);
+    assert_null(b);
+    vl_loader_stats st;
+    vl_loader_stats_get(l, &st);
+    assert_non_null(strstr(st.last_error, "release"));
+    int64_t got = 0;
+    for (int i = 0; i < cap; i++) {
+      got += held[i]->n;
+      vl_loader_release(l, held[i]);
+    }
+    while (vl_loader_next(l, &b) == VL_OK && b) {
+      got += b->n;
+      vl_loader_release(l, b);
+    }
+    assert_int_equal(got, N);
+    /* Five more epochs allocate nothing new. */
+    vl_loader_stats_get(l, &st);
+    size_t peak = st.host_bytes_peak;
+    assert_true(peak <= (size_t)cap * vl_loader_batch_bytes(&c));
+    for (int64_t e = 1; e <= 5; e++) {
+      epoch_out o;
+      assert_int_equal(run_epoch(l, &c, e, &o), VL_OK);
+      out_free(&o);
+    }
+    vl_loader_stats_get(l, &st);
+    assert_int_equal(st.host_bytes_peak, peak);
+    assert_int_equal(st.batches, 6 * (N / c.batch));
+    assert_true(st.first_batch_seconds > 0);
+    vl_loader_destroy(l);
+  }
+}
+
+/* ============================== transform ============================================ */
+
+static vl_image mk_img(int w, int h, uint8_t (*f)(int y, int x, int c)) {
+  vl_image im = {0};
+  im.w = w, im.h = h, im.c = 3;
+  im.cap = (size_t)w * h * 3;
+  im.pix = malloc(im.cap);
+  assert_non_null(im.pix);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int c = 0; c < 3; c++) im.pix[((size_t)y * w + x) * 3 + c] = f(y, x, c);
+  return im;
+}
+static uint8_t px_const(int y, int x, int c) { return (uint8_t)(200 - 30 * c); }
+static uint8_t px_xgrad(int y, int x, int c) { return (uint8_t)(x * 4 + c); }
+static uint8_t px_ygrad(int y, int x, int c) { return (uint8_t)(y * 6); }
+static uint8_t px_mixed(int y, int x, int c) { return (uint8_t)(x * 13 + y * 7 + c * 40 + (x * y) % 17); }
+
+static void test_transform_properties(void **state) {
+  (void)state;
+  vl_loader_cfg c = small_cfg();
+  c.crop = 16;
+  const int64_t F = 3 * 16 * 16;
+  float *out = malloc((size_t)(F + 8) * sizeof(float));
+  float *out2 = malloc((size_t)F * sizeof(float));
+  assert_non_null(out);
+  assert_non_null(out2);
+
+  /* Shape: exactly 3*crop*crop values written, all within the normalised pixel range. */
+  vl_image im = mk_img(37, 29, px_mixed);
+  for (int i = 0; i < F + 8; i++) out[i] = -12345.0f;
+  vl_rng r;
+  vl_rng_seed(&r, 1);
+  vl_transform(&c, &im, &r, out);
+  for (int i = F; i < F + 8; i++) assert_true(out[i] == -12345.0f);
+  for (int ch = 0; ch < 3; ch++)
+    for (int i = 0; i < 256; i++) {
+      float v = out[ch * 256 + i];
+      float lo = (0 - c.mean[ch]) / c.std[ch], hi = (1 - c.mean[ch]) / c.std[ch];
+      assert_true(v >= lo - 1e-5f && v <= hi + 1e-5f);
+    }
+  /* Determinism per seed; another seed gives another crop. */
+  vl_rng_seed(&r, 1);
+  vl_transform(&c, &im, &r, out2);
+  assert_memory_equal(out, out2, (size_t)F * sizeof(float));
+  vl_rng_seed(&r, 2);
+  vl_transform(&c, &im, &r, out2);
+  assert_true(memcmp(out, out2, (size_t)F * sizeof(float)) != 0);
+  free(im.pix);
+
+  /* A constant image normalises to (v/255 - mean)/std in every pixel, whatever the crop. */
+  im = mk_img(31, 23, px_const);
+  for (uint64_t seed = 0; seed < 8; seed++) {
+    vl_rng_seed(&r, seed);
+    vl_transform(&c, &im, &r, out);
+    for (int ch = 0; ch < 3; ch++) {
+      float want = ((float)(200 - 30 * ch) / 255.0f - c.mean[ch]) / c.std[ch];
+      for (int i = 0; i < 256; i++) assert_float_equal(out[ch * 256 + i], want, 1e-5);
+    }
+  }
+  free(im.pix);
+
+  /* Flip: with the crop pinned to the whole image, a horizontal gradient comes out either
+   * as is or exactly mirrored, each about half the time. */
+  vl_loader_cfg cf = c;
+  cf.scale_min = cf.scale_max = 1.0f;
+  cf.ratio_min = cf.ratio_max = 32.0f / 24.0f;
+  im = mk_img(32, 24, px_xgrad);
+  int flips = 0;
+  for (uint64_t seed = 0; seed < 64; seed++) {
+    vl_rng_seed(&r, seed);
+    vl_transform(&cf, &im, &r, out);
+    bool increasing = out[1] > out[0];
+    if (!increasing) flips++;
+    for (int ch = 0; ch < 3; ch++)
+      for (int y = 0; y < 16; y++)
+        for (int x = 0; x + 1 < 16; x++) {
+          float a = out[ch * 256 + y * 16 + x], b = out[ch * 256 + y * 16 + x + 1];
+          assert_true(increasing ? b > a : b < a);
+        }
+    /* The same seed again gives the same flip. */
+    vl_rng_seed(&r, seed);
+    vl_transform(&cf, &im, &r, out2);
+    assert_memory_equal(out, out2, (size_t)F * sizeof(float));
+  }
+  assert_true(flips >= 16 && flips <= 48);
+  /* A flipped output is the exact mirror of an unflipped one. */
+  float *nf = NULL, *fl = NULL;
+  float *keep = malloc((size_t)F * sizeof(float));
+  assert_non_null(keep);
+  for (uint64_t seed = 0; seed < 64 && !(nf && fl); seed++) {
+    vl_rng_seed(&r, seed);
+    vl_transform(&cf, &im, &r, out);
+    bool increasing = out[1] > out[0];
+    if (increasing && !nf) memcpy(nf = keep, out, (size_t)F * sizeof(float));
+    if (!increasing && !fl) memcpy(fl = out2, out, (size_t)F * sizeof(float));
+  }
+  assert_non_null(nf);
+  assert_non_null(fl);
+  for (int ch = 0; ch < 3; ch++)
+    for (int y = 0; y < 16; y++)
+      for (int x = 0; x < 16; x++)
+        assert_true(nf[ch * 256 + y * 16 + x] == fl[ch * 256 + y * 16 + (15 - x)]);
+  free(keep);
+  free(im.pix);
+
+  /* Center-crop fallback: no crop of area 1 has ratio 2..3 in a square image, so the 10
+   * draws fail and the crop is the centred 40x20 band (rows 10..29), resized 1:1 in y. */
+  vl_loader_cfg cc = c;
+  cc.crop = 20;
+  cc.scale_min = cc.scale_max = 1.0f;
+  cc.ratio_min = 2.0f, cc.ratio_max = 3.0f;
+  im = mk_img(40, 40, px_ygrad);
+  float *o3 = malloc((size_t)3 * 20 * 20 * sizeof(float));
+  assert_non_null(o3);
+  for (uint64_t seed = 0; seed < 4; seed++) {
+    vl_rng_seed(&r, seed);
+    vl_transform(&cc, &im, &r, o3);
+    for (int ch = 0; ch < 3; ch++)
+      for (int y = 0; y < 20; y++) {
+        float want = ((float)((10 + y) * 6) / 255.0f - cc.mean[ch]) / cc.std[ch];
+        for (int x = 0; x < 20; x++) assert_float_equal(o3[ch * 400 + y * 20 + x], want, 1e-5);
+      }
+  }
+  free(o3);
+  free(im.pix);
+
+  /* Random crops stay inside the image: a 1-pixel image (a degenerate case) works. */
+  im = mk_img(1, 1, px_const);
+  vl_rng_seed(&r, 3);
+  vl_transform(&c, &im, &r, out);
+  assert_float_equal(out[0], (200.0f / 255.0f - c.mean[0]) / c.std[0], 1e-5);
+  free(im.pix);
+  free(out);
+  free(out2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config_validation),
+      cmocka_unit_test(test_every_sample_once),
+      cmocka_unit_test(test_shards),
+      cmocka_unit_test(test_deterministic_across_workers),
+      cmocka_unit_test(test_epochs_shuffle),
+      cmocka_unit_test(test_collate_bit_identical),
+      cmocka_unit_test(test_corrupt_skip),
+      cmocka_unit_test(test_corrupt_skip_drop_last),
+      cmocka_unit_test(test_corrupt_error),
+      cmocka_unit_test(test_stop_mid_epoch),
+      cmocka_unit_test(test_host_mem_cap),
+      cmocka_unit_test(test_buffer_reuse_and_holding),
+      cmocka_unit_test(test_transform_properties),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
