@@ -52,5 +52,7 @@ int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *o
 double vl_bench_sgemm(int n, int reps);
 
 extern const vl_case vl_case_llm_lora;
+extern const vl_case vl_case_dataloader;
+void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 #endif

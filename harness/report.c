@@ -106,6 +106,12 @@ static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
   return b;
 }
 
+static const char *fmt_ratio(double r, char *b, size_t n) {
+  if (isnan(r) || isinf(r)) snprintf(b, n, "—");
+  else snprintf(b, n, "×%.3g", r);
+  return b;
+}
+
 const char *vl_rep_count(double v, char *b, size_t n) {
   if (v >= 1e9) snprintf(b, n, "%.2fB", v / 1e9);
   else if (v >= 1e6) snprintf(b, n, "%.2fM", v / 1e6);
@@ -196,11 +202,11 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
       fprintf(md, "| %s | %s | %g–%g | %s (rung %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
               cl->hi, fmt_val(a, cl->unit, y2, sizeof y2), cl->after, vl_verdict_name(v), cl->note);
     else if (!strcmp(cl->kind, "ratio_range"))
-      fprintf(md, "| %s | %s | ×%g–%g | ×%.3g (%s → %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
-              cl->hi, a / b, cl->before, cl->after, vl_verdict_name(v), cl->note);
+      fprintf(md, "| %s | %s | ×%g–%g | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
+              cl->hi, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vl_verdict_name(v), cl->note);
     else if (!strcmp(cl->kind, "ratio"))
-      fprintf(md, "| %s | %s | ×%.3g | ×%.3g (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
-              cl->article_after / cl->article_before, a / b, cl->before, cl->after, vl_verdict_name(v), cl->note);
+      fprintf(md, "| %s | %s | ×%.3g | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
+              cl->article_after / cl->article_before, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vl_verdict_name(v), cl->note);
     else
       fprintf(md, "| %s | %s | %s → %s | %s → %s | **%s** | %s |\n", cl->text, cl->source,
               fmt_val(cl->article_before, cl->unit, x1, sizeof x1), fmt_val(cl->article_after, cl->unit, x2, sizeof x2),

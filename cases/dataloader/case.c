@@ -1,0 +1,351 @@
+/* dataloader: input pipeline tuning (CASES.md §4). Synthetic photo-like JPEGs decoded with
+ * TurboJPEG feed the engine's loader; the consumer is a modeled accelerator (each step takes
+ * consumer_ms of wall time and no CPU), always labelled as modeled. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "case.h"
+#include "report.h"
+#include "datasets/jpegset.h"
+#include "vramlab/data.h"
+
+extern volatile sig_atomic_t vl_interrupted;
+
+static const char *const knobs[] = {"workers", "prefetch", "pin", "collate", "persistent", NULL};
+static const char *const scales[] = {"tiny", "small", "full", NULL};
+
+#define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
+
+typedef struct {
+  vl_loader_cfg lc;
+  bool pin;
+  long images, data_seed, epochs, cores;
+  double consumer_ms;
+  char data_dir[512];
+} dl_cfg;
+
+static long n_cores(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
+/* Scales shrink the data set and the modeled step so CI runs in seconds. */
+static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, dl_cfg *d,
+                 char *err, size_t errn) {
+  memset(d, 0, sizeof *d);
+  const vl_knobs *s = env->setting;
+  vl_loader_cfg_default(&d->lc);
+  d->cores = n_cores();
+  long v;
+  if (vl_knob_int(s, "images", 384, 1, 10000000, &d->images, err, errn)) return -1;
+  if (!strcasecmp(scale, "tiny")) d->images = d->images < 48 ? d->images : 48;
+  else if (strcasecmp(scale, "small") && strcasecmp(scale, "full"))
+    return FAIL("unknown scale '%s' (tiny, small, full)", scale);
+  if (vl_knob_int(s, "data_seed", 7, 0, 1L << 40, &d->data_seed, err, errn)) return -1;
+  if (vl_knob_int(s, "batch", 32, 1, 65536, &v, err, errn)) return -1;
+  d->lc.batch = v;
+  if (!strcasecmp(scale, "tiny") && d->lc.batch > 8) d->lc.batch = 8;
+  if (vl_knob_int(s, "crop", 224, 8, 4096, &v, err, errn)) return -1;
+  d->lc.crop = (int)v;
+  if (vl_knob_int(s, "epochs", 2, 1, 1000, &d->epochs, err, errn)) return -1;
+  if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &v, err, errn)) return -1;
+  d->lc.seed = (uint64_t)v;
+  if (vl_knob_double(s, "consumer_ms", 40, 0, 1e6, &d->consumer_ms, err, errn)) return -1;
+  const char *dd = vl_knob_get(s, "data_dir");
+  snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd ? dd : "data/jpegset", d->images, d->data_seed);
+  const char *w = vl_knob_get(k, "workers");
+  if (w && !strcasecmp(w, "cores")) d->lc.workers = (int)d->cores;
+  else {
+    if (vl_knob_int(k, "workers", 0, 0, 1024, &v, err, errn)) return -1;
+    d->lc.workers = (int)v;
+  }
+  if (vl_knob_int(k, "prefetch", 2, 1, 1024, &v, err, errn)) return -1;
+  d->lc.prefetch = (int)v;
+  int b;
+  if (vl_knob_bool(k, "pin", 0, &b, err, errn)) return -1;
+  d->pin = b;
+  if (vl_knob_bool(k, "persistent", 0, &b, err, errn)) return -1;
+  d->lc.persistent = b;
+  const char *c = vl_knob_get(k, "collate");
+  if (!c || !strcasecmp(c, "per_sample")) d->lc.batched_collate = false;
+  else if (!strcasecmp(c, "batched")) d->lc.batched_collate = true;
+  else return FAIL("collate = '%s': expected per_sample or batched", c);
+  d->lc.drop_last = true;
+  return 0;
+}
+
+/* Open the data set, making it first when it is not there (seeded, so every run of the
+ * same setting reads the same bytes). */
+static void gen_progress(int64_t done, int64_t total, void *user) {
+  (void)user;
+  if (done == total || done % 64 == 0) vl_progress("  data gen %lld/%lld", (long long)done, (long long)total);
+}
+
+static int open_data(const dl_cfg *d, vl_jpegset **out, char *err, size_t errn) {
+  char e2[512];
+  if (vl_jpegset_open(out, d->data_dir, e2, sizeof e2) == 0) {
+    if (vl_jpegset_len(*out) == d->images) return 0;
+    vl_jpegset_close(*out);
+  }
+  vl_progress("generating %ld synthetic JPEGs in %s", d->images, d->data_dir);
+  if (vl_jpegset_generate(d->data_dir, d->images, (uint64_t)d->data_seed, 90, gen_progress, NULL, err, errn))
+    return -1;
+  return vl_jpegset_open(out, d->data_dir, err, errn);
+}
+
+/* ---- plan: the pipeline's host memory without running it --------------------------------- */
+static int dl_plan(const vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out,
+                   char *err, size_t errn) {
+  dl_cfg d;
+  if (parse(env, scale, k, &d, err, errn)) return -1;
+  size_t bb = vl_loader_batch_bytes(&d.lc);
+  int slots = (d.lc.workers > 0 ? d.lc.workers : 1) * d.lc.prefetch;
+  cJSON_AddNumberToObject(out, "batch", (double)d.lc.batch);
+  cJSON_AddNumberToObject(out, "workers", d.lc.workers);
+  cJSON_AddNumberToObject(out, "prefetch", d.lc.prefetch);
+  cJSON_AddNumberToObject(out, "batch_bytes", (double)bb);
+  /* batch buffers in flight: workers x prefetch (the memory blow-up of 003) */
+  cJSON_AddNumberToObject(out, "host_bytes_bound", (double)bb * slots);
+  return 0;
+}
+
+/* ---- run ---------------------------------------------------------------------------------- */
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+         1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+static void consume(double ms) {
+  if (ms <= 0) return;
+  struct timespec ts = {(time_t)(ms / 1e3), (long)(fmod(ms, 1e3) * 1e6)};
+  while (nanosleep(&ts, &ts) != 0 && !vl_interrupted) {}
+}
+
+typedef struct {
+  double wall, wait, load, transform, cpu, first_batch;
+  int64_t batches, images, skipped;
+  double *wait_samples; /* per batch */
+  int nwait, cwait;
+} epoch_m;
+
+/* One epoch through the loader with the modeled consumer. */
+static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, epoch_m *m) {
+  memset(m, 0, sizeof *m);
+  double c0 = cpu_seconds(), t0 = vl_now();
+  vl_status s = vl_loader_start_epoch(l, epoch);
+  while (s == VL_OK && !vl_interrupted) {
+    double w0 = vl_now();
+    vl_batch_buf *b = NULL;
+    s = vl_loader_next(l, &b);
+    double w = vl_now() - w0;
+    if (s != VL_OK || !b) break;
+    m->wait += w;
+    m->batches++;
+    m->images += b->n;
+    m->load += b->load_seconds;
+    m->transform += b->transform_seconds;
+    m->skipped += b->skipped;
+    vl_loader_release(l, b);
+    consume(consumer_ms);
+  }
+  m->wall = vl_now() - t0;
+  m->cpu = cpu_seconds() - c0;
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  m->first_batch = st.first_batch_seconds;
+  if (vl_interrupted && s == VL_OK) s = VL_ERR_INTERRUPTED;
+  return s;
+}
+
+static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out, char *err,
+                  size_t errn) {
+  dl_cfg d;
+  if (parse(env, env->scale, k, &d, err, errn)) return -1;
+  vl_jpegset *js = NULL;
+  if (open_data(&d, &js, err, errn)) return -1;
+  vl_dataset ds = vl_jpegset_dataset(js);
+  vl_loader *l = NULL;
+  vl_status s = vl_loader_create(&l, &d.lc, &ds, err, errn);
+  if (s != VL_OK) { vl_jpegset_close(js); return -1; }
+  cJSON *ep = cJSON_CreateArray();
+  epoch_m last = {0};
+  for (long e = 0; s == VL_OK && e < d.epochs; e++) {
+    epoch_m m;
+    s = run_epoch(l, e + (int64_t)rep * 1000, d.consumer_ms, &m);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "epoch_s", m.wall);
+    cJSON_AddNumberToObject(o, "wait_s", m.wait);
+    cJSON_AddNumberToObject(o, "first_batch_s", m.first_batch);
+    cJSON_AddNumberToObject(o, "images", (double)m.images);
+    cJSON_AddItemToArray(ep, o);
+    last = m;
+  }
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  int rc = 0;
+  if (s != VL_OK) {
+    rc = FAIL("%s: %s", vl_status_name(s), st.last_error[0] ? st.last_error : "loader failed");
+    cJSON_AddStringToObject(out, "error", err);
+    if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
+  } else {
+    /* the last epoch is reported: its workers are warm when persistent */
+    double nb = last.batches > 0 ? (double)last.batches : 1;
+    cJSON_AddStringToObject(out, "device", vl_device_name(env->device));
+    cJSON_AddStringToObject(out, "consumer", "modeled accelerator");
+    cJSON_AddNumberToObject(out, "consumer_ms", d.consumer_ms);
+    cJSON_AddNumberToObject(out, "workers", d.lc.workers);
+    cJSON_AddNumberToObject(out, "prefetch", d.lc.prefetch);
+    cJSON_AddNumberToObject(out, "batch", (double)d.lc.batch);
+    cJSON_AddNumberToObject(out, "epoch_s", last.wall);
+    cJSON_AddNumberToObject(out, "images_per_s", (double)last.images / last.wall);
+    cJSON_AddNumberToObject(out, "data_wait_frac", last.wait / last.wall);
+    cJSON_AddNumberToObject(out, "accel_util", 1.0 - last.wait / last.wall);
+    cJSON_AddNumberToObject(out, "wait_s_per_batch", last.wait / nb);
+    cJSON_AddNumberToObject(out, "load_s_per_batch", last.load / nb);
+    cJSON_AddNumberToObject(out, "transform_s_per_batch", last.transform / nb);
+    cJSON_AddNumberToObject(out, "cpu_util", last.cpu / (last.wall * (double)d.cores));
+    cJSON_AddNumberToObject(out, "first_batch_s", last.first_batch);
+    cJSON_AddNumberToObject(out, "skipped", (double)st.skipped);
+    cJSON_AddNumberToObject(out, "host_bytes_bound", (double)st.host_bytes_bound);
+    cJSON_AddNumberToObject(out, "host_bytes_peak", (double)st.host_bytes_peak);
+    /* CPU backend: batches stay in host memory, so there is no host-to-device copy for
+     * pinning to speed up; on CUDA this is where the pinned staging copy would be timed. */
+    cJSON_AddBoolToObject(out, "pin_applies", env->device == VL_DEV_CUDA);
+    cJSON_AddItemToObject(out, "epochs", ep);
+    ep = NULL;
+  }
+  cJSON_Delete(ep);
+  vl_loader_destroy(l);
+  vl_jpegset_close(js);
+  return rc;
+}
+
+/* ---- case-wide: decode ceiling, workers x prefetch sweep, PyTorch reference ---------------- */
+static int parse_list(const char *s, long *v, int max) {
+  int n = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save))
+    v[n++] = strtol(t, NULL, 10);
+  return n;
+}
+
+static double torch_reference(const dl_cfg *d, int workers, char *why, size_t wn) {
+  if (system("python3 -c 'import torch, torchvision, PIL' >/dev/null 2>&1") != 0) {
+    snprintf(why, wn, "PyTorch with torchvision and Pillow is not installed (pip install torch torchvision pillow)");
+    return NAN;
+  }
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd,
+           "python3 %s/tools/torch_loader_bench.py --dir '%s' --workers %d --batch %lld --crop %d --epochs 2",
+           VRAMLAB_SOURCE_DIR, d->data_dir, workers, (long long)d->lc.batch, d->lc.crop);
+  FILE *p = popen(cmd, "r");
+  double v = NAN;
+  if (p) {
+    if (fscanf(p, "%lf", &v) != 1) v = NAN;
+    pclose(p);
+  }
+  if (isnan(v)) snprintf(why, wn, "tools/torch_loader_bench.py failed");
+  return v;
+}
+
+static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) {
+  /* every knob from the last rung, then the sweep varies workers and prefetch */
+  vl_knobs k = {0};
+  vl_knob_set(&k, "collate", "batched");
+  dl_cfg d;
+  if (parse(env, env->scale, &k, &d, err, errn)) return -1;
+  vl_jpegset *js = NULL;
+  if (open_data(&d, &js, err, errn)) return -1;
+  cJSON *cm = cJSON_AddObjectToObject(res, "case_metrics");
+  vl_progress("decode-only ceiling (one core)");
+  double rate = vl_jpegset_decode_rate(js, d.images < 128 ? d.images : 128, err, errn);
+  if (!(rate > 0)) { vl_jpegset_close(js); return -1; }
+  cJSON_AddNumberToObject(cm, "decode_images_per_s_per_core", rate);
+  cJSON_AddNumberToObject(cm, "decode_ceiling_images_per_s", rate * (double)d.cores);
+  cJSON_AddNumberToObject(cm, "cores", (double)d.cores);
+
+  long ws[16], ps[16];
+  const char *sw = vl_knob_get(env->setting, "sweep_workers"), *sp = vl_knob_get(env->setting, "sweep_prefetch");
+  int nw = parse_list(sw ? sw : "0,1,2,4", ws, 16), np = parse_list(sp ? sp : "1,2,4", ps, 16);
+  cJSON *sweep = cJSON_AddArrayToObject(res, "sweep");
+  double best = 0, at_cores = 0;
+  long best_w = 0, best_p = 0;
+  vl_dataset ds = vl_jpegset_dataset(js);
+  for (int i = 0; i < nw && !vl_interrupted; i++)
+    for (int j = 0; j < np && !vl_interrupted; j++) {
+      if (ws[i] == 0 && j > 0) continue; /* prefetch has no meaning without workers */
+      d.lc.workers = (int)ws[i];
+      d.lc.prefetch = (int)ps[j];
+      d.lc.persistent = true;
+      vl_loader *l = NULL;
+      if (vl_loader_create(&l, &d.lc, &ds, err, errn) != VL_OK) { vl_jpegset_close(js); return -1; }
+      epoch_m m;
+      vl_progress("sweep workers=%ld prefetch=%ld", ws[i], ps[j]);
+      /* one warm-up epoch, one measured; the consumer takes no time: pipeline throughput */
+      vl_status s = run_epoch(l, 0, 0, &m);
+      if (s == VL_OK) s = run_epoch(l, 1, 0, &m);
+      vl_loader_destroy(l);
+      if (s != VL_OK) { vl_jpegset_close(js); return FAIL("sweep: %s", vl_status_name(s)); }
+      double ips = (double)m.images / m.wall;
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "workers", (double)ws[i]);
+      cJSON_AddNumberToObject(o, "prefetch", (double)ps[j]);
+      cJSON_AddNumberToObject(o, "images_per_s", ips);
+      cJSON_AddNumberToObject(o, "cpu_util", m.cpu / (m.wall * (double)d.cores));
+      cJSON_AddItemToArray(sweep, o);
+      if (ips > best) best = ips;
+      if (ws[i] == d.cores && ips > at_cores) at_cores = ips;
+    }
+  /* the best setting: the fewest workers, then the smallest prefetch, within 2% of the top */
+  cJSON *o;
+  long min_w = 1L << 30;
+  cJSON_ArrayForEach(o, sweep) {
+    double ips = vl_rep_num(o, "images_per_s");
+    long w = (long)vl_rep_num(o, "workers"), p = (long)vl_rep_num(o, "prefetch");
+    if (ips >= 0.98 * best && (w < min_w || (w == min_w && p < best_p))) { min_w = w; best_w = w; best_p = p; }
+  }
+  cJSON_AddNumberToObject(cm, "best_images_per_s", best);
+  cJSON_AddNumberToObject(cm, "best_workers", (double)best_w);
+  cJSON_AddNumberToObject(cm, "best_prefetch", (double)best_p);
+  cJSON_AddNumberToObject(cm, "best_workers_share", (double)best_w / (double)d.cores);
+  cJSON_AddNumberToObject(cm, "images_per_s_at_cores", at_cores);
+  cJSON_AddNumberToObject(cm, "share_of_decode_ceiling", at_cores / (rate * (double)d.cores));
+  char why[256] = "";
+  vl_progress("PyTorch DataLoader reference");
+  double t = torch_reference(&d, (int)d.cores, why, sizeof why);
+  if (isnan(t)) cJSON_AddStringToObject(cm, "torch_not_measured", why);
+  else {
+    cJSON_AddNumberToObject(cm, "torch_images_per_s", t);
+    cJSON_AddNumberToObject(cm, "speedup_vs_torch", at_cores / t);
+  }
+  vl_jpegset_close(js);
+  return 0;
+}
+
+const vl_case vl_case_dataloader = {
+    .id = "dataloader",
+    .summary = "input pipeline tuning: workers, batched collate, pinning, prefetch, persistent workers",
+    .knobs = knobs,
+    .scales = scales,
+    .plan = dl_plan,
+    .run = dl_run,
+    .extra = dl_extra,
+    .method = "Synthetic photo-like JPEGs (~500x375, quality 90) are decoded with TurboJPEG, "
+              "random-resized-cropped to 224, flipped, normalised and collated by the engine's "
+              "loader. The consumer is a **modeled accelerator**: each training step takes "
+              "`consumer_ms` of wall time and no CPU, so the pipeline's effect on a GPU-like "
+              "consumer can be studied on a CPU-only machine. Host-to-device copies do not "
+              "exist on the CPU backend, so pinning is not measured here.",
+    .report = vl_dataloader_report,
+};

@@ -1,0 +1,10 @@
+set terminal png size 800,480
+set output 'workers.png'
+set termoption noenhanced
+set title 'Throughput vs workers (best prefetch) and the decode-only ceiling (2 cores)'
+set xlabel 'num_workers'
+set ylabel 'images/s'
+set grid
+set key bottom right
+set yrange [0:*]
+plot 'workers.dat' using 1:2 with linespoints lw 2 pt 7 title 'pipeline', '' using 1:3 with lines lw 2 dt 2 lc rgb 'red' title 'decode ceiling x min(workers, cores)'
