@@ -115,7 +115,7 @@ void vl_cuda_grid(int64_t n, int threads, int max_blocks, int *blocks);
 size_t vl_cuda_arena_bytes(size_t cap, size_t free_bytes);
 
 /* ---- defined in cuda_backend.cu (CUDA builds only) --------------------------------------
- * Reached through vl_backend_cuda() / vl_cuda_available() in cuda_stub.c (link order). */
+ * Reached through vl_backend_cuda() / vl_cuda_available() in cuda_entry.c (link order). */
 const vl_backend *vl_cuda_backend_table(void); /* the backend, with every op */
 bool vl_cuda_probe(void); /* a device is visible; false (no crash) without driver or GPU */
 

@@ -18,7 +18,7 @@ typedef enum {
   VL_ERR_INVALID,     /* bad argument or configuration value */
   VL_ERR_IO,          /* file missing, truncated or unwritable */
   VL_ERR_NUMERIC,     /* NaN/Inf where it must not be (e.g. loss) */
-  VL_ERR_UNSUPPORTED, /* combination not implemented on this backend */
+  VL_ERR_UNSUPPORTED, /* a combination this backend does not support */
   VL_ERR_BACKEND,     /* CUDA/cuBLAS/OpenBLAS failure */
   VL_ERR_INTERRUPTED  /* SIGINT/SIGTERM seen: the run stopped cleanly */
 } vl_status;
