@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "vramlab/backend.h"
 #include "vramlab/data.h"
 
 /* ============================== synthetic dataset ==================================== */
@@ -966,6 +967,67 @@ static void test_transform_properties(void **state) {
   free(out2);
 }
 
+/* ============================== staging allocator ==================================== */
+
+/* Batch images come from the x_alloc hook (pinned staging on CUDA) and go back through
+ * x_free; the CPU backend's host_alloc/upload_async are the plain versions. */
+typedef struct { int allocs, frees; } hook_count;
+static void *hook_alloc(void *user, size_t n) {
+  ((hook_count *)user)->allocs++;
+  return malloc(n);
+}
+static void hook_free(void *user, void *p) {
+  ((hook_count *)user)->frees++;
+  free(p);
+}
+
+static void test_staging_allocator(void **state) {
+  (void)state;
+  synth s;
+  syn_init(&s, 40);
+  vl_loader_cfg c = small_cfg();
+  c.workers = 2;
+  c.prefetch = 2;
+  hook_count hc = {0, 0};
+  c.x_alloc = hook_alloc;
+  vl_dataset d = syn_dataset(&s);
+  vl_loader *l = NULL;
+  char err[256];
+  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_INVALID); /* no x_free */
+  assert_non_null(strstr(err, "x_free"));
+  c.x_free = hook_free;
+  c.x_user = &hc;
+  l = mk_loader(&c, &s);
+  int64_t got = 0;
+  for (int e = 0; e < 2; e++) {
+    assert_int_equal(vl_loader_start_epoch(l, e), VL_OK);
+    vl_batch_buf *b;
+    for (;;) {
+      assert_int_equal(vl_loader_next(l, &b), VL_OK);
+      if (!b) break;
+      got += b->n;
+      vl_loader_release(l, b);
+    }
+  }
+  assert_int_equal(got, 2 * 40);
+  assert_true(hc.allocs > 0);
+  vl_loader_destroy(l);
+  assert_int_equal(hc.frees, hc.allocs);
+  /* the CPU backend: host_alloc is malloc, upload_async a copy */
+  vl_ctx *cx;
+  assert_int_equal(vl_ctx_create(&cx, VL_DEV_CPU, VL_NO_CAP), VL_OK);
+  float *h = cx->be->host_alloc(cx, 64 * sizeof(float), true);
+  assert_non_null(h);
+  for (int i = 0; i < 64; i++) h[i] = (float)i * 0.5f;
+  vl_tensor t;
+  assert_int_equal(vl_tensor_alloc2(cx, &t, VL_F32, VL_MEM_DATA, 8, 8), VL_OK);
+  assert_int_equal(cx->be->upload_async(cx, &t, 0, h, 64 * sizeof(float)), VL_OK);
+  assert_int_equal(cx->be->sync(cx), VL_OK);
+  assert_memory_equal(t.data, h, 64 * sizeof(float));
+  cx->be->host_free(cx, h, true);
+  vl_ctx_destroy(cx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_validation),
@@ -981,6 +1043,7 @@ int main(void) {
       cmocka_unit_test(test_host_mem_cap),
       cmocka_unit_test(test_buffer_reuse_and_holding),
       cmocka_unit_test(test_transform_properties),
+      cmocka_unit_test(test_staging_allocator),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

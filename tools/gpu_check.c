@@ -189,6 +189,26 @@ static void ck_copy(chk *k, args a) {
   free(x);
 }
 
+/* opt 1: from pinned host memory (host_alloc), else from pageable; both asynchronous */
+static void ck_upload_async(chk *k, args a) {
+  int64_t n = 4099;
+  float *xv = randv(k, n, 1);
+  tp y;
+  tp_make(k, &y, VL_F32, 1, &n, NULL);
+  if (y.ok) EACH(s) {
+    vl_ctx *c = k->ctx[s];
+    float *h = c->be->host_alloc(c, (size_t)n * sizeof(float), a.opt != 0);
+    if (!h) { fail(k, "host_alloc failed"); break; }
+    memcpy(h, xv, (size_t)n * sizeof(float));
+    status(k, s, c->be->upload_async(c, &y.t[s], 0, h, (size_t)n * sizeof(float)), "upload_async");
+    status(k, s, c->be->sync(c), "sync");
+    c->be->host_free(c, h, a.opt != 0);
+  }
+  cmp(k, &y, "y");
+  tp_free(k, &y);
+  free(xv);
+}
+
 static void ck_sync(chk *k, args a) {
   (void)a;
   EACH(s) status(k, s, k->ctx[s]->be->sync(k->ctx[s]), "sync");
@@ -585,6 +605,8 @@ static const check CHECKS[] = {
     {"upload/download bf16", ck_copy, A1(BF16), EXACT},
     {"upload/download nf4", ck_copy, A1(NF4), EXACT},
     {"sync", ck_sync, A1(F32), EXACT},
+    {"upload_async pageable", ck_upload_async, A1(F32), EXACT},
+    {"upload_async pinned", ck_upload_async, {VL_F32, VL_F32, VL_F32, 1}, EXACT},
     {"zero f32", ck_zero, A1(F32), EXACT},
     {"zero f16", ck_zero, A1(F16), EXACT},
     {"zero bf16", ck_zero, A1(BF16), EXACT},

@@ -15,6 +15,7 @@
 #include "case.h"
 #include "report.h"
 #include "datasets/jpegset.h"
+#include "vramlab/backend.h"
 #include "vramlab/data.h"
 
 extern volatile sig_atomic_t vl_interrupted;
@@ -131,15 +132,23 @@ static void consume(double ms) {
   while (nanosleep(&ts, &ts) != 0 && !vl_interrupted) {}
 }
 
+/* The device side of a run: batches are uploaded to a VL_MEM_DATA tensor (from pinned
+ * staging when pin is on). NULL ctx: CPU backend, where batches never leave host memory. */
 typedef struct {
-  double wall, wait, load, transform, cpu, first_batch;
+  vl_ctx *c;
+  vl_tensor x;
+} device_side;
+
+typedef struct {
+  double wall, wait, load, transform, cpu, first_batch, h2d;
   int64_t batches, images, skipped;
   double *wait_samples; /* per batch */
   int nwait, cwait;
 } epoch_m;
 
 /* One epoch through the loader with the modeled consumer. */
-static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, epoch_m *m) {
+static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, device_side *dev,
+                           epoch_m *m) {
   memset(m, 0, sizeof *m);
   double c0 = cpu_seconds(), t0 = vl_now();
   vl_status s = vl_loader_start_epoch(l, epoch);
@@ -155,7 +164,16 @@ static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, epoc
     m->load += b->load_seconds;
     m->transform += b->transform_seconds;
     m->skipped += b->skipped;
+    if (dev && dev->c) { /* the host -> device copy, timed on the device */
+      double dt = 0;
+      size_t n = (size_t)b->n * 3 * (size_t)(dev->x.n / (dev->x.shape[0] * 3));
+      s = dev->c->be->timer_start(dev->c);
+      if (s == VL_OK) s = dev->c->be->upload_async(dev->c, &dev->x, 0, b->x, n * sizeof(float));
+      if (s == VL_OK) s = dev->c->be->timer_stop(dev->c, &dt);
+      m->h2d += dt;
+    }
     vl_loader_release(l, b);
+    if (s != VL_OK) break;
     consume(consumer_ms);
   }
   m->wall = vl_now() - t0;
@@ -167,6 +185,15 @@ static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, epoc
   return s;
 }
 
+static void *pinned_alloc(void *user, size_t n) {
+  vl_ctx *c = user;
+  return c->be->host_alloc(c, n, true);
+}
+static void pinned_free(void *user, void *p) {
+  vl_ctx *c = user;
+  c->be->host_free(c, p, true);
+}
+
 static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out, char *err,
                   size_t errn) {
   dl_cfg d;
@@ -174,14 +201,34 @@ static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out
   vl_jpegset *js = NULL;
   if (open_data(&d, &js, err, errn)) return -1;
   vl_dataset ds = vl_jpegset_dataset(js);
+  device_side dev = {0};
+  vl_status s = VL_OK;
+  if (env->device == VL_DEV_CUDA) {
+    s = vl_ctx_create(&dev.c, VL_DEV_CUDA, VL_NO_CAP);
+    if (s == VL_OK) {
+      int64_t sh[4] = {d.lc.batch, 3, d.lc.crop, d.lc.crop};
+      s = vl_tensor_alloc(dev.c, &dev.x, VL_F32, VL_MEM_DATA, 4, sh);
+    }
+    if (s != VL_OK) {
+      snprintf(err, errn, "cuda: %s", dev.c ? dev.c->err : vl_status_name(s));
+      vl_ctx_destroy(dev.c);
+      vl_jpegset_close(js);
+      return -1;
+    }
+    if (d.pin) { /* batch images land in pinned staging: no bounce copy, async upload */
+      d.lc.x_alloc = pinned_alloc;
+      d.lc.x_free = pinned_free;
+      d.lc.x_user = dev.c;
+    }
+  }
   vl_loader *l = NULL;
-  vl_status s = vl_loader_create(&l, &d.lc, &ds, err, errn);
-  if (s != VL_OK) { vl_jpegset_close(js); return -1; }
+  s = vl_loader_create(&l, &d.lc, &ds, err, errn);
+  if (s != VL_OK) { vl_ctx_destroy(dev.c); vl_jpegset_close(js); return -1; }
   cJSON *ep = cJSON_CreateArray();
   epoch_m last = {0};
   for (long e = 0; s == VL_OK && e < d.epochs; e++) {
     epoch_m m;
-    s = run_epoch(l, e + (int64_t)rep * 1000, d.consumer_ms, &m);
+    s = run_epoch(l, e + (int64_t)rep * 1000, d.consumer_ms, &dev, &m);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "epoch_s", m.wall);
     cJSON_AddNumberToObject(o, "wait_s", m.wait);
@@ -221,11 +268,14 @@ static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out
     /* CPU backend: batches stay in host memory, so there is no host-to-device copy for
      * pinning to speed up; on CUDA this is where the pinned staging copy would be timed. */
     cJSON_AddBoolToObject(out, "pin_applies", env->device == VL_DEV_CUDA);
+    if (dev.c) cJSON_AddNumberToObject(out, "h2d_s_per_batch", last.h2d / nb);
     cJSON_AddItemToObject(out, "epochs", ep);
     ep = NULL;
   }
   cJSON_Delete(ep);
-  vl_loader_destroy(l);
+  vl_loader_destroy(l); /* frees the pinned buffers through the context: before it */
+  vl_tensor_free(dev.c, &dev.x);
+  vl_ctx_destroy(dev.c);
   vl_jpegset_close(js);
   return rc;
 }
@@ -293,8 +343,8 @@ static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) 
       epoch_m m;
       vl_progress("sweep workers=%ld prefetch=%ld", ws[i], ps[j]);
       /* one warm-up epoch, one measured; the consumer takes no time: pipeline throughput */
-      vl_status s = run_epoch(l, 0, 0, &m);
-      if (s == VL_OK) s = run_epoch(l, 1, 0, &m);
+      vl_status s = run_epoch(l, 0, 0, NULL, &m);
+      if (s == VL_OK) s = run_epoch(l, 1, 0, NULL, &m);
       vl_loader_destroy(l);
       if (s != VL_OK) { vl_jpegset_close(js); return FAIL("sweep: %s", vl_status_name(s)); }
       double ips = (double)m.images / m.wall;

@@ -153,6 +153,8 @@ static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, char *e
                   c->workers), VL_ERR_INVALID;
   if (c->prefetch < 1)
     return seterr(err, errn, "loader: prefetch must be >= 1 (got %d)", c->prefetch), VL_ERR_INVALID;
+  if (!c->x_alloc != !c->x_free)
+    return seterr(err, errn, "loader: x_alloc and x_free go together"), VL_ERR_INVALID;
   if ((int64_t)c->workers * c->prefetch > 1 << 20)
     return seterr(err, errn, "loader: workers x prefetch = %lld is too large",
                   (long long)c->workers * c->prefetch), VL_ERR_INVALID;
@@ -235,8 +237,9 @@ int64_t vl_loader_shard_len(const vl_loader *l) { return l->m; }
 
 /* ------------------------------------------------------------------ buffers --------- */
 
-static void buf_free(bufnode *b) {
-  free(b->pub.x);
+static void buf_free(const vl_loader *l, bufnode *b) {
+  if (b->pub.x && l->cfg.x_free) l->cfg.x_free(l->cfg.x_user, b->pub.x);
+  else free(b->pub.x);
   free(b->pub.labels);
   free(b->pub.index);
   free(b);
@@ -254,13 +257,14 @@ static bufnode *buf_get(vl_loader *l) {
   bufnode *b = calloc(1, sizeof *b);
   size_t B = (size_t)l->cfg.batch;
   void *x = NULL;
-  if (b && posix_memalign(&x, 64, B * (size_t)l->F * sizeof(float)) == 0) b->pub.x = x;
+  if (b && l->cfg.x_alloc) b->pub.x = l->cfg.x_alloc(l->cfg.x_user, B * (size_t)l->F * sizeof(float));
+  else if (b && posix_memalign(&x, 64, B * (size_t)l->F * sizeof(float)) == 0) b->pub.x = x;
   if (b) {
     b->pub.labels = malloc(B * sizeof(int32_t));
     b->pub.index = malloc(B * sizeof(int64_t));
   }
   if (!b || !b->pub.x || !b->pub.labels || !b->pub.index) {
-    if (b) buf_free(b);
+    if (b) buf_free(l, b);
     l->alloc_failed = true;
     return NULL;
   }
@@ -745,7 +749,7 @@ void vl_loader_destroy(vl_loader *l) {
   worker_state_free(l, &l->self);
   for (bufnode *b = l->all, *nx; b; b = nx) {
     nx = b->next_all;
-    buf_free(b);
+    buf_free(l, b);
   }
   pthread_cond_destroy(&l->cv_done);
   pthread_cond_destroy(&l->cv_work);

@@ -88,6 +88,12 @@ static vl_status cpu_download(vl_ctx *c, void *dst, const vl_tensor *src, size_t
   memcpy(dst, (const char *)src->data + off, n);
   return VL_OK;
 }
+static void *cpu_host_alloc(vl_ctx *c, size_t bytes, bool pinned) {
+  (void)c; (void)pinned; /* nothing to pin for: batches stay in host memory */
+  return malloc(bytes ? bytes : 1);
+}
+static void cpu_host_free(vl_ctx *c, void *p, bool pinned) { (void)c; (void)pinned; free(p); }
+
 static vl_status cpu_zero(vl_ctx *c, vl_tensor *y) { (void)c; memset(y->data, 0, y->bytes); return VL_OK; }
 
 static vl_status cpu_convert(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
@@ -271,6 +277,7 @@ const vl_backend vl_backend_cpu = {
     .timer_start = cpu_timer_start, .timer_stop = cpu_timer_stop,
     .gemm_ws_bytes = cpu_gemm_ws, .fixed_ws_bytes = cpu_fixed_ws,
     .gemm = cpu_gemm, .upload = cpu_upload, .download = cpu_download,
+    .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_async = cpu_upload,
     .zero = cpu_zero, .convert = cpu_convert, .axpby = cpu_axpby,
     .embed_fwd = cpu_embed_fwd, .embed_bwd = cpu_embed_bwd,
     .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,

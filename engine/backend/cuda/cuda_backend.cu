@@ -43,6 +43,8 @@ typedef struct {
   double red_host[VL_RED_BLOCKS];
   int bad_host[VL_RED_BLOCKS];
   cudaEvent_t ev[2];  /* step timing: start, stop */
+  cudaStream_t copy;  /* host -> device batch uploads */
+  cudaEvent_t ev_copy;
 } cu_state;
 
 #define CU_CHECK(c, call)                                                                  \
@@ -266,6 +268,8 @@ static void cu_fini(vl_ctx *c) {
   if (s->base) (void)cudaFree(s->base);
   for (int i = 0; i < 2; i++)
     if (s->ev[i]) (void)cudaEventDestroy(s->ev[i]);
+  if (s->ev_copy) (void)cudaEventDestroy(s->ev_copy);
+  if (s->copy) (void)cudaStreamDestroy(s->copy);
   if (s->stream) (void)cudaStreamDestroy(s->stream);
   (void)cudaGetLastError();
   free(s);
@@ -283,6 +287,8 @@ static vl_status cu_init(vl_ctx *c) {
   CU_CHECK(c, cudaStreamCreate(&s->stream));
   CU_CHECK(c, cudaEventCreate(&s->ev[0]));
   CU_CHECK(c, cudaEventCreate(&s->ev[1]));
+  CU_CHECK(c, cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking));
+  CU_CHECK(c, cudaEventCreateWithFlags(&s->ev_copy, cudaEventDisableTiming));
   CUBLAS_CHECK(c, cublasCreate(&s->blas));
   /* cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first. */
   CUBLAS_CHECK(c, cublasSetStream(s->blas, s->stream));
@@ -315,6 +321,33 @@ static vl_status cu_init(vl_ctx *c) {
 
 static vl_status cu_sync(vl_ctx *c) {
   CU_CHECK(c, cudaStreamSynchronize(st(c)->stream));
+  return VL_OK;
+}
+
+static void *cu_host_alloc(vl_ctx *c, size_t bytes, bool pinned) {
+  (void)c;
+  void *p = NULL;
+  if (!pinned) return malloc(bytes ? bytes : 1);
+  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+static void cu_host_free(vl_ctx *c, void *p, bool pinned) {
+  (void)c;
+  if (!p) return;
+  if (pinned) (void)cudaFreeHost(p);
+  else free(p);
+}
+
+static vl_status cu_upload_async(vl_ctx *c, vl_tensor *dst, size_t off, const void *src, size_t n) {
+  cu_state *s = st(c);
+  if (off + n > dst->bytes) return vl_fail(c, VL_ERR_INVALID, "upload of %zu bytes at %zu past a %zu-byte tensor", n, off, dst->bytes);
+  CU_CHECK(c, cudaMemcpyAsync((char *)dst->data + off, src, n, cudaMemcpyHostToDevice, s->copy));
+  CU_CHECK(c, cudaEventRecord(s->ev_copy, s->copy));
+  CU_CHECK(c, cudaStreamWaitEvent(s->stream, s->ev_copy, 0));
   return VL_OK;
 }
 
@@ -632,6 +665,9 @@ static vl_backend make_backend(void) {
   b.sync = cu_sync;
   b.timer_start = cu_timer_start;
   b.timer_stop = cu_timer_stop;
+  b.host_alloc = cu_host_alloc;
+  b.host_free = cu_host_free;
+  b.upload_async = cu_upload_async;
   b.gemm_ws_bytes = cu_gemm_ws;
   b.fixed_ws_bytes = cu_fixed_ws;
   b.gemm = cu_gemm;

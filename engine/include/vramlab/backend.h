@@ -59,6 +59,15 @@ typedef struct vl_backend {
   /* Host <-> device copies of raw bytes into a tensor (uploading batches, weights). */
   vl_status (*upload)(vl_ctx *c, vl_tensor *dst, size_t dst_off, const void *src, size_t n);
   vl_status (*download)(vl_ctx *c, void *dst, const vl_tensor *src, size_t src_off, size_t n);
+  /* Host memory for input batches: page-locked (pinned) on CUDA when `pinned`, so uploads
+   * from it run asynchronously; plain malloc on CPU, where no device copy exists. */
+  void *(*host_alloc)(vl_ctx *c, size_t bytes, bool pinned);
+  void (*host_free)(vl_ctx *c, void *p, bool pinned);
+  /* Host -> device copy on the backend's copy stream; the compute stream waits for it (an
+   * event), so it overlaps the compute already queued. From pageable memory CUDA stages
+   * the copy itself (slower, the comparison pinning is about). src must stay untouched until
+   * the compute stream has passed this point (a sync or timer_stop). CPU: memcpy. */
+  vl_status (*upload_async)(vl_ctx *c, vl_tensor *dst, size_t dst_off, const void *src, size_t n);
 
   /* y = 0 */
   vl_status (*zero)(vl_ctx *c, vl_tensor *y);

@@ -63,6 +63,12 @@ typedef struct {
   int rank, world;         /* shard of the epoch for data parallelism (world >= 1) */
   vl_corrupt_policy on_corrupt;
   size_t host_mem_cap;     /* 0: none; else loader creation fails if its bound exceeds it */
+  /* Optional allocator for the batch images `x` (the bulk of a batch): pinned staging on
+   * CUDA (vl_backend.host_alloc), so a batch uploads asynchronously without a bounce copy.
+   * NULL: 64-byte aligned malloc. */
+  void *(*x_alloc)(void *user, size_t bytes);
+  void (*x_free)(void *user, void *p);
+  void *x_user;
 } vl_loader_cfg;
 
 /* batch 32, workers 0, prefetch 2, not persistent, per-sample collate, no drop_last,
