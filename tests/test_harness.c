@@ -273,6 +273,32 @@ static void test_interrupted_run_keeps_results(void **state) {
   cJSON_Delete(res);
 }
 
+/* A rung that does not fit the device is recorded as out of memory and the ladder goes
+ * on (the 7B fp32 baseline on a GPU runner); the run still succeeds. */
+static void test_oom_rung_is_a_result(void **state) {
+  (void)state;
+  char cmd[1024], path[512];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && %s/vramlab run llm-lora --device cpu --scale tiny --set steps=2 --set warmup=0 "
+           "--set reps=1 --set run_cap=64KiB --out res-oom --quiet >oom.log 2>&1",
+           tmpdir, VRAMLAB_BINARY_DIR);
+  assert_int_equal(WEXITSTATUS(system(cmd)), 0);
+  snprintf(path, sizeof path, "%s/res-oom/llm-lora/latest.json", tmpdir);
+  char *text = vl_read_file(path, NULL);
+  assert_non_null(text);
+  cJSON *res = cJSON_Parse(text);
+  free(text);
+  int n = 0, oom = 0;
+  cJSON *r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    n++;
+    oom += cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "runs"), 0), "oom"));
+  }
+  assert_true(n >= 8);
+  assert_int_equal(oom, n); /* 64 KiB holds no model: every rung ran and recorded it */
+  cJSON_Delete(res);
+}
+
 /* The command line: unknown case, unknown step and bad values exit non-zero with a message. */
 static void test_cli_errors(void **state) {
   (void)state;
@@ -308,6 +334,7 @@ int main(void) {
       cmocka_unit_test(test_stats_and_atomic_write), cmocka_unit_test(test_llm_plan_fields),
       cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
       cmocka_unit_test(test_interrupted_run_keeps_results),
+      cmocka_unit_test(test_oom_rung_is_a_result),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

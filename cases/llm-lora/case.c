@@ -303,8 +303,13 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   }
   if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
     return FAIL("a full-scale (7B) step does not run on the CPU here: use --scale small or tiny, or --device plan");
+  /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale). */
+  size_t run_cap = VL_NO_CAP;
+  const char *rc_s = vl_knob_get(env->setting, "run_cap");
+  if (rc_s && strcasecmp(rc_s, "none") && vl_knob_bytes(env->setting, "run_cap", "0", &run_cap, err, errn))
+    return -1;
   vl_ctx *c;
-  vl_status s = vl_ctx_create(&c, env->device, VL_NO_CAP);
+  vl_status s = vl_ctx_create(&c, env->device, run_cap);
   if (s != VL_OK) return FAIL("cannot create a %s context: %s", vl_device_name(env->device), vl_status_name(s));
   vl_mistral *m = NULL;
   s = vl_mistral_create(c, &r.mc, &r.tc, (uint64_t)r.seed, &m);
@@ -346,7 +351,13 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   }
   flops = c->flops;
   int rc = 0;
-  if (s != VL_OK) {
+  if (s == VL_ERR_OOM) {
+    /* A rung that does not fit this device is a result, not a failure of the run (the
+     * fp32 7B baseline on any single GPU): recorded, and the ladder goes on. */
+    cJSON_AddBoolToObject(out, "oom", 1);
+    cJSON_AddStringToObject(out, "error", c->err);
+    if (!env->quiet) vl_progress("  out of memory on %s: %s", vl_device_name(env->device), c->err);
+  } else if (s != VL_OK) {
     rc = FAIL("%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), c->err);
     cJSON_AddStringToObject(out, "error", err);
     if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);

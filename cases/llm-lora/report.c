@@ -143,6 +143,12 @@ void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
       cJSON *runs = cJSON_GetObjectItem(r, "runs");
       if (!runs) continue;
+      if (cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 0), "oom"))) {
+        fprintf(md, "| %s | out of memory on this device: %s | | | | | | | |\n",
+                cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")),
+                cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(runs, 0), "error")));
+        continue;
+      }
       /* pool the step-time samples of all repetitions */
       double samples[4096];
       int ns = 0;
