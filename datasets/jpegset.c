@@ -183,12 +183,6 @@ static vl_status read_file(const char *path, uint8_t **buf, size_t *cap, size_t 
 /* ============================== pixel synthesis ======================================= */
 /* Integer arithmetic only, so the bytes depend on nothing but the seed. */
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 static int clamp255(int v) { return v < 0 ? 0 : v > 255 ? 255 : v; }
 static int rnd_in(vl_rng *r, int lo, int hi) { return lo + (int)vl_rng_below(r, (uint64_t)(hi - lo + 1)); }
@@ -320,7 +314,7 @@ typedef struct { int rgb[3][3]; int p_ellipse; } palette;
 /* Depends on the label only: a set made with another seed has the same classes. */
 static void class_palette(int label, palette *p) {
   vl_rng r;
-  vl_rng_seed(&r, mix64(0xC1A55C0105ull ^ (uint64_t)label));
+  vl_rng_seed(&r, vl_mix64(0xC1A55C0105ull ^ (uint64_t)label));
   for (int k = 0; k < 3; k++)
     for (int c = 0; c < 3; c++) p->rgb[k][c] = rnd_in(&r, 0, 255);
   p->p_ellipse = rnd_in(&r, 20, 80);
@@ -366,7 +360,7 @@ typedef struct { int32_t label; int w, h; int64_t bytes; } item;
 
 static void synth_image(synth *s, uint64_t seed, int64_t i, int num_classes, item *it) {
   vl_rng r;
-  vl_rng_seed(&r, seed ^ mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + 0x5EEDull));
+  vl_rng_seed(&r, seed ^ vl_mix64((uint64_t)i * 0x9E3779B97F4A7C15ull + 0x5EEDull));
   int label = (int)vl_rng_below(&r, (uint64_t)num_classes);
   int w = rnd_in(&r, W_MIN, W_MAX), h = rnd_in(&r, H_MIN, H_MAX);
   it->label = label;
@@ -1022,7 +1016,7 @@ int vl_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t e
       } else {
         uint8_t g[G];
         vl_rng r;
-        vl_rng_seed(&r, mix64((uint64_t)i ^ 0xBADBADull));
+        vl_rng_seed(&r, vl_mix64((uint64_t)i ^ 0xBADBADull));
         for (int k = 0; k < G; k++) g[k] = (uint8_t)vl_rng_u64(&r);
         /* A stray EOI marker: the decoder runs out of data mid-scan, which libjpeg reports
          * (random bytes alone can decode into wrong pixels without a word). */

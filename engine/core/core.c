@@ -143,11 +143,16 @@ vl_tensor vl_tensor_rows(const vl_tensor *t, int64_t r0, int64_t nr) {
 }
 
 /* ---- RNG ---- */
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+uint64_t vl_mix64(uint64_t x) {
+  uint64_t z = x + 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = vl_mix64(*x);
+  *x += 0x9e3779b97f4a7c15ULL;
+  return z;
 }
 void vl_rng_seed(vl_rng *r, uint64_t seed) {
   for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);

@@ -196,15 +196,9 @@ static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, char *e
 
 /* ------------------------------------------------------------------ sampler --------- */
 
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 static uint64_t seed3(uint64_t seed, uint64_t tag, int64_t a, int64_t b) {
-  return mix64(mix64(mix64(seed ^ tag) ^ (uint64_t)a) ^ (uint64_t)b);
+  return vl_mix64(vl_mix64(vl_mix64(seed ^ tag) ^ (uint64_t)a) ^ (uint64_t)b);
 }
 
 #define TAG_SHUFFLE 0x5348554646ull /* "SHUFF" */

@@ -118,6 +118,8 @@ void vl_arena_log_clear(vl_arena *a);
 /* ---- RNG (seeded, portable: splitmix64 seeding xoshiro256**) ---------------------- */
 typedef struct { uint64_t s[4]; } vl_rng;
 void vl_rng_seed(vl_rng *r, uint64_t seed);
+/* splitmix64's step: a well-mixed hash of x (seeding, per-item seeds). */
+uint64_t vl_mix64(uint64_t x);
 uint64_t vl_rng_u64(vl_rng *r);
 double vl_rng_uniform(vl_rng *r);        /* [0,1) */
 float vl_rng_normal(vl_rng *r);          /* N(0,1), Box-Muller */
