@@ -8,6 +8,19 @@
 #include "case.h"
 #include "report.h"
 
+/* [x, bytes] pairs as "x GB" lines for gnuplot. */
+static int write_pairs(const char *dir, const char *name, const cJSON *pairs) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  const cJSON *pt;
+  cJSON_ArrayForEach(pt, pairs)
+    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
+  fclose(f);
+  return 0;
+}
+
 static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
   static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
   char path[1024];
@@ -38,13 +51,8 @@ static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
   /* 2. memory timeline of one step (after rung) */
   cJSON *last = NULL;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
-  snprintf(path, sizeof path, "%s/timeline.dat", dir);
-  f = fopen(path, "w");
-  if (!f) return;
-  cJSON *pt;
-  cJSON_ArrayForEach(pt, cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "timeline"))
-    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
-  fclose(f);
+  if (write_pairs(dir, "timeline.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "timeline")))
+    return;
   char s2[1024];
   snprintf(s2, sizeof s2,
            "set terminal png size 1000,480\nset output 'timeline.png'\n"
@@ -53,12 +61,8 @@ static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
            "plot 'timeline.dat' using 1:2 with lines lw 2 title 'live bytes'\n",
            cJSON_GetStringValue(cJSON_GetObjectItem(last, "name")));
   /* 3. batch vs peak with the cap line (after rung) */
-  snprintf(path, sizeof path, "%s/batch.dat", dir);
-  f = fopen(path, "w");
-  if (!f) return;
-  cJSON_ArrayForEach(pt, cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "batch_curve"))
-    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
-  fclose(f);
+  if (write_pairs(dir, "batch.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "batch_curve")))
+    return;
   char s3[1024];
   snprintf(s3, sizeof s3,
            "set terminal png size 900,480\nset output 'batch.png'\n"
