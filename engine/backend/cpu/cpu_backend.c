@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "vramlab/backend.h"
+#include "cpu_internal.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
@@ -286,4 +287,11 @@ const vl_backend vl_backend_cpu = {
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fused = cpu_xent, .sumsq = cpu_sumsq,
     .adamw = cpu_adamw, .sgd = cpu_sgd, .adafactor = cpu_adafactor,
+    .conv_ws_bytes = vl_cpu_conv_ws, .conv_fwd = vl_cpu_conv_fwd,
+    .conv_bwd_data = vl_cpu_conv_bwd_data, .conv_bwd_weight = vl_cpu_conv_bwd_weight,
+    .bn_fwd_train = vl_cpu_bn_fwd_train, .bn_fwd_eval = vl_cpu_bn_fwd_eval,
+    .bn_bwd = vl_cpu_bn_bwd, .relu_fwd = vl_cpu_relu_fwd, .relu_bwd = vl_cpu_relu_bwd,
+    .maxpool_fwd = vl_cpu_maxpool_fwd, .maxpool_bwd = vl_cpu_maxpool_bwd,
+    .upsample2x_fwd = vl_cpu_upsample2x_fwd, .upsample2x_bwd = vl_cpu_upsample2x_bwd,
+    .chan_copy = vl_cpu_chan_copy, .xent_pix = vl_cpu_xent_pix,
 };

@@ -21,63 +21,14 @@
 
 #include "vramlab/backend.h"
 #include "cuda_host.h"
+#include "cuda_internal.h"
 #include "cuda_gemm_k.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
 #include "../../kernels/rows.h"
 
-#define VL_THREADS 256     /* element-wise blocks; a power of two for the reductions */
-#define VL_ROW_THREADS 128 /* one thread per row / column: fewer, longer threads */
-#define VL_RED_BLOCKS 1024 /* most partial sums a reduction produces */
 
-typedef struct {
-  cudaStream_t stream;
-  cublasHandle_t blas;
-  void *base;         /* the cudaMalloc backing the arena */
-  size_t ws_off;      /* cuBLAS workspace block in the arena */
-  bool ws_held;
-  int max_blocks;     /* grid-stride cap: 32 blocks per SM */
-  double *red_dev;    /* VL_RED_BLOCKS partial sums (outside the arena) */
-  int *bad_dev;       /* VL_RED_BLOCKS non-finite flags (outside the arena) */
-  double red_host[VL_RED_BLOCKS];
-  int bad_host[VL_RED_BLOCKS];
-  cudaEvent_t ev[2];  /* step timing: start, stop */
-  cudaStream_t copy;  /* host -> device batch uploads */
-  cudaEvent_t ev_copy;
-} cu_state;
-
-#define CU_CHECK(c, call)                                                                  \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess)                                                                 \
-      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
-                     cudaGetErrorString(e_));                                              \
-  } while (0)
-
-#define CUBLAS_CHECK(c, call)                                                              \
-  do {                                                                                     \
-    cublasStatus_t s_ = (call);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
-                     cublasGetStatusString(s_));                                           \
-  } while (0)
-
-/* Grid-stride launch of `kernel` over n items on the context's stream, then check it. */
-#define LAUNCH(c, s, n, threads, kernel, ...)                                              \
-  do {                                                                                     \
-    int nb_;                                                                               \
-    vl_cuda_grid((n), (threads), (s)->max_blocks, &nb_);                                   \
-    kernel<<<nb_, (threads), 0, (s)->stream>>>(__VA_ARGS__);                               \
-    CU_CHECK((c), cudaGetLastError());                                                     \
-  } while (0)
-
-#define GRID_STRIDE(i, n)                                                                  \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
-       i += (int64_t)blockDim.x * gridDim.x)
-
-static cu_state *st(vl_ctx *c) { return (cu_state *)c->be_state; }
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 
 /* ---- kernels: thin grid-stride wrappers over the single-source bodies -------------------- */
 
@@ -262,6 +213,7 @@ static void cu_fini(vl_ctx *c) {
   if (!s) return;
   if (s->stream) (void)cudaStreamSynchronize(s->stream);
   if (s->blas) (void)cublasDestroy(s->blas);
+  vl_cuda_conv_fini(s);
   if (s->ws_held && c->arena) vl_arena_free(c->arena, s->ws_off);
   if (s->red_dev) (void)cudaFree(s->red_dev);
   if (s->bad_dev) (void)cudaFree(s->bad_dev);
@@ -691,6 +643,8 @@ static vl_backend make_backend(void) {
   b.adamw = cu_adamw;
   b.sgd = cu_sgd;
   b.adafactor = cu_adafactor;
+  vl_cuda_cnn_ops(&b);
+  vl_cuda_conv_ops(&b);
   return b;
 }
 

@@ -31,6 +31,25 @@ typedef struct {
   void *ws; size_t ws_bytes; /* from gemm_ws_bytes, allocated in VL_MEM_WORKSPACE */
 } vl_gemm;
 
+/* 2-D convolution (cross-correlation, as every framework), NCHW activations, weights
+ * (K, C, R, S), groups 1, no bias, symmetric padding. Dtypes are part of the shape: x/y/dx/dy
+ * are stored in xdt, the weights in wdt, the weight gradient in gdt (fp32, fp16, bf16). */
+typedef struct {
+  int64_t N, C, H, W;   /* input */
+  int64_t K, R, S;      /* output channels, kernel height, width */
+  int stride, pad, dil; /* dil: 1 = dense */
+  int64_t P, Q;         /* output height, width: set by vl_conv_init */
+  vl_dtype xdt, wdt, gdt;
+} vl_conv;
+typedef enum { VL_CONV_FWD = 0, VL_CONV_BWD_DATA = 1, VL_CONV_BWD_WEIGHT = 2 } vl_conv_dir;
+
+/* Fills cv (dtypes fp32) and its output size P = (H + 2 pad - dil (R-1) - 1) / stride + 1;
+ * false when an argument is out of range or the output would be empty. */
+bool vl_conv_init(vl_conv *cv, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K, int64_t R,
+                  int64_t S, int stride, int pad, int dil);
+/* Multiply-adds x 2 of one direction (each of the three costs the same). */
+double vl_conv_flops(const vl_conv *cv);
+
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t t;        /* step count, from 1 */
@@ -125,6 +144,71 @@ typedef struct vl_backend {
   vl_status (*adafactor)(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
                          vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
                          const vl_optim_hp *hp);
+
+  /* ---- convolutional networks (engine/kernels/cnn.h; conv via oneDNN / cuDNN) ---------- */
+  /* Library scratch one conv call needs (oneDNN user scratchpad plus dtype conversions on
+   * CPU; the cuDNN algorithm's workspace on CUDA), taken by the caller from the arena as
+   * VL_MEM_WORKSPACE. Pure in its arguments. accumulate: see conv_bwd_weight. */
+  size_t (*conv_ws_bytes)(const vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool accumulate);
+  /* y (N,K,P,Q) = conv(x (N,C,H,W), w (K,C,R,S)) */
+  vl_status (*conv_fwd)(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
+                        const vl_tensor *w, void *ws, size_t ws_bytes);
+  /* dx (N,C,H,W) = conv^T(dy, w), overwritten */
+  vl_status (*conv_bwd_data)(vl_ctx *c, const vl_conv *cv, vl_tensor *dx, const vl_tensor *dy,
+                             const vl_tensor *w, void *ws, size_t ws_bytes);
+  /* dw (K,C,R,S) = grad_w, or dw += grad_w when accumulate (gradient accumulation) */
+  vl_status (*conv_bwd_weight)(vl_ctx *c, const vl_conv *cv, vl_tensor *dw, const vl_tensor *x,
+                               const vl_tensor *dy, bool accumulate, void *ws, size_t ws_bytes);
+  /* BatchNorm2d over x (N,C,HW), training mode: per-channel batch mean and biased variance
+   * normalise x; mean and rstd = 1/sqrt(var+eps) (C, fp32) are saved for backward; when
+   * rmean/rvar (C, fp32) are non-NULL they are updated as PyTorch does
+   * (r = (1-momentum) r + momentum * batch, with the unbiased variance for rvar).
+   * y = (x-mean)*rstd*gamma + beta; y must not alias x. gamma/beta any float dtype. */
+  vl_status (*bn_fwd_train)(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_tensor *rstd,
+                            vl_tensor *rmean, vl_tensor *rvar, const vl_tensor *x,
+                            const vl_tensor *gamma, const vl_tensor *beta, int64_t N, int64_t C,
+                            int64_t HW, float eps, float momentum);
+  /* Evaluation mode: y = (x - rmean)/sqrt(rvar + eps)*gamma + beta; y may alias x. */
+  vl_status (*bn_fwd_eval)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *gamma,
+                           const vl_tensor *beta, const vl_tensor *rmean, const vl_tensor *rvar,
+                           int64_t N, int64_t C, int64_t HW, float eps);
+  /* Training-mode backward: dx overwritten (may alias dy); dgamma, dbeta (C) accumulated
+   * (+=), either may be NULL. */
+  vl_status (*bn_bwd)(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tensor *dbeta,
+                      const vl_tensor *dy, const vl_tensor *x, const vl_tensor *gamma,
+                      const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
+                      int64_t HW);
+  /* y = max(x, 0) over n elements; y may alias x (in-place ReLU). */
+  vl_status (*relu_fwd)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n);
+  /* dx = dy * (y > 0), from the output y; dx may alias dy. */
+  vl_status (*relu_bwd)(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
+                        int64_t n);
+  /* Max pooling of `planes` (N*C) planes H x W, window k, stride, padding pad (padding never
+   * wins), output P x Q. Backward recomputes the argmax from x (first maximum in row-major
+   * window order, as PyTorch's CPU kernel) instead of keeping indices; dx overwritten. */
+  vl_status (*maxpool_fwd)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
+                           int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
+                           int64_t Q);
+  vl_status (*maxpool_bwd)(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x,
+                           int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
+                           int64_t P, int64_t Q);
+  /* Bilinear 2x upsampling (align_corners=False, PyTorch's F.interpolate) of `planes` planes
+   * H x W -> 2H x 2W; backward: dx (planes, H, W) overwritten from dy (planes, 2H, 2W). */
+  vl_status (*upsample2x_fwd)(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
+                              int64_t H, int64_t W);
+  vl_status (*upsample2x_bwd)(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
+                              int64_t H, int64_t W);
+  /* Channel copy for concat and its backward: for n < N, k < nc:
+   * y[n, y_c0 + k, :] = x[n, x_c0 + k, :] (+ y[...] when accumulate), planes of HW;
+   * y has yC channels, x has xC. */
+  vl_status (*chan_copy)(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, const vl_tensor *x,
+                         int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
+                         bool accumulate);
+  /* Per-pixel cross-entropy over logits (N, K, HW) with targets tgt (N*HW int32, device
+   * memory; -1 = ignored): loss (N*HW, fp32) per pixel (0 when ignored), and in place
+   * logits := dloss_scale * (softmax - onehot) (zero for ignored pixels). */
+  vl_status (*xent_pix)(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+                        int64_t N, int64_t K, int64_t HW, float dloss_scale);
 } vl_backend;
 
 extern const vl_backend vl_backend_cpu;
@@ -138,6 +222,11 @@ bool vl_cuda_available(void);
 size_t vl_gemm_ws_cpu(const vl_gemm *g);
 size_t vl_gemm_ws_cuda(const vl_gemm *g);
 #define VL_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+/* Conv workspace rules: CPU asks oneDNN for the primitive's scratchpad (plus conversion
+ * buffers); CUDA is the fixed cuDNN budget rule of cuda_host.c (the backend picks the
+ * fastest algorithm that fits in it). */
+size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
+size_t vl_conv_ws_cuda(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
 
 #ifdef __cplusplus
 }

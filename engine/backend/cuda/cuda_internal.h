@@ -1,0 +1,71 @@
+/* State and launch helpers shared by the CUDA backend's translation units
+ * (cuda_backend.cu: GEMM, LLM and optimizer ops; cuda_cnn.cu: CNN element/plane ops;
+ * cuda_conv.cu: cuDNN convolutions). Included by .cu files only. */
+#ifndef VRAMLAB_CUDA_INTERNAL_H
+#define VRAMLAB_CUDA_INTERNAL_H
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include "vramlab/backend.h"
+#include "cuda_host.h"
+
+#define VL_THREADS 256     /* element-wise blocks; a power of two for the reductions */
+#define VL_ROW_THREADS 128 /* one thread per row / column: fewer, longer threads */
+#define VL_RED_BLOCKS 1024 /* most partial sums a reduction produces */
+
+typedef struct {
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  void *base;         /* the cudaMalloc backing the arena */
+  size_t ws_off;      /* cuBLAS workspace block in the arena */
+  bool ws_held;
+  int max_blocks;     /* grid-stride cap: 32 blocks per SM */
+  double *red_dev;    /* VL_RED_BLOCKS partial sums (outside the arena) */
+  int *bad_dev;       /* VL_RED_BLOCKS non-finite flags (outside the arena) */
+  double red_host[VL_RED_BLOCKS];
+  int bad_host[VL_RED_BLOCKS];
+  cudaEvent_t ev[2];  /* step timing: start, stop */
+  cudaStream_t copy;  /* host -> device batch uploads */
+  cudaEvent_t ev_copy;
+  void *dnn;          /* cudnnHandle_t, created on the first convolution (cuda_conv.cu) */
+} cu_state;
+
+#define CU_CHECK(c, call)                                                                  \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess)                                                                 \
+      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+                     cudaGetErrorString(e_));                                              \
+  } while (0)
+
+#define CUBLAS_CHECK(c, call)                                                              \
+  do {                                                                                     \
+    cublasStatus_t s_ = (call);                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      return vl_fail((c), VL_ERR_BACKEND, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
+                     cublasGetStatusString(s_));                                           \
+  } while (0)
+
+/* Grid-stride launch of `kernel` over n items on the context's stream, then check it. */
+#define LAUNCH(c, s, n, threads, kernel, ...)                                              \
+  do {                                                                                     \
+    int nb_;                                                                               \
+    vl_cuda_grid((n), (threads), (s)->max_blocks, &nb_);                                   \
+    kernel<<<nb_, (threads), 0, (s)->stream>>>(__VA_ARGS__);                               \
+    CU_CHECK((c), cudaGetLastError());                                                     \
+  } while (0)
+
+#define GRID_STRIDE(i, n)                                                                  \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+       i += (int64_t)blockDim.x * gridDim.x)
+
+static inline cu_state *st(vl_ctx *c) { return (cu_state *)c->be_state; }
+static inline int dt(const vl_tensor *t) { return (int)t->dtype; }
+
+/* Each unit fills its ops into the table (called once, by make_backend). */
+void vl_cuda_cnn_ops(vl_backend *b);
+void vl_cuda_conv_ops(vl_backend *b);
+/* Releases the cuDNN handle, if one was made (cu_fini). */
+void vl_cuda_conv_fini(cu_state *s);
+
+#endif
