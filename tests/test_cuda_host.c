@@ -544,6 +544,57 @@ static void test_backend_entry(void **state) {
 #endif
 }
 
+/* ---- cuDNN convolution plan and descriptors ------------------------------------------- */
+
+static void test_conv_plan(void **state) {
+  (void)state;
+  vl_conv cv;
+  assert_true(vl_conv_init(&cv, 8, 256, 128, 128, 64, 1, 1, 1, 0, 1));
+  vl_cuda_conv_plan p;
+  /* fp32 everywhere: no copies; the budget is the larger activation, capped at 64 MiB */
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_OK);
+  assert_int_equal(p.io, VL_CU_R_32F);
+  assert_int_equal(p.w_copy + p.dw_copy, 0);
+  assert_int_equal(p.algo_ws, (size_t)VL_CUDNN_ALGO_WS_MAX); /* x is 128 MiB */
+  assert_int_equal(p.ws_total, vl_conv_ws_cuda(&cv, VL_CONV_FWD, false));
+  /* AMP: fp16 activations, fp32 master weights -> an fp16 weight copy for fwd and bwd data;
+   * the fp32 weight gradient goes through an fp16 buffer */
+  cv.xdt = VL_F16; cv.wdt = VL_F32; cv.gdt = VL_F32;
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_BWD_DATA, false, &p), VL_OK);
+  assert_int_equal(p.io, VL_CU_R_16F);
+  assert_int_equal(p.w_copy, 64 * 256 * 2);
+  assert_int_equal(p.dw_copy, 0);
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_BWD_WEIGHT, true, &p), VL_OK);
+  assert_int_equal(p.w_copy, 0);
+  assert_int_equal(p.dw_copy, 64 * 256 * 2);
+  cv.wdt = VL_F16; cv.gdt = VL_F16; /* gradient in the io dtype: cuDNN's beta accumulates */
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_BWD_WEIGHT, true, &p), VL_OK);
+  assert_int_equal(p.dw_copy, 0);
+  /* small activations: the budget is the larger of x and y, rounded to 256 bytes */
+  assert_true(vl_conv_init(&cv, 1, 3, 5, 5, 7, 3, 3, 2, 1, 1));
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_OK);
+  assert_int_equal(p.algo_ws, 512); /* max(x 3*5*5*4 = 300, y 7*3*3*4 = 252) -> 512 */
+  cv.wdt = VL_NF4;
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_ERR_INVALID);
+  assert_int_equal(vl_conv_ws_cuda(&cv, VL_CONV_FWD, false), 0);
+}
+
+static void test_cudnn_descs(void **state) {
+  (void)state;
+  int d[4], s[4];
+  vl_cudnn_nchw(2, 3, 5, 7, d, s);
+  assert_int_equal(d[0], 2); assert_int_equal(d[3], 7);
+  assert_int_equal(s[0], 105); assert_int_equal(s[1], 35); assert_int_equal(s[2], 7); assert_int_equal(s[3], 1);
+  vl_conv cv;
+  assert_true(vl_conv_init(&cv, 1, 4, 9, 9, 4, 3, 3, 2, 2, 2));
+  int pad[2], st[2], dil[2];
+  vl_cudnn_conv_params(&cv, pad, st, dil);
+  assert_int_equal(pad[1], 2); assert_int_equal(st[0], 2); assert_int_equal(dil[1], 2);
+  assert_true(vl_cudnn_fits_int(&cv));
+  assert_true(vl_conv_init(&cv, 4096, 256, 1024, 1024, 8, 1, 1, 1, 0, 1));
+  assert_false(vl_cudnn_fits_int(&cv));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_map_matches_cpu),
@@ -560,6 +611,8 @@ int main(void) {
       cmocka_unit_test(test_grid),
       cmocka_unit_test(test_arena_bytes),
       cmocka_unit_test(test_backend_entry),
+      cmocka_unit_test(test_conv_plan),
+      cmocka_unit_test(test_cudnn_descs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

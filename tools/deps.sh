@@ -2,7 +2,7 @@
 # Check the Debian packages vramlab needs; install them when root with apt, else print the
 # exact apt-get line and stop.
 set -euo pipefail
-pkgs=(cmake pkg-config libopenblas-dev libopenblas-openmp-dev libcmocka-dev libcjson-dev libinih-dev libturbojpeg0-dev gnuplot-nox)
+pkgs=(cmake pkg-config libopenblas-dev libopenblas-openmp-dev libcmocka-dev libcjson-dev libinih-dev libturbojpeg0-dev libdnnl-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

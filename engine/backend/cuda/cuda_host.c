@@ -196,3 +196,53 @@ size_t vl_cuda_arena_bytes(size_t cap, size_t free_bytes) {
   else b = free_bytes > VL_CUDA_UNCAPPED_RESERVE ? free_bytes - VL_CUDA_UNCAPPED_RESERVE : 0;
   return b / VL_ARENA_ALIGN * VL_ARENA_ALIGN;
 }
+
+/* ---- convolutions --------------------------------------------------------------------- */
+
+static size_t up256(size_t b) { return (b + 255) / 256 * 256; }
+
+vl_status vl_cuda_conv_plan_make(const vl_conv *cv, vl_conv_dir dir, bool accumulate,
+                                 vl_cuda_conv_plan *p) {
+  memset(p, 0, sizeof *p);
+  if (!storage_dtype(cv->xdt) || !storage_dtype(cv->wdt) || !storage_dtype(cv->gdt))
+    return VL_ERR_INVALID;
+  p->io = vl_cu_dtype_of(cv->xdt);
+  size_t esz = vl_cu_dtype_size(p->io);
+  size_t nw = (size_t)(cv->K * cv->C * cv->R * cv->S);
+  if (dir != VL_CONV_BWD_WEIGHT && cv->wdt != cv->xdt) p->w_copy = up256(nw * esz);
+  /* cuDNN's beta accumulates in the io dtype: an fp32 gradient of fp16 activations is
+   * produced in a copy and added by our kernel; an io-dtype one is written directly. */
+  if (dir == VL_CONV_BWD_WEIGHT && cv->gdt != cv->xdt) p->dw_copy = up256(nw * esz);
+  (void)accumulate;
+  size_t xb = (size_t)(cv->N * cv->C * cv->H * cv->W) * esz;
+  size_t yb = (size_t)(cv->N * cv->K * cv->P * cv->Q) * esz;
+  size_t big = xb > yb ? xb : yb;
+  p->algo_ws = up256(big < VL_CUDNN_ALGO_WS_MAX ? big : VL_CUDNN_ALGO_WS_MAX);
+  p->ws_total = p->w_copy + p->dw_copy + p->algo_ws;
+  return VL_OK;
+}
+
+size_t vl_conv_ws_cuda(const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
+  vl_cuda_conv_plan p;
+  return vl_cuda_conv_plan_make(cv, dir, accumulate, &p) == VL_OK ? p.ws_total : 0;
+}
+
+void vl_cudnn_nchw(int64_t n, int64_t c, int64_t h, int64_t w, int dims[4], int strides[4]) {
+  dims[0] = (int)n; dims[1] = (int)c; dims[2] = (int)h; dims[3] = (int)w;
+  strides[3] = 1;
+  strides[2] = (int)w;
+  strides[1] = (int)(h * w);
+  strides[0] = (int)(c * h * w);
+}
+
+void vl_cudnn_conv_params(const vl_conv *cv, int pad[2], int stride[2], int dil[2]) {
+  pad[0] = pad[1] = cv->pad;
+  stride[0] = stride[1] = cv->stride;
+  dil[0] = dil[1] = cv->dil;
+}
+
+bool vl_cudnn_fits_int(const vl_conv *cv) {
+  const int64_t lim = 2147483647;
+  return cv->C * cv->H * cv->W <= lim && cv->K * cv->P * cv->Q <= lim &&
+         cv->N * cv->C * cv->H * cv->W <= lim && cv->N * cv->K * cv->P * cv->Q <= lim;
+}

@@ -119,6 +119,38 @@ size_t vl_cuda_arena_bytes(size_t cap, size_t free_bytes);
 const vl_backend *vl_cuda_backend_table(void); /* the backend, with every op */
 bool vl_cuda_probe(void); /* a device is visible; false (no crash) without driver or GPU */
 
+
+/* ---- convolutions (cuDNN) ------------------------------------------------------------
+ * cuDNN wants x, w and y (or their gradients) in one io dtype, fp32 compute (fp16/bf16
+ * io with fp32 compute: its "pseudo half" configuration). The plan says which operands
+ * reach cuDNN through an io-dtype copy in the workspace (weights stored in another dtype
+ * than the activations; a weight gradient kept in another dtype, or fp16 weight gradients
+ * summed in fp32 by a separate pass), and how much is left for the algorithm: the
+ * algorithm budget rule, min(VL_CUDNN_ALGO_WS_MAX, larger of the input and output
+ * activation bytes). The backend takes the fastest algorithm cuDNN's heuristics rank whose
+ * workspace fits that budget (implicit GEMM needs none, so one always does), and the
+ * caller allocates exactly ws_total: planned equals measured by construction. */
+#define VL_CUDNN_ALGO_WS_MAX ((size_t)64 << 20)
+
+typedef struct {
+  vl_cu_dtype io;       /* x, w, y as cuDNN sees them (the activation dtype) */
+  size_t w_copy;        /* bytes of the io-dtype weight copy (0: the weights are used) */
+  size_t dw_copy;       /* bytes of the io-dtype weight-gradient buffer (0: written directly,
+                           with cuDNN's beta = 1 when accumulating) */
+  size_t algo_ws;       /* what the algorithm may use */
+  size_t ws_total;      /* w_copy + dw_copy + algo_ws, each rounded up to 256 bytes */
+} vl_cuda_conv_plan;
+
+/* VL_ERR_INVALID for a dtype cuDNN convolutions cannot take (NF4). */
+vl_status vl_cuda_conv_plan_make(const vl_conv *cv, vl_conv_dir dir, bool accumulate,
+                                 vl_cuda_conv_plan *p);
+/* cudnnSetTensorNdDescriptor / FilterNd arguments of a fully packed NCHW tensor and
+ * cudnnSetConvolutionNdDescriptor's pad/stride/dilation (CUDNN_CROSS_CORRELATION). */
+void vl_cudnn_nchw(int64_t n, int64_t c, int64_t h, int64_t w, int dims[4], int strides[4]);
+void vl_cudnn_conv_params(const vl_conv *cv, int pad[2], int stride[2], int dil[2]);
+/* false when a dimension exceeds what cuDNN's int descriptors hold. */
+bool vl_cudnn_fits_int(const vl_conv *cv);
+
 #ifdef __cplusplus
 }
 #endif

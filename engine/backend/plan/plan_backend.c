@@ -19,8 +19,12 @@ static size_t plan_fixed_ws(const vl_ctx *c) {
   return c->plan_target == VL_DEV_CPU ? 0 : VL_CUBLAS_WORKSPACE_BYTES;
 }
 
+static size_t plan_conv_ws(const vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc) {
+  return c->plan_target == VL_DEV_CPU ? vl_conv_ws_cpu(cv, dir, acc) : vl_conv_ws_cuda(cv, dir, acc);
+}
+
 const vl_backend vl_backend_plan = {
     .name = "plan", .device = VL_DEV_PLAN,
     .init = plan_init, .sync = plan_sync,
-    .gemm_ws_bytes = plan_ws, .fixed_ws_bytes = plan_fixed_ws,
+    .gemm_ws_bytes = plan_ws, .fixed_ws_bytes = plan_fixed_ws, .conv_ws_bytes = plan_conv_ws,
 };

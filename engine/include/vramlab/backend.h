@@ -227,6 +227,9 @@ size_t vl_gemm_ws_cuda(const vl_gemm *g);
  * fastest algorithm that fits in it). */
 size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
 size_t vl_conv_ws_cuda(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
+/* The oneDNN implementation the CPU backend uses for (cv, dir), e.g. "gemm:jit" ("none"
+ * when oneDNN has none), for reports. */
+const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,295 @@
+/* Convolutions on the CPU backend (oneDNN): forward, backward-data and backward-weight
+ * against a direct double-precision reference of PyTorch's conv2d (cross-correlation,
+ * zero padding, dilation, stride), finite-difference gradient checks, weight-gradient
+ * accumulation, fp16/bf16 storage through the workspace conversions, workspace checks, and
+ * the planner's workspace rule equal to what the backend asks for. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kcommon.h"
+#include "vramlab/backend.h"
+
+#define OK(expr) assert_int_equal((expr), VL_OK)
+#define cx tu_cpu
+
+typedef struct { int64_t N, C, H, W, K, R, S; int stride, pad, dil; } shape;
+
+/* the shapes a ResNet-101 U-Net uses, small: 3x3 s1/s2, 1x1 s1/s2, 7x7 s2 p3, dilation 2 */
+static const shape SHAPES[] = {
+    {2, 3, 9, 9, 4, 3, 3, 1, 1, 1}, {2, 4, 9, 8, 5, 3, 3, 2, 1, 1}, {1, 6, 8, 8, 3, 1, 1, 1, 0, 1},
+    {2, 4, 8, 7, 6, 1, 1, 2, 0, 1}, {1, 3, 12, 12, 4, 7, 7, 2, 3, 1}, {2, 3, 9, 9, 2, 3, 3, 1, 2, 2},
+};
+#define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
+
+static vl_conv mk(const shape *s) {
+  vl_conv cv;
+  assert_true(vl_conv_init(&cv, s->N, s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad, s->dil));
+  return cv;
+}
+static int64_t nx(const vl_conv *c) { return c->N * c->C * c->H * c->W; }
+static int64_t ny(const vl_conv *c) { return c->N * c->K * c->P * c->Q; }
+static int64_t nw(const vl_conv *c) { return c->K * c->C * c->R * c->S; }
+
+/* Direct reference: calls f(n, k, p, q, c, r, s, xi, wi) for every contributing term. */
+#define FOR_TERMS(cv, BODY)                                                                    \
+  for (int64_t n = 0; n < (cv)->N; n++)                                                        \
+    for (int64_t k = 0; k < (cv)->K; k++)                                                      \
+      for (int64_t p = 0; p < (cv)->P; p++)                                                    \
+        for (int64_t q = 0; q < (cv)->Q; q++)                                                  \
+          for (int64_t c = 0; c < (cv)->C; c++)                                                \
+            for (int64_t r = 0; r < (cv)->R; r++)                                              \
+              for (int64_t s = 0; s < (cv)->S; s++) {                                          \
+                int64_t hh = p * (cv)->stride - (cv)->pad + r * (cv)->dil;                     \
+                int64_t ww = q * (cv)->stride - (cv)->pad + s * (cv)->dil;                     \
+                if (hh < 0 || hh >= (cv)->H || ww < 0 || ww >= (cv)->W) continue;              \
+                int64_t xi = ((n * (cv)->C + c) * (cv)->H + hh) * (cv)->W + ww;                \
+                int64_t wi = ((k * (cv)->C + c) * (cv)->R + r) * (cv)->S + s;                  \
+                int64_t yi = ((n * (cv)->K + k) * (cv)->P + p) * (cv)->Q + q;                  \
+                BODY;                                                                          \
+              }
+
+static void ref_fwd(const vl_conv *cv, const float *x, const float *w, double *y) {
+  memset(y, 0, (size_t)ny(cv) * sizeof *y);
+  FOR_TERMS(cv, y[yi] += (double)x[xi] * w[wi]);
+}
+static void ref_bwd_data(const vl_conv *cv, const float *dy, const float *w, double *dx) {
+  memset(dx, 0, (size_t)nx(cv) * sizeof *dx);
+  FOR_TERMS(cv, dx[xi] += (double)dy[yi] * w[wi]);
+}
+static void ref_bwd_weight(const vl_conv *cv, const float *x, const float *dy, double *dw) {
+  memset(dw, 0, (size_t)nw(cv) * sizeof *dw);
+  FOR_TERMS(cv, dw[wi] += (double)dy[yi] * x[xi]);
+}
+
+static vl_tensor tnew(vl_dtype dt, int64_t n, const float *host) {
+  vl_tensor t;
+  OK(vl_tensor_alloc(cx, &t, dt, VL_MEM_TEMP, 1, &n));
+  if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
+  else OK(cx->be->zero(cx, &t));
+  return t;
+}
+static void tget(const vl_tensor *t, float *h) {
+  for (int64_t i = 0; i < t->n; i++) h[i] = vl_ld(t->data, (int)t->dtype, i);
+}
+static float *randn(int64_t n, uint64_t seed) {
+  float *x = malloc((size_t)n * sizeof *x);
+  tu_randn(x, n, 1.0f, seed);
+  return x;
+}
+
+/* Runs one direction on the CPU backend with workspace from the arena. */
+typedef struct { vl_conv cv; vl_dtype xdt, wdt, gdt; bool acc; } run_cfg;
+
+static void run_dir(const run_cfg *rc, vl_conv_dir dir, const float *a, const float *b, float *out,
+                    const float *out_init) {
+  vl_conv cv = rc->cv;
+  cv.xdt = rc->xdt; cv.wdt = rc->wdt; cv.gdt = rc->gdt;
+  size_t wsb = cx->be->conv_ws_bytes(cx, &cv, dir, rc->acc);
+  vl_tensor ws = {0};
+  if (wsb) {
+    int64_t n = ((int64_t)wsb + 3) / 4;
+    OK(vl_tensor_alloc(cx, &ws, VL_F32, VL_MEM_WORKSPACE, 1, &n));
+  }
+  vl_tensor ta, tb, to;
+  if (dir == VL_CONV_FWD) {
+    ta = tnew(cv.xdt, nx(&cv), a); tb = tnew(cv.wdt, nw(&cv), b); to = tnew(cv.xdt, ny(&cv), NULL);
+    OK(cx->be->conv_fwd(cx, &cv, &to, &ta, &tb, ws.data, wsb));
+  } else if (dir == VL_CONV_BWD_DATA) {
+    ta = tnew(cv.xdt, ny(&cv), a); tb = tnew(cv.wdt, nw(&cv), b); to = tnew(cv.xdt, nx(&cv), NULL);
+    OK(cx->be->conv_bwd_data(cx, &cv, &to, &ta, &tb, ws.data, wsb));
+  } else {
+    ta = tnew(cv.xdt, nx(&cv), a); tb = tnew(cv.xdt, ny(&cv), b); to = tnew(cv.gdt, nw(&cv), out_init);
+    OK(cx->be->conv_bwd_weight(cx, &cv, &to, &ta, &tb, rc->acc, ws.data, wsb));
+  }
+  tget(&to, out);
+  vl_tensor_free(cx, &to); vl_tensor_free(cx, &tb); vl_tensor_free(cx, &ta);
+  if (wsb) vl_tensor_free(cx, &ws);
+}
+
+static void close_ref(const float *got, const double *ref, int64_t n, double rtol, const char *what) {
+  double scale = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++)
+    if (!(fabs(got[i] - ref[i]) <= rtol * (fabs(ref[i]) + scale * 1e-2) + 1e-6)) {
+      print_error("%s element %lld: got %.7g, want %.7g\n", what, (long long)i, got[i], ref[i]);
+      fail();
+    }
+}
+
+static void test_geometry(void **state) {
+  (void)state;
+  vl_conv cv;
+  assert_true(vl_conv_init(&cv, 1, 3, 224, 224, 64, 7, 7, 2, 3, 1));
+  assert_int_equal(cv.P, 112); assert_int_equal(cv.Q, 112);
+  assert_true(vl_conv_init(&cv, 1, 64, 56, 56, 64, 3, 3, 2, 1, 1));
+  assert_int_equal(cv.P, 28);
+  assert_true(vl_conv_init(&cv, 1, 8, 9, 9, 8, 3, 3, 1, 2, 2));
+  assert_int_equal(cv.P, 9);
+  assert_true(vl_conv_init(&cv, 1, 8, 63, 63, 8, 1, 1, 2, 0, 1));
+  assert_int_equal(cv.P, 32);
+  assert_true(vl_conv_flops(&cv) == 2.0 * 8 * 32 * 32 * 8);
+  assert_false(vl_conv_init(&cv, 1, 8, 2, 2, 8, 5, 5, 1, 0, 1)); /* kernel exceeds input */
+  assert_false(vl_conv_init(&cv, 0, 8, 8, 8, 8, 3, 3, 1, 1, 1));
+  assert_false(vl_conv_init(&cv, 1, 8, 8, 8, 8, 3, 3, 0, 1, 1));
+  assert_false(vl_conv_init(&cv, 1, 8, 8, 8, 8, 3, 3, 1, -1, 1));
+}
+
+/* Every direction of every shape against the double reference (fp32: summation-order
+ * rounding only, ~1e-6 relative). */
+static void test_reference(void **state) {
+  (void)state;
+  for (int i = 0; i < NSHAPES; i++) {
+    run_cfg rc = {mk(&SHAPES[i]), VL_F32, VL_F32, VL_F32, false};
+    const vl_conv *cv = &rc.cv;
+    float *x = randn(nx(cv), 10 + i), *w = randn(nw(cv), 20 + i), *dy = randn(ny(cv), 30 + i);
+    float *y = malloc((size_t)ny(cv) * 4), *dx = malloc((size_t)nx(cv) * 4), *dw = malloc((size_t)nw(cv) * 4);
+    double *ry = malloc((size_t)ny(cv) * 8), *rdx = malloc((size_t)nx(cv) * 8), *rdw = malloc((size_t)nw(cv) * 8);
+    run_dir(&rc, VL_CONV_FWD, x, w, y, NULL);
+    ref_fwd(cv, x, w, ry);
+    close_ref(y, ry, ny(cv), 1e-4, "conv_fwd");
+    run_dir(&rc, VL_CONV_BWD_DATA, dy, w, dx, NULL);
+    ref_bwd_data(cv, dy, w, rdx);
+    close_ref(dx, rdx, nx(cv), 1e-4, "conv_bwd_data");
+    run_dir(&rc, VL_CONV_BWD_WEIGHT, x, dy, dw, NULL);
+    ref_bwd_weight(cv, x, dy, rdw);
+    close_ref(dw, rdw, nw(cv), 1e-4, "conv_bwd_weight");
+    print_message("  shape %d: %s\n", i, vl_cpu_conv_impl(cv, VL_CONV_FWD));
+    free(x); free(w); free(dy); free(y); free(dx); free(dw); free(ry); free(rdx); free(rdw);
+  }
+}
+
+/* Finite differences of L = sum(r * conv(x, w)) against conv_bwd_data / conv_bwd_weight
+ * applied to r (the gradient of L with respect to y is r). */
+typedef struct { run_cfg rc; float *x, *w, *r, *y; } fd_ctx;
+static double fd_loss(fd_ctx *k) {
+  run_dir(&k->rc, VL_CONV_FWD, k->x, k->w, k->y, NULL);
+  double s = 0;
+  for (int64_t i = 0; i < ny(&k->rc.cv); i++) s += (double)k->r[i] * k->y[i];
+  return s;
+}
+static void fd_vs(fd_ctx *k, float *v, int64_t n, const float *an, const char *what) {
+  const float eps = 1e-2f; /* L is linear in each input: central differences are exact up to rounding */
+  double amax = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float v0 = v[i];
+    v[i] = v0 + eps; double lp = fd_loss(k);
+    v[i] = v0 - eps; double lm = fd_loss(k);
+    v[i] = v0;
+    double fd = (lp - lm) / (2.0 * eps);
+    if (!(fabs(fd - an[i]) <= 1e-2 * fmax(1.0, fabs(an[i])))) {
+      print_error("%s[%lld]: analytic %.7g, finite difference %.7g\n", what, (long long)i, an[i], fd);
+      fail();
+    }
+    amax = fmax(amax, fabs(an[i]));
+  }
+  assert_true(amax > 0.05);
+}
+static void test_fd(void **state) {
+  (void)state;
+  const int pick[3] = {1, 4, 5}; /* strided, 7x7 s2 p3, dilated */
+  for (int j = 0; j < 3; j++) {
+    shape s = SHAPES[pick[j]];
+    s.N = 1;
+    fd_ctx k = {{mk(&s), VL_F32, VL_F32, VL_F32, false}, 0, 0, 0, 0};
+    const vl_conv *cv = &k.rc.cv;
+    k.x = randn(nx(cv), 40 + j); k.w = randn(nw(cv), 50 + j); k.r = randn(ny(cv), 60 + j);
+    k.y = malloc((size_t)ny(cv) * 4);
+    float *dx = malloc((size_t)nx(cv) * 4), *dw = malloc((size_t)nw(cv) * 4);
+    run_dir(&k.rc, VL_CONV_BWD_DATA, k.r, k.w, dx, NULL);
+    run_dir(&k.rc, VL_CONV_BWD_WEIGHT, k.x, k.r, dw, NULL);
+    fd_vs(&k, k.x, nx(cv), dx, "dx");
+    fd_vs(&k, k.w, nw(cv), dw, "dw");
+    free(k.x); free(k.w); free(k.r); free(k.y); free(dx); free(dw);
+  }
+}
+
+/* accumulate: dw = old + grad, in fp32 and through an fp16 gradient buffer */
+static void test_accumulate(void **state) {
+  (void)state;
+  run_cfg rc = {mk(&SHAPES[1]), VL_F32, VL_F32, VL_F32, true};
+  const vl_conv *cv = &rc.cv;
+  float *x = randn(nx(cv), 70), *dy = randn(ny(cv), 71), *old = randn(nw(cv), 72);
+  float *dw = malloc((size_t)nw(cv) * 4), *g = malloc((size_t)nw(cv) * 4);
+  run_cfg plain = rc;
+  plain.acc = false;
+  run_dir(&plain, VL_CONV_BWD_WEIGHT, x, dy, g, NULL);
+  run_dir(&rc, VL_CONV_BWD_WEIGHT, x, dy, dw, old);
+  for (int64_t i = 0; i < nw(cv); i++) assert_float_equal(dw[i], old[i] + g[i], 1e-5f * (1 + fabsf(g[i])));
+  rc.gdt = VL_F16; /* the gradient kept in fp16: added in fp32, then rounded once */
+  float *oldh = calloc((size_t)nw(cv), 4);
+  for (int64_t i = 0; i < nw(cv); i++) oldh[i] = vl_round_to(VL_F16, old[i]);
+  run_dir(&rc, VL_CONV_BWD_WEIGHT, x, dy, dw, oldh);
+  for (int64_t i = 0; i < nw(cv); i++)
+    assert_float_equal(dw[i], vl_round_to(VL_F16, oldh[i] + g[i]), 2e-3f * (1 + fabsf(g[i])));
+  free(x); free(dy); free(old); free(dw); free(g); free(oldh);
+}
+
+/* fp16/bf16 storage: the fp32 convolution of the rounded operands, rounded once. */
+static void test_lowp(void **state) {
+  (void)state;
+  const vl_dtype dts[2] = {VL_F16, VL_BF16};
+  for (int d = 0; d < 2; d++) {
+    vl_dtype dt = dts[d];
+    run_cfg lo = {mk(&SHAPES[0]), dt, dt, VL_F32, false}, f32 = lo;
+    f32.xdt = f32.wdt = VL_F32;
+    const vl_conv *cv = &lo.cv;
+    float *x = randn(nx(cv), 80), *w = randn(nw(cv), 81), *dy = randn(ny(cv), 82);
+    for (int64_t i = 0; i < nx(cv); i++) x[i] = vl_round_to((int)dt, x[i]);
+    for (int64_t i = 0; i < nw(cv); i++) w[i] = vl_round_to((int)dt, w[i]);
+    for (int64_t i = 0; i < ny(cv); i++) dy[i] = vl_round_to((int)dt, dy[i]);
+    float *a = malloc((size_t)ny(cv) * 4), *b = malloc((size_t)ny(cv) * 4);
+    float *c1 = malloc((size_t)nx(cv) * 4), *c2 = malloc((size_t)nx(cv) * 4);
+    float *g1 = malloc((size_t)nw(cv) * 4), *g2 = malloc((size_t)nw(cv) * 4);
+    double u = dt == VL_F16 ? 0x1p-11 : 0x1p-8;
+    run_dir(&lo, VL_CONV_FWD, x, w, a, NULL);
+    run_dir(&f32, VL_CONV_FWD, x, w, b, NULL);
+    for (int64_t i = 0; i < ny(cv); i++) assert_true(fabs(a[i] - b[i]) <= u * 1.0001 * fabs(b[i]) + 1e-6);
+    run_dir(&lo, VL_CONV_BWD_DATA, dy, w, c1, NULL);
+    run_dir(&f32, VL_CONV_BWD_DATA, dy, w, c2, NULL);
+    for (int64_t i = 0; i < nx(cv); i++) assert_true(fabs(c1[i] - c2[i]) <= u * 1.0001 * fabs(c2[i]) + 1e-6);
+    run_dir(&lo, VL_CONV_BWD_WEIGHT, x, dy, g1, NULL); /* fp32 gradient of fp16 activations */
+    run_dir(&f32, VL_CONV_BWD_WEIGHT, x, dy, g2, NULL);
+    for (int64_t i = 0; i < nw(cv); i++) assert_float_equal(g1[i], g2[i], 1e-5f * (1 + fabsf(g2[i])));
+    free(x); free(w); free(dy); free(a); free(b); free(c1); free(c2); free(g1); free(g2);
+  }
+}
+
+/* The planner's CPU rule is the backend's, and a short workspace is an error, not a crash. */
+static void test_workspace(void **state) {
+  (void)state;
+  vl_ctx *plan;
+  OK(vl_ctx_create(&plan, VL_DEV_PLAN, VL_NO_CAP));
+  plan->plan_target = VL_DEV_CPU;
+  for (int i = 0; i < NSHAPES; i++)
+    for (int dir = 0; dir < 3; dir++)
+      for (int acc = 0; acc < 2; acc++) {
+        vl_conv cv = mk(&SHAPES[i]);
+        cv.xdt = acc ? VL_F16 : VL_F32;
+        assert_int_equal(plan->be->conv_ws_bytes(plan, &cv, (vl_conv_dir)dir, acc),
+                         cx->be->conv_ws_bytes(cx, &cv, (vl_conv_dir)dir, acc));
+      }
+  vl_ctx_destroy(plan);
+  vl_conv cv = mk(&SHAPES[0]);
+  cv.xdt = VL_F16; /* needs conversion buffers, so the workspace is never 0 */
+  size_t need = cx->be->conv_ws_bytes(cx, &cv, VL_CONV_FWD, false);
+  assert_true(need > 0);
+  vl_tensor x = tnew(VL_F16, nx(&cv), NULL), w = tnew(VL_F32, nw(&cv), NULL), y = tnew(VL_F16, ny(&cv), NULL);
+  char buf[64];
+  assert_int_equal(cx->be->conv_fwd(cx, &cv, &y, &x, &w, buf, sizeof buf), VL_ERR_INVALID);
+  assert_non_null(strstr(cx->err, "workspace"));
+  vl_tensor small = tnew(VL_F16, ny(&cv) - 1, NULL);
+  assert_int_equal(cx->be->conv_fwd(cx, &cv, &small, &x, &w, NULL, 0), VL_ERR_INVALID);
+  vl_tensor_free(cx, &small); vl_tensor_free(cx, &y); vl_tensor_free(cx, &w); vl_tensor_free(cx, &x);
+}
+
+int main(void) {
+  const struct CMUnitTest t[] = {
+      cmocka_unit_test(test_geometry), cmocka_unit_test(test_reference),
+      cmocka_unit_test(test_fd), cmocka_unit_test(test_accumulate),
+      cmocka_unit_test(test_lowp), cmocka_unit_test(test_workspace),
+  };
+  return cmocka_run_group_tests(t, tu_cpu_setup, tu_cpu_teardown);
+}
