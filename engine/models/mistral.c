@@ -35,9 +35,7 @@ struct vl_mistral {
   vl_tensor *res;     /* (L+1) residual stream tensors (R, C) */
   layer_acts *acts;   /* L */
   step_tmp st;
-  int64_t t;          /* optimizer steps taken */
-  float loss_scale;
-  int good_steps;
+  vl_scaler sc;       /* loss scale and optimizer step count */
   double pending_loss; int64_t pending_tokens;
 };
 
@@ -191,7 +189,7 @@ vl_status vl_mistral_create(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_
   m->c = c;
   m->mc = *mc;
   m->tc = *tc;
-  m->loss_scale = tc->compute == VL_F16 ? tc->loss_scale : 1.0f;
+  vl_scaler_init(&m->sc, tc->compute == VL_F16, tc->loss_scale, tc->loss_scale_window);
   m->res = calloc((size_t)mc->n_layers + 1, sizeof(vl_tensor));
   m->acts = calloc((size_t)mc->n_layers, sizeof(layer_acts));
   vl_status s = (m->res && m->acts) ? build_params(m, seed) : vl_fail(c, VL_ERR_OOM, "act tables");
@@ -519,9 +517,7 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
 /* GradScaler's response to an overflow: no update, scale halved, gradients dropped. */
 static vl_status skip_step(vl_mistral *m, vl_step_info *info) {
   info->skipped = true;
-  m->loss_scale *= 0.5f;
-  m->good_steps = 0;
-  return vl_mistral_zero_grads(m);
+  return vl_scaler_skip(m->c, m->params, m->n_params, &m->sc);
 }
 
 static int64_t valid_tokens(const vl_batch *b) {
@@ -548,7 +544,7 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
     ntok += valid_tokens(&mb[i]);
   }
   if (ntok == 0) return vl_fail(c, VL_ERR_INVALID, "no target tokens in the step");
-  float dscale = m->loss_scale / (float)ntok;
+  float dscale = m->sc.scale / (float)ntok;
   double loss_sum = 0;
   for (int i = 0; i < n_micro; i++) {
     vl_status s = micro_fwd_bwd(m, &mb[i], dscale, &loss_sum);
@@ -560,7 +556,7 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
   }
   info->loss = loss_sum / (double)ntok;
   info->n_tokens = ntok;
-  info->loss_scale = m->loss_scale;
+  info->loss_scale = m->sc.scale;
   if (c->be->download && !isfinite(info->loss)) {
     VL_TRY(vl_mistral_zero_grads(m));
     /* fp16: an overflow in forward is what GradScaler skips (its gradients are inf too) */
@@ -571,52 +567,13 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
 }
 
 vl_status vl_mistral_zero_grads(vl_mistral *m) {
-  for (int i = 0; i < m->n_params; i++)
-    if (m->params[i].trainable) VL_TRY(VL_RUN(m->c, zero, &m->params[i].grad));
-  return VL_OK;
+  return vl_params_zero_grads(m->c, m->params, m->n_params);
 }
 
 vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info) {
-  vl_ctx *c = m->c;
-  double ss = 0;
-  bool bad = false;
-  if (c->be->sumsq) {
-    for (int i = 0; i < m->n_params; i++) {
-      vl_param *p = &m->params[i];
-      if (!p->trainable) continue;
-      double s1;
-      bool b1;
-      VL_TRY(c->be->sumsq(c, &p->grad, p->rows * p->cols, &s1, &b1));
-      ss += s1;
-      bad |= b1;
-    }
-  }
-  float ls = m->loss_scale;
-  info->loss_scale = ls;
-  if (bad) {
-    if (m->tc.compute != VL_F16) {
-      vl_mistral_zero_grads(m);
-      return vl_fail(c, VL_ERR_NUMERIC, "non-finite gradient without fp16 loss scaling");
-    }
-    return skip_step(m, info);
-  }
-  double norm = sqrt(ss) / ls;
-  info->grad_norm = norm;
-  float coef = 1.0f;
-  if (m->tc.clip > 0 && norm > m->tc.clip) coef = (float)(m->tc.clip / (norm + 1e-6));
-  m->t++;
-  for (int i = 0; i < m->n_params; i++) {
-    vl_status s = vl_param_update(c, &m->params[i], &m->tc.optim, m->t, coef / ls);
-    if (s != VL_OK) {
-      vl_mistral_zero_grads(m); /* the next step must not see this step's gradients */
-      return s;
-    }
-  }
-  if (m->tc.compute == VL_F16 && ++m->good_steps >= m->tc.loss_scale_window) {
-    m->loss_scale = ls * 2.0f;
-    m->good_steps = 0;
-  }
-  return vl_mistral_zero_grads(m);
+  info->loss_scale = m->sc.scale;
+  return vl_params_apply(m->c, m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc,
+                         &info->skipped, &info->grad_norm);
 }
 
 vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {

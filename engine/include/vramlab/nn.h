@@ -72,6 +72,25 @@ void vl_param_free(vl_ctx *c, vl_param *p);
  * AMP working copy is refreshed from the master. */
 vl_status vl_param_update(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc, int64_t t,
                           float grad_scale);
+/* ---- the optimizer step shared by models (engine/nn/train.c) ----------------------- */
+/* fp16 AMP's dynamic loss scale (PyTorch's GradScaler): the loss is multiplied by `scale`;
+ * a step with a non-finite gradient is skipped and halves it; `window` good steps in a
+ * row double it. Off (scale 1) for fp32/bf16. */
+typedef struct {
+  bool fp16;
+  float scale;
+  int window, good;
+  int64_t t;          /* optimizer steps taken */
+} vl_scaler;
+void vl_scaler_init(vl_scaler *s, bool fp16, float init_scale, int window);
+/* An overflow: halve the scale, drop the gradients. */
+vl_status vl_scaler_skip(vl_ctx *c, vl_param *p, int n, vl_scaler *s);
+vl_status vl_params_zero_grads(vl_ctx *c, vl_param *p, int n);
+/* Global gradient norm (unscaled), overflow check (fp16: skip; otherwise VL_ERR_NUMERIC),
+ * clip by global norm when clip > 0, update every trainable parameter, zero gradients. */
+vl_status vl_params_apply(vl_ctx *c, vl_param *p, int n, const vl_optim_cfg *oc, float clip,
+                          vl_scaler *s, bool *skipped, double *grad_norm);
+
 /* Bytes of optimizer state per trainable element class, for reports. */
 size_t vl_optim_state_bytes(const vl_optim_cfg *oc, int64_t rows, int64_t cols);
 
