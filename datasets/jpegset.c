@@ -2,6 +2,7 @@
  * decoding as a vl_dataset, damage for tests, and the decode-only ceiling. */
 #define _GNU_SOURCE
 #include "jpegset.h"
+#include "synth.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,200 +38,23 @@ static void setf(char *err, size_t errn, const char *fmt, ...) {
 
 static const char *errstr(int e, char *buf, size_t n) { return strerror_r(e, buf, n); }
 
-/* ==================================== files ========================================== */
-
-static int mkdir_p(const char *dir, char *err, size_t errn) {
-  size_t len = strlen(dir);
-  if (len == 0) {
-    setf(err, errn, "empty output directory name");
-    return -1;
-  }
-  char *p = strdup(dir);
-  if (!p) {
-    setf(err, errn, "out of memory");
-    return -1;
-  }
-  char eb[128];
-  for (size_t i = 1; i <= len; i++) {
-    if (p[i] != '/' && p[i] != '\0') continue;
-    char c = p[i];
-    p[i] = '\0';
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-      setf(err, errn, "cannot create directory %s: %s", p, errstr(errno, eb, sizeof eb));
-      free(p);
-      return -1;
-    }
-    p[i] = c;
-  }
-  free(p);
-  struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    setf(err, errn, "%s exists and is not a directory", dir);
-    return -1;
-  }
-  return 0;
-}
-
-static int write_all(int fd, const void *data, size_t len) {
-  const uint8_t *q = data;
-  while (len) {
-    ssize_t k = write(fd, q, len);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    q += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
-
-/* dir/name written atomically: dir/.name.tmp.PID, fsync, rename. */
-static int write_atomic(const char *dir, const char *name, const void *data, size_t len,
-                        char *err, size_t errn) {
-  char path[PATH_MAX], tmp[PATH_MAX], eb[128];
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path ||
-      snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid()) >= (int)sizeof tmp) {
-    setf(err, errn, "path too long: %s/%s", dir, name);
-    return -1;
-  }
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    setf(err, errn, "cannot create %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    return -1;
-  }
-  if (write_all(fd, data, len) != 0) {
-    setf(err, errn, "cannot write %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    close(fd);
-    unlink(tmp);
-    return -1;
-  }
-  if (fsync(fd) != 0) {
-    setf(err, errn, "fsync %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    close(fd);
-    unlink(tmp);
-    return -1;
-  }
-  if (close(fd) != 0) {
-    setf(err, errn, "close %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    unlink(tmp);
-    return -1;
-  }
-  if (rename(tmp, path) != 0) {
-    setf(err, errn, "cannot rename %s to %s: %s", tmp, path, errstr(errno, eb, sizeof eb));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
-}
-
-static void fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-}
-
-/* Whole file into *buf (grown with realloc, capacity *cap); *len its size. */
-static vl_status read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len,
-                           char *err, size_t errn) {
-  char eb[128];
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    setf(err, errn, "%s: cannot open: %s", path, errstr(errno, eb, sizeof eb));
-    return VL_ERR_IO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    setf(err, errn, "%s: not a regular file", path);
-    close(fd);
-    return VL_ERR_IO;
-  }
-  size_t size = (size_t)st.st_size;
-  if (size == 0) {
-    setf(err, errn, "%s: empty file (0 bytes)", path);
-    close(fd);
-    return VL_ERR_IO;
-  }
-  if (size > *cap) {
-    uint8_t *nb = realloc(*buf, size);
-    if (!nb) {
-      setf(err, errn, "%s: out of memory for a %zu-byte file buffer", path, size);
-      close(fd);
-      return VL_ERR_OOM;
-    }
-    *buf = nb;
-    *cap = size;
-  }
-  size_t got = 0;
-  while (got < size) {
-    ssize_t k = read(fd, *buf + got, size - got);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      setf(err, errn, "%s: read error: %s", path, errstr(errno, eb, sizeof eb));
-      close(fd);
-      return VL_ERR_IO;
-    }
-    if (k == 0) break; /* shrank under us: decode what is there */
-    got += (size_t)k;
-  }
-  close(fd);
-  *len = got;
-  return VL_OK;
-}
-
 /* ============================== pixel synthesis ======================================= */
-/* Integer arithmetic only, so the bytes depend on nothing but the seed. */
+/* Integer arithmetic only (datasets/synth.h), so the bytes depend on nothing but the seed. */
 
-
-static int clamp255(int v) { return v < 0 ? 0 : v > 255 ? 255 : v; }
-static int rnd_in(vl_rng *r, int lo, int hi) { return lo + (int)vl_rng_below(r, (uint64_t)(hi - lo + 1)); }
-
-#define N_OCT 7
-#define MAX_FIELDS (N_OCT + 3)
-static const int oct_cell[N_OCT] = {96, 48, 24, 12, 6, 3, 2};
-static const int oct_amp[N_OCT] = {40, 32, 30, 30, 34, 38, 38}; /* peak levels, before roughness */
-#define CHROMA_CELL 80
-
-/* cos, sin of k*pi/16 (k = 0..15) times 1024. */
-static const int rot_tab[16][2] = {
-    {1024, 0},    {1004, 200},  {946, 392},   {851, 569},  {724, 724},  {569, 851},
-    {392, 946},   {200, 1004},  {0, 1024},    {-200, 1004}, {-392, 946}, {-569, 851},
-    {-724, 724},  {-851, 569},  {-946, 392},  {-1004, 200}};
-
-/* One value-noise field: a lattice of int8 values every `cell` pixels, bilinear with a
- * smoothstep weight between them. */
-typedef struct {
-  int cell, gw, gh, amp;
-  int8_t *lat;
-  int16_t *xi, *xw; /* per x: lattice column, weight 0..256 */
-  int16_t *xend;    /* per lattice column: first x past it */
-  int16_t yi[H_MAX], yw[H_MAX]; /* per y: lattice row, weight 0..256 */
-  int32_t *row;     /* lattice row interpolated in y, scaled by 256 */
-} vfield;
+/* Short local names for the shared synthesis helpers (synth.h). */
+#define clamp255 vl_synth_clamp255
+#define rnd_in vl_synth_rnd_in
+#define rot_tab vl_synth_rot
 
 typedef struct {
-  vfield f[MAX_FIELDS];
-  int16_t *tex;  /* w*h luminance texture, levels */
-  uint8_t *rgb;  /* w*h*3 */
-  int32_t *acc;  /* 3 * W_MAX: a row accumulator, or a row of noise bits */
+  vl_synth_canvas cv; /* background texture and pixels for the largest image */
   tjhandle tj;
   uint8_t *jbuf;
   unsigned long jcap;
 } synth;
 
 static void synth_free(synth *s) {
-  for (int k = 0; k < MAX_FIELDS; k++) {
-    free(s->f[k].lat);
-    free(s->f[k].xi);
-    free(s->f[k].xw);
-    free(s->f[k].row);
-    free(s->f[k].xend);
-  }
-  free(s->tex);
-  free(s->rgb);
-  free(s->acc);
+  vl_synth_canvas_free(&s->cv);
   if (s->jbuf) tjFree(s->jbuf);
   if (s->tj) tjDestroy(s->tj);
   memset(s, 0, sizeof *s);
@@ -238,75 +62,15 @@ static void synth_free(synth *s) {
 
 static int synth_init(synth *s) {
   memset(s, 0, sizeof *s);
-  for (int k = 0; k < MAX_FIELDS; k++) {
-    int cell = k < N_OCT ? oct_cell[k] : CHROMA_CELL;
-    vfield *f = &s->f[k];
-    f->cell = cell;
-    size_t gw = W_MAX / cell + 3, gh = H_MAX / cell + 3;
-    f->lat = malloc(gw * gh);
-    f->xi = malloc(W_MAX * sizeof *f->xi);
-    f->xw = malloc(W_MAX * sizeof *f->xw);
-    f->row = malloc(gw * sizeof *f->row);
-    f->xend = malloc(gw * sizeof *f->xend);
-    if (!f->lat || !f->xi || !f->xw || !f->row || !f->xend) goto fail;
-  }
-  s->tex = malloc((size_t)W_MAX * H_MAX * sizeof *s->tex);
-  s->rgb = malloc((size_t)W_MAX * H_MAX * 3);
-  s->acc = malloc(3 * W_MAX * sizeof *s->acc);
+  if (vl_synth_canvas_init(&s->cv, W_MAX, H_MAX) != 0) return -1;
   s->jcap = tjBufSize(W_MAX, H_MAX, SUBSAMP);
   s->jbuf = tjAlloc((int)s->jcap);
   s->tj = tjInitCompress();
-  if (!s->tex || !s->rgb || !s->acc || !s->jbuf || !s->tj) goto fail;
+  if (!s->jbuf || !s->tj) {
+    synth_free(s);
+    return -1;
+  }
   return 0;
-fail:
-  synth_free(s);
-  return -1;
-}
-
-static int smooth_w(int t, int cell) {
-  int u = (t * 256 + cell / 2) / cell;          /* 0..255 */
-  return (u * u * (768 - 2 * u)) / 65536;       /* smoothstep, 0..~255 */
-}
-
-static void field_setup(vfield *f, int w, int h, int amp, vl_rng *r) {
-  f->amp = amp;
-  /* (x + ox) / cell + 1 <= (w - 1 + cell - 1) / cell + 1 <= w / cell + 2 */
-  f->gw = w / f->cell + 3;
-  f->gh = h / f->cell + 3;
-  int n = f->gw * f->gh;
-  for (int i = 0; i < n; i += 8) {
-    uint64_t v = vl_rng_u64(r);
-    for (int b = 0; b < 8 && i + b < n; b++) f->lat[i + b] = (int8_t)(uint8_t)(v >> (8 * b));
-  }
-  /* A random sub-cell offset so lattice lines do not line up between octaves. */
-  int ox = (int)vl_rng_below(r, (uint64_t)f->cell), oy = (int)vl_rng_below(r, (uint64_t)f->cell);
-  for (int x = 0; x < w; x++) {
-    f->xi[x] = (int16_t)((x + ox) / f->cell);
-    f->xw[x] = (int16_t)smooth_w((x + ox) % f->cell, f->cell);
-    f->xend[f->xi[x]] = (int16_t)(x + 1);
-  }
-  for (int y = 0; y < h; y++) {
-    f->yi[y] = (int16_t)((y + oy) / f->cell);
-    f->yw[y] = (int16_t)smooth_w((y + oy) % f->cell, f->cell);
-  }
-}
-
-/* acc[x] += amp * noise(x, y) * 256 * 128 (noise in [-1, 1)). Right shifts of negative
- * values are arithmetic (GCC and Clang define it so). Runs of x in one lattice cell share
- * their end values, so the inner loop vectorises. */
-static void field_row(vfield *f, int w, int y, int32_t *acc) {
-  int cy = f->yi[y], wy = f->yw[y];
-  const int8_t *l0 = f->lat + (size_t)cy * f->gw, *l1 = l0 + f->gw;
-  int cmax = f->xi[w - 1] + 1;
-  for (int k = 0; k <= cmax; k++) f->row[k] = l0[k] * 256 + (l1[k] - l0[k]) * wy;
-  const int16_t *xw = f->xw;
-  const int amp = f->amp;
-  for (int x = 0; x < w;) {
-    int c = f->xi[x];
-    int x1 = f->xend[c] < w ? f->xend[c] : w;
-    int32_t a = f->row[c] * 256, d = f->row[c + 1] - f->row[c];
-    for (; x < x1; x++) acc[x] += ((a + d * xw[x]) >> 8) * amp; /* value * 65536 >> 8 */
-  }
 }
 
 typedef struct { int rgb[3][3]; int p_ellipse; } palette;
@@ -346,8 +110,8 @@ static void shape(synth *s, int w, int h, vl_rng *r, const int col[3], int is_el
                           : (u <= rx * S && u >= -rx * S && v <= ry * S && v >= -ry * S);
       if (!in) continue;
       int shade = (int)(((dx * gx + dy * gy) * invR) >> 16);
-      int t = (s->tex[(size_t)y * w + x] * tex_gain) >> 8;
-      uint8_t *px = s->rgb + ((size_t)y * w + x) * 3;
+      int t = (s->cv.tex[(size_t)y * w + x] * tex_gain) >> 8;
+      uint8_t *px = s->cv.rgb + ((size_t)y * w + x) * 3;
       for (int c = 0; c < 3; c++) {
         int val = clamp255(col[c] + t + shade);
         px[c] = (uint8_t)((val * alpha + px[c] * (256 - alpha)) >> 8);
@@ -367,43 +131,7 @@ static void synth_image(synth *s, uint64_t seed, int64_t i, int num_classes, ite
   it->w = w;
   it->h = h;
 
-  /* Texture: octaves of value noise; roughness scales the fine ones, so some images are
-   * smooth (sky) and some busy (foliage), and file sizes spread like photos'. */
-  int rough = rnd_in(&r, 50, 200); /* percent */
-  for (int k = 0; k < N_OCT; k++) {
-    int amp = k < 2 ? oct_amp[k] : oct_amp[k] * rough / 100;
-    field_setup(&s->f[k], w, h, amp, &r);
-  }
-  for (int c = 0; c < 3; c++) field_setup(&s->f[N_OCT + c], w, h, rnd_in(&r, 10, 35), &r);
-
-  /* Background: a bilinear gradient between four random corner colours. */
-  int corner[4][3];
-  for (int k = 0; k < 4; k++)
-    for (int c = 0; c < 3; c++) corner[k][c] = rnd_in(&r, 25, 230);
-  int tint[3];
-  for (int c = 0; c < 3; c++) tint[c] = rnd_in(&r, 180, 256);
-
-  for (int y = 0; y < h; y++) {
-    int32_t *acc = s->acc;
-    memset(acc, 0, (size_t)w * sizeof *acc);
-    for (int k = 0; k < N_OCT; k++) field_row(&s->f[k], w, y, acc);
-    int16_t *trow = s->tex + (size_t)y * w;
-    for (int x = 0; x < w; x++) trow[x] = (int16_t)(acc[x] >> 15);
-    for (int c = 0; c < 3; c++) {
-      /* Gradient ends of this row, times 65536. */
-      int64_t left = ((int64_t)corner[0][c] * (h - 1 - y) + (int64_t)corner[2][c] * y) * 65536 / (h - 1);
-      int64_t right = ((int64_t)corner[1][c] * (h - 1 - y) + (int64_t)corner[3][c] * y) * 65536 / (h - 1);
-      int64_t step = (right - left) / (w - 1);
-      memset(acc, 0, (size_t)w * sizeof *acc);
-      field_row(&s->f[N_OCT + c], w, y, acc);
-      uint8_t *px = s->rgb + (size_t)y * w * 3 + c;
-      int64_t g = left;
-      for (int x = 0; x < w; x++, g += step) {
-        int v = (int)(g >> 16) + (acc[x] >> 15) + ((trow[x] * tint[c]) >> 8);
-        px[3 * x] = (uint8_t)clamp255(v);
-      }
-    }
-  }
+  vl_synth_background(&s->cv, w, h, &r);
 
   /* Shapes: mostly in the class's colours, a few distractors in random ones. */
   palette pal;
@@ -423,24 +151,8 @@ static void synth_image(synth *s, uint64_t seed, int64_t i, int num_classes, ite
     shape(s, w, h, &r, col, is_ellipse);
   }
 
-  /* Sensor-like noise: a sum of four uniform bytes (Irwin-Hall, sd 147.8) scaled to a
-   * per-image sigma of about 4.6..13.9 levels (grainy, like a phone photo indoors). */
-  int sig_q = rnd_in(&r, 8, 24); /* sigma = 147.8 * sig_q / 256 */
-  const int rl = w * 3;
-  uint32_t *rb = (uint32_t *)s->acc; /* w*3 u32 of random bits per row (acc holds 3*W_MAX) */
-  for (int y = 0; y < h; y++) {
-    for (int k = 0; k < rl; k += 2) {
-      uint64_t v = vl_rng_u64(&r);
-      rb[k] = (uint32_t)v;
-      if (k + 1 < rl) rb[k + 1] = (uint32_t)(v >> 32);
-    }
-    uint8_t *p = s->rgb + (size_t)y * rl;
-    for (int k = 0; k < rl; k++) {
-      uint32_t v = rb[k];
-      int sum = (int)(v & 255) + (int)((v >> 8) & 255) + (int)((v >> 16) & 255) + (int)(v >> 24) - 510;
-      p[k] = (uint8_t)clamp255(p[k] + ((sum * sig_q + 128) >> 8));
-    }
-  }
+  /* Sensor-like noise, sigma about 4.6..13.9 levels (grainy, like a phone photo indoors). */
+  vl_synth_noise(&s->cv, w, h, &r, 8, 24);
 }
 
 /* ================================== generation ======================================== */
@@ -474,7 +186,7 @@ static int write_manifest(const char *dir, const vl_jpegset_gen_cfg *cfg, const 
     len += (size_t)snprintf(m + len, cap - len, "%s\t%d\t%d\t%d\t%lld\n", name, (int)items[i].label,
                             items[i].w, items[i].h, (long long)items[i].bytes);
   }
-  int rc = write_atomic(dir, VL_JPEGSET_MANIFEST, m, len, err, errn);
+  int rc = vl_synth_write_atomic(dir, VL_JPEGSET_MANIFEST, m, len, err, errn);
   free(m);
   return rc;
 }
@@ -501,7 +213,7 @@ int vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, char 
     setf(err, errn, "jpegset: threads must be >= 0 (got %d)", cfg->threads);
     return -1;
   }
-  if (mkdir_p(dir, err, errn) != 0) return -1;
+  if (vl_synth_mkdir_p(dir, err, errn) != 0) return -1;
   /* No manifest while images are being (re)written: a half-made set cannot be opened. */
   char mpath[PATH_MAX], eb[128];
   snprintf(mpath, sizeof mpath, "%s/%s", dir, VL_JPEGSET_MANIFEST);
@@ -545,10 +257,10 @@ int vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, char 
         char lerr[512] = "";
         char name[32];
         image_name(i, name, sizeof name);
-        if (tjCompress2(s.tj, s.rgb, it->w, 0, it->h, TJPF_RGB, &s.jbuf, &jsize, SUBSAMP,
+        if (tjCompress2(s.tj, s.cv.rgb, it->w, 0, it->h, TJPF_RGB, &s.jbuf, &jsize, SUBSAMP,
                         cfg->quality, TJFLAG_NOREALLOC) != 0) {
           snprintf(lerr, sizeof lerr, "%s/%s: TurboJPEG cannot encode: %s", dir, name, tjGetErrorStr2(s.tj));
-        } else if (write_atomic(dir, name, s.jbuf, jsize, lerr, sizeof lerr) == 0) {
+        } else if (vl_synth_write_atomic(dir, name, s.jbuf, jsize, lerr, sizeof lerr) == 0) {
           it->bytes = (int64_t)jsize;
         }
         if (lerr[0]) {
@@ -576,7 +288,7 @@ int vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, char 
     rc = -1;
   } else {
     rc = write_manifest(dir, cfg, items, err, errn);
-    if (rc == 0) fsync_dir(dir);
+    if (rc == 0) vl_synth_fsync_dir(dir);
   }
   free(items);
   return rc;
@@ -926,14 +638,11 @@ static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, ch
     setf(err, errn, "jpegset: index %lld out of range [0, %lld)", (long long)i, (long long)s->n);
     return VL_ERR_INVALID;
   }
-  jscratch local = {0}, *j = scratch;
-  if (!j) {
-    local.tj = tjInitDecompress();
-    if (!local.tj) {
-      setf(err, errn, "jpegset: cannot create a TurboJPEG decompressor: %s", tjGetErrorStr2(NULL));
-      return VL_ERR_OOM;
-    }
-    j = &local;
+  jscratch local = {0}, *j = scratch ? scratch : &local;
+  if (!j->tj) j->tj = tjInitDecompress(); /* a local one, or after a failed renewal */
+  if (!j->tj) {
+    setf(err, errn, "jpegset: cannot create a TurboJPEG decompressor: %s", tjGetErrorStr2(NULL));
+    return VL_ERR_OOM;
   }
   char path[PATH_MAX];
   vl_status st;
@@ -942,11 +651,14 @@ static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, ch
     setf(err, errn, "jpegset: path of image %lld too long", (long long)i);
     st = VL_ERR_IO;
   } else {
-    st = read_file(path, &j->buf, &j->cap, &len, err, errn);
-    if (st == VL_OK) st = decode(j->tj, path, j->buf, len, &s->it[i], out, err, errn);
+    st = vl_synth_read_file(path, &j->buf, &j->cap, &len, err, errn);
+    if (st == VL_OK) {
+      st = decode(j->tj, path, j->buf, len, &s->it[i], out, err, errn);
+      if (st == VL_ERR_IO && j != &local) j->tj = vl_synth_tj_renew(j->tj); /* see synth.h */
+    }
   }
   if (j == &local) {
-    tjDestroy(local.tj);
+    if (local.tj) tjDestroy(local.tj);
     free(local.buf);
   }
   return st;
@@ -978,60 +690,13 @@ int vl_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t e
   }
   vl_jpegset *s = NULL;
   if (vl_jpegset_open(&s, dir, err, errn) != 0) return -1;
-  char path[PATH_MAX], eb[128];
+  char path[PATH_MAX];
   if (!vl_jpegset_path(s, i, path, sizeof path)) {
     setf(err, errn, "jpegset: image %lld is not in the set (n = %lld)", (long long)i, (long long)s->n);
     vl_jpegset_close(s);
     return -1;
   }
-  int rc = -1;
-  uint8_t *buf = NULL;
-  size_t cap = 0, len = 0;
-  if (mode == VL_JPEGSET_NOT_JPEG) {
-    static const char junk[] =
-        "This is not a JPEG file: vramlab replaced the image to test corrupt-file handling.\n";
-    rc = write_atomic(dir, s->names + s->name_off[i], junk, sizeof junk - 1, err, errn);
-  } else if (read_file(path, &buf, &cap, &len, err, errn) == VL_OK) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-      setf(err, errn, "%s: cannot open for writing: %s", path, errstr(errno, eb, sizeof eb));
-    } else if (mode == VL_JPEGSET_TRUNCATE) {
-      if (ftruncate(fd, (off_t)(len / 2)) != 0 || fsync(fd) != 0)
-        setf(err, errn, "%s: cannot truncate: %s", path, errstr(errno, eb, sizeof eb));
-      else
-        rc = 0;
-    } else {
-      /* Entropy-coded data: after the SOS segment, up to the EOI marker. */
-      size_t sos = 0;
-      for (size_t k = 2; k + 3 < len; k++)
-        if (buf[k] == 0xFF && buf[k + 1] == 0xDA) {
-          sos = k;
-          break;
-        }
-      size_t start = sos ? sos + 2 + ((size_t)buf[sos + 2] << 8 | buf[sos + 3]) : 0;
-      size_t end = len >= 2 ? len - 2 : 0;
-      enum { G = 64 };
-      if (!sos || start + 4 * G > end) {
-        setf(err, errn, "%s: no entropy-coded data long enough to damage (is it a JPEG?)", path);
-      } else {
-        uint8_t g[G];
-        vl_rng r;
-        vl_rng_seed(&r, vl_mix64((uint64_t)i ^ 0xBADBADull));
-        for (int k = 0; k < G; k++) g[k] = (uint8_t)vl_rng_u64(&r);
-        /* A stray EOI marker: the decoder runs out of data mid-scan, which libjpeg reports
-         * (random bytes alone can decode into wrong pixels without a word). */
-        g[G / 2] = 0xFF;
-        g[G / 2 + 1] = 0xD9;
-        off_t at = (off_t)(start + (end - start) / 2 - G / 2);
-        if (pwrite(fd, g, G, at) != G || fsync(fd) != 0)
-          setf(err, errn, "%s: cannot write: %s", path, errstr(errno, eb, sizeof eb));
-        else
-          rc = 0;
-      }
-    }
-    if (fd >= 0) close(fd);
-  }
-  free(buf);
+  int rc = vl_synth_damage_jpeg(dir, s->names + s->name_off[i], mode, (uint64_t)i, err, errn);
   vl_jpegset_close(s);
   return rc;
 }
@@ -1055,7 +720,7 @@ double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t
   for (int64_t i = 0; i < m; i++) {
     size_t cap = 0;
     if (!vl_jpegset_path(s, i, path, sizeof path) ||
-        read_file(path, &bufs[i], &cap, &lens[i], err, errn) != VL_OK)
+        vl_synth_read_file(path, &bufs[i], &cap, &lens[i], err, errn) != VL_OK)
       goto done;
   }
   if (!vl_jpegset_path(s, 0, path, sizeof path) ||

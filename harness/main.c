@@ -8,6 +8,7 @@
 
 #include "case.h"
 #include "datasets/jpegset.h"
+#include "datasets/segset.h"
 #include "report.h"
 #include "vramlab/backend.h"
 
@@ -25,6 +26,10 @@ static void usage(FILE *f) {
           "  bench gemm [--n N]                 this machine's sgemm FLOP/s\n"
           "  data gen --out DIR [--n N] [--seed S] [--quality Q]\n"
           "                                     make a synthetic JPEG set (dataloader case)\n"
+          "  data gen --kind seg --out DIR [--n N] [--seed S] [--quality Q] [--size S]\n"
+          "           [--classes C]             make a synthetic segmentation set: SxS JPEGs\n"
+          "                                     + PGM masks, C classes incl. background\n"
+          "                                     (default 128, 5; seg-ckpt case)\n"
           "options:\n"
           "  --device auto|cpu|cuda|plan        where run executes (auto: cuda if visible)\n"
           "  --scale tiny|small|full            run scale (plan defaults to full)\n"
@@ -36,9 +41,9 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out;
+  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind;
   const char *sets[32];
-  int nsets, json, n, quiet, quality;
+  int nsets, json, n, quiet, quality, size, classes;
   long seed;
   int out_given;
 } args;
@@ -50,13 +55,16 @@ static int parse_args(int argc, char **argv, args *a) {
   a->n = 1024;
   a->quality = 90;
   a->seed = 1;
+  a->kind = "jpeg";
+  a->size = 128;
+  a->classes = 5;
   int pos = 0;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name, field) if (!strcmp(s, name)) { if (!next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
-    OPT("--results", results)
+    OPT("--results", results) OPT("--kind", kind)
     if (!strcmp(s, "--out")) {
       if (!next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
       a->out = next; a->out_given = 1; i++; continue;
@@ -71,6 +79,8 @@ static int parse_args(int argc, char **argv, args *a) {
     if (!strcmp(s, "--n")) { if (!next) return -1; a->n = atoi(next); i++; continue; }
     if (!strcmp(s, "--seed")) { if (!next) return -1; a->seed = atol(next); i++; continue; }
     if (!strcmp(s, "--quality")) { if (!next) return -1; a->quality = atoi(next); i++; continue; }
+    if (!strcmp(s, "--size")) { if (!next) return -1; a->size = atoi(next); i++; continue; }
+    if (!strcmp(s, "--classes")) { if (!next) return -1; a->classes = atoi(next); i++; continue; }
     if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
     if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
     if (pos == 0) a->cmd = s;
@@ -169,14 +179,23 @@ static int cmd_plan(const args *a) {
       break;
     }
     if (!a->json) {
-      double G = 1e9;
-#define N(k) cJSON_GetNumberValue(cJSON_GetObjectItem(o, k))
-      printf("%-10s %6.0f %8.2fB %8.2fM %9.2f %10.2f %9.2f %8.1f %5s %9.0f %5.0f%%\n", L.rungs[i].name,
-             N("batch"), N("params_total") / 1e9, N("params_trainable") / 1e6, N("peak_bytes") / G,
-             N("weight_bytes") / G, N("acts_bytes") / G, N("flops_per_step") / 1e12,
-             cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no", N("max_batch"),
-             100 * N("oom_rate"));
-#undef N
+      /* one row per rung; a metric the case does not plan shows as "-" */
+      const struct { const char *key; double div; int w, prec; const char *suffix; } col[] = {
+          {"batch", 1, 6, 0, ""},         {"params_total", 1e9, 8, 2, "B"},
+          {"params_trainable", 1e6, 8, 2, "M"}, {"peak_bytes", 1e9, 9, 2, ""},
+          {"weight_bytes", 1e9, 10, 2, ""}, {"acts_bytes", 1e9, 9, 2, ""},
+          {"flops_per_step", 1e12, 8, 1, ""}};
+      printf("%-10s", L.rungs[i].name);
+      for (size_t k = 0; k < sizeof col / sizeof *col; k++) {
+        cJSON *v = cJSON_GetObjectItem(o, col[k].key);
+        if (cJSON_IsNumber(v)) printf(" %*.*f%s", col[k].w, col[k].prec, v->valuedouble / col[k].div, col[k].suffix);
+        else printf(" %*s%s", col[k].w, "-", *col[k].suffix ? " " : "");
+      }
+      cJSON *oom = cJSON_GetObjectItem(o, "oom_rate");
+      printf(" %5s %9.0f", cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no",
+             cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch")));
+      if (cJSON_IsNumber(oom)) printf(" %5.0f%%\n", 100 * oom->valuedouble);
+      else printf(" %6s\n", "-");
     }
     cJSON_DeleteItemFromObject(o, "timeline");
     cJSON_DeleteItemFromObject(o, "batch_curve");
@@ -322,10 +341,47 @@ static void data_gen_progress(int64_t done, int64_t total, void *user) {
   }
 }
 
+static int cmd_data_gen_seg(const args *a) {
+  if (a->size < VL_SEGSET_SIZE_MIN || a->size > VL_SEGSET_SIZE_MAX ||
+      a->classes < 2 || a->classes > VL_SEGSET_CLASSES_MAX) {
+    fprintf(stderr, "vramlab: data gen --kind seg: --size in %d..%d, --classes in 2..%d (background included)\n",
+            VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX, VL_SEGSET_CLASSES_MAX);
+    return 2;
+  }
+  int last = 0;
+  vl_segset_gen_cfg g;
+  vl_segset_gen_cfg_default(&g);
+  g.n = a->n;
+  g.seed = (uint64_t)a->seed;
+  g.quality = a->quality;
+  g.size = a->size;
+  g.num_classes = a->classes;
+  g.progress = data_gen_progress;
+  g.user = &last;
+  char err[512];
+  double t0 = vl_now();
+  if (vl_segset_generate(a->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  double dt = vl_now() - t0;
+  vl_segset *s;
+  if (vl_segset_open(&s, a->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  vl_segset_info in;
+  vl_segset_info_get(s, &in);
+  printf("%s: %lld %dx%d images + masks, %d classes, %.1f KB JPEG average, %.1f s (%.0f images/s)\n",
+         a->out, (long long)in.n, in.size, in.size, in.num_classes,
+         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
+  vl_segset_close(s);
+  return 0;
+}
+
 static int cmd_data_gen(const args *a) {
   if (!a->out_given) { fprintf(stderr, "vramlab: data gen needs --out DIR\n"); return 2; }
   if (a->n < 1 || a->quality < 1 || a->quality > 100 || a->seed < 0) {
     fprintf(stderr, "vramlab: data gen: --n >= 1, --quality in 1..100, --seed >= 0\n");
+    return 2;
+  }
+  if (!strcmp(a->kind, "seg")) return cmd_data_gen_seg(a);
+  if (strcmp(a->kind, "jpeg")) {
+    fprintf(stderr, "vramlab: data gen: unknown --kind '%s' (jpeg, seg)\n", a->kind);
     return 2;
   }
   int last = 0;

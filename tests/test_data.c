@@ -1,8 +1,9 @@
 /* Input pipeline (engine/data): sampler coverage and sharding, worker counts, prefetch,
  * persistent workers, in-order deterministic delivery, collate modes, corrupt samples,
- * stopping mid-epoch, the host-memory bound and cap, and the transform. The dataset is an
- * in-memory synthetic one: image i has a size and pixels that are functions of i, label
- * i % 10, and a configurable set of indices that read as corrupt. */
+ * stopping mid-epoch, the host-memory bound and cap, the transform, and segmentation
+ * (masks). The dataset is an in-memory synthetic one: image i has a size and pixels that
+ * are functions of i, label i % 10, and a configurable set of indices that read as corrupt;
+ * in mask mode its pixels encode a per-pixel class mask (colour = function of the class). */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -29,6 +30,9 @@ typedef struct {
   int delay_mod;           /* order; slows workers down), 3 by default */
   atomic_int scratch_live; /* scratch_new minus scratch_free */
   atomic_long reads;
+  bool masks;              /* give a mask with every image (seg_fill) */
+  int seg_size;            /* masks: square images of this side; 0: img_w x img_h */
+  int64_t no_mask;         /* masks: this index comes without one (mask freed), or -1 */
 } synth;
 
 static int img_w(int64_t i) { return 9 + (int)((i * 7) % 29); }
@@ -73,6 +77,47 @@ static bool fill_image(int64_t i, vl_image *out) {
   return true;
 }
 
+/* Mask mode: class ids in 4x4 blocks (block edges at even coordinates, so a 2x bilinear
+ * downscale never mixes two blocks), and every pixel's colour a function of its class
+ * alone: seg_col(m, c) tells the class back from the pixel. */
+#define SEG_CLASSES 5
+static uint8_t seg_mask(int64_t i, int y, int x) { return (uint8_t)((x / 4 + 2 * (y / 4) + i) % SEG_CLASSES); }
+static uint8_t seg_col(int m, int c) { return (uint8_t)(c == 0 ? 30 + 50 * m : c == 1 ? 220 - 40 * m : 90 + 7 * m); }
+static int seg_w(const synth *s, int64_t i) { return s->seg_size ? s->seg_size : img_w(i); }
+static int seg_h(const synth *s, int64_t i) { return s->seg_size ? s->seg_size : img_h(i); }
+
+static bool seg_fill(const synth *s, int64_t i, vl_image *out) {
+  int w = seg_w(s, i), h = seg_h(s, i);
+  size_t need = (size_t)w * h * 3;
+  if (out->cap < need) {
+    uint8_t *p = realloc(out->pix, need);
+    if (!p) return false;
+    out->pix = p;
+    out->cap = need;
+  }
+  if (i == s->no_mask) { /* a dataset without a mask for this sample leaves it NULL */
+    free(out->mask);
+    out->mask = NULL;
+    out->mask_cap = 0;
+  } else if (out->mask_cap < (size_t)w * h) {
+    uint8_t *p = realloc(out->mask, (size_t)w * h);
+    if (!p) return false;
+    out->mask = p;
+    out->mask_cap = (size_t)w * h;
+  }
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t m = seg_mask(i, y, x);
+      if (out->mask) out->mask[(size_t)y * w + x] = m;
+      for (int c = 0; c < 3; c++) out->pix[((size_t)y * w + x) * 3 + c] = seg_col(m, c);
+    }
+  out->w = w;
+  out->h = h;
+  out->c = 3;
+  out->label = (int32_t)(i % 10);
+  return true;
+}
+
 static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, char *err, size_t errn) {
   synth *s = self;
   atomic_fetch_add(&s->reads, 1);
@@ -91,6 +136,7 @@ static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, c
     snprintf(err, errn, "synthetic hard failure %lld", (long long)i);
     return VL_ERR_BACKEND;
   }
+  if (s->masks) return seg_fill(s, i, out) ? VL_OK : VL_ERR_OOM;
   return fill_image(i, out) ? VL_OK : VL_ERR_OOM;
 }
 
@@ -99,6 +145,7 @@ static void syn_init(synth *s, int64_t n) {
   s->n = n;
   s->hard_fail = -1;
   s->delay_mod = 3;
+  s->no_mask = -1;
 }
 
 static vl_dataset syn_dataset(synth *s) {
@@ -142,21 +189,28 @@ typedef struct {
   int64_t idx[MAXS];
   int32_t lab[MAXS];
   int64_t bsz[MAXS];
-  float *x; /* n * F */
+  float *x;   /* n * F */
+  int32_t *y; /* n * crop * crop with masks, else NULL */
 } epoch_out;
 
 static void out_free(epoch_out *o) {
   free(o->x);
+  free(o->y);
   o->x = NULL;
+  o->y = NULL;
 }
 
 /* Runs epoch `e` to its end, releasing each batch, and collects what was delivered.
  * Returns the first non-OK status of vl_loader_next (what came before it is in o). */
 static vl_status run_epoch(vl_loader *l, const vl_loader_cfg *c, int64_t e, epoch_out *o) {
   memset(o, 0, sizeof *o);
-  const int64_t F = 3 * (int64_t)c->crop * c->crop;
+  const int64_t F = 3 * (int64_t)c->crop * c->crop, P = (int64_t)c->crop * c->crop;
   o->x = malloc((size_t)MAXS * F * sizeof(float));
   assert_non_null(o->x);
+  if (c->masks) {
+    o->y = malloc((size_t)MAXS * P * sizeof(int32_t));
+    assert_non_null(o->y);
+  }
   assert_int_equal(vl_loader_start_epoch(l, e), VL_OK);
   for (;;) {
     vl_batch_buf *b = NULL;
@@ -169,6 +223,12 @@ static vl_status run_epoch(vl_loader *l, const vl_loader_cfg *c, int64_t e, epoc
     assert_true(b->n >= 1 && b->n <= c->batch);
     assert_true(o->n + b->n <= MAXS);
     memcpy(o->x + o->n * F, b->x, (size_t)b->n * F * sizeof(float));
+    if (c->masks) { /* y only with masks */
+      assert_non_null(b->y);
+      memcpy(o->y + o->n * P, b->y, (size_t)b->n * P * sizeof(int32_t));
+    } else {
+      assert_null(b->y);
+    }
     memcpy(o->idx + o->n, b->index, (size_t)b->n * sizeof(int64_t));
     memcpy(o->lab + o->n, b->labels, (size_t)b->n * sizeof(int32_t));
     o->bsz[o->nb++] = b->n;
@@ -190,6 +250,8 @@ static void assert_same_epoch(const epoch_out *a, const epoch_out *b, int64_t F)
   assert_memory_equal(a->lab, b->lab, (size_t)a->n * sizeof(int32_t));
   assert_memory_equal(a->bsz, b->bsz, (size_t)a->nb * sizeof(int64_t));
   assert_memory_equal(a->x, b->x, (size_t)(a->n * F) * sizeof(float));
+  assert_true(!a->y == !b->y);
+  if (a->y) assert_memory_equal(a->y, b->y, (size_t)(a->n * (F / 3)) * sizeof(int32_t));
 }
 
 static int count_threads(void) {
@@ -1028,6 +1090,380 @@ static void test_staging_allocator(void **state) {
   vl_ctx_destroy(cx);
 }
 
+/* ============================== segmentation (masks) ================================= */
+
+/* De-normalised channel value of an output pixel (the inverse of (v/255 - mean)/std). */
+static float denorm(const vl_loader_cfg *c, float v, int ch) { return (v * c->std[ch] + c->mean[ch]) * 255.0f; }
+
+/* PyTorch's nearest index computed exactly, for the hand references: floor(o * in / out). */
+static int near_exact(int o, int in, int out) { return (int)((int64_t)o * in / out); }
+
+/* The flip vl_transform_seg takes for a sample: its rng's first uniform draw. */
+static bool seg_flip(uint64_t seed) {
+  vl_rng r;
+  vl_rng_seed(&r, seed);
+  return vl_rng_uniform(&r) < 0.5;
+}
+
+static vl_image mk_seg_img(int w, int h, uint8_t (*f)(int y, int x, int c), uint8_t (*m)(int y, int x)) {
+  vl_image im = mk_img(w, h, f);
+  im.mask_cap = (size_t)w * h;
+  im.mask = malloc(im.mask_cap);
+  assert_non_null(im.mask);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) im.mask[(size_t)y * w + x] = m(y, x);
+  return im;
+}
+static uint8_t mask_ids(int y, int x) { return (uint8_t)(y * 16 + x); } /* distinct ids up to 16 wide */
+
+/* vl_transform_seg by hand: the mask resized by nearest neighbour (against floor(o*in/out)
+ * and PyTorch's float rounding where they differ), the image as vl_transform's whole-image
+ * crop, an exact copy at the same size, one flip draw for both. */
+static void test_seg_transform(void **state) {
+  (void)state;
+  vl_loader_cfg c = small_cfg();
+  float *x = malloc((size_t)3 * 82 * 82 * sizeof(float)), *ref = malloc((size_t)3 * 82 * 82 * sizeof(float));
+  int32_t *y = malloc((size_t)82 * 82 * sizeof(int32_t));
+  assert_non_null(x);
+  assert_non_null(ref);
+  assert_non_null(y);
+
+  /* Nearest resize of a 7x5 mask of distinct ids: down, up, non-integer, non-square, 2x. */
+  vl_image im = mk_seg_img(7, 5, px_mixed, mask_ids);
+  const int crops[] = {3, 4, 5, 7, 11, 14};
+  int flips = 0, total = 0;
+  for (int k = 0; k < 6; k++) {
+    c.crop = crops[k];
+    for (uint64_t seed = 0; seed < 6; seed++) {
+      vl_rng r;
+      vl_rng_seed(&r, seed);
+      vl_transform_seg(&c, &im, &r, x, y);
+      bool flip = seg_flip(seed);
+      flips += flip, total++;
+      for (int yy = 0; yy < c.crop; yy++)
+        for (int xx = 0; xx < c.crop; xx++) {
+          int sx = near_exact(flip ? c.crop - 1 - xx : xx, 7, c.crop), sy = near_exact(yy, 5, c.crop);
+          assert_int_equal(y[yy * c.crop + xx], mask_ids(sy, sx));
+        }
+    }
+  }
+  assert_true(flips > 0 && flips < total);
+  free(im.pix);
+  free(im.mask);
+
+  /* PyTorch computes the scale in float: 2 -> 82, output 41 reads input 0 (exactly 1.0
+   * would read input 1). F.interpolate(mode='nearest') gives 0 there too. */
+  im = mk_seg_img(2, 2, px_mixed, mask_ids);
+  c.crop = 82;
+  for (uint64_t seed = 0; seed < 4; seed++) {
+    vl_rng r;
+    vl_rng_seed(&r, seed);
+    vl_transform_seg(&c, &im, &r, x, y);
+    int xx = seg_flip(seed) ? 81 - 41 : 41;
+    assert_int_equal(y[xx], mask_ids(0, 0));
+    assert_int_equal(y[seg_flip(seed) ? 81 - 42 : 42], mask_ids(0, 1));
+  }
+  free(im.pix);
+  free(im.mask);
+
+  /* The image: vl_transform with the crop pinned to the whole (square) image, or its
+   * mirror, and mirrored exactly when the mask is. */
+  im = mk_seg_img(20, 20, px_mixed, mask_ids);
+  vl_loader_cfg cw = small_cfg();
+  cw.crop = 12;
+  cw.scale_min = cw.scale_max = 1.0f;
+  cw.ratio_min = cw.ratio_max = 1.0f;
+  const int64_t F = 3 * 12 * 12;
+  float *plain = NULL, *mirror = malloc((size_t)F * sizeof(float)), *keep = malloc((size_t)F * sizeof(float));
+  assert_non_null(mirror);
+  assert_non_null(keep);
+  for (uint64_t seed = 0; seed < 64 && !plain; seed++) { /* an unflipped vl_transform */
+    vl_rng r;
+    vl_rng_seed(&r, seed);
+    vl_transform(&cw, &im, &r, keep);
+    if (keep[1] != keep[0] && keep[1] > keep[0]) plain = keep; /* px_mixed grows with x */
+  }
+  assert_non_null(plain);
+  for (int ch = 0; ch < 3; ch++)
+    for (int yy = 0; yy < 12; yy++)
+      for (int xx = 0; xx < 12; xx++) mirror[ch * 144 + yy * 12 + xx] = plain[ch * 144 + yy * 12 + 11 - xx];
+  for (uint64_t seed = 0; seed < 16; seed++) {
+    vl_rng r;
+    vl_rng_seed(&r, seed);
+    vl_transform_seg(&cw, &im, &r, x, y);
+    bool flip = seg_flip(seed);
+    assert_memory_equal(x, flip ? mirror : plain, (size_t)F * sizeof(float));
+    int32_t y0 = y[0];
+    assert_int_equal(y0, mask_ids(0, flip ? near_exact(11, 20, 12) : 0));
+  }
+  free(im.pix);
+  free(im.mask);
+
+  /* Same size: an exact copy of pixels and mask (or their mirror). */
+  im = mk_seg_img(9, 9, px_mixed, mask_ids);
+  c.crop = 9;
+  for (uint64_t seed = 0; seed < 8; seed++) {
+    vl_rng r;
+    vl_rng_seed(&r, seed);
+    vl_transform_seg(&c, &im, &r, x, y);
+    bool flip = seg_flip(seed);
+    for (int yy = 0; yy < 9; yy++)
+      for (int xx = 0; xx < 9; xx++) {
+        int sx = flip ? 8 - xx : xx;
+        assert_int_equal(y[yy * 9 + xx], mask_ids(yy, sx));
+        for (int ch = 0; ch < 3; ch++)
+          assert_float_equal(denorm(&c, x[ch * 81 + yy * 9 + xx], ch), px_mixed(yy, sx, ch), 1e-3);
+      }
+  }
+  free(im.pix);
+  free(im.mask);
+  free(mirror);
+  free(keep);
+  free(x);
+  free(ref);
+  free(y);
+}
+
+/* Through the loader, image and mask stay aligned under the flip: every pixel's class (told
+ * back from its de-normalised colour) equals y there, and y is the hand-made nearest
+ * downscale of the sample's mask, flipped exactly when the sample's draw says so. */
+static void test_seg_loader_aligned(void **state) {
+  (void)state;
+  const int64_t N = 29;
+  synth s;
+  syn_init(&s, N);
+  s.masks = true;
+  s.seg_size = 32;
+  for (int m = 0; m < 2; m++) {
+    vl_loader_cfg c = small_cfg();
+    c.masks = true;
+    c.crop = 16; /* 32 -> 16: bilinear taps 2x, 2x+1 never straddle a 4x4 block */
+    c.workers = 2;
+    c.batched_collate = m;
+    const int64_t F = 3 * 16 * 16, P = 16 * 16;
+    vl_loader *l = mk_loader(&c, &s);
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &c, 3, &o), VL_OK);
+    assert_int_equal(o.n, N);
+    int flips = 0;
+    for (int64_t k = 0; k < o.n; k++) {
+      const int64_t i = o.idx[k];
+      const float *x = o.x + k * F;
+      const int32_t *y = o.y + k * P;
+      const bool flip = seg_flip(vl_loader_sample_seed(c.seed, 3, i));
+      flips += flip;
+      for (int yy = 0; yy < 16; yy++)
+        for (int xx = 0; xx < 16; xx++) {
+          int32_t id = y[yy * 16 + xx];
+          assert_true(id >= 0 && id < SEG_CLASSES);
+          int sx = near_exact(flip ? 15 - xx : xx, 32, 16), sy = near_exact(yy, 32, 16);
+          assert_int_equal(id, seg_mask(i, sy, sx));
+          for (int ch = 0; ch < 3; ch++)
+            assert_float_equal(denorm(&c, x[ch * P + yy * 16 + xx], ch), seg_col(id, ch), 1e-3);
+        }
+    }
+    assert_true(flips > 0 && flips < N); /* both ways happen */
+    vl_loader_destroy(l);
+    out_free(&o);
+  }
+}
+
+/* Batches (x, y, order) are bit-identical for every worker count, prefetch depth and
+ * collate mode, and equal vl_transform_seg of each sample with its documented seed. */
+static void test_seg_deterministic(void **state) {
+  (void)state;
+  const int64_t N = 37;
+  synth s;
+  syn_init(&s, N);
+  s.masks = true; /* sizes vary with i (9..37 x 7..29), crop 12: up- and downscales */
+  vl_loader_cfg c = small_cfg();
+  c.masks = true;
+  c.crop = 12;
+  const int64_t F = 3 * 12 * 12, P = 12 * 12;
+  vl_loader *l = mk_loader(&c, &s);
+  epoch_out ref;
+  assert_int_equal(run_epoch(l, &c, 7, &ref), VL_OK);
+  vl_loader_destroy(l);
+  vl_image img = {0};
+  float *x = malloc((size_t)F * sizeof(float));
+  int32_t *y = malloc((size_t)P * sizeof(int32_t));
+  assert_non_null(x);
+  assert_non_null(y);
+  for (int64_t k = 0; k < ref.n; k++) {
+    assert_true(seg_fill(&s, ref.idx[k], &img));
+    vl_rng r;
+    vl_rng_seed(&r, vl_loader_sample_seed(c.seed, 7, ref.idx[k]));
+    vl_transform_seg(&c, &img, &r, x, y);
+    assert_memory_equal(x, ref.x + k * F, (size_t)F * sizeof(float));
+    assert_memory_equal(y, ref.y + k * P, (size_t)P * sizeof(int32_t));
+  }
+  free(x);
+  free(y);
+  free(img.pix);
+  free(img.mask);
+  s.delay_us = 200;
+  for (int w = 1; w <= 3; w++)
+    for (int m = 0; m < 2; m++) {
+      vl_loader_cfg c2 = c;
+      c2.workers = w;
+      c2.prefetch = 1 + (w + m) % 2;
+      c2.persistent = m;
+      c2.batched_collate = m;
+      l = mk_loader(&c2, &s);
+      epoch_out o;
+      assert_int_equal(run_epoch(l, &c2, 7, &o), VL_OK);
+      assert_same_epoch(&ref, &o, F);
+      vl_loader_destroy(l);
+      out_free(&o);
+    }
+  out_free(&ref);
+}
+
+/* SKIP with masks: refilled batches carry each sample's mask along with its image. */
+static void test_seg_skip(void **state) {
+  (void)state;
+  const int64_t N = 41;
+  const int64_t bad[] = {2, 9, 10, 33};
+  synth clean, s;
+  syn_init(&clean, N);
+  clean.masks = true;
+  s = clean;
+  s.nbad = 4;
+  memcpy(s.bad, bad, sizeof bad);
+  vl_loader_cfg c = small_cfg();
+  c.masks = true;
+  c.crop = 10;
+  c.on_corrupt = VL_CORRUPT_SKIP;
+  const int64_t F = 3 * 10 * 10, P = 10 * 10;
+  vl_loader *l = mk_loader(&c, &clean);
+  epoch_out all;
+  assert_int_equal(run_epoch(l, &c, 2, &all), VL_OK);
+  vl_loader_destroy(l);
+  for (int w = 0; w <= 3; w += 3)
+    for (int m = 0; m < 2; m++) {
+      vl_loader_cfg c2 = c;
+      c2.workers = w;
+      c2.batched_collate = m;
+      l = mk_loader(&c2, &s);
+      epoch_out o;
+      assert_int_equal(run_epoch(l, &c2, 2, &o), VL_OK);
+      assert_int_equal(o.n, N - 4);
+      assert_int_equal(o.skipped_sum, 4);
+      for (int64_t b = 0; b + 1 < o.nb; b++) assert_int_equal(o.bsz[b], c.batch);
+      int64_t j = 0;
+      for (int64_t i = 0; i < all.n; i++) {
+        bool isbad = false;
+        for (int k = 0; k < 4; k++) isbad |= all.idx[i] == bad[k];
+        if (isbad) continue;
+        assert_int_equal(o.idx[j], all.idx[i]);
+        assert_memory_equal(o.x + j * F, all.x + i * F, (size_t)F * sizeof(float));
+        assert_memory_equal(o.y + j * P, all.y + i * P, (size_t)P * sizeof(int32_t));
+        j++;
+      }
+      assert_int_equal(j, o.n);
+      vl_loader_stats st;
+      vl_loader_stats_get(l, &st);
+      assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+      vl_loader_destroy(l);
+      out_free(&o);
+    }
+  out_free(&all);
+}
+
+/* masks = true with a sample that has no mask: VL_ERR_INVALID naming the sample, under
+ * either policy (a wrong dataset is not a corrupt file), for a dataset without masks at
+ * all and for one that leaves one sample's mask out. */
+static void test_seg_missing_mask(void **state) {
+  (void)state;
+  const int64_t N = 30;
+  for (int pol = 0; pol < 2; pol++)
+    for (int w = 0; w <= 2; w += 2) {
+      synth plain;
+      syn_init(&plain, N); /* no masks */
+      vl_loader_cfg c = small_cfg();
+      c.masks = true;
+      c.shuffle = false;
+      c.workers = w;
+      c.on_corrupt = pol ? VL_CORRUPT_SKIP : VL_CORRUPT_ERROR;
+      vl_loader *l = mk_loader(&c, &plain);
+      epoch_out o;
+      assert_int_equal(run_epoch(l, &c, 0, &o), VL_ERR_INVALID);
+      assert_int_equal(o.n, 0);
+      vl_loader_stats st;
+      vl_loader_stats_get(l, &st);
+      assert_non_null(strstr(st.last_error, "sample 0"));
+      assert_non_null(strstr(st.last_error, "mask"));
+      vl_batch_buf *b = (vl_batch_buf *)1;
+      assert_int_equal(vl_loader_next(l, &b), VL_ERR_INVALID); /* sticky */
+      assert_null(b);
+      vl_loader_destroy(l);
+      out_free(&o);
+
+      synth s;
+      syn_init(&s, N);
+      s.masks = true;
+      s.no_mask = 17;
+      l = mk_loader(&c, &s);
+      assert_int_equal(run_epoch(l, &c, 0, &o), VL_ERR_INVALID);
+      assert_int_equal(o.n, 15); /* the batches before 17's (batch 5, in order) */
+      vl_loader_stats_get(l, &st);
+      if (!strstr(st.last_error, "sample 17")) print_error("last_error: %s\n", st.last_error);
+      assert_non_null(strstr(st.last_error, "sample 17"));
+      assert_int_equal(st.skipped, 0);
+      vl_loader_destroy(l);
+      out_free(&o);
+      assert_int_equal(atomic_load(&s.scratch_live), 0);
+    }
+}
+
+/* The host-memory bound counts masks: y in every batch buffer, and per worker the decoded
+ * mask and (per-sample collate) the sample's mask tensor. */
+static void test_seg_bound(void **state) {
+  (void)state;
+  synth s;
+  syn_init(&s, 64);
+  s.masks = true;
+  vl_dataset d = syn_dataset(&s);
+  vl_loader_cfg c = small_cfg();
+  c.workers = 3;
+  c.prefetch = 2;
+  const size_t P = (size_t)c.crop * c.crop, bb0 = vl_loader_batch_bytes(&c);
+  c.masks = true;
+  const size_t bb = vl_loader_batch_bytes(&c);
+  assert_int_equal(bb, bb0 + (size_t)c.batch * P * sizeof(int32_t));
+  assert_int_equal(bb, (size_t)c.batch * (3 * P * 4 + P * 4 + 4 + 8));
+  for (int m = 0; m < 2; m++) {
+    vl_loader_cfg cm = c;
+    cm.batched_collate = m;
+    vl_loader_cfg cn = cm;
+    cn.masks = false;
+    vl_loader *l = mk_loader(&cn, &s);
+    vl_loader_stats st;
+    vl_loader_stats_get(l, &st);
+    const size_t without = st.host_bytes_bound;
+    vl_loader_destroy(l);
+    l = mk_loader(&cm, &s);
+    vl_loader_stats_get(l, &st);
+    const size_t S = 3 * 2 + 1; /* in flight + the caller's */
+    const size_t want = without + S * (size_t)c.batch * P * sizeof(int32_t) +
+                        3 * (d.max_image_bytes / 3 + (m ? 0 : P * sizeof(int32_t)));
+    assert_int_equal(st.host_bytes_bound, want);
+    const size_t bound = st.host_bytes_bound;
+    epoch_out o;
+    assert_int_equal(run_epoch(l, &cm, 0, &o), VL_OK);
+    out_free(&o);
+    vl_loader_stats_get(l, &st);
+    assert_true(st.host_bytes_peak <= st.host_bytes_bound);
+    vl_loader_destroy(l);
+    /* A cap one byte short of the bound with masks is refused. */
+    cm.host_mem_cap = bound - 1;
+    char err[512] = "";
+    l = (vl_loader *)1;
+    assert_int_equal(vl_loader_create(&l, &cm, &d, err, sizeof err), VL_ERR_OOM);
+    assert_null(l);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_validation),
@@ -1044,6 +1480,12 @@ int main(void) {
       cmocka_unit_test(test_buffer_reuse_and_holding),
       cmocka_unit_test(test_transform_properties),
       cmocka_unit_test(test_staging_allocator),
+      cmocka_unit_test(test_seg_transform),
+      cmocka_unit_test(test_seg_loader_aligned),
+      cmocka_unit_test(test_seg_deterministic),
+      cmocka_unit_test(test_seg_skip),
+      cmocka_unit_test(test_seg_missing_mask),
+      cmocka_unit_test(test_seg_bound),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

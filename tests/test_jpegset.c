@@ -257,6 +257,17 @@ static void test_corrupt_files(void **state) {
     assert_int_equal(d.read(d.self, scr, 5, &img, err, sizeof err), VL_OK);
     assert_int_equal(img.c, 3);
   }
+  /* A file cut inside its header (the Huffman tables) leaves TurboJPEG 2.1's handle broken
+   * for the next file unless the reader replaces it: the good image read right after it
+   * with the same scratch must decode. */
+  snprintf(p, sizeof p, "%s/img_0000001.jpg", dir);
+  assert_int_equal(truncate(p, 400), 0);
+  assert_int_equal(d.read(d.self, scr, 1, &img, err, sizeof err), VL_ERR_IO);
+  err[0] = '\0';
+  if (d.read(d.self, scr, 5, &img, err, sizeof err) != VL_OK) {
+    print_error("a good image after one cut in its header: %s\n", err);
+    fail();
+  }
   /* The truncated one is reported as such; the garbage one by TurboJPEG too. */
   assert_int_equal(d.read(d.self, scr, 0, &img, err, sizeof err), VL_ERR_IO);
   assert_non_null(strstr(err, "manifest says"));

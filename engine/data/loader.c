@@ -20,6 +20,9 @@
  * persistent ones park on cv_work and the stopper waits until none is busy. Only then are
  * the buffers of unfinished tasks taken back, so no thread ever touches a reclaimed buffer.
  *
+ * Masks (cfg.masks): every batch buffer also has y (batch x crop x crop int32), which the
+ * transform, the per-sample copy and the SKIP refill move along with x.
+ *
  * Per-worker state (dataset scratch, the decoded image) is made by the worker thread and
  * freed when it exits; with W = 0 the caller's copy lives until vl_loader_destroy. */
 #define _GNU_SOURCE
@@ -66,6 +69,7 @@ struct vl_loader {
   int64_t m;            /* shard samples: ceil(n/world) */
   int64_t nfull, tail;  /* full tasks, samples past them */
   int64_t F;            /* floats per sample: 3*crop*crop */
+  int64_t P;            /* mask ids per sample: crop*crop with masks, else 0 */
   size_t batch_bytes;
   int W, R, S;          /* workers, window (ring size), batch buffer cap */
 
@@ -126,10 +130,12 @@ void vl_loader_cfg_default(vl_loader_cfg *c) {
 }
 
 static size_t sample_floats(const vl_loader_cfg *c) { return (size_t)3 * c->crop * c->crop; }
+static size_t sample_ids(const vl_loader_cfg *c) { return c->masks ? (size_t)c->crop * c->crop : 0; }
 
 size_t vl_loader_batch_bytes(const vl_loader_cfg *c) {
   if (c->batch < 1 || c->crop < 1 || c->crop > VL_LOADER_CROP_MAX) return 0;
-  size_t per = sample_floats(c) * sizeof(float) + sizeof(int32_t) + sizeof(int64_t);
+  size_t per = sample_floats(c) * sizeof(float) + sample_ids(c) * sizeof(int32_t) +
+               sizeof(int32_t) + sizeof(int64_t);
   if ((uint64_t)c->batch > SIZE_MAX / per) return SIZE_MAX;
   return (size_t)c->batch * per;
 }
@@ -234,6 +240,7 @@ int64_t vl_loader_shard_len(const vl_loader *l) { return l->m; }
 static void buf_free(const vl_loader *l, bufnode *b) {
   if (b->pub.x && l->cfg.x_free) l->cfg.x_free(l->cfg.x_user, b->pub.x);
   else free(b->pub.x);
+  free(b->pub.y);
   free(b->pub.labels);
   free(b->pub.index);
   free(b);
@@ -256,8 +263,9 @@ static bufnode *buf_get(vl_loader *l) {
   if (b) {
     b->pub.labels = malloc(B * sizeof(int32_t));
     b->pub.index = malloc(B * sizeof(int64_t));
+    if (l->P > 0) b->pub.y = malloc(B * (size_t)l->P * sizeof(int32_t));
   }
-  if (!b || !b->pub.x || !b->pub.labels || !b->pub.index) {
+  if (!b || !b->pub.x || !b->pub.labels || !b->pub.index || (l->P > 0 && !b->pub.y)) {
     if (b) buf_free(l, b);
     l->alloc_failed = true;
     return NULL;
@@ -307,6 +315,7 @@ static void worker_state_free(vl_loader *l, worker *w) {
   w->scratch = NULL;
   w->has_scratch = false;
   free(w->img.pix);
+  free(w->img.mask);
   memset(&w->img, 0, sizeof w->img);
 }
 
@@ -320,6 +329,7 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
   const int64_t p0 = k * c->batch;
   const int64_t p1 = p0 + c->batch < l->m ? p0 + c->batch : l->m;
   const size_t sbytes = (size_t)l->F * sizeof(float);
+  const size_t ybytes = (size_t)l->P * sizeof(int32_t);
   double t0 = vl_now(), tt = 0;
   int64_t g = 0, skipped = 0;
   t->st = VL_OK;
@@ -330,6 +340,7 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
     derr[0] = 0;
     vl_status s = l->ds.read(l->ds.self, w->scratch, idx, &w->img, derr, sizeof derr);
     if (s == VL_ERR_IO && c->on_corrupt == VL_CORRUPT_SKIP) {
+      /* Corrupt: left out. A missing mask (below) is not corrupt but a wrong dataset. */
       skipped++;
       continue;
     }
@@ -348,23 +359,39 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
                (long long)idx, im->w, im->h, im->c, im->cap);
       break;
     }
+    if (c->masks && (!im->mask || im->mask_cap < (size_t)im->w * (size_t)im->h)) {
+      t->st = VL_ERR_INVALID;
+      snprintf(t->err, sizeof t->err,
+               "sample %lld: no %dx%d mask (the loader has masks = true, so the dataset must "
+               "give every sample a per-pixel class mask)",
+               (long long)idx, im->w, im->h);
+      break;
+    }
     double t1 = vl_now();
     vl_rng rng;
     vl_rng_seed(&rng, vl_loader_sample_seed(c->seed, epoch, idx));
     float *dst = b->pub.x + (size_t)g * (size_t)l->F;
+    int32_t *ydst = c->masks ? b->pub.y + (size_t)g * (size_t)l->P : NULL;
     if (c->batched_collate) {
-      vl_transform(c, im, &rng, dst);
+      if (c->masks) vl_transform_seg(c, im, &rng, dst, ydst);
+      else vl_transform(c, im, &rng, dst);
     } else {
-      /* PyTorch's default path: one tensor per sample, then stacked into the batch. */
-      float *one = malloc(sbytes);
+      /* PyTorch's default path: one tensor per sample (image, then its mask), then stacked
+       * into the batch. */
+      float *one = malloc(sbytes + ybytes);
       if (!one) {
         t->st = VL_ERR_OOM;
         snprintf(t->err, sizeof t->err, "sample %lld: could not allocate a %zu-byte sample tensor",
-                 (long long)idx, sbytes);
+                 (long long)idx, sbytes + ybytes);
         break;
       }
-      vl_transform(c, im, &rng, one);
+      _Static_assert(sizeof(float) == sizeof(int32_t) && _Alignof(float) == _Alignof(int32_t),
+                     "the mask follows the image in one sample tensor");
+      int32_t *yone = (int32_t *)(one + l->F);
+      if (c->masks) vl_transform_seg(c, im, &rng, one, yone);
+      else vl_transform(c, im, &rng, one);
       memcpy(dst, one, sbytes);
+      if (c->masks) memcpy(ydst, yone, ybytes);
       free(one);
     }
     tt += vl_now() - t1;
@@ -494,6 +521,7 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
   l->nfull = l->m / cfg->batch;
   l->tail = l->m % cfg->batch;
   l->F = (int64_t)sample_floats(cfg);
+  l->P = (int64_t)sample_ids(cfg);
   l->batch_bytes = vl_loader_batch_bytes(cfg);
   l->W = cfg->workers;
   l->R = l->W > 0 ? l->W * cfg->prefetch : 1;
@@ -502,7 +530,9 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
   /* The bound (see data.h): batch buffers, per-worker decode state, order and tasks. */
   const int wc = l->W > 0 ? l->W : 1;
   const size_t per_worker = ds->scratch_bytes + ds->max_image_bytes +
-                            (cfg->batched_collate ? 0 : (size_t)l->F * sizeof(float));
+                            (cfg->masks ? ds->max_image_bytes / 3 : 0) +
+                            (cfg->batched_collate ? 0 : (size_t)l->F * sizeof(float) +
+                                                            (size_t)l->P * sizeof(int32_t));
   const double bound_d = (double)l->S * (double)l->batch_bytes + (double)wc * (double)per_worker +
                          (double)n * sizeof(int64_t) + (double)l->R * sizeof(task);
   if (bound_d >= (double)SIZE_MAX) {
@@ -615,6 +645,9 @@ static void move_samples(vl_loader *l, bufnode *dst, bufnode *src, int64_t from,
   memmove(dst->pub.x + (size_t)d * F, src->pub.x + (size_t)from * F, (size_t)cnt * F * sizeof(float));
   memmove(dst->pub.labels + d, src->pub.labels + from, (size_t)cnt * sizeof(int32_t));
   memmove(dst->pub.index + d, src->pub.index + from, (size_t)cnt * sizeof(int64_t));
+  if (l->P > 0)
+    memmove(dst->pub.y + (size_t)d * (size_t)l->P, src->pub.y + (size_t)from * (size_t)l->P,
+            (size_t)cnt * (size_t)l->P * sizeof(int32_t));
   dst->pub.n += cnt;
 }
 

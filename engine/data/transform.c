@@ -1,7 +1,8 @@
 /* The per-sample image transform of the input pipeline: random-resized crop (torchvision's
  * RandomResizedCrop.get_params), bilinear resize to crop x crop, horizontal flip with
- * p = 0.5, normalisation, HWC uint8 -> CHW fp32. Both collate paths call this one function,
- * so their outputs are bit-identical. */
+ * p = 0.5, normalisation, HWC uint8 -> CHW fp32; and the segmentation variant (whole image
+ * resized, mask by nearest neighbour, the same flip for both). Both collate paths call
+ * these functions, so their outputs are bit-identical. */
 #include <math.h>
 #include <stdint.h>
 
@@ -73,11 +74,11 @@ static void tap(int o, double scale, int off, int len, int *s0, int *s1, float *
   *f = (float)(s - a);
 }
 
-void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst) {
+/* Resize box b of img to crop x crop (bilinear), flipped horizontally when `flip`,
+ * normalised, into dst as CHW floats. */
+static void resize_normalise(const vl_loader_cfg *c, const vl_image *img, crop_box b, int flip,
+                             float *dst) {
   const int crop = c->crop;
-  crop_box b = rrc_params(c, img->w, img->h, rng);
-  const int flip = vl_rng_uniform(rng) < 0.5;
-
   /* Column taps once per image (48 KiB of stack at the largest crop): byte offsets of the
    * two source pixels and the weight, already in output (possibly flipped) order. */
   int x0[VL_LOADER_CROP_MAX], x1[VL_LOADER_CROP_MAX];
@@ -123,5 +124,37 @@ void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, floa
       d1[ro + x] = v[1];
       d2[ro + x] = v[2];
     }
+  }
+}
+
+void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst) {
+  crop_box b = rrc_params(c, img->w, img->h, rng);
+  const int flip = vl_rng_uniform(rng) < 0.5;
+  resize_normalise(c, img, b, flip, dst);
+}
+
+/* PyTorch's nearest source index (aten UpSample.h nearest_idx): exact for the identity and
+ * for doubling, else floorf(dst * scale) with a float scale, clamped to the last index. */
+static int nearest_src(int o, int in, int out) {
+  if (out == in) return o;
+  if (out == 2 * in) return o >> 1;
+  const float scale = (float)in / (float)out;
+  int s = (int)floorf((float)o * scale);
+  return s < in - 1 ? s : in - 1;
+}
+
+void vl_transform_seg(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst,
+                      int32_t *ydst) {
+  const int crop = c->crop;
+  const crop_box whole = {0, 0, img->h, img->w};
+  const int flip = vl_rng_uniform(rng) < 0.5;
+  resize_normalise(c, img, whole, flip, dst);
+  /* The mask: column sources once, in output (possibly flipped) order, as for the image. */
+  int xs[VL_LOADER_CROP_MAX];
+  for (int x = 0; x < crop; x++) xs[flip ? crop - 1 - x : x] = nearest_src(x, img->w, crop);
+  for (int y = 0; y < crop; y++) {
+    const uint8_t *row = img->mask + (size_t)nearest_src(y, img->h, crop) * (size_t)img->w;
+    int32_t *d = ydst + (size_t)y * crop;
+    for (int x = 0; x < crop; x++) d[x] = row[xs[x]];
   }
 }

@@ -1,7 +1,8 @@
 /* The input pipeline (engine/data): a dataset interface, a seeded sampler, worker threads
  * with per-worker prefetch, per-sample or batched collate (random-resized crop, flip,
  * normalise, HWC -> CHW into one contiguous batch), host memory accounting with a cap, and
- * corrupt-sample handling. Generic: a dataset only has to decode sample i into an image. */
+ * corrupt-sample handling. Generic: a dataset only has to decode sample i into an image
+ * (and, for segmentation, its per-pixel class mask). */
 #ifndef VRAMLAB_DATA_H
 #define VRAMLAB_DATA_H
 
@@ -16,12 +17,19 @@ extern "C" {
 #endif
 
 /* A decoded image: HWC uint8, c = 3. The dataset grows `pix` (capacity `cap` bytes) with
- * realloc as needed; the loader owns and frees it. */
+ * realloc as needed; the loader owns and frees it.
+ * Segmentation datasets also fill `mask`: h*w class ids (row-major, the image's size),
+ * grown the same way (capacity `mask_cap` bytes) and owned and freed by the loader.
+ * Datasets without masks leave it NULL. A dataset that gives masks gives one for every
+ * sample (the loader keeps one vl_image per worker across samples, so it cannot tell a
+ * stale mask from a fresh one). */
 typedef struct {
   uint8_t *pix;
   size_t cap;
   int w, h, c;
   int32_t label;
+  uint8_t *mask;
+  size_t mask_cap;
 } vl_image;
 
 /* What a dataset must provide. read() must be callable from several threads at once with
@@ -37,7 +45,8 @@ typedef struct {
   /* Bytes of decoder scratch one worker holds (for the host-memory bound). */
   size_t scratch_bytes;
   /* Largest decoded image in bytes (max w*h*c), for the host-memory bound: each worker
-   * keeps one vl_image. 0 when unknown; the bound then leaves decoded images out. */
+   * keeps one vl_image. 0 when unknown; the bound then leaves decoded images out. With
+   * masks, the bound counts max_image_bytes / 3 more per worker for the mask. */
   size_t max_image_bytes;
 } vl_dataset;
 
@@ -69,18 +78,26 @@ typedef struct {
   void *(*x_alloc)(void *user, size_t bytes);
   void (*x_free)(void *user, void *p);
   void *x_user;
+  /* Segmentation: every sample must come with a mask, the transform is vl_transform_seg
+   * (whole image resized, no random crop: scale/ratio are ignored) and batches carry the
+   * masks in `y`. A sample without a mask is VL_ERR_INVALID naming it, under any
+   * on_corrupt policy (a wrong dataset, not a corrupt file). */
+  bool masks;
 } vl_loader_cfg;
 
 /* batch 32, workers 0, prefetch 2, not persistent, per-sample collate, no drop_last,
  * shuffle, crop 224, scale (0.08, 1), ratio (3/4, 4/3), ImageNet mean/std, seed 0,
- * rank 0 of 1, VL_CORRUPT_ERROR, no cap. */
+ * rank 0 of 1, VL_CORRUPT_ERROR, no cap, no masks. */
 void vl_loader_cfg_default(vl_loader_cfg *c);
 
-/* One delivered batch: x (n, 3, crop, crop) fp32 contiguous, labels and sample indices.
- * n < batch only for the last batch of an epoch without drop_last. */
+/* One delivered batch: x (n, 3, crop, crop) fp32 contiguous, labels and sample indices;
+ * with cfg.masks, y (n, crop, crop) class ids (int32, as PyTorch's cross-entropy targets,
+ * which are int64 there), else NULL. n < batch only for the last batch of an epoch
+ * without drop_last. */
 typedef struct {
   int64_t n;
   float *x;
+  int32_t *y;
   int32_t *labels;
   int64_t *index;
   double load_seconds;     /* time a worker spent producing it (read+decode+transform) */
@@ -136,10 +153,12 @@ typedef struct vl_loader vl_loader;
  * Host memory (host_bytes_bound, what it counts):
  *   batch buffers: (workers x prefetch in flight, or 1 with workers = 0)
  *                  + 1 held by the caller + 1 for refilling under VL_CORRUPT_SKIP,
- *                  each vl_loader_batch_bytes;
+ *                  each vl_loader_batch_bytes (masks included);
  *   per worker (one with workers = 0): the dataset's scratch_bytes, one decoded image
- *                  (the dataset's max_image_bytes) and, with per-sample collate, the one
- *                  sample tensor it holds at a time (3*crop*crop floats);
+ *                  (the dataset's max_image_bytes; with masks, its mask too:
+ *                  max_image_bytes / 3) and, with per-sample collate, the one sample
+ *                  tensor it holds at a time (3*crop*crop floats, + crop*crop int32 with
+ *                  masks);
  *   the epoch order (8 bytes per dataset sample) and the in-flight task table.
  * Batch buffers are allocated on first need, reused through a free list (released batches
  * go back to it) and never exceed that count: the caller is expected to hold one batch at
@@ -166,7 +185,7 @@ void vl_loader_stats_get(const vl_loader *l, vl_loader_stats *s);
 /* Stops and joins every worker, frees every buffer (batches still held become invalid). */
 void vl_loader_destroy(vl_loader *l);
 
-/* Bytes of one batch buffer (x + labels + index). */
+/* Bytes of one batch buffer (x + labels + index, + y with masks). */
 size_t vl_loader_batch_bytes(const vl_loader_cfg *c);
 /* Samples per epoch on this loader's rank (ceil(n/world)), before any skip. */
 int64_t vl_loader_shard_len(const vl_loader *l);
@@ -183,6 +202,20 @@ uint64_t vl_loader_sample_seed(uint64_t seed, int64_t epoch, int64_t index);
  * (v/255 - mean[c]) / std[c]. img must be HWC with c = 3, w, h >= 1; c->crop must be in
  * 1..VL_LOADER_CROP_MAX. */
 void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst);
+
+/* The segmentation transform (cfg.masks): the whole image is resized to crop x crop
+ * (bilinear with half-pixel centres, as vl_transform; an exact copy when the size already
+ * matches) and its mask with nearest neighbour as PyTorch's 'nearest' mode does it:
+ * src = min(floor(dst * scale), in - 1) with scale = (float)in / out in single precision
+ * (src = dst when in == out, dst >> 1 when out == 2 * in). That is floor(dst * in / out)
+ * except for rare (in, out, dst) where the float product rounds just below an integer
+ * (e.g. in 2, out 82, dst 41 gives 0), kept so targets match PyTorch's bit for bit. Then
+ * one uniform draw from rng: both are flipped horizontally when it is < 0.5. The image is
+ * normalised into dst (3*crop*crop CHW floats) as vl_transform does, the mask's class ids
+ * go to ydst (crop*crop int32). img must be HWC with c = 3, w, h >= 1 and a mask of h*w
+ * bytes; cfg scale/ratio are not used. */
+void vl_transform_seg(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst,
+                      int32_t *ydst);
 
 #ifdef __cplusplus
 }
