@@ -224,3 +224,47 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
   free(buf);
   return rc;
 }
+
+/* ---- shared plot data -------------------------------------------------------------------- */
+
+int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  const cJSON *pt;
+  cJSON_ArrayForEach(pt, pairs)
+    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
+  fclose(f);
+  return 0;
+}
+
+int vl_rep_mem_by_category(cJSON *res, const char *dir, const char *title, char *script, size_t n) {
+  static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
+  char path[1024];
+  snprintf(path, sizeof path, "%s/mem_by_category.dat", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  fprintf(f, "index rung");
+  for (int i = 0; i < 9; i++) fprintf(f, " %s", cats[i]);
+  fprintf(f, " cap\n");
+  cJSON *r;
+  int idx = 0;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
+    fprintf(f, "%d %s", idx++, cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")));
+    for (int i = 0; i < 9; i++) fprintf(f, " %.4f", vl_rep_num(bc, cats[i]) / 1e9);
+    fprintf(f, " %.4f\n", vl_rep_num(p, "cap_bytes") / 1e9);
+  }
+  fclose(f);
+  snprintf(script, n,
+           "set terminal png size 1000,560\nset output 'mem_by_category.png'\n"
+           "set title '%s'\n"
+           "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
+           "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
+           "array col[9] = ['#7b3294', '#1b9e77', '#80b1d3', '#e6ab02', '#f0e442', '#377eb8', '#e41a1c', '#333333', '#a65628']\n"
+           "plot for [i=3:11] 'mem_by_category.dat' using i:xtic(2) title columnheader(i) lc rgb col[i-2], "
+           "'' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'\n",
+           title);
+  return 0;
+}

@@ -19,6 +19,12 @@ bool vl_rep_have_gnuplot(void);
 /* Write dir/name.gp and run gnuplot in dir (errors to name.gnuplot.log); 0 on success. */
 int vl_rep_gnuplot(const char *dir, const char *name, const char *script);
 
+/* [x, bytes] pairs of a JSON array as "x GB" lines in dir/name; 0 on success. */
+int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs);
+/* dir/mem_by_category.dat (each rung's plan by_category at the peak, GB, and its cap) and
+ * the gnuplot script of a stacked bar chart of it into script; 0 on success. */
+int vl_rep_mem_by_category(cJSON *res, const char *dir, const char *title, char *script, size_t n);
+
 int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
                     const char *md_path, char *err, size_t errn);
 #endif

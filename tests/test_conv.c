@@ -21,6 +21,7 @@ typedef struct { int64_t N, C, H, W, K, R, S; int stride, pad, dil; } shape;
 static const shape SHAPES[] = {
     {2, 3, 9, 9, 4, 3, 3, 1, 1, 1}, {2, 4, 9, 8, 5, 3, 3, 2, 1, 1}, {1, 6, 8, 8, 3, 1, 1, 1, 0, 1},
     {2, 4, 8, 7, 6, 1, 1, 2, 0, 1}, {1, 3, 12, 12, 4, 7, 7, 2, 3, 1}, {2, 3, 9, 9, 2, 3, 3, 1, 2, 2},
+    {2, 3, 32, 32, 4, 7, 7, 2, 3, 1}, {3, 16, 16, 16, 8, 3, 3, 1, 1, 1},
 };
 #define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 

@@ -226,6 +226,53 @@ static void test_llm_plan_fields(void **state) {
   assert_non_null(strstr(err, "unknown knob 'colour'"));
 }
 
+/* seg-ckpt's plan: encoder parameters equal torchvision's ResNet-101 without fc, the
+ * fields the report reads, the linear fit, a full-scale rung in < 1 s; knob errors. */
+static void test_seg_plan_fields(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("seg-ckpt");
+  assert_non_null(c);
+  vl_ladder L;
+  char err[512];
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "seg-ckpt", err, sizeof err), 0);
+  for (int i = 0; i < L.n_rungs; i++)
+    assert_int_equal(vl_case_check_knobs(c, L.rungs[i].name, &L.rungs[i].knobs, err, sizeof err), 0);
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
+  int b = vl_ladder_find(&L, "before"), k = vl_ladder_find(&L, "ckpt"), a = vl_ladder_find(&L, "after");
+  assert_true(b >= 0 && k >= 0 && a >= 0);
+  cJSON *ob = cJSON_CreateObject(), *ok = cJSON_CreateObject(), *oa = cJSON_CreateObject();
+  assert_int_equal(c->plan(&env, "full", &L.rungs[b].knobs, ob, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[k].knobs, ok, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[a].knobs, oa, err, sizeof err), 0);
+  cJSON *pm = cJSON_GetObjectItem(ob, "params_by_module");
+  assert_true(cJSON_GetObjectItem(pm, "encoder")->valuedouble == 42500160.0);
+  const char *fields[] = {"peak_bytes", "acts_bytes", "model_bytes", "flops_per_step", "cap_bytes",
+                          "fits", "max_batch", "fit_r2", "fit_base_bytes", "fit_per_sample_bytes",
+                          "fit_predicted_max_batch", "recompute_share", "extent_overhead",
+                          "batch_curve", "by_category"};
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) assert_non_null(cJSON_GetObjectItem(oa, fields[i]));
+  assert_true(cJSON_GetObjectItem(ob, "plan_seconds")->valuedouble < 1.0);
+  /* checkpointing lowers the activation peak and recomputes a forward */
+  assert_true(cJSON_GetObjectItem(ok, "acts_bytes")->valuedouble < cJSON_GetObjectItem(ob, "acts_bytes")->valuedouble);
+  assert_true(cJSON_GetObjectItem(ok, "recompute_share")->valuedouble > 0.1);
+  assert_true(cJSON_GetObjectItem(ob, "recompute_share")->valuedouble == 0);
+  /* "max": the largest batch that fits, which the after rung then uses */
+  assert_true(cJSON_GetObjectItem(oa, "batch")->valuedouble == cJSON_GetObjectItem(oa, "max_batch")->valuedouble);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(oa, "fits")));
+  assert_true(cJSON_GetObjectItem(oa, "peak_bytes")->valuedouble <= cJSON_GetObjectItem(oa, "cap_bytes")->valuedouble);
+  cJSON_Delete(ob); cJSON_Delete(ok); cJSON_Delete(oa);
+  vl_knobs bad = L.rungs[b].knobs;
+  vl_knob_set(&bad, "compute", "nf4");
+  cJSON *o = cJSON_CreateObject();
+  assert_int_not_equal(c->plan(&env, "full", &bad, o, err, sizeof err), 0);
+  assert_non_null(strstr(err, "compute = 'nf4'"));
+  bad = L.rungs[b].knobs;
+  vl_knob_set(&bad, "batch", "1");
+  assert_int_not_equal(c->plan(&env, "full", &bad, o, err, sizeof err), 0);
+  assert_non_null(strstr(err, "batch"));
+  cJSON_Delete(o);
+}
+
 /* A truncated or corrupt results file gives a clear error and writes no report. */
 static void test_report_rejects_corrupt_results(void **state) {
   (void)state;
@@ -309,6 +356,8 @@ static void test_cli_errors(void **state) {
       {"plan llm-lora --set ckpt.colour=red", "unknown knob 'colour'", 2},
       {"run llm-lora --device tpu", "unknown device 'tpu'", 2},
       {"plan llm-lora --scale huge", "unknown scale 'huge'", 2},
+      {"plan seg-ckpt --set ckpt.workers=-1 --step ckpt", "workers", 1},
+      {"run seg-ckpt --device cpu --scale full --step before", "too slow for this CPU", 1},
       {"frobnicate", "unknown command", 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -334,7 +383,7 @@ int main(void) {
       cmocka_unit_test(test_stats_and_atomic_write), cmocka_unit_test(test_llm_plan_fields),
       cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
       cmocka_unit_test(test_interrupted_run_keeps_results),
-      cmocka_unit_test(test_oom_rung_is_a_result),
+      cmocka_unit_test(test_oom_rung_is_a_result), cmocka_unit_test(test_seg_plan_fields),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

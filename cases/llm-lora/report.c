@@ -8,50 +8,18 @@
 #include "case.h"
 #include "report.h"
 
-/* [x, bytes] pairs as "x GB" lines for gnuplot. */
-static int write_pairs(const char *dir, const char *name, const cJSON *pairs) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (!f) return -1;
-  const cJSON *pt;
-  cJSON_ArrayForEach(pt, pairs)
-    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
-  fclose(f);
-  return 0;
-}
-
 static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
-  static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
   char path[1024];
+  FILE *f;
   /* 1. memory by category at the peak, per rung (stacked bars) */
-  snprintf(path, sizeof path, "%s/mem_by_category.dat", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) return;
-  fprintf(f, "index rung");
-  for (int i = 0; i < 9; i++) fprintf(f, " %s", cats[i]);
-  fprintf(f, " cap\n");
+  char s1[2048];
+  if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned, full scale, batch as configured)", s1, sizeof s1))
+    return;
   cJSON *r;
-  int idx = 0;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
-    fprintf(f, "%d %s", idx++, cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")));
-    for (int i = 0; i < 9; i++) fprintf(f, " %.4f", vl_rep_num(bc, cats[i]) / 1e9);
-    fprintf(f, " %.4f\n", vl_rep_num(p, "cap_bytes") / 1e9);
-  }
-  fclose(f);
-  const char *s1 =
-      "set terminal png size 1000,560\nset output 'mem_by_category.png'\n"
-      "set title 'Peak memory by category per rung (planned, full scale, batch as configured)'\n"
-      "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
-      "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
-      "array col[9] = ['#7b3294', '#1b9e77', '#80b1d3', '#e6ab02', '#f0e442', '#377eb8', '#e41a1c', '#333333', '#a65628']\n"
-      "plot for [i=3:11] 'mem_by_category.dat' using i:xtic(2) title columnheader(i) lc rgb col[i-2], "
-      "'' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'\n";
   /* 2. memory timeline of one step (after rung) */
   cJSON *last = NULL;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
-  if (write_pairs(dir, "timeline.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "timeline")))
+  if (vl_rep_write_pairs(dir, "timeline.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "timeline")))
     return;
   char s2[1024];
   snprintf(s2, sizeof s2,
@@ -61,7 +29,7 @@ static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
            "plot 'timeline.dat' using 1:2 with lines lw 2 title 'live bytes'\n",
            cJSON_GetStringValue(cJSON_GetObjectItem(last, "name")));
   /* 3. batch vs peak with the cap line (after rung) */
-  if (write_pairs(dir, "batch.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "batch_curve")))
+  if (vl_rep_write_pairs(dir, "batch.dat", cJSON_GetObjectItem(cJSON_GetObjectItem(last, "plan"), "batch_curve")))
     return;
   char s3[1024];
   snprintf(s3, sizeof s3,
