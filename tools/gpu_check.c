@@ -584,6 +584,358 @@ static void ck_gemm(chk *k, args a) {
   free(av); free(bv); free(cv);
 }
 
+/* ---- convolutional networks ------------------------------------------------------------ */
+
+/* x (N, C, HW) with channel c around 0.5 c, so the per-channel statistics differ */
+static float *chan_offset(chk *k, int64_t N, int64_t C, int64_t HW, float scale) {
+  float *v = randv(k, N * C * HW, scale);
+  for (int64_t i = 0; i < N * C * HW; i++) v[i] += 0.5f * (float)((i / HW) % C);
+  return v;
+}
+
+/* BN shapes: opt bit 0 ("big HW") makes HW larger than the CUDA block (a block stride
+ * stays within a plane or wraps to the next), else HW is smaller and not a divisor of it
+ * (a stride crosses planes); N*HW spans several strides either way. */
+static void bn_shape(int opt, int64_t *N, int64_t *C, int64_t *HW) {
+  if (opt & 1) { *N = 2; *C = 5; *HW = 300; }
+  else { *N = 6; *C = 19; *HW = 143; }
+}
+
+/* x/y in a.a, gamma/beta in a.b; opt bit 1: no running statistics */
+static void ck_bn_train(chk *k, args a) {
+  int64_t N, C, HW;
+  bn_shape(a.opt, &N, &C, &HW);
+  int64_t n = N * C * HW;
+  float *xv = chan_offset(k, N, C, HW, 2), *gv = around_one(k, C), *bv = randv(k, C, 1);
+  float *rmv = randv(k, C, 1), *rvv = around_one(k, C);
+  tp x, y, g, b, mean, rstd, rm, rv;
+  tp_make(k, &x, a.a, 1, &n, xv);
+  tp_make(k, &y, a.a, 1, &n, NULL);
+  tp_make(k, &g, a.b, 1, &C, gv);
+  tp_make(k, &b, a.b, 1, &C, bv);
+  tp_make(k, &mean, VL_F32, 1, &C, NULL);
+  tp_make(k, &rstd, VL_F32, 1, &C, NULL);
+  tp_make(k, &rm, VL_F32, 1, &C, rmv);
+  tp_make(k, &rv, VL_F32, 1, &C, rvv);
+  bool stats = !(a.opt & 2);
+  if (x.ok && y.ok && g.ok && b.ok && mean.ok && rstd.ok && rm.ok && rv.ok)
+    EACH(s) CALL(k, s, bn_fwd_train, &y.t[s], &mean.t[s], &rstd.t[s], stats ? &rm.t[s] : NULL,
+                 stats ? &rv.t[s] : NULL, &x.t[s], &g.t[s], &b.t[s], N, C, HW, 1e-5f, 0.1f);
+  cmp(k, &y, "y");
+  cmp(k, &mean, "mean");
+  cmp(k, &rstd, "rstd");
+  cmp(k, &rm, "running mean"); /* unchanged on both without stats */
+  cmp(k, &rv, "running var");
+  tp_free(k, &x); tp_free(k, &y); tp_free(k, &g); tp_free(k, &b); tp_free(k, &mean);
+  tp_free(k, &rstd); tp_free(k, &rm); tp_free(k, &rv);
+  free(xv); free(gv); free(bv); free(rmv); free(rvv);
+}
+
+/* opt bit 1: y aliases x */
+static void ck_bn_eval(chk *k, args a) {
+  int64_t N, C, HW;
+  bn_shape(a.opt, &N, &C, &HW);
+  int64_t n = N * C * HW;
+  float *xv = chan_offset(k, N, C, HW, 2), *gv = around_one(k, C), *bv = randv(k, C, 1);
+  float *rmv = randv(k, C, 1), *rvv = around_one(k, C);
+  tp x, y, g, b, rm, rv;
+  tp_make(k, &x, a.a, 1, &n, xv);
+  tp_make(k, &y, a.a, 1, &n, NULL);
+  tp_make(k, &g, a.b, 1, &C, gv);
+  tp_make(k, &b, a.b, 1, &C, bv);
+  tp_make(k, &rm, VL_F32, 1, &C, rmv);
+  tp_make(k, &rv, VL_F32, 1, &C, rvv);
+  tp *out = a.opt & 2 ? &x : &y;
+  if (x.ok && y.ok && g.ok && b.ok && rm.ok && rv.ok)
+    EACH(s) CALL(k, s, bn_fwd_eval, &out->t[s], &x.t[s], &g.t[s], &b.t[s], &rm.t[s], &rv.t[s], N,
+                 C, HW, 1e-5f);
+  cmp(k, out, "y");
+  tp_free(k, &x); tp_free(k, &y); tp_free(k, &g); tp_free(k, &b); tp_free(k, &rm); tp_free(k, &rv);
+  free(xv); free(gv); free(bv); free(rmv); free(rvv);
+}
+
+/* x/dy/dx in a.a, gamma in a.b, dgamma/dbeta in a.c (accumulated into random values);
+ * opt bit 1: no dgamma/dbeta; bit 2: dx aliases dy. mean/rstd are the batch's own. */
+static void ck_bn_bwd(chk *k, args a) {
+  int64_t N, C, HW;
+  bn_shape(a.opt, &N, &C, &HW);
+  int64_t n = N * C * HW, M = N * HW;
+  float *xv = chan_offset(k, N, C, HW, 2), *gv = around_one(k, C), *dyv = randv(k, n, 1);
+  float *dgv = randv(k, C, 1), *dbv = randv(k, C, 1), *mv = randv(k, C, 1), *rsv = randv(k, C, 1);
+  for (int64_t c = 0; c < C; c++) { /* the statistics of x as stored */
+    double s = 0, ss = 0;
+    for (int64_t j = 0; j < M; j++) s += vl_round_to((int)a.a, xv[(j / HW * C + c) * HW + j % HW]);
+    for (int64_t j = 0; j < M; j++) {
+      double d = vl_round_to((int)a.a, xv[(j / HW * C + c) * HW + j % HW]) - s / (double)M;
+      ss += d * d;
+    }
+    mv[c] = (float)(s / (double)M);
+    rsv[c] = (float)(1.0 / sqrt(ss / (double)M + 1e-5));
+  }
+  tp x, g, dy, dx, dg, db, mean, rstd;
+  tp_make(k, &x, a.a, 1, &n, xv);
+  tp_make(k, &g, a.b, 1, &C, gv);
+  tp_make(k, &dy, a.a, 1, &n, dyv);
+  tp_make(k, &dx, a.a, 1, &n, NULL);
+  tp_make(k, &dg, a.c, 1, &C, dgv);
+  tp_make(k, &db, a.c, 1, &C, dbv);
+  tp_make(k, &mean, VL_F32, 1, &C, mv);
+  tp_make(k, &rstd, VL_F32, 1, &C, rsv);
+  bool grads = !(a.opt & 2);
+  tp *out = a.opt & 4 ? &dy : &dx;
+  if (x.ok && g.ok && dy.ok && dx.ok && dg.ok && db.ok && mean.ok && rstd.ok)
+    EACH(s) CALL(k, s, bn_bwd, &out->t[s], grads ? &dg.t[s] : NULL, grads ? &db.t[s] : NULL,
+                 &dy.t[s], &x.t[s], &g.t[s], &mean.t[s], &rstd.t[s], N, C, HW);
+  cmp(k, out, "dx");
+  cmp(k, &dg, "dgamma");
+  cmp(k, &db, "dbeta");
+  tp_free(k, &x); tp_free(k, &g); tp_free(k, &dy); tp_free(k, &dx); tp_free(k, &dg);
+  tp_free(k, &db); tp_free(k, &mean); tp_free(k, &rstd);
+  free(xv); free(gv); free(dyv); free(dgv); free(dbv); free(mv); free(rsv);
+}
+
+/* y in a.a, x in a.b; opt 1: in place (a.a == a.b) */
+static void ck_relu_fwd(chk *k, args a) {
+  int64_t n = 10007;
+  float *xv = randv(k, n, 1);
+  xv[3] = NAN; /* propagates, on both */
+  tp x, y;
+  tp_make(k, &x, a.b, 1, &n, xv);
+  tp_make(k, &y, a.a, 1, &n, NULL);
+  tp *out = a.opt ? &x : &y;
+  if (x.ok && y.ok) EACH(s) CALL(k, s, relu_fwd, &out->t[s], &x.t[s], n);
+  cmp(k, out, "y");
+  tp_free(k, &x); tp_free(k, &y);
+  free(xv);
+}
+
+/* dx/dy in a.a, y in a.b; opt 1: dx aliases dy */
+static void ck_relu_bwd(chk *k, args a) {
+  int64_t n = 10007;
+  float *yv = randv(k, n, 1), *dyv = randv(k, n, 1);
+  for (int64_t i = 0; i < n; i++) yv[i] = yv[i] > 0 ? yv[i] : 0.0f; /* a ReLU output */
+  tp y, dy, dx;
+  tp_make(k, &y, a.b, 1, &n, yv);
+  tp_make(k, &dy, a.a, 1, &n, dyv);
+  tp_make(k, &dx, a.a, 1, &n, NULL);
+  tp *out = a.opt ? &dy : &dx;
+  if (y.ok && dy.ok && dx.ok) EACH(s) CALL(k, s, relu_bwd, &out->t[s], &dy.t[s], &y.t[s], n);
+  cmp(k, out, "dx");
+  tp_free(k, &y); tp_free(k, &dy); tp_free(k, &dx);
+  free(yv); free(dyv);
+}
+
+/* Pool geometries: 0: ResNet's stem 3x3/2 pad 1; 1: U-Net's 2x2/2; 2: 3x3/2 pad 1 with
+ * ceil_mode sizes (the last windows hang over the edge). */
+typedef struct { int64_t planes, H, W; int k, s, p; int64_t P, Q; } pool_geo;
+static pool_geo pool_geom(int opt) {
+  static const pool_geo g[3] = {{6, 17, 17, 3, 2, 1, 9, 9},
+                                {6, 16, 14, 2, 2, 0, 8, 7},
+                                {6, 16, 14, 3, 2, 1, 9, 8}};
+  return g[opt % 3];
+}
+/* Values on a grid of 0.25 so windows hold ties (the first maximum must win on both). */
+static float *tied(chk *k, int64_t n) {
+  float *v = randv(k, n, 1);
+  for (int64_t i = 0; i < n; i++) v[i] = 0.25f * roundf(4.0f * v[i]) - 2.0f;
+  return v;
+}
+
+static void ck_maxpool_fwd(chk *k, args a) {
+  pool_geo g = pool_geom(a.opt);
+  int64_t ni = g.planes * g.H * g.W, no = g.planes * g.P * g.Q;
+  float *xv = tied(k, ni);
+  tp x, y;
+  tp_make(k, &x, a.b, 1, &ni, xv);
+  tp_make(k, &y, a.a, 1, &no, NULL);
+  if (x.ok && y.ok)
+    EACH(s) CALL(k, s, maxpool_fwd, &y.t[s], &x.t[s], g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q);
+  cmp(k, &y, "y");
+  tp_free(k, &x); tp_free(k, &y);
+  free(xv);
+}
+
+/* dx/dy in a.a, x in a.b. The CUDA gather adds each input's gradients in the same order as
+ * the CPU (a scatter for fp32 dx), so this is bit-exact. */
+static void ck_maxpool_bwd(chk *k, args a) {
+  pool_geo g = pool_geom(a.opt);
+  int64_t ni = g.planes * g.H * g.W, no = g.planes * g.P * g.Q;
+  float *xv = tied(k, ni), *dyv = randv(k, no, 1), *dxv = randv(k, ni, 1);
+  tp x, dy, dx;
+  tp_make(k, &x, a.b, 1, &ni, xv);
+  tp_make(k, &dy, a.a, 1, &no, dyv);
+  tp_make(k, &dx, a.a, 1, &ni, dxv); /* overwritten, garbage before */
+  if (x.ok && dy.ok && dx.ok)
+    EACH(s) CALL(k, s, maxpool_bwd, &dx.t[s], &dy.t[s], &x.t[s], g.planes, g.H, g.W, g.k, g.s,
+                 g.p, g.P, g.Q);
+  cmp(k, &dx, "dx");
+  tp_free(k, &x); tp_free(k, &dy); tp_free(k, &dx);
+  free(xv); free(dyv); free(dxv);
+}
+
+/* y/dy in a.a, x/dx in a.b; opt 1: a 1-pixel-wide plane (both edges clamp at once) */
+static void ck_upsample_fwd(chk *k, args a) {
+  int64_t P = 5, H = a.opt ? 9 : 13, W = a.opt ? 1 : 11, lo = P * H * W, hi = 4 * lo;
+  float *xv = randv(k, lo, 1);
+  tp x, y;
+  tp_make(k, &x, a.b, 1, &lo, xv);
+  tp_make(k, &y, a.a, 1, &hi, NULL);
+  if (x.ok && y.ok) EACH(s) CALL(k, s, upsample2x_fwd, &y.t[s], &x.t[s], P, H, W);
+  cmp(k, &y, "y");
+  tp_free(k, &x); tp_free(k, &y);
+  free(xv);
+}
+
+static void ck_upsample_bwd(chk *k, args a) {
+  int64_t P = 5, H = a.opt ? 9 : 13, W = a.opt ? 1 : 11, lo = P * H * W, hi = 4 * lo;
+  float *dyv = randv(k, hi, 1), *dxv = randv(k, lo, 1);
+  tp dy, dx;
+  tp_make(k, &dy, a.a, 1, &hi, dyv);
+  tp_make(k, &dx, a.b, 1, &lo, dxv); /* overwritten */
+  if (dy.ok && dx.ok) EACH(s) CALL(k, s, upsample2x_bwd, &dx.t[s], &dy.t[s], P, H, W);
+  cmp(k, &dx, "dx");
+  tp_free(k, &dy); tp_free(k, &dx);
+  free(dyv); free(dxv);
+}
+
+/* y in a.a, x in a.b; opt 1: accumulate. Channels [3, 10) of x (12) into [5, 12) of y (16). */
+static void ck_chan_copy(chk *k, args a) {
+  int64_t N = 3, yC = 16, xC = 12, HW = 7 * 9, ny = N * yC * HW, nx = N * xC * HW;
+  float *yv = randv(k, ny, 1), *xv = randv(k, nx, 1);
+  tp y, x;
+  tp_make(k, &y, a.a, 1, &ny, yv);
+  tp_make(k, &x, a.b, 1, &nx, xv);
+  if (y.ok && x.ok) EACH(s) CALL(k, s, chan_copy, &y.t[s], yC, 5, &x.t[s], xC, 3, 7, N, HW, a.opt != 0);
+  cmp(k, &y, "y");
+  tp_free(k, &y); tp_free(k, &x);
+  free(yv); free(xv);
+}
+
+static void ck_xent_pix(chk *k, args a) {
+  int64_t N = 2, K = 21, HW = 15 * 13, nl = N * K * HW, np = N * HW;
+  float *lv = randv(k, nl, 2);
+  int32_t *tgt = tokens(k, np, K, true);
+  tp logits, loss, ids;
+  tp_make(k, &logits, a.a, 1, &nl, lv);
+  tp_make(k, &loss, VL_F32, 1, &np, NULL);
+  tok_make(k, &ids, tgt, np);
+  if (logits.ok && loss.ok && ids.ok)
+    EACH(s) CALL(k, s, xent_pix, &logits.t[s], &loss.t[s], IDS(ids, s), N, K, HW, 1.0f / (float)np);
+  cmp(k, &logits, "dlogits");
+  cmp(k, &loss, "loss");
+  tp_free(k, &logits); tp_free(k, &loss); tp_free(k, &ids);
+  free(lv); free(tgt);
+}
+
+/* Convolutions: x, dx, y, dy in a.a, w in a.b, dw in a.c. opt & 3 picks the shape
+ * (N=2, C=8, 9x9 -> K=16): 0: 3x3 pad 1 stride 1; 1: 3x3 pad 1 stride 2; 2: 3x3 dilation 2
+ * pad 2; 3: 1x1 stride 2 (a ResNet downsampling shortcut). opt & 4: accumulate (weight
+ * gradient). Each side sizes its own workspace (conv_ws_bytes) and takes it from its arena
+ * as VL_MEM_WORKSPACE, as the layers do. */
+static bool conv_shape(chk *k, args a, vl_conv *cv) {
+  static const int geo[4][5] = {{3, 3, 1, 1, 1}, {3, 3, 2, 1, 1}, {3, 3, 1, 2, 2}, {1, 1, 2, 0, 1}};
+  const int *g = geo[a.opt & 3]; /* R, S, stride, pad, dil */
+  if (!vl_conv_init(cv, 2, 8, 9, 9, 16, g[0], g[1], g[2], g[3], g[4])) {
+    fail(k, "vl_conv_init rejected the shape");
+    return false;
+  }
+  cv->xdt = a.a; cv->wdt = a.b; cv->gdt = a.c;
+  return true;
+}
+
+/* Workspace for one side (ws->owned tells whether one was taken). */
+static void *conv_ws(chk *k, int s, const vl_conv *cv, vl_conv_dir dir, bool acc, vl_tensor *ws,
+                     size_t *bytes) {
+  vl_ctx *c = k->ctx[s];
+  memset(ws, 0, sizeof *ws);
+  *bytes = c->be->conv_ws_bytes(c, cv, dir, acc);
+  if (!*bytes) return NULL;
+  vl_status r = vl_tensor_alloc2(c, ws, VL_F32, VL_MEM_WORKSPACE, 1, (int64_t)((*bytes + 3) / 4));
+  status(k, s, r, "workspace alloc");
+  return r == VL_OK ? ws->data : NULL;
+}
+
+static void conv_ws_free(chk *k, int s, vl_tensor *ws) {
+  vl_ctx *c = k->ctx[s];
+  if (s == CU) status(k, s, c->be->sync(c), "sync"); /* the op may still use it */
+  if (ws->owned) vl_tensor_free(c, ws);
+}
+
+static void ck_conv_fwd(chk *k, args a) {
+  vl_conv cv;
+  if (!conv_shape(k, a, &cv)) return;
+  int64_t xs[4] = {cv.N, cv.C, cv.H, cv.W}, ws4[4] = {cv.K, cv.C, cv.R, cv.S};
+  int64_t ys[4] = {cv.N, cv.K, cv.P, cv.Q};
+  float *xv = randv(k, xs[0] * xs[1] * xs[2] * xs[3], 1);
+  float *wv = randv(k, ws4[0] * ws4[1] * ws4[2] * ws4[3], 0.3f);
+  tp x, w, y;
+  tp_make(k, &x, a.a, 4, xs, xv);
+  tp_make(k, &w, a.b, 4, ws4, wv);
+  tp_make(k, &y, a.a, 4, ys, NULL);
+  if (x.ok && w.ok && y.ok) EACH(s) {
+    vl_tensor wst;
+    size_t nb = 0;
+    void *p = conv_ws(k, s, &cv, VL_CONV_FWD, false, &wst, &nb);
+    if (nb && !p) continue;
+    CALL(k, s, conv_fwd, &cv, &y.t[s], &x.t[s], &w.t[s], p, nb);
+    conv_ws_free(k, s, &wst);
+  }
+  cmp(k, &y, "y");
+  tp_free(k, &x); tp_free(k, &w); tp_free(k, &y);
+  free(xv); free(wv);
+}
+
+static void ck_conv_bwd_data(chk *k, args a) {
+  vl_conv cv;
+  if (!conv_shape(k, a, &cv)) return;
+  int64_t xs[4] = {cv.N, cv.C, cv.H, cv.W}, ws4[4] = {cv.K, cv.C, cv.R, cv.S};
+  int64_t ys[4] = {cv.N, cv.K, cv.P, cv.Q};
+  float *dyv = randv(k, ys[0] * ys[1] * ys[2] * ys[3], 1);
+  float *wv = randv(k, ws4[0] * ws4[1] * ws4[2] * ws4[3], 0.3f);
+  float *dxv = randv(k, xs[0] * xs[1] * xs[2] * xs[3], 1);
+  tp dy, w, dx;
+  tp_make(k, &dy, a.a, 4, ys, dyv);
+  tp_make(k, &w, a.b, 4, ws4, wv);
+  tp_make(k, &dx, a.a, 4, xs, dxv); /* overwritten */
+  if (dy.ok && w.ok && dx.ok) EACH(s) {
+    vl_tensor wst;
+    size_t nb = 0;
+    void *p = conv_ws(k, s, &cv, VL_CONV_BWD_DATA, false, &wst, &nb);
+    if (nb && !p) continue;
+    CALL(k, s, conv_bwd_data, &cv, &dx.t[s], &dy.t[s], &w.t[s], p, nb);
+    conv_ws_free(k, s, &wst);
+  }
+  cmp(k, &dx, "dx");
+  tp_free(k, &dy); tp_free(k, &w); tp_free(k, &dx);
+  free(dyv); free(wv); free(dxv);
+}
+
+static void ck_conv_bwd_weight(chk *k, args a) {
+  vl_conv cv;
+  if (!conv_shape(k, a, &cv)) return;
+  bool acc = (a.opt & 4) != 0;
+  int64_t xs[4] = {cv.N, cv.C, cv.H, cv.W}, ws4[4] = {cv.K, cv.C, cv.R, cv.S};
+  int64_t ys[4] = {cv.N, cv.K, cv.P, cv.Q};
+  float *xv = randv(k, xs[0] * xs[1] * xs[2] * xs[3], 1);
+  float *dyv = randv(k, ys[0] * ys[1] * ys[2] * ys[3], 1);
+  float *dwv = randv(k, ws4[0] * ws4[1] * ws4[2] * ws4[3], 1); /* kept when accumulating */
+  tp x, dy, dw;
+  tp_make(k, &x, a.a, 4, xs, xv);
+  tp_make(k, &dy, a.a, 4, ys, dyv);
+  tp_make(k, &dw, a.c, 4, ws4, dwv);
+  if (x.ok && dy.ok && dw.ok) EACH(s) {
+    vl_tensor wst;
+    size_t nb = 0;
+    void *p = conv_ws(k, s, &cv, VL_CONV_BWD_WEIGHT, acc, &wst, &nb);
+    if (nb && !p) continue;
+    CALL(k, s, conv_bwd_weight, &cv, &dw.t[s], &x.t[s], &dy.t[s], acc, p, nb);
+    conv_ws_free(k, s, &wst);
+  }
+  cmp(k, &dw, "dw");
+  tp_free(k, &x); tp_free(k, &dy); tp_free(k, &dw);
+  free(xv); free(dyv); free(dwv);
+}
+
 /* ---- the table ---------------------------------------------------------------------- */
 typedef struct {
   const char *name;
@@ -682,6 +1034,77 @@ static const check CHECKS[] = {
     {"gemm bf16 x nf4 -> bf16 NT", ck_gemm, {BF16, NF4, BF16, 2}, 5e-4},
     {"gemm f32 x nf4 -> f32 batched", ck_gemm, {F32, NF4, F32, 4}, 1e-9},
     {"gemm bf16 x nf4 -> f32 TN", ck_gemm, {BF16, NF4, F32, 1}, 5e-4},
+    /* CNN ops. Batch norm: per-channel sums in double in another order (a block tree on
+     * CUDA), then fp32 math with the compilers' own FMA contraction: rounding level. */
+    {"bn_fwd_train f32", ck_bn_train, AO(F32, 0), 1e-9},
+    {"bn_fwd_train f32 big HW, no running", ck_bn_train, AO(F32, 3), 1e-9},
+    {"bn_fwd_train f16 (gamma f32)", ck_bn_train, A2(F16, F32), 1e-5},
+    {"bn_fwd_train bf16", ck_bn_train, AO(BF16, 1), 5e-4},
+    {"bn_fwd_eval f32", ck_bn_eval, AO(F32, 0), 1e-9},
+    {"bn_fwd_eval f32 in place", ck_bn_eval, AO(F32, 3), 1e-9},
+    {"bn_fwd_eval bf16 in place, gamma f32", ck_bn_eval, {BF16, F32, BF16, 2}, 5e-4},
+    {"bn_bwd f32", ck_bn_bwd, AO(F32, 0), 1e-9},
+    {"bn_bwd f32 big HW, dx over dy", ck_bn_bwd, AO(F32, 5), 1e-9},
+    {"bn_bwd f32 no dgamma/dbeta", ck_bn_bwd, AO(F32, 2), 1e-9},
+    {"bn_bwd f16 (gamma, grads f32)", ck_bn_bwd, {F16, F32, F32, 0}, 1e-5},
+    {"bn_bwd bf16 dx over dy", ck_bn_bwd, {BF16, BF16, F32, 4}, 5e-4},
+    /* ReLU, pooling, channel copy: data movement and comparisons, bit-exact */
+    {"relu_fwd f32", ck_relu_fwd, A1(F32), EXACT},
+    {"relu_fwd f32 in place", ck_relu_fwd, AO(F32, 1), EXACT},
+    {"relu_fwd bf16 (x f32)", ck_relu_fwd, A2(BF16, F32), EXACT},
+    {"relu_fwd f16 in place", ck_relu_fwd, AO(F16, 1), EXACT},
+    {"relu_bwd f32", ck_relu_bwd, A1(F32), EXACT},
+    {"relu_bwd f32 in place", ck_relu_bwd, AO(F32, 1), EXACT},
+    {"relu_bwd bf16 in place", ck_relu_bwd, AO(BF16, 1), EXACT},
+    {"maxpool_fwd f32 3x3/2 pad 1", ck_maxpool_fwd, AO(F32, 0), EXACT},
+    {"maxpool_fwd f32 2x2/2", ck_maxpool_fwd, AO(F32, 1), EXACT},
+    {"maxpool_fwd bf16 ceil sizes", ck_maxpool_fwd, AO(BF16, 2), EXACT},
+    {"maxpool_fwd f16 (x f32)", ck_maxpool_fwd, {F16, F32, F16, 0}, EXACT},
+    {"maxpool_bwd f32 3x3/2 pad 1", ck_maxpool_bwd, AO(F32, 0), EXACT},
+    {"maxpool_bwd f32 2x2/2", ck_maxpool_bwd, AO(F32, 1), EXACT},
+    {"maxpool_bwd f32 ceil sizes", ck_maxpool_bwd, AO(F32, 2), EXACT},
+    {"maxpool_bwd f16 3x3/2 pad 1", ck_maxpool_bwd, AO(F16, 0), EXACT},
+    {"maxpool_bwd bf16 (x f32) ceil sizes", ck_maxpool_bwd, {BF16, F32, BF16, 2}, EXACT},
+    {"chan_copy f32", ck_chan_copy, A1(F32), EXACT},
+    {"chan_copy f32 accumulate", ck_chan_copy, AO(F32, 1), EXACT},
+    {"chan_copy bf16 <- f32", ck_chan_copy, A2(BF16, F32), EXACT},
+    {"chan_copy f16 accumulate", ck_chan_copy, AO(F16, 1), EXACT},
+    /* upsampling: 4 weighted terms (16 in backward), FMA contraction may differ */
+    {"upsample2x_fwd f32", ck_upsample_fwd, A1(F32), 1e-12},
+    {"upsample2x_fwd f32 width 1", ck_upsample_fwd, AO(F32, 1), 1e-12},
+    {"upsample2x_fwd f16", ck_upsample_fwd, A1(F16), 1e-5},
+    {"upsample2x_fwd bf16 (x f32)", ck_upsample_fwd, A2(BF16, F32), 5e-4},
+    {"upsample2x_bwd f32", ck_upsample_bwd, A1(F32), 1e-12},
+    {"upsample2x_bwd f32 width 1", ck_upsample_bwd, AO(F32, 1), 1e-12},
+    {"upsample2x_bwd bf16", ck_upsample_bwd, A1(BF16), 5e-4},
+    {"upsample2x_bwd f16 (dx f32)", ck_upsample_bwd, A2(F16, F32), 1e-9},
+    {"xent_pix f32", ck_xent_pix, A1(F32), 1e-9},
+    {"xent_pix f16", ck_xent_pix, A1(F16), 1e-5},
+    {"xent_pix bf16", ck_xent_pix, A1(BF16), 5e-4},
+    /* convolutions (oneDNN against cuDNN): sums of C*R*S = 72 products in another order;
+     * cuDNN may run fp32 through TF32 tensor cores (~1e-7), a wrong index is ~1 */
+    {"conv_fwd f32 3x3/1", ck_conv_fwd, {F32, F32, F32, 0}, 1e-6},
+    {"conv_fwd f32 3x3/2", ck_conv_fwd, {F32, F32, F32, 1}, 1e-6},
+    {"conv_fwd f32 3x3 dil 2", ck_conv_fwd, {F32, F32, F32, 2}, 1e-6},
+    {"conv_fwd f32 1x1/2", ck_conv_fwd, {F32, F32, F32, 3}, 1e-6},
+    {"conv_fwd f16 3x3/1", ck_conv_fwd, {F16, F16, F32, 0}, 1e-5},
+    {"conv_fwd bf16 3x3/2", ck_conv_fwd, {BF16, BF16, F32, 1}, 5e-4},
+    {"conv_bwd_data f32 3x3/1", ck_conv_bwd_data, {F32, F32, F32, 0}, 1e-6},
+    {"conv_bwd_data f32 3x3/2", ck_conv_bwd_data, {F32, F32, F32, 1}, 1e-6},
+    {"conv_bwd_data f32 3x3 dil 2", ck_conv_bwd_data, {F32, F32, F32, 2}, 1e-6},
+    {"conv_bwd_data f32 1x1/2", ck_conv_bwd_data, {F32, F32, F32, 3}, 1e-6},
+    {"conv_bwd_data f16 3x3/2", ck_conv_bwd_data, {F16, F16, F32, 1}, 1e-5},
+    {"conv_bwd_data bf16 1x1/2", ck_conv_bwd_data, {BF16, BF16, F32, 3}, 5e-4},
+    {"conv_bwd_weight f32 3x3/1", ck_conv_bwd_weight, {F32, F32, F32, 0}, 1e-6},
+    {"conv_bwd_weight f32 3x3/1 accumulate", ck_conv_bwd_weight, {F32, F32, F32, 4}, 1e-6},
+    {"conv_bwd_weight f32 3x3/2", ck_conv_bwd_weight, {F32, F32, F32, 1}, 1e-6},
+    {"conv_bwd_weight f32 3x3/2 accumulate", ck_conv_bwd_weight, {F32, F32, F32, 5}, 1e-6},
+    {"conv_bwd_weight f32 3x3 dil 2", ck_conv_bwd_weight, {F32, F32, F32, 2}, 1e-6},
+    {"conv_bwd_weight f32 dil 2 accumulate", ck_conv_bwd_weight, {F32, F32, F32, 6}, 1e-6},
+    {"conv_bwd_weight f32 1x1/2", ck_conv_bwd_weight, {F32, F32, F32, 3}, 1e-6},
+    {"conv_bwd_weight f32 1x1/2 accumulate", ck_conv_bwd_weight, {F32, F32, F32, 7}, 1e-6},
+    {"conv_bwd_weight f16 accumulate", ck_conv_bwd_weight, {F16, F16, F32, 4}, 1e-5},
+    {"conv_bwd_weight bf16 (dw bf16)", ck_conv_bwd_weight, {BF16, BF16, BF16, 1}, 5e-4},
 };
 #define NCHECKS (sizeof CHECKS / sizeof CHECKS[0])
 
