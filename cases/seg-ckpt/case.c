@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "case.h"
 #include "datasets/segset.h"
@@ -63,7 +64,13 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   if (vl_knob_bool(k, "relu_inplace", 1, &b, err, errn)) return -1;
   r->tc.relu_inplace = b;
   if (vl_knob_int(k, "accum", 1, 1, 4096, &r->accum, err, errn)) return -1;
-  if (vl_knob_int(k, "workers", 0, 0, VL_LOADER_WORKERS_MAX, &r->workers, err, errn)) return -1;
+  const char *w = vl_knob_get(k, "workers");
+  if (w && !strcasecmp(w, "cores")) { /* PyTorch's usual advice: one worker per core */
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    r->workers = n > 0 ? n : 1;
+  } else if (vl_knob_int(k, "workers", 0, 0, VL_LOADER_WORKERS_MAX, &r->workers, err, errn)) {
+    return -1;
+  }
   if (vl_knob_int(k, "prefetch", 2, 1, 64, &r->prefetch, err, errn)) return -1;
   if (vl_knob_bool(k, "pinned", 0, &r->pinned, err, errn)) return -1;
   double d;
