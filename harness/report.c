@@ -258,7 +258,7 @@ int vl_rep_mem_by_category(cJSON *res, const char *dir, const char *title, char 
   }
   fclose(f);
   snprintf(script, n,
-           "set terminal png size 1000,560\nset output 'mem_by_category.png'\n"
+           "set terminal png size 1000,560 noenhanced\nset output 'mem_by_category.png'\n"
            "set title '%s'\n"
            "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
            "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"

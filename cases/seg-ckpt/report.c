@@ -28,7 +28,7 @@ static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
   cJSON *lp = plan_of(last);
   if (vl_rep_write_pairs(dir, "batch.dat", cJSON_GetObjectItem(lp, "batch_curve"))) return;
   snprintf(s2, sizeof s2,
-           "set terminal png size 900,480\nset output 'batch.png'\n"
+           "set terminal png size 900,480 noenhanced\nset output 'batch.png'\n"
            "set title 'Peak memory vs batch (rung %s, planned at 512x512)'\n"
            "set xlabel 'micro-batch'\nset ylabel 'GB'\nset grid\nset key left top\n"
            "plot 'batch.dat' using 1:2 with points pt 7 ps 1.2 title 'planned peak', "
@@ -58,8 +58,8 @@ static void plots(cJSON *res, const char *dir, FILE *md, const char *case_id) {
   }
   fclose(f);
   snprintf(s3, sizeof s3,
-           "set terminal png size 900,480\nset output 'accuracy.png'\n"
-           "set title 'Held-out pixel accuracy per epoch (run scale, same images per rung)'\n"
+           "set terminal png size 900,480 noenhanced\nset output 'accuracy.png'\n"
+           "set title 'Held-out pixel accuracy per epoch (run scale, same images per rung; before, ckpt and relu_off coincide)'\n"
            "set xlabel 'epoch'\nset ylabel 'pixel accuracy'\nset grid\nset key right bottom\n%s\n", plot);
   int ok = vl_rep_gnuplot(dir, "mem_by_category", s1) == 0;
   ok &= vl_rep_gnuplot(dir, "batch", s2) == 0;
