@@ -48,6 +48,22 @@ int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, do
 int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *err, size_t errn);
 int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn);
 
+/* Shared pieces of the cases (cases/registry.c). */
+/* A JSON object {category: bytes} of the arena's categories. */
+cJSON *vl_case_cats_json(const size_t *v);
+/* Loader x_alloc/x_free hooks: batch images in the backend's pinned host memory; user is
+ * the vl_ctx. */
+void *vl_case_pinned_alloc(void *user, size_t n);
+void vl_case_pinned_free(void *user, void *p);
+/* Data-generation progress on the harness's progress line (every `every` items). */
+void vl_case_gen_progress(int64_t done, int64_t total, void *user);
+/* Largest b in [lo, limit] with fits(b) true, for a predicate monotone in b (true up to a
+ * point): doubling from lo, then bisection. 0 when fits(lo) is false; `limit` means "at
+ * least that many". */
+int64_t vl_case_max_true(bool (*fits)(void *user, int64_t b), void *user, int64_t lo, int64_t limit);
+/* Least squares y = a + b x over n points, with R^2. */
+void vl_case_linfit(const double *x, const double *y, int n, double *a, double *b, double *r2);
+
 /* sgemm FLOP/s of this machine's CPU backend (square n, reps), for utilisation shares. */
 double vl_bench_sgemm(int n, int reps);
 

@@ -111,3 +111,59 @@ double vl_bench_sgemm(int n, int reps) {
   vl_ctx_destroy(c);
   return best;
 }
+
+/* ---- helpers shared by the cases ------------------------------------------------------- */
+
+cJSON *vl_case_cats_json(const size_t *v) {
+  cJSON *o = cJSON_CreateObject();
+  for (int i = 0; i < VL_MEM_NCAT; i++)
+    cJSON_AddNumberToObject(o, vl_mem_cat_name((vl_mem_cat)i), (double)v[i]);
+  return o;
+}
+
+void *vl_case_pinned_alloc(void *user, size_t n) {
+  vl_ctx *c = user;
+  return c->be->host_alloc(c, n, true);
+}
+
+void vl_case_pinned_free(void *user, void *p) {
+  vl_ctx *c = user;
+  c->be->host_free(c, p, true);
+}
+
+void vl_case_gen_progress(int64_t done, int64_t total, void *user) {
+  (void)user;
+  if (done == total || done % 64 == 0)
+    vl_progress("  data gen %lld/%lld", (long long)done, (long long)total);
+}
+
+int64_t vl_case_max_true(bool (*fits)(void *user, int64_t b), void *user, int64_t lo, int64_t limit) {
+  if (!fits(user, lo)) return 0;
+  int64_t hi = 2 * lo;
+  while (hi <= limit && fits(user, hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > limit) return lo;
+  while (hi - lo > 1) {
+    int64_t mid = (lo + hi) / 2;
+    if (fits(user, mid)) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+void vl_case_linfit(const double *x, const double *y, int n, double *a, double *b, double *r2) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int i = 0; i < n; i++) { sx += x[i]; sy += y[i]; sxx += x[i] * x[i]; sxy += x[i] * y[i]; }
+  double den = n * sxx - sx * sx;
+  *b = den != 0 ? (n * sxy - sx * sy) / den : 0;
+  *a = n ? (sy - *b * sx) / n : 0;
+  double my = n ? sy / n : 0, ss_tot = 0, ss_res = 0;
+  for (int i = 0; i < n; i++) {
+    double e = y[i] - (*a + *b * x[i]);
+    ss_res += e * e;
+    ss_tot += (y[i] - my) * (y[i] - my);
+  }
+  *r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
+}

@@ -85,11 +85,6 @@ static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, d
 
 /* Open the data set, making it first when it is not there (seeded, so every run of the
  * same setting reads the same bytes). */
-static void gen_progress(int64_t done, int64_t total, void *user) {
-  (void)user;
-  if (done == total || done % 64 == 0) vl_progress("  data gen %lld/%lld", (long long)done, (long long)total);
-}
-
 static int open_data(const dl_cfg *d, vl_jpegset **out, char *err, size_t errn) {
   char e2[512];
   if (vl_jpegset_open(out, d->data_dir, e2, sizeof e2) == 0) {
@@ -97,7 +92,7 @@ static int open_data(const dl_cfg *d, vl_jpegset **out, char *err, size_t errn) 
     vl_jpegset_close(*out);
   }
   vl_progress("generating %ld synthetic JPEGs in %s", d->images, d->data_dir);
-  if (vl_jpegset_generate(d->data_dir, d->images, (uint64_t)d->data_seed, 90, gen_progress, NULL, err, errn))
+  if (vl_jpegset_generate(d->data_dir, d->images, (uint64_t)d->data_seed, 90, vl_case_gen_progress, NULL, err, errn))
     return -1;
   return vl_jpegset_open(out, d->data_dir, err, errn);
 }
@@ -185,15 +180,6 @@ static vl_status run_epoch(vl_loader *l, int64_t epoch, double consumer_ms, devi
   return s;
 }
 
-static void *pinned_alloc(void *user, size_t n) {
-  vl_ctx *c = user;
-  return c->be->host_alloc(c, n, true);
-}
-static void pinned_free(void *user, void *p) {
-  vl_ctx *c = user;
-  c->be->host_free(c, p, true);
-}
-
 static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out, char *err,
                   size_t errn) {
   dl_cfg d;
@@ -216,8 +202,8 @@ static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out
       return -1;
     }
     if (d.pin) { /* batch images land in pinned staging: no bounce copy, async upload */
-      d.lc.x_alloc = pinned_alloc;
-      d.lc.x_free = pinned_free;
+      d.lc.x_alloc = vl_case_pinned_alloc;
+      d.lc.x_free = vl_case_pinned_free;
       d.lc.x_user = dev.c;
     }
   }

@@ -167,20 +167,15 @@ static bool fits(const rung_cfg *r, int64_t B, int64_t T) {
 
 #define MAX_BATCH_SEARCH 65536
 
-/* Largest micro-batch whose worst-case step (T = seq) fits under the cap: doubling, then
- * bisection (peak is monotone in B). 0 when not even one row fits; MAX_BATCH_SEARCH means
- * "at least that many" (the search stops there). */
+static bool fits_full_len(void *user, int64_t b) {
+  const rung_cfg *r = user;
+  return fits(r, b, r->mc.seq);
+}
+
+/* Largest micro-batch whose worst-case step (T = seq) fits under the cap (peak is monotone
+ * in B). 0 when not even one row fits; MAX_BATCH_SEARCH means "at least that many". */
 static int64_t max_batch(const rung_cfg *r) {
-  int64_t T = r->mc.seq;
-  if (!fits(r, 1, T)) return 0;
-  int64_t lo = 1, hi = 2;
-  while (hi <= MAX_BATCH_SEARCH && fits(r, hi, T)) { lo = hi; hi *= 2; }
-  if (hi > MAX_BATCH_SEARCH) return lo;
-  while (hi - lo > 1) {
-    int64_t mid = (lo + hi) / 2;
-    if (fits(r, mid, T)) lo = mid; else hi = mid;
-  }
-  return lo;
+  return vl_case_max_true(fits_full_len, (void *)r, 1, MAX_BATCH_SEARCH);
 }
 
 /* Longest padded length that fits for batch B (0 if none). */
@@ -193,12 +188,6 @@ static int64_t max_len(const rung_cfg *r, int64_t B) {
     if (fits(r, B, mid)) lo = mid; else hi = mid;
   }
   return lo;
-}
-
-static cJSON *cats_json(const size_t *v) {
-  cJSON *o = cJSON_CreateObject();
-  for (int i = 0; i < VL_MEM_NCAT; i++) cJSON_AddNumberToObject(o, vl_mem_cat_name((vl_mem_cat)i), (double)v[i]);
-  return o;
 }
 
 static int resolve_batch(rung_cfg *r, int64_t *mb) {
@@ -234,8 +223,8 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddNumberToObject(out, "effective_batch", (double)(B * r.accum));
   cJSON_AddNumberToObject(out, "seq", (double)T);
   cJSON_AddNumberToObject(out, "peak_bytes", (double)p.mem.peak_total);
-  cJSON_AddItemToObject(out, "by_category", cats_json(p.mem.at_peak));
-  cJSON_AddItemToObject(out, "peak_by_category", cats_json(p.mem.peak));
+  cJSON_AddItemToObject(out, "by_category", vl_case_cats_json(p.mem.at_peak));
+  cJSON_AddItemToObject(out, "peak_by_category", vl_case_cats_json(p.mem.peak));
   cJSON_AddNumberToObject(out, "reserved_bytes", (double)p.mem.reserved);
   cJSON_AddNumberToObject(out, "weight_bytes", (double)(p.mem.at_peak[VL_MEM_FROZEN] + p.mem.at_peak[VL_MEM_PARAMS]));
   cJSON_AddNumberToObject(out, "optim_bytes", (double)p.mem.at_peak[VL_MEM_OPTIM]);
@@ -382,7 +371,7 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
     cJSON_AddNumberToObject(out, "params_total", (double)vl_mistral_n_params(m, false));
     cJSON_AddNumberToObject(out, "params_trainable", (double)vl_mistral_n_params(m, true));
     cJSON_AddNumberToObject(out, "measured_peak_bytes", (double)ms.peak_total);
-    cJSON_AddItemToObject(out, "measured_by_category", cats_json(ms.at_peak));
+    cJSON_AddItemToObject(out, "measured_by_category", vl_case_cats_json(ms.at_peak));
     /* The planner, following this device's workspace rules, for the longest step seen. */
     if (env->device == VL_DEV_CPU) {
       plan_res p;

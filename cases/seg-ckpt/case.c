@@ -132,40 +132,12 @@ static bool fits(const rung_cfg *r, int64_t B) {
 
 #define MAX_BATCH_SEARCH 65536
 
+static bool fits_pred(void *user, int64_t b) { return fits(user, b); }
+
 /* Largest micro-batch (>= 2: batch norm needs two samples at 1/32 resolution) that fits
- * under the cap: doubling, then bisection (peak is monotone in B); 0 when none fits. */
+ * under the cap; 0 when none does. */
 static int64_t max_batch(const rung_cfg *r) {
-  if (!fits(r, 2)) return 0;
-  int64_t lo = 2, hi = 4;
-  while (hi <= MAX_BATCH_SEARCH && fits(r, hi)) { lo = hi; hi *= 2; }
-  if (hi > MAX_BATCH_SEARCH) return lo;
-  while (hi - lo > 1) {
-    int64_t mid = (lo + hi) / 2;
-    if (fits(r, mid)) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
-static cJSON *cats_json(const size_t *v) {
-  cJSON *o = cJSON_CreateObject();
-  for (int i = 0; i < VL_MEM_NCAT; i++) cJSON_AddNumberToObject(o, vl_mem_cat_name((vl_mem_cat)i), (double)v[i]);
-  return o;
-}
-
-/* Least squares y = a + b x with R^2. */
-static void linfit(const double *x, const double *y, int n, double *a, double *b, double *r2) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (int i = 0; i < n; i++) { sx += x[i]; sy += y[i]; sxx += x[i] * x[i]; sxy += x[i] * y[i]; }
-  double den = n * sxx - sx * sx;
-  *b = den != 0 ? (n * sxy - sx * sy) / den : 0;
-  *a = (sy - *b * sx) / n;
-  double my = sy / n, ss_tot = 0, ss_res = 0;
-  for (int i = 0; i < n; i++) {
-    double e = y[i] - (*a + *b * x[i]);
-    ss_res += e * e;
-    ss_tot += (y[i] - my) * (y[i] - my);
-  }
-  *r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
+  return vl_case_max_true(fits_pred, (void *)r, 2, MAX_BATCH_SEARCH);
 }
 
 static int seg_plan(const vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out,
@@ -195,8 +167,8 @@ static int seg_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddNumberToObject(out, "accum", (double)r.accum);
   cJSON_AddNumberToObject(out, "effective_batch", (double)(B * r.accum));
   cJSON_AddNumberToObject(out, "peak_bytes", (double)ms->peak_total);
-  cJSON_AddItemToObject(out, "by_category", cats_json(ms->at_peak));
-  cJSON_AddItemToObject(out, "peak_by_category", cats_json(ms->peak));
+  cJSON_AddItemToObject(out, "by_category", vl_case_cats_json(ms->at_peak));
+  cJSON_AddItemToObject(out, "peak_by_category", vl_case_cats_json(ms->peak));
   cJSON_AddNumberToObject(out, "acts_bytes", (double)ms->peak[VL_MEM_ACTS]);
   /* "model memory": what the weights cost to train (weights, masters, grads, optimizer) */
   double model = (double)(ms->at_peak[VL_MEM_PARAMS] + ms->at_peak[VL_MEM_FROZEN] +
@@ -243,7 +215,7 @@ static int seg_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   }
   cJSON_AddItemToObject(out, "batch_curve", curve);
   double a = 0, bb = 0, r2 = 0;
-  if (got >= 2) linfit(xs, ys, got, &a, &bb, &r2);
+  if (got >= 2) vl_case_linfit(xs, ys, got, &a, &bb, &r2);
   free(xs);
   free(ys);
   cJSON_AddNumberToObject(out, "fit_base_bytes", a);
@@ -256,11 +228,6 @@ static int seg_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
 }
 
 /* ---- data -------------------------------------------------------------------------------- */
-
-static void gen_progress(int64_t done, int64_t total, void *user) {
-  (void)user;
-  if (done == total || done % 128 == 0) vl_progress("  data gen %lld/%lld", (long long)done, (long long)total);
-}
 
 /* The train or eval split at this scale's image size, made on first use (seeded). */
 static int open_split(const rung_cfg *r, bool eval, vl_segset **out, char *err, size_t errn) {
@@ -282,18 +249,9 @@ static int open_split(const rung_cfg *r, bool eval, vl_segset **out, char *err, 
   g.size = (int)r->mc.image;
   g.num_classes = (int)r->mc.classes;
   g.seed = seed;
-  g.progress = gen_progress;
+  g.progress = vl_case_gen_progress;
   if (vl_segset_generate(dir, &g, err, errn)) return -1;
   return vl_segset_open(out, dir, err, errn);
-}
-
-static void *pinned_alloc(void *user, size_t n) {
-  vl_ctx *c = user;
-  return c->be->host_alloc(c, n, true);
-}
-static void pinned_free(void *user, void *p) {
-  vl_ctx *c = user;
-  c->be->host_free(c, p, true);
 }
 
 static void loader_cfg(const rung_cfg *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c) {
@@ -309,8 +267,8 @@ static void loader_cfg(const rung_cfg *r, vl_loader_cfg *lc, int64_t B, bool eva
   lc->shuffle = !eval;
   lc->seed = (uint64_t)r->seed;
   if (r->pinned && c->device == VL_DEV_CUDA) {
-    lc->x_alloc = pinned_alloc;
-    lc->x_free = pinned_free;
+    lc->x_alloc = vl_case_pinned_alloc;
+    lc->x_free = vl_case_pinned_free;
     lc->x_user = c;
   }
 }
@@ -524,7 +482,7 @@ static int seg_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
     cJSON_AddNumberToObject(out, "measured_peak_bytes", (double)ms.peak_total);
     cJSON_AddNumberToObject(out, "measured_acts_bytes", (double)ms.peak[VL_MEM_ACTS]);
     cJSON_AddNumberToObject(out, "measured_fragmentation", ms.fragmentation);
-    cJSON_AddItemToObject(out, "measured_by_category", cats_json(ms.at_peak));
+    cJSON_AddItemToObject(out, "measured_by_category", vl_case_cats_json(ms.at_peak));
     if (env->device == VL_DEV_CPU) { /* the planner with this device's workspace rules */
       plan_res p;
       plan_step(&r, B, r.accum, VL_NO_CAP, VL_DEV_CPU, &p);

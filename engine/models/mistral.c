@@ -61,10 +61,7 @@ void vl_train_cfg_default(vl_train_cfg *t) {
   t->compute = VL_F32;
   t->frozen = VL_F32;
   t->lora_alpha = 16.0f;
-  t->optim.opt = VL_OPT_ADAMW;
-  t->optim.hp = (vl_optim_hp){.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                              .weight_decay = 0.0f, .eps2 = 1e-3f, .clip_thr = 1.0f,
-                              .decay_pow = 0.8f, .momentum = 0.9f, .grad_scale = 1.0f};
+  vl_optim_cfg_default(&t->optim, 1e-4f);
   t->clip = 1.0f;
   t->loss_scale = 65536.0f;
   t->loss_scale_window = 2000;

@@ -4,6 +4,14 @@
 
 #include "vramlab/nn.h"
 
+void vl_optim_cfg_default(vl_optim_cfg *o, float lr) {
+  o->opt = VL_OPT_ADAMW;
+  o->adafactor_beta1 = false;
+  o->hp = (vl_optim_hp){.lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .weight_decay = 0.0f, .eps2 = 1e-3f, .clip_thr = 1.0f,
+                        .decay_pow = 0.8f, .momentum = 0.9f, .grad_scale = 1.0f};
+}
+
 void vl_scaler_init(vl_scaler *s, bool fp16, float init_scale, int window) {
   s->fp16 = fp16;
   s->scale = fp16 ? init_scale : 1.0f;

@@ -56,6 +56,10 @@ typedef struct {
   bool adafactor_beta1; /* Adafactor keeps a first moment */
 } vl_optim_cfg;
 
+/* AdamW with betas (0.9, 0.999), eps 1e-8, no weight decay, at learning rate lr; the
+ * Adafactor (eps2 1e-3, clip 1, decay 0.8) and SGD (momentum 0.9) knobs set too. */
+void vl_optim_cfg_default(vl_optim_cfg *o, float lr);
+
 /* Allocate a parameter: storage dtype `dt` (compute copy), trainable -> grads + master when
  * dt != fp32. Values are set by vl_param_init_* or vl_param_load. */
 vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows, int64_t cols,
