@@ -1,11 +1,13 @@
-/* Shared helpers of the synthetic image sets: files (atomic writes, reads, JPEG damage) and
- * integer pixel synthesis (textured backgrounds, sensor noise). See synth.h. */
+/* Shared helpers of the synthetic image sets: files (atomic writes, reads, JPEG damage),
+ * integer pixel synthesis (textured backgrounds, shapes, sensor noise), the generation
+ * driver, the read side of a dataset and manifest parsing. See synth.h. */
 #define _GNU_SOURCE
 #include "synth.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,16 @@ void vl_synth_setf(char *err, size_t errn, const char *fmt, ...) {
 }
 #define setf vl_synth_setf
 
-static const char *errstr(int e, char *buf, size_t n) { return strerror_r(e, buf, n); }
+const char *vl_synth_errstr(int e, char *buf, size_t n) { return strerror_r(e, buf, n); }
+#define errstr vl_synth_errstr
+
+const char *vl_synth_join(char *buf, size_t n, const char *dir, const char *name, char *err,
+                          size_t errn) {
+  int k = snprintf(buf, n, "%s/%s", dir, name);
+  if (k >= 0 && (size_t)k < n) return buf;
+  setf(err, errn, "path too long: %s/%s", dir, name);
+  return NULL;
+}
 
 /* ==================================== files ========================================== */
 
@@ -76,7 +87,7 @@ static int write_all(int fd, const void *data, size_t len) {
 int vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
                           char *err, size_t errn) {
   char path[PATH_MAX], tmp[PATH_MAX], eb[128];
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path ||
+  if (!vl_synth_join(path, sizeof path, dir, name, NULL, 0) ||
       snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid()) >= (int)sizeof tmp) {
     setf(err, errn, "path too long: %s/%s", dir, name);
     return -1;
@@ -169,10 +180,7 @@ vl_status vl_synth_read_file(const char *path, uint8_t **buf, size_t *cap, size_
 int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t salt,
                          char *err, size_t errn) {
   char path[PATH_MAX], eb[128];
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
-    setf(err, errn, "path too long: %s/%s", dir, name);
-    return -1;
-  }
+  if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
   if (mode == 2) {
     static const char junk[] =
         "This is not a JPEG file: vramlab replaced the image to test corrupt-file handling.\n";
@@ -223,11 +231,6 @@ int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t s
   }
   free(buf);
   return rc;
-}
-
-tjhandle vl_synth_tj_renew(tjhandle tj) {
-  if (tj) tjDestroy(tj);
-  return tjInitDecompress();
 }
 
 /* ============================== pixel synthesis ======================================= */
@@ -373,6 +376,59 @@ void vl_synth_background(vl_synth_canvas *s, int w, int h, vl_rng *r) {
   }
 }
 
+/* Is the rotated point (u, v) (pixels times S) inside a shape of kind k with half-extents
+ * rx, ry? Integer arithmetic: sizes up to 2048 keep every product in int64 (the ellipse's
+ * u^2 ry^2 is the largest, ~1e18 at 2048). */
+static int inside(int kind, int64_t u, int64_t v, int64_t rx, int64_t ry, int64_t S) {
+  int64_t au = u < 0 ? -u : u, av = v < 0 ? -v : v;
+  switch (kind) {
+  case VL_SYNTH_ELLIPSE: return u * u * ry * ry + v * v * rx * rx <= rx * rx * ry * ry * S * S;
+  case VL_SYNTH_RECT: return au <= rx * S && av <= ry * S;
+  case VL_SYNTH_TRIANGLE: /* apex at v = -ry, base at v = +ry with half-width rx */
+    return v <= ry * S && 2 * ry * au <= rx * (v + ry * S);
+  case VL_SYNTH_RING: {
+    int64_t ix = rx * 55 / 100, iy = ry * 55 / 100;
+    if (u * u * ry * ry + v * v * rx * rx > rx * rx * ry * ry * S * S) return 0;
+    return ix < 1 || iy < 1 || u * u * iy * iy + v * v * ix * ix > ix * ix * iy * iy * S * S;
+  }
+  case VL_SYNTH_DIAMOND: return au * ry + av * rx <= rx * ry * S;
+  default: /* VL_SYNTH_CROSS: two bars a third as thick as they are long */
+    return (au <= rx * S && 3 * av <= ry * S) || (3 * au <= rx * S && av <= ry * S);
+  }
+}
+
+/* One pixel of a shape: its colour lifted by the texture t and the shade, alpha-blended. */
+static void blend(uint8_t *px, const int col[3], int t, int shade, int alpha) {
+  for (int c = 0; c < 3; c++) {
+    int val = vl_synth_clamp255(col[c] + t + shade);
+    px[c] = (uint8_t)((val * alpha + px[c] * (256 - alpha)) >> 8);
+  }
+}
+
+void vl_synth_paint(vl_synth_canvas *c, int w, int h, const vl_synth_shape *sh, uint8_t *mask,
+                    int cls) {
+  const int64_t S = 1024, R = sh->R, invR = 65536 / R;
+  const int64_t co = sh->rot[0], si = sh->rot[1];
+  int x0 = sh->cx - (int)R, x1 = sh->cx + (int)R, y0 = sh->cy - (int)R, y1 = sh->cy + (int)R;
+  if (x0 < 0) x0 = 0;
+  if (y0 < 0) y0 = 0;
+  if (x1 > w - 1) x1 = w - 1;
+  if (y1 > h - 1) y1 = h - 1;
+  for (int y = y0; y <= y1; y++) {
+    int64_t dy = y - sh->cy;
+    for (int x = x0; x <= x1; x++) {
+      int64_t dx = x - sh->cx;
+      int64_t u = dx * co + dy * si, v = dy * co - dx * si; /* rotated, times 1024 */
+      if (!inside(sh->kind, u, v, sh->rx, sh->ry, S)) continue;
+      size_t at = (size_t)y * w + x;
+      int shade = (int)(((dx * sh->gx + dy * sh->gy) * invR) >> 16);
+      int t = (c->tex[at] * sh->tex_gain) >> 8;
+      blend(c->rgb + at * 3, sh->col, t, shade, sh->alpha);
+      if (mask) mask[at] = (uint8_t)cls;
+    }
+  }
+}
+
 void vl_synth_noise(vl_synth_canvas *s, int w, int h, vl_rng *r, int sig_lo, int sig_hi) {
   int sig_q = vl_synth_rnd_in(r, sig_lo, sig_hi); /* sigma = 147.8 * sig_q / 256 */
   const int rl = w * 3;
@@ -390,4 +446,529 @@ void vl_synth_noise(vl_synth_canvas *s, int w, int h, vl_rng *r, int sig_lo, int
       p[k] = (uint8_t)vl_synth_clamp255(p[k] + ((sum * sig_q + 128) >> 8));
     }
   }
+}
+
+/* ================================ generation ========================================== */
+
+#define SUBSAMP TJSAMP_420
+
+void vl_synth_image_name(int64_t i, char *buf, size_t n) {
+  snprintf(buf, n, "img_%07lld.jpg", (long long)i);
+}
+
+static void worker_free(vl_synth_worker *wk) {
+  vl_synth_canvas_free(&wk->cv);
+  if (wk->jbuf) tjFree(wk->jbuf);
+  if (wk->tj) tjDestroy(wk->tj);
+  free(wk->extra);
+  memset(wk, 0, sizeof *wk);
+}
+
+static int worker_init(vl_synth_worker *wk, const vl_synth_gen *g) {
+  memset(wk, 0, sizeof *wk);
+  int ok = vl_synth_canvas_init(&wk->cv, g->wmax, g->hmax) == 0;
+  /* The worst case of the largest image: the encoder never reallocates (NOREALLOC). */
+  wk->jcap = tjBufSize(g->wmax, g->hmax, SUBSAMP);
+  wk->jbuf = tjAlloc((int)wk->jcap);
+  wk->tj = tjInitCompress();
+  wk->quality = g->quality;
+  wk->extra = g->extra_bytes ? malloc(g->extra_bytes) : NULL;
+  if (!ok || !wk->jbuf || !wk->tj || (g->extra_bytes && !wk->extra)) {
+    worker_free(wk);
+    return -1;
+  }
+  return 0;
+}
+
+int vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
+                        int64_t *bytes, char *err, size_t errn) {
+  unsigned long jsize = wk->jcap;
+  if (tjCompress2(wk->tj, wk->cv.rgb, w, 0, h, TJPF_RGB, &wk->jbuf, &jsize, SUBSAMP, wk->quality,
+                  TJFLAG_NOREALLOC) != 0) {
+    setf(err, errn, "%s/%s: TurboJPEG cannot encode: %s", dir, name, tjGetErrorStr2(wk->tj));
+    return -1;
+  }
+  if (vl_synth_write_atomic(dir, name, wk->jbuf, jsize, err, errn) != 0) return -1;
+  *bytes = (int64_t)jsize;
+  return 0;
+}
+
+static int gen_args(const vl_synth_gen *g, char *err, size_t errn) {
+  if (g->n < 1) {
+    setf(err, errn, "%s: n must be at least 1 (got %lld)", g->kind, (long long)g->n);
+    return -1;
+  }
+  if (g->quality < 1 || g->quality > 100) {
+    setf(err, errn, "%s: quality must be in 1..100 (got %d)", g->kind, g->quality);
+    return -1;
+  }
+  if (g->threads < 0) {
+    setf(err, errn, "%s: threads must be >= 0 (got %d)", g->kind, g->threads);
+    return -1;
+  }
+  return 0;
+}
+
+/* No manifest while samples are being (re)written: a half-made set cannot be opened. */
+static int remove_manifest(const char *dir, const char *name, char *err, size_t errn) {
+  char mpath[PATH_MAX], eb[128];
+  if (!vl_synth_join(mpath, sizeof mpath, dir, name, err, errn)) return -1;
+  if (unlink(mpath) != 0 && errno != ENOENT) {
+    setf(err, errn, "cannot remove the old %s: %s", mpath, errstr(errno, eb, sizeof eb));
+    return -1;
+  }
+  return 0;
+}
+
+static int gen_threads(const vl_synth_gen *g) {
+  int nt = g->threads > 0 ? g->threads : omp_get_max_threads();
+  if (nt < 1) nt = 1;
+  if ((int64_t)nt > g->n) nt = (int)g->n;
+  return nt;
+}
+
+/* The first error of a generation, shared by its threads: later ones are dropped, and
+ * samples not yet started are skipped. */
+typedef struct {
+  int failed;
+  char msg[512];
+} first_error;
+
+static void fail_once(first_error *fe, const char *msg) {
+#pragma omp critical(vl_synth_gen_err)
+  if (!fe->msg[0]) snprintf(fe->msg, sizeof fe->msg, "%s", msg);
+#pragma omp atomic write
+  fe->failed = 1;
+}
+
+static int has_failed(first_error *fe) {
+  int f;
+#pragma omp atomic read
+  f = fe->failed;
+  return f;
+}
+
+static void gen_one(vl_synth_worker *wk, const char *dir, const vl_synth_gen *g, uint8_t *results,
+                    int64_t i, first_error *fe) {
+  char lerr[512] = "";
+  if (g->sample(wk, g->cfg, i, results + (size_t)i * g->result_bytes, dir, lerr, sizeof lerr) != 0)
+    fail_once(fe, lerr);
+}
+
+/* Every sample on nt threads, in chunks: after each (the loop's barrier: all of it is on
+ * disk) the calling thread, the team's master, reports progress. */
+static void gen_all(const char *dir, const vl_synth_gen *g, uint8_t *results, int nt,
+                    first_error *fe) {
+  const int64_t chunk = 4 * (int64_t)nt < 32 ? 32 : 4 * (int64_t)nt;
+#pragma omp parallel num_threads(nt)
+  {
+    vl_synth_worker wk;
+    int ok = worker_init(&wk, g) == 0;
+    if (!ok) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: cannot set up an encoder (out of memory or TurboJPEG failure)", g->kind);
+      fail_once(fe, msg);
+    }
+    for (int64_t c0 = 0; c0 < g->n; c0 += chunk) {
+      int64_t c1 = c0 + chunk < g->n ? c0 + chunk : g->n;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = c0; i < c1; i++)
+        if (ok && !has_failed(fe)) gen_one(&wk, dir, g, results, i, fe);
+      /* the implicit barrier above: samples < c1 are on disk */
+#pragma omp master
+      if (!has_failed(fe) && g->progress) g->progress(c1, g->n, g->user);
+    }
+    worker_free(&wk);
+  }
+}
+
+/* Appends line i (the header when i < 0) to the buffer *m: a line that does not fit is
+ * formatted again once the buffer has grown. */
+static int append_line(const vl_synth_gen *g, const uint8_t *results, int64_t i, char **m,
+                       size_t *len, size_t *cap) {
+  const void *res = i < 0 ? NULL : results + (size_t)i * g->result_bytes;
+  for (;;) {
+    int k = g->manifest_line(g->cfg, i, res, *m + *len, *cap - *len);
+    if (k < 0) return -1;
+    if ((size_t)k < *cap - *len) {
+      *len += (size_t)k;
+      return 0;
+    }
+    size_t ncap = 2 * *cap + (size_t)k;
+    char *nm = realloc(*m, ncap);
+    if (!nm) return -1;
+    *m = nm;
+    *cap = ncap;
+  }
+}
+
+static int write_manifest(const char *dir, const vl_synth_gen *g, const uint8_t *results,
+                          char *err, size_t errn) {
+  size_t cap = 4096, len = 0;
+  char *m = malloc(cap);
+  int rc = m ? 0 : -1;
+  for (int64_t i = -1; rc == 0 && i < g->n; i++) rc = append_line(g, results, i, &m, &len, &cap);
+  if (rc != 0)
+    setf(err, errn, "out of memory for the manifest");
+  else
+    rc = vl_synth_write_atomic(dir, g->manifest, m, len, err, errn);
+  free(m);
+  return rc;
+}
+
+int vl_synth_generate(const char *dir, const vl_synth_gen *g, char *err, size_t errn) {
+  if (gen_args(g, err, errn) != 0 || vl_synth_mkdir_p(dir, err, errn) != 0 ||
+      remove_manifest(dir, g->manifest, err, errn) != 0)
+    return -1;
+  uint8_t *results = calloc((size_t)g->n, g->result_bytes);
+  if (!results) {
+    setf(err, errn, "out of memory for %lld manifest entries", (long long)g->n);
+    return -1;
+  }
+  first_error fe = {0};
+  gen_all(dir, g, results, gen_threads(g), &fe);
+  int rc = 0;
+  if (fe.failed) {
+    setf(err, errn, "%s", fe.msg);
+    rc = -1;
+  } else {
+    rc = write_manifest(dir, g, results, err, errn);
+    if (rc == 0) vl_synth_fsync_dir(dir);
+  }
+  free(results);
+  return rc;
+}
+
+/* ================================== reading =========================================== */
+
+/* Decoding as PIL/libjpeg do by default (accurate DCT, fancy upsampling), stopping at the
+ * first warning: a warning means damaged data (e.g. premature end of file). */
+#define DECODE_FLAGS TJFLAG_STOPONWARNING
+
+vl_synth_reader *vl_synth_reader_new(size_t cap, size_t aux_cap) {
+  vl_synth_reader *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->tj = tjInitDecompress();
+  if (!r->tj) {
+    free(r);
+    return NULL;
+  }
+  /* A buffer that cannot be had now is grown on first use instead. */
+  r->buf = cap ? malloc(cap) : NULL;
+  r->cap = r->buf ? cap : 0;
+  r->aux = aux_cap ? malloc(aux_cap) : NULL;
+  r->aux_cap = r->aux ? aux_cap : 0;
+  return r;
+}
+
+static void reader_clear(vl_synth_reader *r) {
+  if (r->tj) tjDestroy(r->tj);
+  free(r->buf);
+  free(r->aux);
+}
+
+void vl_synth_reader_delete(void *self, void *reader) {
+  (void)self;
+  if (!reader) return;
+  reader_clear(reader);
+  free(reader);
+}
+
+size_t vl_synth_reader_bytes(size_t cap, size_t aux_cap, int max_w) {
+  return cap + aux_cap + sizeof(vl_synth_reader) + 65536 + (size_t)max_w * 3 * 48;
+}
+
+vl_status vl_synth_grow(uint8_t **buf, size_t *cap, size_t need, const char *path, const char *what,
+                        int w, int h, char *err, size_t errn) {
+  if (*cap >= need && *buf) return VL_OK;
+  uint8_t *nb = realloc(*buf, need);
+  if (!nb) {
+    setf(err, errn, "%s: out of memory for a %dx%d %s", path, w, h, what);
+    return VL_ERR_OOM;
+  }
+  *buf = nb;
+  *cap = need;
+  return VL_OK;
+}
+
+vl_status vl_synth_decode_jpeg(tjhandle tj, const char *path, const uint8_t *buf, size_t len,
+                               const vl_synth_jpeg_want *want, vl_image *out, char *err,
+                               size_t errn) {
+  /* A file of another size than the set says changed since the set was made: said with
+   * the decoder's words when it fails, and on its own when it decodes. */
+  char note[96] = "";
+  if ((int64_t)len != want->bytes)
+    snprintf(note, sizeof note, " (the file is %zu bytes, the manifest says %lld)", len, (long long)want->bytes);
+  int w = 0, h = 0, ss = 0, cs = 0;
+  if (tjDecompressHeader3(tj, buf, (unsigned long)len, &w, &h, &ss, &cs) != 0) {
+    setf(err, errn, "%s: not a readable JPEG (TurboJPEG: %s)%s", path, tjGetErrorStr2(tj), note);
+    return VL_ERR_IO;
+  }
+  if (w != want->w || h != want->h) {
+    setf(err, errn, "%s: the JPEG is %dx%d but %s %dx%d", path, w, h, want->says, want->w, want->h);
+    return VL_ERR_IO;
+  }
+  if (vl_synth_grow(&out->pix, &out->cap, (size_t)w * (size_t)h * 3, path, "image", w, h, err,
+                    errn) != VL_OK)
+    return VL_ERR_OOM;
+  if (tjDecompress2(tj, buf, (unsigned long)len, out->pix, w, 0, h, TJPF_RGB, DECODE_FLAGS) != 0) {
+    int code = tjGetErrorCode(tj);
+    setf(err, errn, "%s: corrupt or truncated JPEG (TurboJPEG %s: %s)%s", path,
+         code == TJERR_WARNING ? "warning" : "error", tjGetErrorStr2(tj), note);
+    return VL_ERR_IO;
+  }
+  if (note[0]) {
+    setf(err, errn, "%s: decodes, but it changed since the set was made%s", path, note);
+    return VL_ERR_IO;
+  }
+  return VL_OK;
+}
+
+/* A fresh decompressor in place of tj (see vl_synth_read_jpeg); NULL when none could be
+ * made: the next read makes one. */
+static tjhandle tj_renew(tjhandle tj) {
+  if (tj) tjDestroy(tj);
+  return tjInitDecompress();
+}
+
+vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
+                             vl_image *out, char *err, size_t errn) {
+  size_t len = 0;
+  vl_status st = vl_synth_read_file(path, &r->buf, &r->cap, &len, err, errn);
+  if (st != VL_OK) return st;
+  st = vl_synth_decode_jpeg(r->tj, path, r->buf, len, want, out, err, errn);
+  if (st == VL_ERR_IO) r->tj = tj_renew(r->tj);
+  return st;
+}
+
+vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch, int64_t i,
+                           vl_synth_read_fn read_fn, vl_image *out, char *err, size_t errn) {
+  if (i < 0 || i >= n) {
+    setf(err, errn, "%s: index %lld out of range [0, %lld)", kind, (long long)i, (long long)n);
+    return VL_ERR_INVALID;
+  }
+  vl_synth_reader local = {0}, *r = scratch ? scratch : &local;
+  if (!r->tj) r->tj = tjInitDecompress(); /* a local one, or after a failed renewal */
+  vl_status st;
+  if (!r->tj) {
+    setf(err, errn, "%s: cannot create a TurboJPEG decompressor: %s", kind, tjGetErrorStr2(NULL));
+    st = VL_ERR_OOM;
+  } else {
+    st = read_fn(set, r, i, out, err, errn);
+  }
+  if (r == &local) reader_clear(&local);
+  return st;
+}
+
+vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),
+                            vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out,
+                                              char *err, size_t errn)) {
+  vl_dataset d;
+  memset(&d, 0, sizeof d);
+  d.self = set;
+  d.len = len;
+  d.scratch_new = scratch_new;
+  d.scratch_free = vl_synth_reader_delete;
+  d.read = read;
+  return d;
+}
+
+/* ================================= manifests ========================================== */
+
+int vl_synth_parse_int(const char *t, long long lo, long long hi, long long *out) {
+  if (!t || !*t || *t == ' ' || *t == '+') return -1;
+  char *end;
+  errno = 0;
+  long long v = strtoll(t, &end, 10);
+  if (errno || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+int vl_synth_plain_name(const char *name) {
+  return *name && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") && strlen(name) <= 255;
+}
+
+/* Missing: with a hint, since the usual cause is a set never made or an interrupted run. */
+static void manifest_missing(const char *mpath, const vl_synth_manifest *m, int e, char *err,
+                             size_t errn) {
+  char eb[128];
+  if (e == ENOENT)
+    setf(err, errn, "%s: cannot open: %s (no %s here: make one with `%s --out DIR`; an "
+                    "interrupted generation leaves no manifest)",
+         mpath, errstr(e, eb, sizeof eb), m->what, m->gen);
+  else
+    setf(err, errn, "%s: cannot open: %s", mpath, errstr(e, eb, sizeof eb));
+}
+
+/* dir's manifest as NUL-terminated text (free it), its path in mpath (mpathn bytes), its
+ * length and its line count (a bound on the samples); NULL with a message. */
+static char *manifest_text(const char *dir, const vl_synth_manifest *m, char *mpath,
+                           size_t mpathn, size_t *len, int64_t *lines, char *err, size_t errn) {
+  if (!dir || !vl_synth_join(mpath, mpathn, dir, m->name, NULL, 0)) {
+    setf(err, errn, "%s: bad directory name", m->kind);
+    return NULL;
+  }
+  struct stat st;
+  if (stat(mpath, &st) != 0) {
+    manifest_missing(mpath, m, errno, err, errn);
+    return NULL;
+  }
+  uint8_t *raw = NULL;
+  size_t cap = 0;
+  vl_status rs = vl_synth_read_file(mpath, &raw, &cap, len, err, errn);
+  if (rs != VL_OK) {
+    free(raw);
+    if (rs == VL_ERR_IO && st.st_size == 0)
+      setf(err, errn, "%s:1: empty manifest (expected a header \"%s version=%d ...\")", mpath,
+           m->magic, m->version);
+    return NULL;
+  }
+  char *text = realloc(raw, *len + 1);
+  if (!text) {
+    free(raw);
+    setf(err, errn, "%s: out of memory", mpath);
+    return NULL;
+  }
+  text[*len] = '\0';
+  /* The parser works on C strings: a NUL would end the manifest early, silently. */
+  if (memchr(text, '\0', *len)) {
+    free(text);
+    setf(err, errn, "%s: binary data in the manifest (NUL byte)", mpath);
+    return NULL;
+  }
+  *lines = 1;
+  for (size_t k = 0; k < *len; k++) *lines += text[k] == '\n';
+  return text;
+}
+
+static int parse_seed(const char *v, unsigned long long *seed) {
+  char *end;
+  errno = 0;
+  unsigned long long s = strtoull(v, &end, 10);
+  if (errno || !*v || *end || *v == '-') return -1; /* strtoull would wrap "-4" around */
+  if (seed) *seed = s;
+  return 0;
+}
+
+/* One header value; keys the set does not know are skipped (a later version may add some). */
+static int parse_value(const vl_synth_manifest *m, const char *key, const char *v, long long *version) {
+  if (!strcmp(key, "version")) return vl_synth_parse_int(v, 0, INT_MAX, version);
+  if (!strcmp(key, "seed")) return parse_seed(v, m->seed);
+  for (const vl_synth_key *k = m->keys; k && k->key; k++)
+    if (!strcmp(key, k->key)) return vl_synth_parse_int(v, k->lo, k->hi, k->val);
+  return 0;
+}
+
+static int parse_keys(char *p, const char *mpath, const vl_synth_manifest *m, long long *version,
+                      char *err, size_t errn) {
+  char *save = NULL;
+  for (char *t = strtok_r(p, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+    char *eq = strchr(t, '=');
+    if (!eq) continue;
+    *eq = '\0';
+    if (parse_value(m, t, eq + 1, version) != 0) {
+      setf(err, errn, "%s:1: bad header value %s=%s", mpath, t, eq + 1);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int parse_header(char *line, const char *mpath, const vl_synth_manifest *m, char *err,
+                        size_t errn) {
+  size_t ml = strlen(m->magic);
+  if (strncmp(line, m->magic, ml) != 0 || (line[ml] != ' ' && line[ml] != '\0')) {
+    /* magic + 2: the set's name without the "# " */
+    setf(err, errn, "%s:1: not a %s manifest (the header must start with \"%s\")", mpath,
+         m->magic + 2, m->magic);
+    return -1;
+  }
+  long long version = -1;
+  if (parse_keys(line + ml, mpath, m, &version, err, errn) != 0) return -1;
+  if (version < 0) {
+    setf(err, errn, "%s:1: the header has no version=", mpath);
+    return -1;
+  }
+  if (version != m->version) {
+    setf(err, errn, "%s:1: unknown manifest version %lld (this build reads version %d; regenerate the set with `%s`)",
+         mpath, version, m->version, m->gen);
+    return -1;
+  }
+  return m->header ? m->header(m->set, mpath, err, errn) : 0;
+}
+
+/* The line at *p, NUL-terminated without its "\n" or "\r\n"; *p moves past it. */
+static char *next_line(char **p) {
+  char *line = *p, *nl = strchr(line, '\n');
+  *p = nl ? nl + 1 : line + strlen(line);
+  if (nl) *nl = '\0';
+  size_t ll = strlen(line);
+  if (ll && line[ll - 1] == '\r') line[ll - 1] = '\0';
+  return line;
+}
+
+static int split_fields(char *line, char **fld, const char *mpath, int lineno,
+                        const vl_synth_manifest *m, char *err, size_t errn) {
+  if (!*line) {
+    setf(err, errn, "%s:%d: empty line (expected %s)", mpath, lineno, m->fields);
+    return -1;
+  }
+  int nf = 0;
+  for (char *q = line;;) {
+    if (nf < m->nfields) fld[nf] = q;
+    nf++;
+    char *tab = strchr(q, '\t');
+    if (!tab) break;
+    *tab = '\0';
+    q = tab + 1;
+  }
+  if (nf != m->nfields) {
+    setf(err, errn, "%s:%d: expected %d tab-separated fields (%s), found %d", mpath, lineno,
+         m->nfields, m->fields, nf);
+    return -1;
+  }
+  return 0;
+}
+
+/* text parsed in place: the header, then every line, then the count. 0, or -1 with a
+ * message. */
+static int manifest_parse(char *text, const char *mpath, const vl_synth_manifest *m, char *err,
+                          size_t errn) {
+  char *p = text;
+  if (parse_header(next_line(&p), mpath, m, err, errn) != 0) return -1;
+  int lineno = 1;
+  int64_t count = 0;
+  for (; *p; count++) {
+    char *fld[VL_SYNTH_MAX_FIELDS];
+    lineno++;
+    if (split_fields(next_line(&p), fld, mpath, lineno, m, err, errn) != 0 ||
+        m->line(m->set, fld, mpath, lineno, err, errn) != 0)
+      return -1;
+  }
+  if (count == 0) {
+    setf(err, errn, "%s: no %ss listed", mpath, m->noun);
+    return -1;
+  }
+  if (m->n && *m->n >= 0 && *m->n != count) {
+    setf(err, errn, "%s:%d: the header says n=%lld but %lld %s lines follow (truncated or edited manifest?)",
+         mpath, lineno, *m->n, (long long)count, m->noun);
+    return -1;
+  }
+  return 0;
+}
+
+int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, char *err, size_t errn) {
+  char mpath[PATH_MAX];
+  size_t len = 0;
+  int64_t lines = 0;
+  char *text = manifest_text(dir, m, mpath, sizeof mpath, &len, &lines, err, errn);
+  if (!text) return -1;
+  int rc = -1;
+  if (m->prepare(m->set, dir, lines, len) != 0)
+    setf(err, errn, "%s: out of memory", mpath);
+  else
+    rc = manifest_parse(text, mpath, m, err, errn);
+  free(text);
+  return rc;
 }

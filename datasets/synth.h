@@ -1,8 +1,12 @@
 /* Internal helpers shared by the synthetic image sets (jpegset, segset): atomic file
- * writes, whole-file reads, JPEG damage for tests, and the integer pixel synthesis of a
- * photo-like textured background (gradients + multi-octave value noise) and of per-pixel
- * sensor noise. Not a public interface: names carry the vl_synth_ prefix only because the
- * sets are linked into one library.
+ * writes, whole-file reads, JPEG damage for tests, the generation driver (threads,
+ * progress, first error, the manifest written last), manifest parsing, the read side of a
+ * vl_dataset (per-worker TurboJPEG scratch, decoding with checks against the manifest),
+ * and the integer pixel synthesis of a photo-like textured background (gradients +
+ * multi-octave value noise), of shapes over it and of per-pixel sensor noise. Not a public
+ * interface: names carry the vl_synth_ prefix only because the sets are linked into one
+ * library. Each set keeps only what is its own: its content, its file layout, its manifest
+ * columns and their checks.
  *
  * Everything that makes pixels is integer arithmetic and draws from the caller's vl_rng in
  * a fixed order, so a set's bytes depend on its seed only (not on threads or compiler
@@ -16,10 +20,16 @@
 #include <turbojpeg.h>
 
 #include "vramlab/core.h"
+#include "vramlab/data.h"
 
 /* ---- files ------------------------------------------------------------------------ */
 
 void vl_synth_setf(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* strerror_r into buf (the GNU one: it returns the message, in buf or static). */
+const char *vl_synth_errstr(int e, char *buf, size_t n);
+/* "dir/name" into buf; NULL with a message (err may be NULL) when it does not fit. */
+const char *vl_synth_join(char *buf, size_t n, const char *dir, const char *name, char *err,
+                          size_t errn);
 /* Creates dir and its parents. 0, or -1 with a message. */
 int vl_synth_mkdir_p(const char *dir, char *err, size_t errn);
 /* dir/name written atomically: dir/.name.tmp.PID, fsync, rename. 0, or -1 with a message. */
@@ -37,12 +47,6 @@ vl_status vl_synth_read_file(const char *path, uint8_t **buf, size_t *cap, size_
  * replaces it with a text file. 0, or -1 with a message. */
 int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t salt,
                          char *err, size_t errn);
-
-/* A fresh decompressor in place of `tj` (destroyed). TurboJPEG 2.1 leaves a handle whose
- * decode failed mid-header in a state where the next calls fail too (repeating the old
- * error on good files) or report a 0x0 image, so a reader replaces its handle after every
- * decode error. NULL when none could be made: the caller makes one on next use. */
-tjhandle vl_synth_tj_renew(tjhandle tj);
 
 /* ---- pixel synthesis ---------------------------------------------------------------- */
 
@@ -86,8 +90,197 @@ void vl_synth_canvas_free(vl_synth_canvas *c);
  * smooth like sky, some busy like foliage), and a slow chroma field per channel. */
 void vl_synth_background(vl_synth_canvas *c, int w, int h, vl_rng *r);
 
+/* Shape kinds (the jpegset draws the first two). */
+enum { VL_SYNTH_ELLIPSE, VL_SYNTH_RECT, VL_SYNTH_TRIANGLE, VL_SYNTH_RING, VL_SYNTH_DIAMOND,
+       VL_SYNTH_CROSS, VL_SYNTH_KINDS };
+
+/* A shape as the set drew it: kind, centre, half-extents rx, ry (>= 1), R (> 0, bounds
+ * its extent from the centre), rotation (a row of vl_synth_rot), its colour, how much of
+ * the background's texture it carries (tex_gain/256), a shading gradient (gx, gy levels
+ * across R) and its opacity (alpha/256). */
+typedef struct {
+  int kind, cx, cy;
+  int64_t rx, ry, R;
+  const int *rot;
+  int col[3];
+  int tex_gain, gx, gy, alpha;
+} vl_synth_shape;
+
+/* Paints sh over c's w x h image, blending over what is below; where it lands, mask (w*h
+ * class ids) is set to cls, unless mask is NULL (a distractor). */
+void vl_synth_paint(vl_synth_canvas *c, int w, int h, const vl_synth_shape *sh, uint8_t *mask,
+                    int cls);
+
 /* Sensor-like noise over c->rgb: a sum of four uniform bytes (Irwin-Hall, sd 147.8) scaled
  * to a per-image sigma of 147.8 * q / 256 levels, q drawn in [sig_lo, sig_hi]. */
 void vl_synth_noise(vl_synth_canvas *c, int w, int h, vl_rng *r, int sig_lo, int sig_hi);
+
+/* ---- generation ----------------------------------------------------------------------- */
+
+typedef void (*vl_synth_progress_fn)(int64_t done, int64_t total, void *user);
+
+/* One generating thread's memory: a canvas and a JPEG encoder with an output buffer, both
+ * for the largest image, and the set's own scratch (extra, vl_synth_gen.extra_bytes). */
+typedef struct {
+  vl_synth_canvas cv;
+  tjhandle tj;
+  uint8_t *jbuf;
+  unsigned long jcap;
+  int quality;
+  void *extra;
+} vl_synth_worker;
+
+/* "img_0000042.jpg": image i's file name in either set. */
+void vl_synth_image_name(int64_t i, char *buf, size_t n);
+
+/* Encodes the worker's w x h canvas (RGB, 4:2:0, its quality) and writes it atomically as
+ * dir/name; *bytes is its size. 0, or -1 with a message naming the file. */
+int vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
+                        int64_t *bytes, char *err, size_t errn);
+
+/* A set's generator as the shared driver runs it. */
+typedef struct {
+  const char *kind;         /* "jpegset": starts the driver's own messages */
+  const char *manifest;     /* the manifest's file name in the set directory */
+  const void *cfg;          /* the set's configuration, handed to the callbacks */
+  int64_t n;                /* samples, >= 1 */
+  int quality;              /* 1..100 */
+  int threads;              /* >= 0; 0: OpenMP's default */
+  vl_synth_progress_fn progress; /* may be NULL */
+  void *user;
+  int wmax, hmax;           /* the largest image: sizes each worker's canvas and encoder */
+  size_t extra_bytes;       /* each worker's vl_synth_worker.extra */
+  size_t result_bytes;      /* what sample() records per sample for the manifest */
+  /* Synthesises sample i and writes its files into dir, recording what the manifest
+   * needs in *result. Runs on any worker thread. 0, or -1 with a message naming the file. */
+  int (*sample)(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
+                const char *dir, char *err, size_t errn);
+  /* The manifest's header line (i < 0, result NULL) or sample i's line, with its '\n',
+   * into buf as snprintf does (the return value is the full length). */
+  int (*manifest_line)(const void *cfg, int64_t i, const void *result, char *buf, size_t n);
+} vl_synth_gen;
+
+/* Checks n, quality and threads, creates dir (and its parents), removes an old manifest
+ * (a half-made set must not open), writes every sample on g->threads threads (each with
+ * its vl_synth_worker), reports progress on the calling thread after every chunk of
+ * samples, stops at the first error, and writes the manifest atomically last. The bytes
+ * do not depend on the thread count as long as sample() depends on i only. 0, or -1
+ * with the first error's message. */
+int vl_synth_generate(const char *dir, const vl_synth_gen *g, char *err, size_t errn);
+
+/* ---- reading ------------------------------------------------------------------------- */
+
+/* A reading worker's scratch (a vl_dataset's scratch_new): a decompressor, a buffer for
+ * the JPEG file and one for a second file per sample (the segset's mask). */
+typedef struct {
+  tjhandle tj;
+  uint8_t *buf, *aux;
+  size_t cap, aux_cap;
+} vl_synth_reader;
+
+/* The buffers sized for the set's largest files up front (vl_synth_read_file grows them
+ * if a file is larger); NULL when there is no memory or no decompressor. */
+vl_synth_reader *vl_synth_reader_new(size_t cap, size_t aux_cap);
+/* As a vl_dataset's scratch_free (self unused). */
+void vl_synth_reader_delete(void *self, void *reader);
+/* One reader's bytes while decoding images up to max_w wide: its buffers and libjpeg's
+ * working memory (an estimate: a few MCU rows of each component and the upsampling
+ * buffers, ~150 KB at a width of 600). The decoded image lives in the loader's vl_image. */
+size_t vl_synth_reader_bytes(size_t cap, size_t aux_cap, int max_w);
+
+/* What the set says a JPEG is: w x h pixels (`says` words the source in a message: "the
+ * manifest says") and a file of `bytes` bytes. */
+typedef struct {
+  int w, h;
+  int64_t bytes;
+  const char *says;
+} vl_synth_jpeg_want;
+
+/* Decodes the JPEG buf (len bytes, from path) into out->pix (RGB HWC, grown) as PIL and
+ * libjpeg do by default, stopping at the first warning (a warning means damaged data).
+ * Any TurboJPEG error or warning, other dimensions, or another byte count than `want`
+ * (reported after decoding, with the decoder's words when it fails too) is VL_ERR_IO with
+ * a message naming path; leaves out->w, h, c and label to the caller. */
+vl_status vl_synth_decode_jpeg(tjhandle tj, const char *path, const uint8_t *buf, size_t len,
+                               const vl_synth_jpeg_want *want, vl_image *out, char *err,
+                               size_t errn);
+/* path read into r->buf and decoded with r->tj. After a decode error r gets a fresh
+ * decompressor: TurboJPEG 2.1 leaves a handle whose decode failed mid-header in a state
+ * where the next calls fail too (repeating the old error on good files) or report a 0x0
+ * image. */
+vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
+                             vl_image *out, char *err, size_t errn);
+
+/* *buf (capacity *cap) grown to need bytes for a w x h `what` ("image", "mask") of path;
+ * VL_ERR_OOM with a message naming path when there is no memory. */
+vl_status vl_synth_grow(uint8_t **buf, size_t *cap, size_t need, const char *path, const char *what,
+                        int w, int h, char *err, size_t errn);
+
+/* Sample i of a set into out with the reader r (ready, with a decompressor). */
+typedef vl_status (*vl_synth_read_fn)(void *set, vl_synth_reader *r, int64_t i, vl_image *out,
+                                      char *err, size_t errn);
+/* A vl_dataset's read() around read_fn: checks i against the set's n and, for a NULL
+ * scratch, makes a reader for this call only; makes the reader's decompressor if it has
+ * none (a failed renewal). Messages start with kind ("jpegset"). */
+vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch, int64_t i,
+                           vl_synth_read_fn read_fn, vl_image *out, char *err, size_t errn);
+
+/* A vl_dataset over a set with a vl_synth_reader per worker (scratch_new makes one,
+ * scratch_free is vl_synth_reader_delete); the caller adds scratch_bytes and
+ * max_image_bytes. */
+vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),
+                            vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out,
+                                              char *err, size_t errn));
+
+/* ---- manifests ---------------------------------------------------------------------- */
+
+/* Whole decimal integer in [lo, hi] (no sign, no spaces); 0 on success. */
+int vl_synth_parse_int(const char *t, long long lo, long long hi, long long *out);
+/* A plain file name in the set's directory: not empty, no '/', not . or .., <= 255. */
+int vl_synth_plain_name(const char *name);
+
+/* A whole number the header may carry as key=value: into *val, within [lo, hi]. */
+typedef struct {
+  const char *key;
+  long long lo, hi;
+  long long *val;
+} vl_synth_key;
+
+#define VL_SYNTH_MAX_FIELDS 8
+
+/* A set's manifest: "MAGIC version=V key=value ..." then one tab-separated line per
+ * sample. */
+typedef struct {
+  const char *kind;         /* "jpegset" */
+  const char *name;         /* "manifest.tsv" */
+  const char *magic;        /* "# vramlab-jpegset" */
+  int version;              /* the only version this build reads */
+  const char *what;         /* "image set": what a missing manifest means is missing */
+  const char *gen;          /* the command that makes a set: "vramlab data gen" */
+  const vl_synth_key *keys; /* the header's numbers besides version and seed, {NULL}-ended */
+  unsigned long long *seed; /* seed= when there is one */
+  const long long *n;       /* the header's n (a key's val), -1 when absent: not checked */
+  int nfields;              /* per line, at most VL_SYNTH_MAX_FIELDS */
+  const char *fields;       /* their names in messages: "image file, mask file, bytes" */
+  const char *noun;         /* what a line lists: "image" ("no images listed") */
+  /* Makes the set's room for at most `lines` lines of a manifest of len bytes (names
+   * included), before any is parsed. 0, or -1: out of memory. */
+  int (*prepare)(void *set, const char *dir, int64_t lines, size_t len);
+  /* Checks the header's values and keeps them; NULL: nothing to check. 0, or -1 with a
+   * message. */
+  int (*header)(void *set, const char *mpath, char *err, size_t errn);
+  /* One line's fields, all of them NUL-terminated. 0, or -1 with a message naming the
+   * manifest and the line. */
+  int (*line)(void *set, char **fld, const char *mpath, int lineno, char *err, size_t errn);
+  void *set;
+} vl_synth_manifest;
+
+/* Reads dir's manifest, has the set prepare() its room, and parses it: the header's
+ * magic, keys, version and seed (then header()), each line's fields (line()), and the
+ * count against the header's n. 0, or -1 with a message naming the manifest and, for a bad
+ * line, its line number: a missing one (with a hint to make a set), an empty, unreadable
+ * or binary one, a bad header or line. On -1 the set may hold what prepare() and line()
+ * made: the caller frees it. */
+int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, char *err, size_t errn);
 
 #endif
