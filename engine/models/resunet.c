@@ -710,15 +710,16 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   return VL_OK;
 }
 
-static vl_status upload_batch(vl_resunet *m, const vl_seg_batch *b) {
+static vl_status upload_batch(vl_resunet *m, const vl_seg_batch *b, bool targets) {
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &m->mc;
   int64_t HW = mc->image * mc->image, nx = b->B * mc->in_ch * HW;
-  /* the batch on the device: images fp32, then targets int32 (the data category) */
-  VL_TRY(f32(m, &m->data, VL_MEM_DATA, nx + b->B * HW));
+  /* the batch on the device: images fp32, then (training) targets int32: the data category */
+  VL_TRY(f32(m, &m->data, VL_MEM_DATA, nx + (targets ? b->B * HW : 0)));
   if (c->be->upload && b->x) {
     VL_TRY(c->be->upload(c, &m->data, 0, b->x, (size_t)nx * 4));
-    if (b->y) VL_TRY(c->be->upload(c, &m->data, (size_t)nx * 4, b->y, (size_t)(b->B * HW) * 4));
+    if (targets && b->y)
+      VL_TRY(c->be->upload(c, &m->data, (size_t)nx * 4, b->y, (size_t)(b->B * HW) * 4));
   }
   /* the data tensor is fp32 (B, 3, H, W) as far as the first conv reads it */
   return VL_OK;
@@ -756,7 +757,7 @@ vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
   double loss_sum = 0;
   for (int i = 0; i < n_micro; i++) {
     m->B = mb[i].B;
-    vl_status s = upload_batch(m, &mb[i]);
+    vl_status s = upload_batch(m, &mb[i], true);
     if (s == VL_OK) s = forward(m, KEEP | TRAIN | STATS);
     if (s == VL_OK) s = backward(m, &loss_sum, dscale);
     FREE(m, &m->data);
@@ -803,7 +804,7 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
   if (B < 1 || !x || !pred) return vl_fail(c, VL_ERR_INVALID, "predict: batch %lld", (long long)B);
   vl_seg_batch b = {.B = B, .x = x, .y = NULL};
   m->B = B;
-  vl_status s = upload_batch(m, &b);
+  vl_status s = upload_batch(m, &b, false);
   if (s == VL_OK) s = forward(m, 0);
   int64_t HW = mc->image * mc->image, K = mc->classes;
   float *lg = NULL;
