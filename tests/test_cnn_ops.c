@@ -33,81 +33,14 @@
 #define OK(expr) assert_int_equal((expr), VL_OK)
 #define cx tu_cpu
 
-/* ---- helpers ---------------------------------------------------------------------- */
+/* ---- helpers (tensors, host arrays, the finite-difference and storage-dtype checks:
+ * testutil.h) ------------------------------------------------------------------------- */
 
-/* n elements of dtype dt holding host (rounded on store), or zeros */
-static vl_tensor tnew(vl_dtype dt, int64_t n, const float *host) {
-  vl_tensor t;
-  OK(vl_tensor_alloc(cx, &t, dt, VL_MEM_TEMP, 1, &n));
-  if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
-  else OK(cx->be->zero(cx, &t));
-  return t;
-}
-static void tget(const vl_tensor *t, float *host) {
-  for (int64_t i = 0; i < t->n; i++) host[i] = vl_ld(t->data, (int)t->dtype, i);
-}
-static void tfree(vl_tensor *t) { vl_tensor_free(cx, t); }
-
-static float *randn(int64_t n, float scale, uint64_t seed) {
-  float *x = malloc((size_t)n * sizeof *x);
-  tu_randn(x, n, scale, seed);
-  return x;
-}
-static float *zeros(int64_t n) { return calloc((size_t)n, sizeof(float)); }
-static float *rounded(const float *x, int64_t n, vl_dtype dt) {
-  float *y = malloc((size_t)n * sizeof *y);
-  for (int64_t i = 0; i < n; i++) y[i] = vl_round_to((int)dt, x[i]);
-  return y;
-}
-static double dot(const float *a, const float *b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
-  return s;
-}
 /* Keep |x| >= m away from a kink at 0 (ReLU) without changing the sign. */
 static void away_from_zero(float *x, int64_t n, float m) {
   for (int64_t i = 0; i < n; i++) x[i] += x[i] < 0 ? -m : m;
 }
 
-typedef double (*loss_fn)(void *ctx);
-
-/* Central differences of L with respect to each x[i] against the analytic gradient an. */
-static void fd_check(loss_fn L, void *ctx, float *x, int64_t n, const float *an, const char *what) {
-  double amax = 0, worst = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float x0 = x[i], xp = x0 + FD_EPS, xm = x0 - FD_EPS;
-    x[i] = xp;
-    double lp = L(ctx);
-    x[i] = xm;
-    double lm = L(ctx);
-    x[i] = x0;
-    double fd = (lp - lm) / ((double)xp - (double)xm);
-    double err = fabs(fd - (double)an[i]), lim = FD_TOL * fmax(1.0, fabs((double)an[i]));
-    if (!(err <= lim)) {
-      print_error("%s[%lld]: analytic %.7g, finite difference %.7g\n", what, (long long)i, an[i], fd);
-      fail();
-    }
-    amax = fmax(amax, fabs((double)an[i]));
-    worst = fmax(worst, err / lim);
-  }
-  assert_true(amax > 0.05); /* a vanishing gradient would pass vacuously */
-  print_message("  fd %-18s n=%-3lld max|an|=%.3f worst err/tol=%.3f\n", what, (long long)n, amax, worst);
-}
-
-static double unit_roundoff(vl_dtype dt) {
-  return dt == VL_BF16 ? 0x1p-8 : dt == VL_F16 ? 0x1p-11 : 0x1p-22; /* fp32: a few ulps */
-}
-static void close_dt(const float *got, const float *ref, int64_t n, vl_dtype dt, const char *what) {
-  double u = unit_roundoff(dt) * 1.0001;
-  for (int64_t i = 0; i < n; i++) {
-    double d = fabs((double)got[i] - (double)ref[i]);
-    if (!(d <= u * fabs((double)ref[i]) + 1e-7)) {
-      print_error("%s (%s) element %lld: got %.9g, want %.9g\n", what, vl_dtype_name(dt),
-                  (long long)i, got[i], ref[i]);
-      fail();
-    }
-  }
-}
 static void same_bits(const float *a, const float *b, int64_t n, const char *what) {
   for (int64_t i = 0; i < n; i++)
     if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
@@ -129,17 +62,18 @@ static int64_t bn_n(bn_dims d) { return d.N * d.C * d.HW; }
 static void run_bn_train(bn_dims d, vl_dtype dt, const float *x, const float *g, const float *b,
                          float *y, float *mean, float *rstd, float *rm, float *rv) {
   int64_t n = bn_n(d);
-  vl_tensor tx = tnew(dt, n, x), ty = tnew(dt, n, NULL), tg = tnew(dt, d.C, g), tb = tnew(dt, d.C, b);
-  vl_tensor tm = tnew(VL_F32, d.C, NULL), ts = tnew(VL_F32, d.C, NULL);
-  vl_tensor trm = tnew(VL_F32, d.C, rm), trv = tnew(VL_F32, d.C, rv);
+  vl_tensor tx = tu_tnew(cx, dt, n, x), ty = tu_tnew(cx, dt, n, NULL), tg = tu_tnew(cx, dt, d.C, g),
+            tb = tu_tnew(cx, dt, d.C, b);
+  vl_tensor tm = tu_tnew(cx, VL_F32, d.C, NULL), ts = tu_tnew(cx, VL_F32, d.C, NULL);
+  vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
   OK(cx->be->bn_fwd_train(cx, &ty, &tm, &ts, rm ? &trm : NULL, rv ? &trv : NULL, &tx, &tg, &tb,
                           d.N, d.C, d.HW, BN_EPS, BN_MOM));
-  if (y) tget(&ty, y);
-  if (mean) tget(&tm, mean);
-  if (rstd) tget(&ts, rstd);
-  if (rm) tget(&trm, rm);
-  if (rv) tget(&trv, rv);
-  tfree(&tx); tfree(&ty); tfree(&tg); tfree(&tb); tfree(&tm); tfree(&ts); tfree(&trm); tfree(&trv);
+  if (y) tu_tget(&ty, y);
+  if (mean) tu_tget(&tm, mean);
+  if (rstd) tu_tget(&ts, rstd);
+  if (rm) tu_tget(&trm, rm);
+  if (rv) tu_tget(&trv, rv);
+  TU_TFREE(cx, &tx, &ty, &tg, &tb, &tm, &ts, &trm, &trv);
 }
 
 /* Backward; dg/db (C, fp32) accumulate in place when given; alias: dx written over dy. */
@@ -147,22 +81,22 @@ static void run_bn_bwd(bn_dims d, vl_dtype dt, const float *x, const float *g, c
                        const float *mean, const float *rstd, float *dx, float *dg, float *db,
                        bool alias) {
   int64_t n = bn_n(d);
-  vl_tensor tx = tnew(dt, n, x), tg = tnew(dt, d.C, g), tdy = tnew(dt, n, dy);
-  vl_tensor tdx = alias ? tdy : tnew(dt, n, NULL);
-  vl_tensor tm = tnew(VL_F32, d.C, mean), ts = tnew(VL_F32, d.C, rstd);
-  vl_tensor tdg = tnew(VL_F32, d.C, dg), tdb = tnew(VL_F32, d.C, db);
+  vl_tensor tx = tu_tnew(cx, dt, n, x), tg = tu_tnew(cx, dt, d.C, g), tdy = tu_tnew(cx, dt, n, dy);
+  vl_tensor tdx = alias ? tdy : tu_tnew(cx, dt, n, NULL);
+  vl_tensor tm = tu_tnew(cx, VL_F32, d.C, mean), ts = tu_tnew(cx, VL_F32, d.C, rstd);
+  vl_tensor tdg = tu_tnew(cx, VL_F32, d.C, dg), tdb = tu_tnew(cx, VL_F32, d.C, db);
   OK(cx->be->bn_bwd(cx, &tdx, dg ? &tdg : NULL, db ? &tdb : NULL, &tdy, &tx, &tg, &tm, &ts, d.N,
                     d.C, d.HW));
-  tget(&tdx, dx);
-  if (dg) tget(&tdg, dg);
-  if (db) tget(&tdb, db);
-  if (!alias) tfree(&tdx);
-  tfree(&tx); tfree(&tg); tfree(&tdy); tfree(&tm); tfree(&ts); tfree(&tdg); tfree(&tdb);
+  tu_tget(&tdx, dx);
+  if (dg) tu_tget(&tdg, dg);
+  if (db) tu_tget(&tdb, db);
+  if (!alias) vl_tensor_free(cx, &tdx);
+  TU_TFREE(cx, &tx, &tg, &tdy, &tm, &ts, &tdg, &tdb);
 }
 
 /* x (N, C, HW) with channel c around offs[c] with spread sc[c] */
 static float *bn_input(bn_dims d, const float *offs, const float *sc, uint64_t seed) {
-  float *x = randn(bn_n(d), 1.0f, seed);
+  float *x = tu_randn_new(bn_n(d), 1.0f, seed);
   for (int64_t n = 0; n < d.N; n++)
     for (int64_t c = 0; c < d.C; c++)
       for (int64_t i = 0; i < d.HW; i++) {
@@ -180,13 +114,13 @@ static void test_bn_train_forward(void **state) {
   const int64_t n = bn_n(d), C = d.C, M = d.N * d.HW;
   /* channel 2 sits at 1000 with spread 1: E[x^2] - E[x]^2 in fp32 would lose it entirely */
   const float offs[4] = {0.5f, -2.0f, 1000.0f, 0.0f}, sc[4] = {1.0f, 3.0f, 1.0f, 0.5f};
-  float *x = bn_input(d, offs, sc, 1), *g = randn(C, 0.5f, 2), *b = randn(C, 1.0f, 3);
+  float *x = bn_input(d, offs, sc, 1), *g = tu_randn_new(C, 0.5f, 2), *b = tu_randn_new(C, 1.0f, 3);
   for (int64_t c = 0; c < C; c++) g[c] += 1.0f;
   float rm0[4] = {0.3f, -0.2f, 5.0f, 0.0f}, rv0[4] = {1.0f, 2.0f, 0.5f, 1.5f};
   float rm[4], rv[4], mean[4], rstd[4];
   memcpy(rm, rm0, sizeof rm);
   memcpy(rv, rv0, sizeof rv);
-  float *y = zeros(n), *y2 = zeros(n);
+  float *y = tu_zeros(n), *y2 = tu_zeros(n);
   run_bn_train(d, VL_F32, x, g, b, y, mean, rstd, rm, rv);
 
   for (int64_t c = 0; c < C; c++) {
@@ -248,8 +182,8 @@ static void test_bn_train_forward(void **state) {
   /* storage dtypes: x, y, gamma, beta in fp16/bf16; mean, rstd, running stats fp32 */
   for (int k = 0; k < 2; k++) {
     vl_dtype dt = LOWP[k];
-    float *xr = rounded(x, n, dt), *gr = rounded(g, C, dt), *br = rounded(b, C, dt);
-    float *yref = zeros(n), *ygot = zeros(n), mref[4], mgot[4], sref[4], sgot[4];
+    float *xr = tu_rounded(x, n, dt), *gr = tu_rounded(g, C, dt), *br = tu_rounded(b, C, dt);
+    float *yref = tu_zeros(n), *ygot = tu_zeros(n), mref[4], mgot[4], sref[4], sgot[4];
     float rmr[4], rvr[4], rmg[4], rvg[4];
     memcpy(rmr, rm0, sizeof rmr); memcpy(rvr, rv0, sizeof rvr);
     memcpy(rmg, rm0, sizeof rmg); memcpy(rvg, rv0, sizeof rvg);
@@ -259,12 +193,12 @@ static void test_bn_train_forward(void **state) {
     for (int64_t c = 0; c < C; c++) {
       if (c == 2) continue;
       for (int64_t s = 0; s < d.N; s++)
-        close_dt(ygot + (s * C + c) * d.HW, yref + (s * C + c) * d.HW, d.HW, dt, "bn y");
+        tu_assert_close_dt(ygot + (s * C + c) * d.HW, yref + (s * C + c) * d.HW, d.HW, dt, "bn y");
     }
-    close_dt(mgot, mref, C, VL_F32, "bn mean");
-    close_dt(sgot, sref, C, VL_F32, "bn rstd");
-    close_dt(rmg, rmr, C, VL_F32, "bn running mean");
-    close_dt(rvg, rvr, C, VL_F32, "bn running var");
+    tu_assert_close_dt(mgot, mref, C, VL_F32, "bn mean");
+    tu_assert_close_dt(sgot, sref, C, VL_F32, "bn rstd");
+    tu_assert_close_dt(rmg, rmr, C, VL_F32, "bn running mean");
+    tu_assert_close_dt(rvg, rvr, C, VL_F32, "bn running var");
     free(xr); free(gr); free(br); free(yref); free(ygot);
   }
   free(x); free(g); free(b); free(y); free(y2);
@@ -275,22 +209,22 @@ static void test_bn_train_forward(void **state) {
 static void run_bn_eval(bn_dims d, vl_dtype dt, const float *x, const float *g, const float *b,
                         const float *rm, const float *rv, float *y, bool alias) {
   int64_t n = bn_n(d);
-  vl_tensor tx = tnew(dt, n, x), ty = alias ? tx : tnew(dt, n, NULL);
-  vl_tensor tg = tnew(dt, d.C, g), tb = tnew(dt, d.C, b);
-  vl_tensor trm = tnew(VL_F32, d.C, rm), trv = tnew(VL_F32, d.C, rv);
+  vl_tensor tx = tu_tnew(cx, dt, n, x), ty = alias ? tx : tu_tnew(cx, dt, n, NULL);
+  vl_tensor tg = tu_tnew(cx, dt, d.C, g), tb = tu_tnew(cx, dt, d.C, b);
+  vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
   OK(cx->be->bn_fwd_eval(cx, &ty, &tx, &tg, &tb, &trm, &trv, d.N, d.C, d.HW, BN_EPS));
-  tget(&ty, y);
-  if (!alias) tfree(&ty);
-  tfree(&tx); tfree(&tg); tfree(&tb); tfree(&trm); tfree(&trv);
+  tu_tget(&ty, y);
+  if (!alias) vl_tensor_free(cx, &ty);
+  TU_TFREE(cx, &tx, &tg, &tb, &trm, &trv);
 }
 
 static void test_bn_eval(void **state) {
   (void)state;
   const bn_dims d = {2, 3, 7};
   const int64_t n = bn_n(d), C = d.C;
-  float *x = randn(n, 2.0f, 10), *g = randn(C, 0.5f, 11), *b = randn(C, 1.0f, 12);
+  float *x = tu_randn_new(n, 2.0f, 10), *g = tu_randn_new(C, 0.5f, 11), *b = tu_randn_new(C, 1.0f, 12);
   float rm[3] = {0.5f, -1.0f, 2.0f}, rv[3] = {0.25f, 4.0f, 1e-6f}; /* rv ~ eps: eps matters */
-  float *y = zeros(n), *y2 = zeros(n);
+  float *y = tu_zeros(n), *y2 = tu_zeros(n);
   run_bn_eval(d, VL_F32, x, g, b, rm, rv, y, false);
   for (int64_t i = 0; i < n; i++) {
     int64_t c = (i / d.HW) % C;
@@ -301,11 +235,11 @@ static void test_bn_eval(void **state) {
   same_bits(y2, y, n, "bn eval in place");
   for (int k = 0; k < 2; k++) {
     vl_dtype dt = LOWP[k];
-    float *xr = rounded(x, n, dt), *gr = rounded(g, C, dt), *br = rounded(b, C, dt);
-    float *yref = zeros(n), *ygot = zeros(n);
+    float *xr = tu_rounded(x, n, dt), *gr = tu_rounded(g, C, dt), *br = tu_rounded(b, C, dt);
+    float *yref = tu_zeros(n), *ygot = tu_zeros(n);
     run_bn_eval(d, VL_F32, xr, gr, br, rm, rv, yref, false);
     run_bn_eval(d, dt, x, g, b, rm, rv, ygot, true);
-    close_dt(ygot, yref, n, dt, "bn eval y");
+    tu_assert_close_dt(ygot, yref, n, dt, "bn eval y");
     free(xr); free(gr); free(br); free(yref); free(ygot);
   }
   free(x); free(g); free(b); free(y); free(y2);
@@ -317,7 +251,7 @@ typedef struct { bn_dims d; float *x, *g, *b, *r, *y; } bn_ctx;
 static double bn_loss(void *p) {
   bn_ctx *k = p;
   run_bn_train(k->d, VL_F32, k->x, k->g, k->b, k->y, NULL, NULL, NULL, NULL);
-  return dot(k->r, k->y, bn_n(k->d));
+  return tu_dot(k->r, k->y, bn_n(k->d));
 }
 
 static void test_bn_bwd(void **state) {
@@ -325,22 +259,22 @@ static void test_bn_bwd(void **state) {
   const bn_dims d = {2, 3, 4};
   const int64_t n = bn_n(d), C = d.C;
   const float offs[3] = {0.5f, -1.0f, 3.0f}, sc[3] = {1.0f, 0.7f, 1.5f};
-  float *x = bn_input(d, offs, sc, 20), *g = randn(C, 0.5f, 21), *b = randn(C, 1.0f, 22);
-  float *r = randn(n, 1.0f, 23);
+  float *x = bn_input(d, offs, sc, 20), *g = tu_randn_new(C, 0.5f, 21), *b = tu_randn_new(C, 1.0f, 22);
+  float *r = tu_randn_new(n, 1.0f, 23);
   for (int64_t c = 0; c < C; c++) g[c] += 1.0f;
   float mean[3], rstd[3], dg0[3] = {0.5f, -0.25f, 1.0f}, db0[3] = {-1.0f, 0.0f, 2.0f};
   float dg[3], db[3], dgan[3], dban[3];
   memcpy(dg, dg0, sizeof dg);
   memcpy(db, db0, sizeof db);
-  float *dx = zeros(n), *dx2 = zeros(n), *dx3 = zeros(n), *y = zeros(n);
+  float *dx = tu_zeros(n), *dx2 = tu_zeros(n), *dx3 = tu_zeros(n), *y = tu_zeros(n);
   run_bn_train(d, VL_F32, x, g, b, y, mean, rstd, NULL, NULL);
   run_bn_bwd(d, VL_F32, x, g, r, mean, rstd, dx, dg, db, false);
   for (int64_t c = 0; c < C; c++) { dgan[c] = dg[c] - dg0[c]; dban[c] = db[c] - db0[c]; }
 
-  bn_ctx k = {d, x, g, b, r, zeros(n)};
-  fd_check(bn_loss, &k, x, n, dx, "bn dx");
-  fd_check(bn_loss, &k, g, C, dgan, "bn dgamma");
-  fd_check(bn_loss, &k, b, C, dban, "bn dbeta");
+  bn_ctx k = {d, x, g, b, r, tu_zeros(n)};
+  tu_fd_check(bn_loss, &k, x, n, dx, FD_EPS, FD_TOL, "bn dx");
+  tu_fd_check(bn_loss, &k, g, C, dgan, FD_EPS, FD_TOL, "bn dgamma");
+  tu_fd_check(bn_loss, &k, b, C, dban, FD_EPS, FD_TOL, "bn dbeta");
   /* dbeta = sum dy per channel exactly as defined; accumulation kept the initial values */
   for (int64_t c = 0; c < C; c++) {
     double s = 0;
@@ -356,14 +290,15 @@ static void test_bn_bwd(void **state) {
 
   for (int q = 0; q < 2; q++) {
     vl_dtype dt = LOWP[q];
-    float *xr = rounded(x, n, dt), *gr = rounded(g, C, dt), *rr = rounded(r, n, dt);
-    float *dref = zeros(n), *dgot = zeros(n), gref[3] = {0}, ggot[3] = {0}, bref[3] = {0}, bgot[3] = {0};
+    float *xr = tu_rounded(x, n, dt), *gr = tu_rounded(g, C, dt), *rr = tu_rounded(r, n, dt);
+    float *dref = tu_zeros(n), *dgot = tu_zeros(n), gref[3] = {0}, ggot[3] = {0}, bref[3] = {0},
+          bgot[3] = {0};
     run_bn_train(d, VL_F32, xr, gr, b, NULL, mean, rstd, NULL, NULL);
     run_bn_bwd(d, VL_F32, xr, gr, rr, mean, rstd, dref, gref, bref, false);
     run_bn_bwd(d, dt, x, g, r, mean, rstd, dgot, ggot, bgot, true);
-    close_dt(dgot, dref, n, dt, "bn dx");
-    close_dt(ggot, gref, C, VL_F32, "bn dgamma (fp32)");
-    close_dt(bgot, bref, C, VL_F32, "bn dbeta (fp32)");
+    tu_assert_close_dt(dgot, dref, n, dt, "bn dx");
+    tu_assert_close_dt(ggot, gref, C, VL_F32, "bn dgamma (fp32)");
+    tu_assert_close_dt(bgot, bref, C, VL_F32, "bn dbeta (fp32)");
     free(xr); free(gr); free(rr); free(dref); free(dgot);
   }
   free(x); free(g); free(b); free(r); free(dx); free(dx2); free(dx3); free(y); free(k.y);
@@ -381,9 +316,10 @@ static void tree_sum(double *a) {
 static void bn_cuda_form(bn_dims d, uint64_t seed) {
   const int64_t n = bn_n(d), C = d.C, HW = d.HW, M = d.N * HW;
   const float offs[5] = {1, -3, 100, 0, 2}, sc[5] = {1, 2, 0.5f, 1, 3};
-  float *x = bn_input(d, offs, sc, seed), *g = randn(C, 0.5f, seed + 1), *b = randn(C, 1.0f, seed + 2);
-  float *dy = randn(n, 1.0f, seed + 3);
-  float *y = zeros(n), *yk = zeros(n), *dx = zeros(n), *dxk = zeros(n);
+  float *x = bn_input(d, offs, sc, seed), *g = tu_randn_new(C, 0.5f, seed + 1),
+        *b = tu_randn_new(C, 1.0f, seed + 2);
+  float *dy = tu_randn_new(n, 1.0f, seed + 3);
+  float *y = tu_zeros(n), *yk = tu_zeros(n), *dx = tu_zeros(n), *dxk = tu_zeros(n);
   float mean[5], rstd[5], mk[5], rk[5], dg[5] = {0}, db[5] = {0}, dgk[5] = {0}, dbk[5] = {0};
   run_bn_train(d, VL_F32, x, g, b, y, mean, rstd, NULL, NULL);
   run_bn_bwd(d, VL_F32, x, g, dy, mean, rstd, dx, dg, db, false);
@@ -447,71 +383,72 @@ static void test_bn_cuda_form(void **state) {
 enum { RL_N = 50 };
 
 static void run_relu(vl_dtype dt, const float *x, const float *dy, float *y, float *dx, bool alias) {
-  vl_tensor tx = tnew(dt, RL_N, x), ty = alias ? tx : tnew(dt, RL_N, NULL);
+  vl_tensor tx = tu_tnew(cx, dt, RL_N, x), ty = alias ? tx : tu_tnew(cx, dt, RL_N, NULL);
   OK(cx->be->relu_fwd(cx, &ty, &tx, RL_N));
-  tget(&ty, y);
+  tu_tget(&ty, y);
   if (dy) {
-    vl_tensor tdy = tnew(dt, RL_N, dy), tdx = alias ? tdy : tnew(dt, RL_N, NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, RL_N, dy), tdx = alias ? tdy : tu_tnew(cx, dt, RL_N, NULL);
     OK(cx->be->relu_bwd(cx, &tdx, &tdy, &ty, RL_N));
-    tget(&tdx, dx);
-    if (!alias) tfree(&tdx);
-    tfree(&tdy);
+    tu_tget(&tdx, dx);
+    if (!alias) vl_tensor_free(cx, &tdx);
+    vl_tensor_free(cx, &tdy);
   }
-  if (!alias) tfree(&ty);
-  tfree(&tx);
+  if (!alias) vl_tensor_free(cx, &ty);
+  vl_tensor_free(cx, &tx);
 }
 
 typedef struct { float *x, *r, *y; } rl_ctx;
 static double relu_loss(void *p) {
   rl_ctx *k = p;
   run_relu(VL_F32, k->x, NULL, k->y, NULL, false);
-  return dot(k->r, k->y, RL_N);
+  return tu_dot(k->r, k->y, RL_N);
 }
 
 static void test_relu(void **state) {
   (void)state;
-  float *x = randn(RL_N, 1.0f, 40), *r = randn(RL_N, 1.0f, 41);
+  float *x = tu_randn_new(RL_N, 1.0f, 40), *r = tu_randn_new(RL_N, 1.0f, 41);
   away_from_zero(x, RL_N, 0.02f);
-  float *y = zeros(RL_N), *dx = zeros(RL_N), *y2 = zeros(RL_N), *dx2 = zeros(RL_N);
+  float *y = tu_zeros(RL_N), *dx = tu_zeros(RL_N), *y2 = tu_zeros(RL_N), *dx2 = tu_zeros(RL_N);
   run_relu(VL_F32, x, r, y, dx, false);
   for (int i = 0; i < RL_N; i++) {
     assert_true(y[i] == (x[i] > 0 ? x[i] : 0.0f));
     assert_true(dx[i] == (x[i] > 0 ? r[i] : 0.0f));
   }
-  rl_ctx k = {x, r, zeros(RL_N)};
-  fd_check(relu_loss, &k, x, RL_N, dx, "relu dx");
+  rl_ctx k = {x, r, tu_zeros(RL_N)};
+  tu_fd_check(relu_loss, &k, x, RL_N, dx, FD_EPS, FD_TOL, "relu dx");
   run_relu(VL_F32, x, r, y2, dx2, true); /* y aliases x, dx aliases dy */
   same_bits(y2, y, RL_N, "relu in place");
   same_bits(dx2, dx, RL_N, "relu_bwd in place");
 
   /* NaN propagates forward as torch.relu; a NaN dy where the unit is off gives 0 */
   float xs[3] = {NAN, -1.0f, 2.0f}, dys[3] = {1.0f, NAN, 3.0f}, ys[3], dxs[3];
-  vl_tensor tx = tnew(VL_F32, 3, xs), ty = tnew(VL_F32, 3, NULL), tdy = tnew(VL_F32, 3, dys);
-  vl_tensor tdx = tnew(VL_F32, 3, NULL);
+  vl_tensor tx = tu_tnew(cx, VL_F32, 3, xs), ty = tu_tnew(cx, VL_F32, 3, NULL),
+            tdy = tu_tnew(cx, VL_F32, 3, dys);
+  vl_tensor tdx = tu_tnew(cx, VL_F32, 3, NULL);
   OK(cx->be->relu_fwd(cx, &ty, &tx, 3));
   OK(cx->be->relu_bwd(cx, &tdx, &tdy, &ty, 3));
-  tget(&ty, ys);
-  tget(&tdx, dxs);
+  tu_tget(&ty, ys);
+  tu_tget(&tdx, dxs);
   assert_true(isnan(ys[0]) && ys[1] == 0.0f && ys[2] == 2.0f);
   assert_true(dxs[0] == 0.0f && dxs[1] == 0.0f && dxs[2] == 3.0f);
-  tfree(&tx); tfree(&ty); tfree(&tdy); tfree(&tdx);
+  TU_TFREE(cx, &tx, &ty, &tdy, &tdx);
 
   for (int q = 0; q < 2; q++) {
     vl_dtype dt = LOWP[q];
-    float *xr = rounded(x, RL_N, dt), *rr = rounded(r, RL_N, dt);
-    float *yref = zeros(RL_N), *dref = zeros(RL_N), *ygot = zeros(RL_N), *dgot = zeros(RL_N);
+    float *xr = tu_rounded(x, RL_N, dt), *rr = tu_rounded(r, RL_N, dt);
+    float *yref = tu_zeros(RL_N), *dref = tu_zeros(RL_N), *ygot = tu_zeros(RL_N), *dgot = tu_zeros(RL_N);
     run_relu(VL_F32, xr, rr, yref, dref, false);
     run_relu(dt, x, r, ygot, dgot, true);
-    close_dt(ygot, yref, RL_N, dt, "relu y");
-    close_dt(dgot, dref, RL_N, dt, "relu dx");
+    tu_assert_close_dt(ygot, yref, RL_N, dt, "relu y");
+    tu_assert_close_dt(dgot, dref, RL_N, dt, "relu dx");
     free(xr); free(rr); free(yref); free(dref); free(ygot); free(dgot);
   }
   /* mixed dtypes: fp32 x into a bf16 y */
-  vl_tensor a = tnew(VL_F32, RL_N, x), bb = tnew(VL_BF16, RL_N, NULL);
+  vl_tensor a = tu_tnew(cx, VL_F32, RL_N, x), bb = tu_tnew(cx, VL_BF16, RL_N, NULL);
   OK(cx->be->relu_fwd(cx, &bb, &a, RL_N));
-  tget(&bb, y2);
+  tu_tget(&bb, y2);
   for (int i = 0; i < RL_N; i++) assert_true(y2[i] == vl_round_to(VL_K_BF16, y[i]));
-  tfree(&a); tfree(&bb);
+  TU_TFREE(cx, &a, &bb);
   free(x); free(r); free(y); free(dx); free(y2); free(dx2); free(k.y);
 }
 
@@ -543,16 +480,16 @@ static void pool_ref(pool_geo g, const float *x, float *y, int64_t *arg) {
 }
 
 static vl_status run_pool(pool_geo g, vl_dtype dt, const float *x, const float *dy, float *y, float *dx) {
-  vl_tensor tx = tnew(dt, pin(g), x), ty = tnew(dt, pout(g), NULL);
+  vl_tensor tx = tu_tnew(cx, dt, pin(g), x), ty = tu_tnew(cx, dt, pout(g), NULL);
   vl_status s = cx->be->maxpool_fwd(cx, &ty, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q);
-  if (s == VL_OK) tget(&ty, y);
+  if (s == VL_OK) tu_tget(&ty, y);
   if (s == VL_OK && dy) {
-    vl_tensor tdy = tnew(dt, pout(g), dy), tdx = tnew(dt, pin(g), NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, pout(g), dy), tdx = tu_tnew(cx, dt, pin(g), NULL);
     s = cx->be->maxpool_bwd(cx, &tdx, &tdy, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q);
-    if (s == VL_OK) tget(&tdx, dx);
-    tfree(&tdy); tfree(&tdx);
+    if (s == VL_OK) tu_tget(&tdx, dx);
+    TU_TFREE(cx, &tdy, &tdx);
   }
-  tfree(&tx); tfree(&ty);
+  TU_TFREE(cx, &tx, &ty);
   return s;
 }
 
@@ -560,7 +497,7 @@ typedef struct { pool_geo g; float *x, *r, *y; } pool_ctx;
 static double pool_loss(void *p) {
   pool_ctx *k = p;
   OK(run_pool(k->g, VL_F32, k->x, NULL, k->y, NULL));
-  return dot(k->r, k->y, pout(k->g));
+  return tu_dot(k->r, k->y, pout(k->g));
 }
 
 /* Distinct values spaced 0.05 apart in a random order: FD steps never change an argmax. */
@@ -586,24 +523,24 @@ static void test_maxpool(void **state) {
   for (int gi = 0; gi < 3; gi++) {
     pool_geo g = geos[gi];
     int64_t ni = pin(g), no = pout(g);
-    float *x = distinct(ni, 50 + gi), *r = randn(no, 1.0f, 60 + gi);
+    float *x = distinct(ni, 50 + gi), *r = tu_randn_new(no, 1.0f, 60 + gi);
     for (int64_t i = 0; i < ni; i++) x[i] -= 10.0f; /* all negative: zero padding would win */
-    float *y = zeros(no), *yr = zeros(no), *dx = zeros(ni);
+    float *y = tu_zeros(no), *yr = tu_zeros(no), *dx = tu_zeros(ni);
     int64_t *arg = malloc((size_t)no * sizeof *arg);
     OK(run_pool(g, VL_F32, x, r, y, dx));
     pool_ref(g, x, yr, arg);
     same_bits(y, yr, no, "maxpool y");
     for (int64_t i = 0; i < no; i++) assert_true(y[i] < 0); /* padding never won */
-    pool_ctx k = {g, x, r, zeros(no)};
-    fd_check(pool_loss, &k, x, ni, dx, "maxpool dx");
+    pool_ctx k = {g, x, r, tu_zeros(no)};
+    tu_fd_check(pool_loss, &k, x, ni, dx, FD_EPS, FD_TOL, "maxpool dx");
     for (int q = 0; q < 2; q++) {
       vl_dtype dt = LOWP[q];
-      float *xr = rounded(x, ni, dt), *rr = rounded(r, no, dt);
-      float *yref = zeros(no), *dref = zeros(ni), *ygot = zeros(no), *dgot = zeros(ni);
+      float *xr = tu_rounded(x, ni, dt), *rr = tu_rounded(r, no, dt);
+      float *yref = tu_zeros(no), *dref = tu_zeros(ni), *ygot = tu_zeros(no), *dgot = tu_zeros(ni);
       OK(run_pool(g, VL_F32, xr, rr, yref, dref));
       OK(run_pool(g, dt, x, r, ygot, dgot)); /* fp16/bf16 dx: the gather form */
-      close_dt(ygot, yref, no, dt, "maxpool y");
-      close_dt(dgot, dref, ni, dt, "maxpool dx");
+      tu_assert_close_dt(ygot, yref, no, dt, "maxpool y");
+      tu_assert_close_dt(dgot, dref, ni, dt, "maxpool dx");
       free(xr); free(rr); free(yref); free(dref); free(ygot); free(dgot);
     }
     free(x); free(r); free(y); free(yr); free(dx); free(arg); free(k.y);
@@ -630,9 +567,9 @@ static void test_maxpool_gather_scatter(void **state) {
   (void)state;
   const pool_geo g = {3, 9, 8, 3, 2, 1, 5, 4};
   int64_t ni = pin(g), no = pout(g);
-  float *x = randn(ni, 1.0f, 70), *dy = randn(no, 1.0f, 71);
+  float *x = tu_randn_new(ni, 1.0f, 70), *dy = tu_randn_new(no, 1.0f, 71);
   for (int64_t i = 0; i < ni; i++) x[i] = 0.5f * (float)((int)fabsf(2.0f * x[i]) % 3);
-  float *a = zeros(ni), *b = zeros(ni);
+  float *a = tu_zeros(ni), *b = tu_zeros(ni);
   for (int64_t p = 0; p < g.planes; p++)
     vl_k_maxpool_bwd_plane(a, VL_K_F32, dy, VL_K_F32, x, VL_K_F32, g.H, g.W, g.k, g.s, g.p, g.P, g.Q, p);
   for (int64_t i = 0; i < ni; i++)
@@ -663,23 +600,23 @@ static void up_ref(const float *x, int64_t planes, int64_t H, int64_t W, double 
 static void run_up(vl_dtype dt, int64_t planes, int64_t H, int64_t W, const float *x,
                    const float *dy, float *y, float *dx) {
   int64_t lo = planes * H * W, hi = 4 * lo;
-  vl_tensor tx = tnew(dt, lo, x), ty = tnew(dt, hi, NULL);
+  vl_tensor tx = tu_tnew(cx, dt, lo, x), ty = tu_tnew(cx, dt, hi, NULL);
   OK(cx->be->upsample2x_fwd(cx, &ty, &tx, planes, H, W));
-  tget(&ty, y);
+  tu_tget(&ty, y);
   if (dy) {
-    vl_tensor tdy = tnew(dt, hi, dy), tdx = tnew(dt, lo, NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, hi, dy), tdx = tu_tnew(cx, dt, lo, NULL);
     OK(cx->be->upsample2x_bwd(cx, &tdx, &tdy, planes, H, W));
-    tget(&tdx, dx);
-    tfree(&tdy); tfree(&tdx);
+    tu_tget(&tdx, dx);
+    TU_TFREE(cx, &tdy, &tdx);
   }
-  tfree(&tx); tfree(&ty);
+  TU_TFREE(cx, &tx, &ty);
 }
 
 typedef struct { int64_t planes, H, W; float *x, *r, *y; } up_ctx;
 static double up_loss(void *p) {
   up_ctx *k = p;
   run_up(VL_F32, k->planes, k->H, k->W, k->x, NULL, k->y, NULL);
-  return dot(k->r, k->y, 4 * k->planes * k->H * k->W);
+  return tu_dot(k->r, k->y, 4 * k->planes * k->H * k->W);
 }
 
 static void test_upsample(void **state) {
@@ -695,24 +632,24 @@ static void test_upsample(void **state) {
   const int64_t shapes[3][3] = {{2, 3, 4}, {1, 1, 3}, {2, 5, 1}}; /* planes, H, W; 1 = edge */
   for (int si = 0; si < 3; si++) {
     int64_t P = shapes[si][0], H = shapes[si][1], W = shapes[si][2], lo = P * H * W, hi = 4 * lo;
-    float *x = randn(lo, 1.0f, 80 + si), *r = randn(hi, 1.0f, 90 + si);
-    float *y = zeros(hi), *dx = zeros(lo);
+    float *x = tu_randn_new(lo, 1.0f, 80 + si), *r = tu_randn_new(hi, 1.0f, 90 + si);
+    float *y = tu_zeros(hi), *dx = tu_zeros(lo);
     double *yr = malloc((size_t)hi * sizeof *yr);
     run_up(VL_F32, P, H, W, x, r, y, dx);
     up_ref(x, P, H, W, yr);
     for (int64_t i = 0; i < hi; i++) assert_true(fabs(y[i] - yr[i]) <= 1e-6 * fmax(1.0, fabs(yr[i])));
-    up_ctx k = {P, H, W, x, r, zeros(hi)};
-    fd_check(up_loss, &k, x, lo, dx, "upsample dx");
+    up_ctx k = {P, H, W, x, r, tu_zeros(hi)};
+    tu_fd_check(up_loss, &k, x, lo, dx, FD_EPS, FD_TOL, "upsample dx");
     /* and the adjoint identity <up(x), r> = <x, up^T(r)> */
-    assert_true(fabs(dot(y, r, hi) - dot(x, dx, lo)) < 1e-5 * (1 + fabs(dot(y, r, hi))));
+    assert_true(fabs(tu_dot(y, r, hi) - tu_dot(x, dx, lo)) < 1e-5 * (1 + fabs(tu_dot(y, r, hi))));
     for (int q = 0; q < 2; q++) {
       vl_dtype dt = LOWP[q];
-      float *xr = rounded(x, lo, dt), *rr = rounded(r, hi, dt);
-      float *yref = zeros(hi), *dref = zeros(lo), *ygot = zeros(hi), *dgot = zeros(lo);
+      float *xr = tu_rounded(x, lo, dt), *rr = tu_rounded(r, hi, dt);
+      float *yref = tu_zeros(hi), *dref = tu_zeros(lo), *ygot = tu_zeros(hi), *dgot = tu_zeros(lo);
       run_up(VL_F32, P, H, W, xr, rr, yref, dref);
       run_up(dt, P, H, W, x, r, ygot, dgot);
-      close_dt(ygot, yref, hi, dt, "upsample y");
-      close_dt(dgot, dref, lo, dt, "upsample dx");
+      tu_assert_close_dt(ygot, yref, hi, dt, "upsample y");
+      tu_assert_close_dt(dgot, dref, lo, dt, "upsample dx");
       free(xr); free(rr); free(yref); free(dref); free(ygot); free(dgot);
     }
     free(x); free(r); free(y); free(dx); free(yr); free(k.y);
@@ -726,23 +663,24 @@ enum { CC_N = 2, CC_YC = 5, CC_XC = 4, CC_HW = 3, CC_Y0 = 2, CC_X0 = 1, CC_NC = 
 #define CC_NX (CC_N * CC_XC * CC_HW)
 
 static void run_cc(vl_dtype ydt, vl_dtype xdt, const float *y0, const float *x, float *y, bool acc) {
-  vl_tensor ty = tnew(ydt, CC_NY, y0), tx = tnew(xdt, CC_NX, x);
+  vl_tensor ty = tu_tnew(cx, ydt, CC_NY, y0), tx = tu_tnew(cx, xdt, CC_NX, x);
   OK(cx->be->chan_copy(cx, &ty, CC_YC, CC_Y0, &tx, CC_XC, CC_X0, CC_NC, CC_N, CC_HW, acc));
-  tget(&ty, y);
-  tfree(&ty); tfree(&tx);
+  tu_tget(&ty, y);
+  TU_TFREE(cx, &ty, &tx);
 }
 
 typedef struct { float *x, *r, *y; } cc_ctx;
 static double cc_loss(void *p) {
   cc_ctx *k = p;
   run_cc(VL_F32, VL_F32, NULL, k->x, k->y, false);
-  return dot(k->r, k->y, CC_NY);
+  return tu_dot(k->r, k->y, CC_NY);
 }
 
 static void test_chan_copy(void **state) {
   (void)state;
-  float *x = randn(CC_NX, 1.0f, 100), *y0 = randn(CC_NY, 1.0f, 101), *r = randn(CC_NY, 1.0f, 102);
-  float *y = zeros(CC_NY), *ya = zeros(CC_NY);
+  float *x = tu_randn_new(CC_NX, 1.0f, 100), *y0 = tu_randn_new(CC_NY, 1.0f, 101),
+        *r = tu_randn_new(CC_NY, 1.0f, 102);
+  float *y = tu_zeros(CC_NY), *ya = tu_zeros(CC_NY);
   run_cc(VL_F32, VL_F32, y0, x, y, false);  /* memcpy path */
   run_cc(VL_F32, VL_F32, y0, x, ya, true);  /* element path, adding */
   for (int n = 0; n < CC_N; n++)
@@ -764,21 +702,21 @@ static void test_chan_copy(void **state) {
     free(ye);
   }
   /* backward of a concat is the same op the other way, adding into dx: its adjoint */
-  float *dx = zeros(CC_NX);
-  vl_tensor tr = tnew(VL_F32, CC_NY, r), tdx = tnew(VL_F32, CC_NX, NULL);
+  float *dx = tu_zeros(CC_NX);
+  vl_tensor tr = tu_tnew(cx, VL_F32, CC_NY, r), tdx = tu_tnew(cx, VL_F32, CC_NX, NULL);
   OK(cx->be->chan_copy(cx, &tdx, CC_XC, CC_X0, &tr, CC_YC, CC_Y0, CC_NC, CC_N, CC_HW, true));
-  tget(&tdx, dx);
-  tfree(&tr); tfree(&tdx);
-  cc_ctx k = {x, r, zeros(CC_NY)};
-  fd_check(cc_loss, &k, x, CC_NX, dx, "chan_copy dx");
+  tu_tget(&tdx, dx);
+  TU_TFREE(cx, &tr, &tdx);
+  cc_ctx k = {x, r, tu_zeros(CC_NY)};
+  tu_fd_check(cc_loss, &k, x, CC_NX, dx, FD_EPS, FD_TOL, "chan_copy dx");
   /* dtype conversions: fp32 into bf16 (element path), fp16 into fp16 adding */
   for (int q = 0; q < 2; q++) {
     vl_dtype dt = LOWP[q];
-    float *xr = rounded(x, CC_NX, dt), *yr = rounded(y0, CC_NY, dt);
-    float *ref = zeros(CC_NY), *got = zeros(CC_NY);
+    float *xr = tu_rounded(x, CC_NX, dt), *yr = tu_rounded(y0, CC_NY, dt);
+    float *ref = tu_zeros(CC_NY), *got = tu_zeros(CC_NY);
     run_cc(VL_F32, VL_F32, yr, xr, ref, true);
     run_cc(dt, dt, y0, x, got, true);
-    close_dt(got, ref, CC_NY, dt, "chan_copy accumulate");
+    tu_assert_close_dt(got, ref, CC_NY, dt, "chan_copy accumulate");
     run_cc(VL_F32, VL_F32, yr, x, ref, false);
     run_cc(dt, VL_F32, y0, x, got, false);
     for (int i = 0; i < CC_NY; i++) assert_true(got[i] == vl_round_to((int)dt, ref[i]));
@@ -794,11 +732,11 @@ static const int32_t XP_TGT[XP_PIX] = {0, 4, -1, 2, 1, 3, 4, -1, 0, 2, 2, 1};
 #define XP_VALID 10
 
 static void run_xp(vl_dtype dt, const float *l, float *loss, float *dl) {
-  vl_tensor tl = tnew(dt, XP_NL, l), tloss = tnew(VL_F32, XP_PIX, NULL);
+  vl_tensor tl = tu_tnew(cx, dt, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
   OK(cx->be->xent_pix(cx, &tl, &tloss, XP_TGT, XP_N, XP_K, XP_HW, 1.0f / XP_VALID));
-  tget(&tloss, loss);
-  if (dl) tget(&tl, dl);
-  tfree(&tl); tfree(&tloss);
+  tu_tget(&tloss, loss);
+  if (dl) tu_tget(&tl, dl);
+  TU_TFREE(cx, &tl, &tloss);
 }
 
 typedef struct { float *l, *loss; } xp_ctx;
@@ -812,7 +750,7 @@ static double xp_loss(void *p) {
 
 static void test_xent_pix(void **state) {
   (void)state;
-  float *l = randn(XP_NL, 2.0f, 110), loss[XP_PIX], *dl = zeros(XP_NL);
+  float *l = tu_randn_new(XP_NL, 2.0f, 110), loss[XP_PIX], *dl = tu_zeros(XP_NL);
   run_xp(VL_F32, l, loss, dl);
   for (int p = 0; p < XP_PIX; p++) {
     int n = p / XP_HW, s = p % XP_HW, t = XP_TGT[p];
@@ -827,33 +765,33 @@ static void test_xent_pix(void **state) {
     double want = log(sum) + mx - l[(n * XP_K + t) * XP_HW + s];
     assert_true(fabs(loss[p] - want) < 1e-5 * fmax(1.0, want));
   }
-  xp_ctx k = {l, zeros(XP_PIX)};
-  fd_check(xp_loss, &k, l, XP_NL, dl, "xent_pix dlogits");
+  xp_ctx k = {l, tu_zeros(XP_PIX)};
+  tu_fd_check(xp_loss, &k, l, XP_NL, dl, FD_EPS, FD_TOL, "xent_pix dlogits");
   for (int q = 0; q < 2; q++) {
     vl_dtype dt = LOWP[q];
-    float *lr = rounded(l, XP_NL, dt), lref[XP_PIX], lgot[XP_PIX];
-    float *dref = zeros(XP_NL), *dgot = zeros(XP_NL);
+    float *lr = tu_rounded(l, XP_NL, dt), lref[XP_PIX], lgot[XP_PIX];
+    float *dref = tu_zeros(XP_NL), *dgot = tu_zeros(XP_NL);
     run_xp(VL_F32, lr, lref, dref);
     run_xp(dt, l, lgot, dgot);
-    close_dt(lgot, lref, XP_PIX, VL_F32, "xent_pix loss (fp32 out)");
-    close_dt(dgot, dref, XP_NL, dt, "xent_pix dlogits");
+    tu_assert_close_dt(lgot, lref, XP_PIX, VL_F32, "xent_pix loss (fp32 out)");
+    tu_assert_close_dt(dgot, dref, XP_NL, dt, "xent_pix dlogits");
     free(lr); free(dref); free(dgot);
   }
   /* a label >= K is an error on the CPU (host targets), nothing written */
   int32_t bad[XP_PIX];
   memcpy(bad, XP_TGT, sizeof bad);
   bad[7] = XP_K;
-  vl_tensor tl = tnew(VL_F32, XP_NL, l), tloss = tnew(VL_F32, XP_PIX, NULL);
+  vl_tensor tl = tu_tnew(cx, VL_F32, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
   assert_int_equal(cx->be->xent_pix(cx, &tl, &tloss, bad, XP_N, XP_K, XP_HW, 1.0f), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "target"));
-  float *lafter = zeros(XP_NL);
-  tget(&tl, lafter);
+  float *lafter = tu_zeros(XP_NL);
+  tu_tget(&tl, lafter);
   same_bits(lafter, l, XP_NL, "logits after a rejected call");
   /* the kernel body itself (what CUDA runs) gives that pixel a NaN loss, zero gradient */
   float bl[XP_PIX];
   for (int p = 0; p < XP_PIX; p++) vl_k_xent_pix(lafter, VL_K_F32, bl, bad, XP_K, XP_HW, 1.0f, p);
   assert_true(isnan(bl[7]) && !isnan(bl[6]));
-  tfree(&tl); tfree(&tloss);
+  TU_TFREE(cx, &tl, &tloss);
   free(l); free(dl); free(k.loss); free(lafter);
 }
 
@@ -871,9 +809,11 @@ static void test_xent_pix(void **state) {
 static void test_bad_args(void **state) {
   (void)state;
   const vl_backend *be = cx->be;
-  vl_tensor x = tnew(VL_F32, 24, NULL), y = tnew(VL_F32, 24, NULL), small = tnew(VL_F32, 10, NULL);
-  vl_tensor c3 = tnew(VL_F32, 3, NULL), c3b = tnew(VL_F32, 3, NULL), h3 = tnew(VL_F16, 3, NULL);
-  vl_tensor c2 = tnew(VL_F32, 2, NULL);
+  vl_tensor x = tu_tnew(cx, VL_F32, 24, NULL), y = tu_tnew(cx, VL_F32, 24, NULL),
+            small = tu_tnew(cx, VL_F32, 10, NULL);
+  vl_tensor c3 = tu_tnew(cx, VL_F32, 3, NULL), c3b = tu_tnew(cx, VL_F32, 3, NULL),
+            h3 = tu_tnew(cx, VL_F16, 3, NULL);
+  vl_tensor c2 = tu_tnew(cx, VL_F32, 2, NULL);
   vl_tensor h24 = x; /* x's storage seen as fp16: an alias with another dtype */
   h24.dtype = VL_F16;
   /* batch norm (N, C, HW) = (2, 3, 4) */
@@ -909,7 +849,7 @@ static void test_bad_args(void **state) {
   int32_t tg[8] = {0};
   BAD(be->xent_pix(cx, &x, &h3, tg, 2, 1, 1, 1.0f), "loss is fp16");
   BAD(be->xent_pix(cx, &x, &small, NULL, 2, 3, 4, 1.0f), "NULL");
-  tfree(&x); tfree(&y); tfree(&small); tfree(&c3); tfree(&c3b); tfree(&h3); tfree(&c2);
+  TU_TFREE(cx, &x, &y, &small, &c3, &c3b, &h3, &c2);
 }
 
 int main(void) {

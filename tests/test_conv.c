@@ -14,6 +14,10 @@
 
 #define OK(expr) assert_int_equal((expr), VL_OK)
 #define cx tu_cpu
+/* Finite differences: L is linear in each input, so central differences are exact up to
+ * rounding and the step can be large. */
+#define FD_EPS 1e-2f
+#define FD_TOL 1e-2
 
 typedef struct { int64_t N, C, H, W, K, R, S; int stride, pad, dil; } shape;
 
@@ -65,22 +69,6 @@ static void ref_bwd_weight(const vl_conv *cv, const float *x, const float *dy, d
   FOR_TERMS(cv, dw[wi] += (double)dy[yi] * x[xi]);
 }
 
-static vl_tensor tnew(vl_dtype dt, int64_t n, const float *host) {
-  vl_tensor t;
-  OK(vl_tensor_alloc(cx, &t, dt, VL_MEM_TEMP, 1, &n));
-  if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
-  else OK(cx->be->zero(cx, &t));
-  return t;
-}
-static void tget(const vl_tensor *t, float *h) {
-  for (int64_t i = 0; i < t->n; i++) h[i] = vl_ld(t->data, (int)t->dtype, i);
-}
-static float *randn(int64_t n, uint64_t seed) {
-  float *x = malloc((size_t)n * sizeof *x);
-  tu_randn(x, n, 1.0f, seed);
-  return x;
-}
-
 /* Runs one direction on the CPU backend with workspace from the arena. */
 typedef struct { vl_conv cv; vl_dtype xdt, wdt, gdt; bool acc; } run_cfg;
 
@@ -96,16 +84,22 @@ static void run_dir(const run_cfg *rc, vl_conv_dir dir, const float *a, const fl
   }
   vl_tensor ta, tb, to;
   if (dir == VL_CONV_FWD) {
-    ta = tnew(cv.xdt, nx(&cv), a); tb = tnew(cv.wdt, nw(&cv), b); to = tnew(cv.xdt, ny(&cv), NULL);
+    ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
+    tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
+    to = tu_tnew(cx, cv.xdt, ny(&cv), NULL);
     OK(cx->be->conv_fwd(cx, &cv, &to, &ta, &tb, ws.data, wsb));
   } else if (dir == VL_CONV_BWD_DATA) {
-    ta = tnew(cv.xdt, ny(&cv), a); tb = tnew(cv.wdt, nw(&cv), b); to = tnew(cv.xdt, nx(&cv), NULL);
+    ta = tu_tnew(cx, cv.xdt, ny(&cv), a);
+    tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
+    to = tu_tnew(cx, cv.xdt, nx(&cv), NULL);
     OK(cx->be->conv_bwd_data(cx, &cv, &to, &ta, &tb, ws.data, wsb));
   } else {
-    ta = tnew(cv.xdt, nx(&cv), a); tb = tnew(cv.xdt, ny(&cv), b); to = tnew(cv.gdt, nw(&cv), out_init);
+    ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
+    tb = tu_tnew(cx, cv.xdt, ny(&cv), b);
+    to = tu_tnew(cx, cv.gdt, nw(&cv), out_init);
     OK(cx->be->conv_bwd_weight(cx, &cv, &to, &ta, &tb, rc->acc, ws.data, wsb));
   }
-  tget(&to, out);
+  tu_tget(&to, out);
   vl_tensor_free(cx, &to); vl_tensor_free(cx, &tb); vl_tensor_free(cx, &ta);
   if (wsb) vl_tensor_free(cx, &ws);
 }
@@ -145,9 +139,11 @@ static void test_reference(void **state) {
   for (int i = 0; i < NSHAPES; i++) {
     run_cfg rc = {mk(&SHAPES[i]), VL_F32, VL_F32, VL_F32, false};
     const vl_conv *cv = &rc.cv;
-    float *x = randn(nx(cv), 10 + i), *w = randn(nw(cv), 20 + i), *dy = randn(ny(cv), 30 + i);
+    float *x = tu_randn_new(nx(cv), 1.0f, 10 + i), *w = tu_randn_new(nw(cv), 1.0f, 20 + i),
+          *dy = tu_randn_new(ny(cv), 1.0f, 30 + i);
     float *y = malloc((size_t)ny(cv) * 4), *dx = malloc((size_t)nx(cv) * 4), *dw = malloc((size_t)nw(cv) * 4);
-    double *ry = malloc((size_t)ny(cv) * 8), *rdx = malloc((size_t)nx(cv) * 8), *rdw = malloc((size_t)nw(cv) * 8);
+    double *ry = malloc((size_t)ny(cv) * 8), *rdx = malloc((size_t)nx(cv) * 8),
+           *rdw = malloc((size_t)nw(cv) * 8);
     run_dir(&rc, VL_CONV_FWD, x, w, y, NULL);
     ref_fwd(cv, x, w, ry);
     close_ref(y, ry, ny(cv), 1e-4, "conv_fwd");
@@ -165,28 +161,10 @@ static void test_reference(void **state) {
 /* Finite differences of L = sum(r * conv(x, w)) against conv_bwd_data / conv_bwd_weight
  * applied to r (the gradient of L with respect to y is r). */
 typedef struct { run_cfg rc; float *x, *w, *r, *y; } fd_ctx;
-static double fd_loss(fd_ctx *k) {
+static double fd_loss(void *p) {
+  fd_ctx *k = p;
   run_dir(&k->rc, VL_CONV_FWD, k->x, k->w, k->y, NULL);
-  double s = 0;
-  for (int64_t i = 0; i < ny(&k->rc.cv); i++) s += (double)k->r[i] * k->y[i];
-  return s;
-}
-static void fd_vs(fd_ctx *k, float *v, int64_t n, const float *an, const char *what) {
-  const float eps = 1e-2f; /* L is linear in each input: central differences are exact up to rounding */
-  double amax = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float v0 = v[i];
-    v[i] = v0 + eps; double lp = fd_loss(k);
-    v[i] = v0 - eps; double lm = fd_loss(k);
-    v[i] = v0;
-    double fd = (lp - lm) / (2.0 * eps);
-    if (!(fabs(fd - an[i]) <= 1e-2 * fmax(1.0, fabs(an[i])))) {
-      print_error("%s[%lld]: analytic %.7g, finite difference %.7g\n", what, (long long)i, an[i], fd);
-      fail();
-    }
-    amax = fmax(amax, fabs(an[i]));
-  }
-  assert_true(amax > 0.05);
+  return tu_dot(k->r, k->y, ny(&k->rc.cv));
 }
 static void test_fd(void **state) {
   (void)state;
@@ -196,13 +174,15 @@ static void test_fd(void **state) {
     s.N = 1;
     fd_ctx k = {{mk(&s), VL_F32, VL_F32, VL_F32, false}, 0, 0, 0, 0};
     const vl_conv *cv = &k.rc.cv;
-    k.x = randn(nx(cv), 40 + j); k.w = randn(nw(cv), 50 + j); k.r = randn(ny(cv), 60 + j);
+    k.x = tu_randn_new(nx(cv), 1.0f, 40 + j);
+    k.w = tu_randn_new(nw(cv), 1.0f, 50 + j);
+    k.r = tu_randn_new(ny(cv), 1.0f, 60 + j);
     k.y = malloc((size_t)ny(cv) * 4);
     float *dx = malloc((size_t)nx(cv) * 4), *dw = malloc((size_t)nw(cv) * 4);
     run_dir(&k.rc, VL_CONV_BWD_DATA, k.r, k.w, dx, NULL);
     run_dir(&k.rc, VL_CONV_BWD_WEIGHT, k.x, k.r, dw, NULL);
-    fd_vs(&k, k.x, nx(cv), dx, "dx");
-    fd_vs(&k, k.w, nw(cv), dw, "dw");
+    tu_fd_check(fd_loss, &k, k.x, nx(cv), dx, FD_EPS, FD_TOL, "dx");
+    tu_fd_check(fd_loss, &k, k.w, nw(cv), dw, FD_EPS, FD_TOL, "dw");
     free(k.x); free(k.w); free(k.r); free(k.y); free(dx); free(dw);
   }
 }
@@ -212,7 +192,8 @@ static void test_accumulate(void **state) {
   (void)state;
   run_cfg rc = {mk(&SHAPES[1]), VL_F32, VL_F32, VL_F32, true};
   const vl_conv *cv = &rc.cv;
-  float *x = randn(nx(cv), 70), *dy = randn(ny(cv), 71), *old = randn(nw(cv), 72);
+  float *x = tu_randn_new(nx(cv), 1.0f, 70), *dy = tu_randn_new(ny(cv), 1.0f, 71),
+        *old = tu_randn_new(nw(cv), 1.0f, 72);
   float *dw = malloc((size_t)nw(cv) * 4), *g = malloc((size_t)nw(cv) * 4);
   run_cfg plain = rc;
   plain.acc = false;
@@ -237,7 +218,8 @@ static void test_lowp(void **state) {
     run_cfg lo = {mk(&SHAPES[0]), dt, dt, VL_F32, false}, f32 = lo;
     f32.xdt = f32.wdt = VL_F32;
     const vl_conv *cv = &lo.cv;
-    float *x = randn(nx(cv), 80), *w = randn(nw(cv), 81), *dy = randn(ny(cv), 82);
+    float *x = tu_randn_new(nx(cv), 1.0f, 80), *w = tu_randn_new(nw(cv), 1.0f, 81),
+          *dy = tu_randn_new(ny(cv), 1.0f, 82);
     for (int64_t i = 0; i < nx(cv); i++) x[i] = vl_round_to((int)dt, x[i]);
     for (int64_t i = 0; i < nw(cv); i++) w[i] = vl_round_to((int)dt, w[i]);
     for (int64_t i = 0; i < ny(cv); i++) dy[i] = vl_round_to((int)dt, dy[i]);
@@ -277,11 +259,12 @@ static void test_workspace(void **state) {
   cv.xdt = VL_F16; /* needs conversion buffers, so the workspace is never 0 */
   size_t need = cx->be->conv_ws_bytes(cx, &cv, VL_CONV_FWD, false);
   assert_true(need > 0);
-  vl_tensor x = tnew(VL_F16, nx(&cv), NULL), w = tnew(VL_F32, nw(&cv), NULL), y = tnew(VL_F16, ny(&cv), NULL);
+  vl_tensor x = tu_tnew(cx, VL_F16, nx(&cv), NULL), w = tu_tnew(cx, VL_F32, nw(&cv), NULL),
+            y = tu_tnew(cx, VL_F16, ny(&cv), NULL);
   char buf[64];
   assert_int_equal(cx->be->conv_fwd(cx, &cv, &y, &x, &w, buf, sizeof buf), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "workspace"));
-  vl_tensor small = tnew(VL_F16, ny(&cv) - 1, NULL);
+  vl_tensor small = tu_tnew(cx, VL_F16, ny(&cv) - 1, NULL);
   assert_int_equal(cx->be->conv_fwd(cx, &cv, &small, &x, &w, NULL, 0), VL_ERR_INVALID);
   vl_tensor_free(cx, &small); vl_tensor_free(cx, &y); vl_tensor_free(cx, &w); vl_tensor_free(cx, &x);
 }

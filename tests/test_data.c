@@ -58,15 +58,20 @@ static void sleep_us(int us) {
 
 /* Runs on worker threads: no cmocka asserts here (they cannot unwind another thread);
  * failures come back as statuses the test checks. */
+
+/* *buf holds at least need bytes (*cap, grown with realloc); false if out of memory. */
+static bool reserve(uint8_t **buf, size_t *cap, size_t need) {
+  if (*cap >= need) return true;
+  uint8_t *p = realloc(*buf, need);
+  if (!p) return false;
+  *buf = p;
+  *cap = need;
+  return true;
+}
+
 static bool fill_image(int64_t i, vl_image *out) {
   int w = img_w(i), h = img_h(i);
-  size_t need = (size_t)w * h * 3;
-  if (out->cap < need) {
-    uint8_t *p = realloc(out->pix, need);
-    if (!p) return false;
-    out->pix = p;
-    out->cap = need;
-  }
+  if (!reserve(&out->pix, &out->cap, (size_t)w * h * 3)) return false;
   for (int y = 0; y < h; y++)
     for (int x = 0; x < w; x++)
       for (int c = 0; c < 3; c++) out->pix[((size_t)y * w + x) * 3 + c] = img_px(i, y, x, c);
@@ -88,22 +93,13 @@ static int seg_h(const synth *s, int64_t i) { return s->seg_size ? s->seg_size :
 
 static bool seg_fill(const synth *s, int64_t i, vl_image *out) {
   int w = seg_w(s, i), h = seg_h(s, i);
-  size_t need = (size_t)w * h * 3;
-  if (out->cap < need) {
-    uint8_t *p = realloc(out->pix, need);
-    if (!p) return false;
-    out->pix = p;
-    out->cap = need;
-  }
+  if (!reserve(&out->pix, &out->cap, (size_t)w * h * 3)) return false;
   if (i == s->no_mask) { /* a dataset without a mask for this sample leaves it NULL */
     free(out->mask);
     out->mask = NULL;
     out->mask_cap = 0;
-  } else if (out->mask_cap < (size_t)w * h) {
-    uint8_t *p = realloc(out->mask, (size_t)w * h);
-    if (!p) return false;
-    out->mask = p;
-    out->mask_cap = (size_t)w * h;
+  } else if (!reserve(&out->mask, &out->mask_cap, (size_t)w * h)) {
+    return false;
   }
   for (int y = 0; y < h; y++)
     for (int x = 0; x < w; x++) {
@@ -170,6 +166,19 @@ static vl_loader_cfg small_cfg(void) {
   c.crop = 8;
   c.seed = 1234;
   return c;
+}
+
+/* vl_transform / vl_transform_seg of im with an rng freshly seeded with seed. */
+static void xform(const vl_loader_cfg *c, const vl_image *im, uint64_t seed, float *x) {
+  vl_rng r;
+  vl_rng_seed(&r, seed);
+  vl_transform(c, im, &r, x);
+}
+static void xform_seg(const vl_loader_cfg *c, const vl_image *im, uint64_t seed, float *x,
+                      int32_t *y) {
+  vl_rng r;
+  vl_rng_seed(&r, seed);
+  vl_transform_seg(c, im, &r, x, y);
 }
 
 static vl_loader *mk_loader(const vl_loader_cfg *c, synth *s) {
@@ -254,6 +263,43 @@ static void assert_same_epoch(const epoch_out *a, const epoch_out *b, int64_t F)
   if (a->y) assert_memory_equal(a->y, b->y, (size_t)(a->n * (F / 3)) * sizeof(int32_t));
 }
 
+/* A fresh loader for c over s runs epoch e through (VL_OK) into o; st, if given, gets the
+ * loader's stats after it. */
+static void epoch_once(const vl_loader_cfg *c, synth *s, int64_t e, epoch_out *o,
+                       vl_loader_stats *st) {
+  vl_loader *l = mk_loader(c, s);
+  assert_int_equal(run_epoch(l, c, e, o), VL_OK);
+  if (st) vl_loader_stats_get(l, st);
+  vl_loader_destroy(l);
+}
+
+/* A fresh loader for c over s delivers, for epoch e, exactly what ref holds; st as above. */
+static void assert_epoch_is(const epoch_out *ref, const vl_loader_cfg *c, synth *s, int64_t e,
+                            int64_t F, vl_loader_stats *st) {
+  epoch_out o;
+  epoch_once(c, s, e, &o, st);
+  assert_same_epoch(ref, &o, F);
+  out_free(&o);
+}
+
+/* o is `all` without the samples bad[0 .. nbad): the same order, pixels and masks. */
+static void assert_all_but_bad(const epoch_out *o, const epoch_out *all, const int64_t *bad,
+                               int nbad, int64_t F) {
+  const int64_t P = F / 3;
+  int64_t j = 0;
+  for (int64_t i = 0; i < all->n; i++) {
+    bool isbad = false;
+    for (int k = 0; k < nbad; k++) isbad |= all->idx[i] == bad[k];
+    if (isbad) continue;
+    assert_true(j < o->n);
+    assert_int_equal(o->idx[j], all->idx[i]);
+    assert_memory_equal(o->x + j * F, all->x + i * F, (size_t)F * sizeof(float));
+    if (o->y) assert_memory_equal(o->y + j * P, all->y + i * P, (size_t)P * sizeof(int32_t));
+    j++;
+  }
+  assert_int_equal(j, o->n);
+}
+
 static int count_threads(void) {
   DIR *d = opendir("/proc/self/task");
   if (!d) return -1;
@@ -280,12 +326,20 @@ static int threads_settle(int expected) {
 
 /* ============================== config =============================================== */
 
-static void expect_invalid(const vl_loader_cfg *c, synth *s, const char *needle) {
+/* vl_loader_create refuses c over s with status want and leaves the loader NULL; its
+ * message is in err. */
+static void expect_refused(const vl_loader_cfg *c, synth *s, vl_status want, char *err,
+                           size_t errn) {
   vl_dataset d = syn_dataset(s);
   vl_loader *l = (vl_loader *)1;
-  char err[512] = "";
-  assert_int_equal(vl_loader_create(&l, c, &d, err, sizeof err), VL_ERR_INVALID);
+  err[0] = '\0';
+  assert_int_equal(vl_loader_create(&l, c, &d, err, errn), want);
   assert_null(l);
+}
+
+static void expect_invalid(const vl_loader_cfg *c, synth *s, const char *needle) {
+  char err[512];
+  expect_refused(c, s, VL_ERR_INVALID, err, sizeof err);
   if (!strstr(err, needle)) print_error("message '%s' lacks '%s'\n", err, needle);
   assert_non_null(strstr(err, needle));
 }
@@ -436,10 +490,8 @@ static void test_deterministic_across_workers(void **state) {
   syn_init(&s, N);
   vl_loader_cfg c = small_cfg();
   const int64_t F = 3 * c.crop * c.crop;
-  vl_loader *l = mk_loader(&c, &s);
   epoch_out ref;
-  assert_int_equal(run_epoch(l, &c, 5, &ref), VL_OK);
-  vl_loader_destroy(l);
+  epoch_once(&c, &s, 5, &ref, NULL);
   s.delay_us = 300;
   const int workers[] = {1, 2, 3, 4};
   for (int wi = 0; wi < 4; wi++) {
@@ -447,12 +499,7 @@ static void test_deterministic_across_workers(void **state) {
     c2.workers = workers[wi];
     c2.prefetch = 1 + wi % 2;
     c2.persistent = wi % 2;
-    l = mk_loader(&c2, &s);
-    epoch_out o;
-    assert_int_equal(run_epoch(l, &c2, 5, &o), VL_OK);
-    assert_same_epoch(&ref, &o, F);
-    out_free(&o);
-    vl_loader_destroy(l);
+    assert_epoch_is(&ref, &c2, &s, 5, F, NULL);
   }
   out_free(&ref);
 }
@@ -517,9 +564,7 @@ static void test_collate_bit_identical(void **state) {
   for (int m = 0; m < 2; m++) {
     vl_loader_cfg cm = c;
     cm.batched_collate = m;
-    vl_loader *l = mk_loader(&cm, &s);
-    assert_int_equal(run_epoch(l, &cm, 2, &o[m]), VL_OK);
-    vl_loader_destroy(l);
+    epoch_once(&cm, &s, 2, &o[m], NULL);
   }
   assert_same_epoch(&o[0], &o[1], F);
   vl_image img = {0};
@@ -527,9 +572,7 @@ static void test_collate_bit_identical(void **state) {
   assert_non_null(ref);
   for (int64_t i = 0; i < o[0].n; i++) {
     assert_true(fill_image(o[0].idx[i], &img));
-    vl_rng r;
-    vl_rng_seed(&r, vl_loader_sample_seed(c.seed, 2, o[0].idx[i]));
-    vl_transform(&c, &img, &r, ref);
+    xform(&c, &img, vl_loader_sample_seed(c.seed, 2, o[0].idx[i]), ref);
     assert_memory_equal(ref, o[0].x + i * F, (size_t)F * sizeof(float));
   }
   free(ref);
@@ -555,15 +598,12 @@ static void test_corrupt_skip(void **state) {
   c.on_corrupt = VL_CORRUPT_SKIP;
   const int64_t F = 3 * c.crop * c.crop;
   epoch_out ref;
-  vl_loader *l = mk_loader(&c, &s);
-  assert_int_equal(run_epoch(l, &c, 1, &ref), VL_OK);
   vl_loader_stats st;
-  vl_loader_stats_get(l, &st);
+  epoch_once(&c, &s, 1, &ref, &st);
   assert_int_equal(st.skipped, 5);
   assert_int_equal(ref.skipped_sum, 5);
   assert_int_equal(ref.n, N - 5);
   assert_true(st.host_bytes_peak <= st.host_bytes_bound);
-  vl_loader_destroy(l);
   for (int64_t i = 0; i < ref.n; i++)
     for (int k = 0; k < 5; k++) assert_true(ref.idx[i] != bad[k]);
   for (int64_t b = 0; b + 1 < ref.nb; b++) assert_int_equal(ref.bsz[b], c.batch);
@@ -571,21 +611,9 @@ static void test_corrupt_skip(void **state) {
    * clean run minus the bad ones. */
   synth clean;
   syn_init(&clean, N);
-  l = mk_loader(&c, &clean);
   epoch_out all;
-  assert_int_equal(run_epoch(l, &c, 1, &all), VL_OK);
-  vl_loader_destroy(l);
-  int64_t j = 0;
-  for (int64_t i = 0; i < all.n; i++) {
-    bool isbad = false;
-    for (int k = 0; k < 5; k++) isbad |= all.idx[i] == bad[k];
-    if (isbad) continue;
-    assert_true(j < ref.n);
-    assert_int_equal(ref.idx[j], all.idx[i]);
-    assert_memory_equal(ref.x + j * F, all.x + i * F, (size_t)F * sizeof(float));
-    j++;
-  }
-  assert_int_equal(j, ref.n);
+  epoch_once(&c, &clean, 1, &all, NULL);
+  assert_all_but_bad(&ref, &all, bad, 5, F);
   out_free(&all);
 
   s.delay_us = 200;
@@ -596,15 +624,9 @@ static void test_corrupt_skip(void **state) {
     c2.prefetch = 1 + wi;
     c2.persistent = wi == 1;
     c2.batched_collate = wi == 2;
-    l = mk_loader(&c2, &s);
-    epoch_out o;
-    assert_int_equal(run_epoch(l, &c2, 1, &o), VL_OK);
-    assert_same_epoch(&ref, &o, F);
-    vl_loader_stats_get(l, &st);
+    assert_epoch_is(&ref, &c2, &s, 1, F, &st);
     assert_int_equal(st.skipped, 5);
     assert_true(st.host_bytes_peak <= st.host_bytes_bound);
-    vl_loader_destroy(l);
-    out_free(&o);
   }
   out_free(&ref);
 }
@@ -666,10 +688,8 @@ static void test_corrupt_error(void **state) {
     /* Everything before 17's batch was delivered, 17 never. */
     synth clean;
     syn_init(&clean, N);
-    vl_loader *lc = mk_loader(&c, &clean);
     epoch_out all;
-    assert_int_equal(run_epoch(lc, &c, 4, &all), VL_OK);
-    vl_loader_destroy(lc);
+    epoch_once(&c, &clean, 4, &all, NULL);
     int64_t pos = -1;
     for (int64_t i = 0; i < all.n; i++)
       if (all.idx[i] == 17) pos = i;
@@ -807,23 +827,18 @@ static void test_host_mem_cap(void **state) {
 
   /* A cap one byte short is refused with both numbers; the bound itself is accepted. */
   c.host_mem_cap = bound - 1;
-  char err[512] = "";
-  l = (vl_loader *)1;
-  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_OOM);
-  assert_null(l);
+  char err[512];
+  expect_refused(&c, &s, VL_ERR_OOM, err, sizeof err);
   char nb[32], nc[32];
   snprintf(nb, sizeof nb, "%zu", bound);
   snprintf(nc, sizeof nc, "%zu", bound - 1);
   assert_non_null(strstr(err, nb));
   assert_non_null(strstr(err, nc));
   c.host_mem_cap = bound;
-  l = mk_loader(&c, &s);
   epoch_out o;
-  assert_int_equal(run_epoch(l, &c, 0, &o), VL_OK);
+  epoch_once(&c, &s, 0, &o, &st);
   assert_int_equal(o.n, 64);
-  vl_loader_stats_get(l, &st);
   assert_true(st.host_bytes_peak <= st.host_bytes_bound);
-  vl_loader_destroy(l);
   out_free(&o);
 
   /* The blow-up to reproduce: the bound grows as workers x prefetch x batch bytes. */
@@ -923,9 +938,7 @@ static void test_transform_properties(void **state) {
   /* Shape: exactly 3*crop*crop values written, all within the normalised pixel range. */
   vl_image im = mk_img(37, 29, px_mixed);
   for (int i = 0; i < F + 8; i++) out[i] = -12345.0f;
-  vl_rng r;
-  vl_rng_seed(&r, 1);
-  vl_transform(&c, &im, &r, out);
+  xform(&c, &im, 1, out);
   for (int i = F; i < F + 8; i++) assert_true(out[i] == -12345.0f);
   for (int ch = 0; ch < 3; ch++)
     for (int i = 0; i < 256; i++) {
@@ -934,19 +947,16 @@ static void test_transform_properties(void **state) {
       assert_true(v >= lo - 1e-5f && v <= hi + 1e-5f);
     }
   /* Determinism per seed; another seed gives another crop. */
-  vl_rng_seed(&r, 1);
-  vl_transform(&c, &im, &r, out2);
+  xform(&c, &im, 1, out2);
   assert_memory_equal(out, out2, (size_t)F * sizeof(float));
-  vl_rng_seed(&r, 2);
-  vl_transform(&c, &im, &r, out2);
+  xform(&c, &im, 2, out2);
   assert_true(memcmp(out, out2, (size_t)F * sizeof(float)) != 0);
   free(im.pix);
 
   /* A constant image normalises to (v/255 - mean)/std in every pixel, whatever the crop. */
   im = mk_img(31, 23, px_const);
   for (uint64_t seed = 0; seed < 8; seed++) {
-    vl_rng_seed(&r, seed);
-    vl_transform(&c, &im, &r, out);
+    xform(&c, &im, seed, out);
     for (int ch = 0; ch < 3; ch++) {
       float want = ((float)(200 - 30 * ch) / 255.0f - c.mean[ch]) / c.std[ch];
       for (int i = 0; i < 256; i++) assert_float_equal(out[ch * 256 + i], want, 1e-5);
@@ -962,8 +972,7 @@ static void test_transform_properties(void **state) {
   im = mk_img(32, 24, px_xgrad);
   int flips = 0;
   for (uint64_t seed = 0; seed < 64; seed++) {
-    vl_rng_seed(&r, seed);
-    vl_transform(&cf, &im, &r, out);
+    xform(&cf, &im, seed, out);
     bool increasing = out[1] > out[0];
     if (!increasing) flips++;
     for (int ch = 0; ch < 3; ch++)
@@ -973,8 +982,7 @@ static void test_transform_properties(void **state) {
           assert_true(increasing ? b > a : b < a);
         }
     /* The same seed again gives the same flip. */
-    vl_rng_seed(&r, seed);
-    vl_transform(&cf, &im, &r, out2);
+    xform(&cf, &im, seed, out2);
     assert_memory_equal(out, out2, (size_t)F * sizeof(float));
   }
   assert_true(flips >= 16 && flips <= 48);
@@ -983,8 +991,7 @@ static void test_transform_properties(void **state) {
   float *keep = malloc((size_t)F * sizeof(float));
   assert_non_null(keep);
   for (uint64_t seed = 0; seed < 64 && !(nf && fl); seed++) {
-    vl_rng_seed(&r, seed);
-    vl_transform(&cf, &im, &r, out);
+    xform(&cf, &im, seed, out);
     bool increasing = out[1] > out[0];
     if (increasing && !nf) memcpy(nf = keep, out, (size_t)F * sizeof(float));
     if (!increasing && !fl) memcpy(fl = out2, out, (size_t)F * sizeof(float));
@@ -1008,8 +1015,7 @@ static void test_transform_properties(void **state) {
   float *o3 = malloc((size_t)3 * 20 * 20 * sizeof(float));
   assert_non_null(o3);
   for (uint64_t seed = 0; seed < 4; seed++) {
-    vl_rng_seed(&r, seed);
-    vl_transform(&cc, &im, &r, o3);
+    xform(&cc, &im, seed, o3);
     for (int ch = 0; ch < 3; ch++)
       for (int y = 0; y < 20; y++) {
         float want = ((float)((10 + y) * 6) / 255.0f - cc.mean[ch]) / cc.std[ch];
@@ -1021,8 +1027,7 @@ static void test_transform_properties(void **state) {
 
   /* Random crops stay inside the image: a 1-pixel image (a degenerate case) works. */
   im = mk_img(1, 1, px_const);
-  vl_rng_seed(&r, 3);
-  vl_transform(&c, &im, &r, out);
+  xform(&c, &im, 3, out);
   assert_float_equal(out[0], (200.0f / 255.0f - c.mean[0]) / c.std[0], 1e-5);
   free(im.pix);
   free(out);
@@ -1135,9 +1140,7 @@ static void test_seg_transform(void **state) {
   for (int k = 0; k < 6; k++) {
     c.crop = crops[k];
     for (uint64_t seed = 0; seed < 6; seed++) {
-      vl_rng r;
-      vl_rng_seed(&r, seed);
-      vl_transform_seg(&c, &im, &r, x, y);
+      xform_seg(&c, &im, seed, x, y);
       bool flip = seg_flip(seed);
       flips += flip, total++;
       for (int yy = 0; yy < c.crop; yy++)
@@ -1148,23 +1151,19 @@ static void test_seg_transform(void **state) {
     }
   }
   assert_true(flips > 0 && flips < total);
-  free(im.pix);
-  free(im.mask);
+  tu_image_free(&im);
 
   /* PyTorch computes the scale in float: 2 -> 82, output 41 reads input 0 (exactly 1.0
    * would read input 1). F.interpolate(mode='nearest') gives 0 there too. */
   im = mk_seg_img(2, 2, px_mixed, mask_ids);
   c.crop = 82;
   for (uint64_t seed = 0; seed < 4; seed++) {
-    vl_rng r;
-    vl_rng_seed(&r, seed);
-    vl_transform_seg(&c, &im, &r, x, y);
+    xform_seg(&c, &im, seed, x, y);
     int xx = seg_flip(seed) ? 81 - 41 : 41;
     assert_int_equal(y[xx], mask_ids(0, 0));
     assert_int_equal(y[seg_flip(seed) ? 81 - 42 : 42], mask_ids(0, 1));
   }
-  free(im.pix);
-  free(im.mask);
+  tu_image_free(&im);
 
   /* The image: vl_transform with the crop pinned to the whole (square) image, or its
    * mirror, and mirrored exactly when the mask is. */
@@ -1178,9 +1177,7 @@ static void test_seg_transform(void **state) {
   assert_non_null(mirror);
   assert_non_null(keep);
   for (uint64_t seed = 0; seed < 64 && !plain; seed++) { /* an unflipped vl_transform */
-    vl_rng r;
-    vl_rng_seed(&r, seed);
-    vl_transform(&cw, &im, &r, keep);
+    xform(&cw, &im, seed, keep);
     if (keep[1] != keep[0] && keep[1] > keep[0]) plain = keep; /* px_mixed grows with x */
   }
   assert_non_null(plain);
@@ -1188,24 +1185,19 @@ static void test_seg_transform(void **state) {
     for (int yy = 0; yy < 12; yy++)
       for (int xx = 0; xx < 12; xx++) mirror[ch * 144 + yy * 12 + xx] = plain[ch * 144 + yy * 12 + 11 - xx];
   for (uint64_t seed = 0; seed < 16; seed++) {
-    vl_rng r;
-    vl_rng_seed(&r, seed);
-    vl_transform_seg(&cw, &im, &r, x, y);
+    xform_seg(&cw, &im, seed, x, y);
     bool flip = seg_flip(seed);
     assert_memory_equal(x, flip ? mirror : plain, (size_t)F * sizeof(float));
     int32_t y0 = y[0];
     assert_int_equal(y0, mask_ids(0, flip ? near_exact(11, 20, 12) : 0));
   }
-  free(im.pix);
-  free(im.mask);
+  tu_image_free(&im);
 
   /* Same size: an exact copy of pixels and mask (or their mirror). */
   im = mk_seg_img(9, 9, px_mixed, mask_ids);
   c.crop = 9;
   for (uint64_t seed = 0; seed < 8; seed++) {
-    vl_rng r;
-    vl_rng_seed(&r, seed);
-    vl_transform_seg(&c, &im, &r, x, y);
+    xform_seg(&c, &im, seed, x, y);
     bool flip = seg_flip(seed);
     for (int yy = 0; yy < 9; yy++)
       for (int xx = 0; xx < 9; xx++) {
@@ -1215,8 +1207,7 @@ static void test_seg_transform(void **state) {
           assert_float_equal(denorm(&c, x[ch * 81 + yy * 9 + xx], ch), px_mixed(yy, sx, ch), 1e-3);
       }
   }
-  free(im.pix);
-  free(im.mask);
+  tu_image_free(&im);
   free(mirror);
   free(keep);
   free(x);
@@ -1241,9 +1232,8 @@ static void test_seg_loader_aligned(void **state) {
     c.workers = 2;
     c.batched_collate = m;
     const int64_t F = 3 * 16 * 16, P = 16 * 16;
-    vl_loader *l = mk_loader(&c, &s);
     epoch_out o;
-    assert_int_equal(run_epoch(l, &c, 3, &o), VL_OK);
+    epoch_once(&c, &s, 3, &o, NULL);
     assert_int_equal(o.n, N);
     int flips = 0;
     for (int64_t k = 0; k < o.n; k++) {
@@ -1263,7 +1253,6 @@ static void test_seg_loader_aligned(void **state) {
         }
     }
     assert_true(flips > 0 && flips < N); /* both ways happen */
-    vl_loader_destroy(l);
     out_free(&o);
   }
 }
@@ -1280,10 +1269,8 @@ static void test_seg_deterministic(void **state) {
   c.masks = true;
   c.crop = 12;
   const int64_t F = 3 * 12 * 12, P = 12 * 12;
-  vl_loader *l = mk_loader(&c, &s);
   epoch_out ref;
-  assert_int_equal(run_epoch(l, &c, 7, &ref), VL_OK);
-  vl_loader_destroy(l);
+  epoch_once(&c, &s, 7, &ref, NULL);
   vl_image img = {0};
   float *x = malloc((size_t)F * sizeof(float));
   int32_t *y = malloc((size_t)P * sizeof(int32_t));
@@ -1291,16 +1278,13 @@ static void test_seg_deterministic(void **state) {
   assert_non_null(y);
   for (int64_t k = 0; k < ref.n; k++) {
     assert_true(seg_fill(&s, ref.idx[k], &img));
-    vl_rng r;
-    vl_rng_seed(&r, vl_loader_sample_seed(c.seed, 7, ref.idx[k]));
-    vl_transform_seg(&c, &img, &r, x, y);
+    xform_seg(&c, &img, vl_loader_sample_seed(c.seed, 7, ref.idx[k]), x, y);
     assert_memory_equal(x, ref.x + k * F, (size_t)F * sizeof(float));
     assert_memory_equal(y, ref.y + k * P, (size_t)P * sizeof(int32_t));
   }
   free(x);
   free(y);
-  free(img.pix);
-  free(img.mask);
+  tu_image_free(&img);
   s.delay_us = 200;
   for (int w = 1; w <= 3; w++)
     for (int m = 0; m < 2; m++) {
@@ -1309,12 +1293,7 @@ static void test_seg_deterministic(void **state) {
       c2.prefetch = 1 + (w + m) % 2;
       c2.persistent = m;
       c2.batched_collate = m;
-      l = mk_loader(&c2, &s);
-      epoch_out o;
-      assert_int_equal(run_epoch(l, &c2, 7, &o), VL_OK);
-      assert_same_epoch(&ref, &o, F);
-      vl_loader_destroy(l);
-      out_free(&o);
+      assert_epoch_is(&ref, &c2, &s, 7, F, NULL);
     }
   out_free(&ref);
 }
@@ -1334,37 +1313,22 @@ static void test_seg_skip(void **state) {
   c.masks = true;
   c.crop = 10;
   c.on_corrupt = VL_CORRUPT_SKIP;
-  const int64_t F = 3 * 10 * 10, P = 10 * 10;
-  vl_loader *l = mk_loader(&c, &clean);
+  const int64_t F = 3 * 10 * 10;
   epoch_out all;
-  assert_int_equal(run_epoch(l, &c, 2, &all), VL_OK);
-  vl_loader_destroy(l);
+  epoch_once(&c, &clean, 2, &all, NULL);
   for (int w = 0; w <= 3; w += 3)
     for (int m = 0; m < 2; m++) {
       vl_loader_cfg c2 = c;
       c2.workers = w;
       c2.batched_collate = m;
-      l = mk_loader(&c2, &s);
       epoch_out o;
-      assert_int_equal(run_epoch(l, &c2, 2, &o), VL_OK);
+      vl_loader_stats st;
+      epoch_once(&c2, &s, 2, &o, &st);
       assert_int_equal(o.n, N - 4);
       assert_int_equal(o.skipped_sum, 4);
       for (int64_t b = 0; b + 1 < o.nb; b++) assert_int_equal(o.bsz[b], c.batch);
-      int64_t j = 0;
-      for (int64_t i = 0; i < all.n; i++) {
-        bool isbad = false;
-        for (int k = 0; k < 4; k++) isbad |= all.idx[i] == bad[k];
-        if (isbad) continue;
-        assert_int_equal(o.idx[j], all.idx[i]);
-        assert_memory_equal(o.x + j * F, all.x + i * F, (size_t)F * sizeof(float));
-        assert_memory_equal(o.y + j * P, all.y + i * P, (size_t)P * sizeof(int32_t));
-        j++;
-      }
-      assert_int_equal(j, o.n);
-      vl_loader_stats st;
-      vl_loader_stats_get(l, &st);
+      assert_all_but_bad(&o, &all, bad, 4, F);
       assert_true(st.host_bytes_peak <= st.host_bytes_bound);
-      vl_loader_destroy(l);
       out_free(&o);
     }
   out_free(&all);
@@ -1457,10 +1421,8 @@ static void test_seg_bound(void **state) {
     vl_loader_destroy(l);
     /* A cap one byte short of the bound with masks is refused. */
     cm.host_mem_cap = bound - 1;
-    char err[512] = "";
-    l = (vl_loader *)1;
-    assert_int_equal(vl_loader_create(&l, &cm, &d, err, sizeof err), VL_ERR_OOM);
-    assert_null(l);
+    char err[512];
+    expect_refused(&cm, &s, VL_ERR_OOM, err, sizeof err);
   }
 }
 

@@ -4,7 +4,6 @@
 #include "testutil.h"
 
 #include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,83 +13,29 @@
 
 #include "datasets/jpegset.h"
 
-static char g_root[256]; /* temp dir for the whole group */
 static char g_set[300];  /* the shared 12-image set */
 #define N_SET 12
 #define SEED 7
 
-static int64_t g_prog_calls, g_prog_last, g_prog_total, g_prog_backwards;
-static void on_progress(int64_t done, int64_t total, void *user) {
-  (void)user;
-  if (done < g_prog_last) g_prog_backwards++;
-  g_prog_calls++;
-  g_prog_last = done;
-  g_prog_total = total;
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(p);
-}
+static tu_progress g_prog; /* what the shared set's generation reported */
 
 static int setup(void **state) {
   (void)state;
-  snprintf(g_root, sizeof g_root, "/tmp/vl_jpegset_test_XXXXXX");
-  if (!mkdtemp(g_root)) return -1;
-  snprintf(g_set, sizeof g_set, "%s/a/b/set", g_root); /* parents made too */
+  if (tu_tmpdir(tu_tmp, sizeof tu_tmp, "vl_jpegset_test_") != 0) return -1;
+  snprintf(g_set, sizeof g_set, "%s/a/b/set", tu_tmp); /* parents made too */
   char err[512];
-  if (vl_jpegset_generate(g_set, N_SET, SEED, 90, on_progress, NULL, err, sizeof err) != 0) {
+  if (vl_jpegset_generate(g_set, N_SET, SEED, 90, tu_on_progress, &g_prog, err, sizeof err) != 0) {
     fprintf(stderr, "generate: %s\n", err);
     return -1;
   }
   return 0;
 }
 
-static int teardown(void **state) {
-  (void)state;
-  if (g_root[0]) nftw(g_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-  return 0;
-}
-
-static void subdir(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_root, name); }
-
-static size_t slurp(const char *path, uint8_t **out) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  *out = malloc((size_t)n + 1);
-  assert_non_null(*out);
-  assert_int_equal(fread(*out, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  return (size_t)n;
-}
-
-static int same_file(const char *a, const char *b) {
-  uint8_t *x, *y;
-  size_t nx = slurp(a, &x), ny = slurp(b, &y);
-  int same = nx == ny && memcmp(x, y, nx) == 0;
-  free(x);
-  free(y);
-  return same;
-}
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
 /* Generated set: sizes in range, manifest agrees with the files, every image decodes to
  * the manifest's size and label, pixels are textured (not constant, not pure noise). */
 static void test_generate_and_decode(void **state) {
   (void)state;
-  assert_int_equal(g_prog_total, N_SET);
-  assert_int_equal(g_prog_last, N_SET);
-  assert_true(g_prog_calls >= 1);
-  assert_int_equal(g_prog_backwards, 0);
+  tu_assert_progress_done(&g_prog, N_SET);
 
   char err[512];
   vl_jpegset *s = NULL;
@@ -173,9 +118,9 @@ static void test_generate_and_decode(void **state) {
 static void test_determinism(void **state) {
   (void)state;
   char d1[300], d2[300], d3[300], err[512];
-  subdir(d1, sizeof d1, "det1");
-  subdir(d2, sizeof d2, "det2");
-  subdir(d3, sizeof d3, "det3");
+  tu_join(d1, sizeof d1, tu_tmp, "det1");
+  tu_join(d2, sizeof d2, tu_tmp, "det2");
+  tu_join(d3, sizeof d3, tu_tmp, "det3");
   vl_jpegset_gen_cfg c;
   vl_jpegset_gen_cfg_default(&c);
   c.n = 3;
@@ -189,15 +134,15 @@ static void test_determinism(void **state) {
   char a[400], b[400], x[400];
   snprintf(a, sizeof a, "%s/manifest.tsv", d1);
   snprintf(b, sizeof b, "%s/manifest.tsv", d2);
-  assert_true(same_file(a, b));
+  assert_true(tu_same_file(a, b));
   for (int i = 0; i < 3; i++) {
     snprintf(a, sizeof a, "%s/img_%07d.jpg", d1, i);
     snprintf(b, sizeof b, "%s/img_%07d.jpg", d2, i);
     snprintf(x, sizeof x, "%s/img_%07d.jpg", g_set, i);
-    assert_true(same_file(a, b));
-    assert_true(same_file(a, x)); /* the 12-image set: OpenMP's default threads */
+    assert_true(tu_same_file(a, b));
+    assert_true(tu_same_file(a, x)); /* the 12-image set: OpenMP's default threads */
     snprintf(b, sizeof b, "%s/img_%07d.jpg", d3, i);
-    assert_false(same_file(a, b));
+    assert_false(tu_same_file(a, b));
   }
   /* Nothing but the images and the manifest is left behind (no temporary files). */
   DIR *dp = opendir(d1);
@@ -220,7 +165,7 @@ static void test_determinism(void **state) {
 static void test_corrupt_files(void **state) {
   (void)state;
   char dir[300], err[512];
-  subdir(dir, sizeof dir, "corrupt");
+  tu_join(dir, sizeof dir, tu_tmp, "corrupt");
   assert_int_equal(vl_jpegset_generate(dir, 6, 99, 90, NULL, NULL, err, sizeof err), 0);
   for (int mode = 0; mode < 3; mode++) assert_int_equal(vl_jpegset_corrupt(dir, mode, mode, err, sizeof err), 0);
   assert_int_equal(vl_jpegset_corrupt(dir, 0, 3, err, sizeof err), -1);
@@ -286,7 +231,7 @@ static void expect_open_error(const char *dir, const char *manifest, const char 
                               const char *what2) {
   char path[400], err[512] = "";
   snprintf(path, sizeof path, "%s/manifest.tsv", dir);
-  if (manifest) write_text(path, manifest);
+  if (manifest) tu_write_text(path, manifest);
   else unlink(path);
   vl_jpegset *s = (vl_jpegset *)&err; /* must be reset to NULL */
   assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), -1);
@@ -302,7 +247,7 @@ static void expect_open_error(const char *dir, const char *manifest, const char 
 static void test_manifest_errors(void **state) {
   (void)state;
   char dir[300];
-  subdir(dir, sizeof dir, "manifests");
+  tu_join(dir, sizeof dir, tu_tmp, "manifests");
   assert_int_equal(mkdir(dir, 0755), 0);
   const char *H = "# vramlab-jpegset version=1 n=2 classes=10\n";
   char m[512];
@@ -312,28 +257,26 @@ static void test_manifest_errors(void **state) {
   expect_open_error(dir, "# vramlab-jpegset version=2 n=1\na.jpg\t0\t1\t1\t1\n", ":1:",
                     "unknown manifest version 2");
   expect_open_error(dir, "# vramlab-jpegset n=1\na.jpg\t0\t1\t1\t1\n", ":1:", "no version");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t1000\nb.jpg\t1\t500\t375\n", H);
-  expect_open_error(dir, m, ":3:", "expected 5");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t1000\nb.jpg\tx\t500\t375\t10\n", H);
-  expect_open_error(dir, m, ":3:", "label");
-  snprintf(m, sizeof m, "%sa.jpg\t10\t500\t375\t1000\n", H);
-  expect_open_error(dir, m, ":2:", "0..9");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t-5\t375\t1000\n", H);
-  expect_open_error(dir, m, ":2:", "width");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t10x\n", H);
-  expect_open_error(dir, m, ":2:", "bytes");
-  snprintf(m, sizeof m, "%s../a.jpg\t1\t500\t375\t10\n", H);
-  expect_open_error(dir, m, ":2:", "file name");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t10\n\nb.jpg\t1\t500\t375\t10\n", H);
-  expect_open_error(dir, m, ":3:", "empty line");
-  snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t10\n", H);
-  expect_open_error(dir, m, "n=2", "1 image lines");
+  static const struct { const char *lines, *what1, *what2; } bad[] = { /* after the header H */
+      {"a.jpg\t1\t500\t375\t1000\nb.jpg\t1\t500\t375\n", ":3:", "expected 5"},
+      {"a.jpg\t1\t500\t375\t1000\nb.jpg\tx\t500\t375\t10\n", ":3:", "label"},
+      {"a.jpg\t10\t500\t375\t1000\n", ":2:", "0..9"},
+      {"a.jpg\t1\t-5\t375\t1000\n", ":2:", "width"},
+      {"a.jpg\t1\t500\t375\t10x\n", ":2:", "bytes"},
+      {"../a.jpg\t1\t500\t375\t10\n", ":2:", "file name"},
+      {"a.jpg\t1\t500\t375\t10\n\nb.jpg\t1\t500\t375\t10\n", ":3:", "empty line"},
+      {"a.jpg\t1\t500\t375\t10\n", "n=2", "1 image lines"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    snprintf(m, sizeof m, "%s%s", H, bad[k].lines);
+    expect_open_error(dir, m, bad[k].what1, bad[k].what2);
+  }
 
   /* A valid manifest whose file is missing opens (images are not read) and fails on read. */
   snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t10\r\nb.jpg\t9\t400\t300\t20\n", H);
   char path[400], err[512];
   snprintf(path, sizeof path, "%s/manifest.tsv", dir);
-  write_text(path, m);
+  tu_write_text(path, m);
   vl_jpegset *s = NULL;
   assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
   assert_int_equal(vl_jpegset_len(s), 2);
@@ -355,7 +298,7 @@ static void test_manifest_errors(void **state) {
 static void test_generate_errors(void **state) {
   (void)state;
   char dir[300], err[512];
-  subdir(dir, sizeof dir, "bad");
+  tu_join(dir, sizeof dir, tu_tmp, "bad");
   err[0] = '\0';
   assert_int_equal(vl_jpegset_generate(dir, 0, 1, 90, NULL, NULL, err, sizeof err), -1);
   assert_non_null(strstr(err, "n must be"));
@@ -390,5 +333,5 @@ int main(void) {
       cmocka_unit_test(test_generate_errors),
       cmocka_unit_test(test_decode_rate),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, tu_tmp_teardown);
 }

@@ -29,78 +29,7 @@
 
 #define cx tu_cpu /* the group's CPU context (tu_cpu_setup) */
 
-/* ---- helpers ---------------------------------------------------------------------- */
-
-/* A 1-D tensor of n elements of dtype dt holding host (stored with rounding), or zeros. */
-static vl_tensor tnew(vl_dtype dt, int64_t n, const float *host) {
-  vl_tensor t;
-  OK(vl_tensor_alloc(cx, &t, dt, VL_MEM_TEMP, 1, &n));
-  if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
-  else OK(cx->be->zero(cx, &t));
-  return t;
-}
-static void tget(const vl_tensor *t, float *host) {
-  for (int64_t i = 0; i < t->n; i++) host[i] = vl_ld(t->data, (int)t->dtype, i);
-}
-static void tfree(vl_tensor *t) { vl_tensor_free(cx, t); }
-
-static float *randn(int64_t n, float scale, uint64_t seed) {
-  float *x = malloc((size_t)n * sizeof *x);
-  tu_randn(x, n, scale, seed);
-  return x;
-}
-static float *zeros(int64_t n) { return calloc((size_t)n, sizeof(float)); }
-static float *rounded(const float *x, int64_t n, vl_dtype dt) {
-  float *y = malloc((size_t)n * sizeof *y);
-  for (int64_t i = 0; i < n; i++) y[i] = vl_round_to((int)dt, x[i]);
-  return y;
-}
-
-static double dot(const float *a, const float *b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
-  return s;
-}
-
-typedef double (*loss_fn)(void *ctx);
-
-/* Central differences of L with respect to each x[i], against the analytic gradient an. */
-static void fd_check(loss_fn L, void *ctx, float *x, int64_t n, const float *an, const char *what) {
-  double amax = 0, worst = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float x0 = x[i], xp = x0 + FD_EPS, xm = x0 - FD_EPS;
-    x[i] = xp;
-    double lp = L(ctx);
-    x[i] = xm;
-    double lm = L(ctx);
-    x[i] = x0;
-    double fd = (lp - lm) / ((double)xp - (double)xm);
-    double err = fabs(fd - (double)an[i]), lim = FD_TOL * fmax(1.0, fabs((double)an[i]));
-    if (!(err <= lim)) {
-      print_error("%s[%lld]: analytic %.7g, finite difference %.7g\n", what, (long long)i, an[i], fd);
-      fail();
-    }
-    amax = fmax(amax, fabs((double)an[i]));
-    worst = fmax(worst, err / lim);
-  }
-  assert_true(amax > 0.05); /* a vanishing gradient would pass vacuously */
-  print_message("  fd %-14s n=%-3lld max|an|=%.3f worst err/tol=%.3f\n", what, (long long)n, amax, worst);
-}
-
-static double unit_roundoff(vl_dtype dt) {
-  return dt == VL_BF16 ? 0x1p-8 : dt == VL_F16 ? 0x1p-11 : 0x1p-22; /* fp32: a few ulps */
-}
-static void close_dt(const float *got, const float *ref, int64_t n, vl_dtype dt, const char *what) {
-  double u = unit_roundoff(dt) * 1.0001;
-  for (int64_t i = 0; i < n; i++) {
-    double d = fabs((double)got[i] - (double)ref[i]);
-    if (!(d <= u * fabs((double)ref[i]) + 1e-7)) {
-      print_error("%s (%s) element %lld: got %.9g, want %.9g\n", what, vl_dtype_name(dt),
-                  (long long)i, got[i], ref[i]);
-      fail();
-    }
-  }
-}
+/* Tensors, host arrays, the finite-difference and storage-dtype checks: testutil.h. */
 
 static const vl_dtype LOWP[2] = {VL_F16, VL_BF16};
 
@@ -112,33 +41,34 @@ enum { RN_R = 3, RN_C = 16 };
 static void run_rmsnorm(vl_dtype dt, const float *x, const float *w, const float *dy, float *out,
                         float *dx, float *dw) {
   const int64_t R = RN_R, C = RN_C;
-  vl_tensor tx = tnew(dt, R * C, x), tw = tnew(dt, C, w), to = tnew(dt, R * C, NULL);
-  vl_tensor rs = tnew(VL_F32, R, NULL);
+  vl_tensor tx = tu_tnew(cx, dt, R * C, x), tw = tu_tnew(cx, dt, C, w), to = tu_tnew(cx, dt, R * C, NULL);
+  vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL);
   OK(cx->be->rmsnorm_fwd(cx, &to, &rs, &tx, &tw, R, C, RN_EPS));
-  tget(&to, out);
+  tu_tget(&to, out);
   if (dy) {
-    vl_tensor tdy = tnew(dt, R * C, dy), tdx = tnew(dt, R * C, NULL), tdw = tnew(VL_F32, C, NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, R * C, dy), tdx = tu_tnew(cx, dt, R * C, NULL),
+              tdw = tu_tnew(cx, VL_F32, C, NULL);
     OK(cx->be->rmsnorm_bwd(cx, &tdx, &tdw, &tdy, &tx, &tw, &rs, R, C));
-    tget(&tdx, dx);
-    tget(&tdw, dw);
-    tfree(&tdy); tfree(&tdx); tfree(&tdw);
+    tu_tget(&tdx, dx);
+    tu_tget(&tdw, dw);
+    TU_TFREE(cx, &tdy, &tdx, &tdw);
   }
-  tfree(&tx); tfree(&tw); tfree(&to); tfree(&rs);
+  TU_TFREE(cx, &tx, &tw, &to, &rs);
 }
 
 typedef struct { float *x, *w, *r, *out; } rn_ctx;
 static double rn_loss(void *p) {
   rn_ctx *k = p;
   run_rmsnorm(VL_F32, k->x, k->w, NULL, k->out, NULL, NULL);
-  return dot(k->r, k->out, RN_R * RN_C);
+  return tu_dot(k->r, k->out, RN_R * RN_C);
 }
 
 static void test_rmsnorm(void **state) {
   (void)state;
   const int64_t R = RN_R, C = RN_C, n = R * C;
-  float *x = randn(n, 1.0f, 1), *w = randn(C, 0.3f, 2), *r = randn(n, 1.0f, 3);
+  float *x = tu_randn_new(n, 1.0f, 1), *w = tu_randn_new(C, 0.3f, 2), *r = tu_randn_new(n, 1.0f, 3);
   for (int64_t c = 0; c < C; c++) w[c] += 1.0f;
-  float *out = zeros(n), *dx = zeros(n), *dw = zeros(C);
+  float *out = tu_zeros(n), *dx = tu_zeros(n), *dw = tu_zeros(C);
   run_rmsnorm(VL_F32, x, w, r, out, dx, dw);
   /* forward against double: x / sqrt(mean(x^2) + eps) * w */
   for (int64_t i = 0; i < R; i++) {
@@ -148,36 +78,38 @@ static void test_rmsnorm(void **state) {
     for (int64_t c = 0; c < C; c++)
       assert_true(fabs(out[i * C + c] - x[i * C + c] * rs * w[c]) < 1e-5);
   }
-  rn_ctx k = {x, w, r, zeros(n)};
-  fd_check(rn_loss, &k, x, n, dx, "rmsnorm dx");
-  fd_check(rn_loss, &k, w, C, dw, "rmsnorm dw");
+  rn_ctx k = {x, w, r, tu_zeros(n)};
+  tu_fd_check(rn_loss, &k, x, n, dx, FD_EPS, FD_TOL, "rmsnorm dx");
+  tu_fd_check(rn_loss, &k, w, C, dw, FD_EPS, FD_TOL, "rmsnorm dw");
 
   /* backward accumulates (+=) into dx and dw; dw may be NULL (frozen norm weight) */
-  vl_tensor tx = tnew(VL_F32, n, x), tw = tnew(VL_F32, C, w), to = tnew(VL_F32, n, NULL);
-  vl_tensor rs = tnew(VL_F32, R, NULL), tr = tnew(VL_F32, n, r), tdx = tnew(VL_F32, n, dx);
-  vl_tensor tdw = tnew(VL_F32, C, dw);
+  vl_tensor tx = tu_tnew(cx, VL_F32, n, x), tw = tu_tnew(cx, VL_F32, C, w), to = tu_tnew(cx, VL_F32, n, NULL);
+  vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL), tr = tu_tnew(cx, VL_F32, n, r),
+            tdx = tu_tnew(cx, VL_F32, n, dx);
+  vl_tensor tdw = tu_tnew(cx, VL_F32, C, dw);
   OK(cx->be->rmsnorm_fwd(cx, &to, &rs, &tx, &tw, R, C, RN_EPS));
   OK(cx->be->rmsnorm_bwd(cx, &tdx, &tdw, &tr, &tx, &tw, &rs, R, C));
   OK(cx->be->rmsnorm_bwd(cx, &tdx, NULL, &tr, &tx, &tw, &rs, R, C));
-  float *dx3 = zeros(n), *dw2 = zeros(C), *x3 = zeros(n), *w2 = zeros(C);
-  tget(&tdx, dx3);
-  tget(&tdw, dw2);
+  float *dx3 = tu_zeros(n), *dw2 = tu_zeros(C), *x3 = tu_zeros(n), *w2 = tu_zeros(C);
+  tu_tget(&tdx, dx3);
+  tu_tget(&tdw, dw2);
   for (int64_t i = 0; i < n; i++) x3[i] = 3 * dx[i];
   for (int64_t c = 0; c < C; c++) w2[c] = 2 * dw[c];
   tu_assert_close(dx3, x3, n, 1e-6, 1e-5, "rmsnorm dx accumulates");
   tu_assert_close(dw2, w2, C, 1e-6, 1e-5, "rmsnorm dw accumulates");
-  tfree(&tx); tfree(&tw); tfree(&to); tfree(&rs); tfree(&tr); tfree(&tdx); tfree(&tdw);
+  TU_TFREE(cx, &tx, &tw, &to, &rs, &tr, &tdx, &tdw);
 
   /* storage dtypes: x, w, out, dy, dx low precision; dw (a weight grad) fp32 */
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d];
-    float *xr = rounded(x, n, dt), *wr = rounded(w, C, dt), *rr = rounded(r, n, dt);
-    float *o1 = zeros(n), *dx1 = zeros(n), *dw1 = zeros(C), *o2 = zeros(n), *dx2 = zeros(n), *dw2b = zeros(C);
+    float *xr = tu_rounded(x, n, dt), *wr = tu_rounded(w, C, dt), *rr = tu_rounded(r, n, dt);
+    float *o1 = tu_zeros(n), *dx1 = tu_zeros(n), *dw1 = tu_zeros(C), *o2 = tu_zeros(n),
+          *dx2 = tu_zeros(n), *dw2b = tu_zeros(C);
     run_rmsnorm(VL_F32, xr, wr, rr, o1, dx1, dw1);
     run_rmsnorm(dt, x, w, r, o2, dx2, dw2b);
-    close_dt(o2, o1, n, dt, "rmsnorm out");
-    close_dt(dx2, dx1, n, dt, "rmsnorm dx");
-    close_dt(dw2b, dw1, C, VL_F32, "rmsnorm dw");
+    tu_assert_close_dt(o2, o1, n, dt, "rmsnorm out");
+    tu_assert_close_dt(dx2, dx1, n, dt, "rmsnorm dx");
+    tu_assert_close_dt(dw2b, dw1, C, VL_F32, "rmsnorm dw");
     free(xr); free(wr); free(rr); free(o1); free(dx1); free(dw1); free(o2); free(dx2); free(dw2b);
   }
   free(x); free(w); free(r); free(out); free(dx); free(dw); free(k.out);
@@ -191,23 +123,23 @@ enum { RP_B = 2, RP_T = 3, RP_H = 2, RP_D = 8 };
 #define RP_THETA 10000.0f
 
 static void run_rope(vl_dtype dt, const float *x, float *out, bool inverse) {
-  vl_tensor t = tnew(dt, RP_N, x);
+  vl_tensor t = tu_tnew(cx, dt, RP_N, x);
   OK(cx->be->rope(cx, &t, RP_B, RP_T, RP_H, RP_D, RP_THETA, inverse));
-  tget(&t, out);
-  tfree(&t);
+  tu_tget(&t, out);
+  vl_tensor_free(cx, &t);
 }
 
 typedef struct { float *x, *w, *out; } rp_ctx;
 static double rp_loss(void *p) {
   rp_ctx *k = p;
   run_rope(VL_F32, k->x, k->out, false);
-  return dot(k->w, k->out, RP_N);
+  return tu_dot(k->w, k->out, RP_N);
 }
 
 static void test_rope(void **state) {
   (void)state;
-  float *x = randn(RP_N, 1.0f, 10), *w = randn(RP_N, 1.0f, 11);
-  float *y = zeros(RP_N), *z = zeros(RP_N), *an = zeros(RP_N);
+  float *x = tu_randn_new(RP_N, 1.0f, 10), *w = tu_randn_new(RP_N, 1.0f, 11);
+  float *y = tu_zeros(RP_N), *z = tu_zeros(RP_N), *an = tu_zeros(RP_N);
   run_rope(VL_F32, x, y, false);
   /* forward against double, HF rotate_half: pairs (d, d + D/2) at angle t * theta^(-2d/D) */
   const int half = RP_D / 2;
@@ -227,13 +159,13 @@ static void test_rope(void **state) {
   tu_assert_close(z, x, RP_N, 1e-6, 1e-5, "rope inverse(rope(x))");
   /* backward = inverse: dL/dx of sum(w * rope(x)) is rope^T(w) = rope(w, inverse) */
   run_rope(VL_F32, w, an, true);
-  rp_ctx k = {x, w, zeros(RP_N)};
-  fd_check(rp_loss, &k, x, RP_N, an, "rope dx");
+  rp_ctx k = {x, w, tu_zeros(RP_N)};
+  tu_fd_check(rp_loss, &k, x, RP_N, an, FD_EPS, FD_TOL, "rope dx");
   for (int d = 0; d < 2; d++) {
-    float *xr = rounded(x, RP_N, LOWP[d]), *ref = zeros(RP_N), *got = zeros(RP_N);
+    float *xr = tu_rounded(x, RP_N, LOWP[d]), *ref = tu_zeros(RP_N), *got = tu_zeros(RP_N);
     run_rope(VL_F32, xr, ref, false);
     run_rope(LOWP[d], x, got, false);
-    close_dt(got, ref, RP_N, LOWP[d], "rope");
+    tu_assert_close_dt(got, ref, RP_N, LOWP[d], "rope");
     free(xr); free(ref); free(got);
   }
   free(x); free(w); free(y); free(z); free(an); free(k.out);
@@ -244,15 +176,15 @@ static void test_rope(void **state) {
 static void test_permute(void **state) {
   (void)state;
   enum { B = 2, T = 3, H = 4, D = 5, N = B * T * H * D };
-  float *x = randn(N, 1.0f, 20), *y = zeros(N), *z = zeros(N);
+  float *x = tu_randn_new(N, 1.0f, 20), *y = tu_zeros(N), *z = tu_zeros(N);
   for (int d = 0; d < 3; d++) {
     vl_dtype dt = d == 0 ? VL_F32 : LOWP[d - 1];
-    float *xr = rounded(x, N, dt);
-    vl_tensor tx = tnew(dt, N, x), ty = tnew(dt, N, NULL), tz = tnew(dt, N, NULL);
+    float *xr = tu_rounded(x, N, dt);
+    vl_tensor tx = tu_tnew(cx, dt, N, x), ty = tu_tnew(cx, dt, N, NULL), tz = tu_tnew(cx, dt, N, NULL);
     OK(cx->be->permute(cx, &ty, &tx, B, T, H, D, false));
     OK(cx->be->permute(cx, &tz, &ty, B, T, H, D, true));
-    tget(&ty, y);
-    tget(&tz, z);
+    tu_tget(&ty, y);
+    tu_tget(&tz, z);
     /* y is (B,H,T,D) with y[b,h,t,d] = x[b,t,h,d], bit for bit; back is its inverse */
     for (int b = 0; b < B; b++)
       for (int t = 0; t < T; t++)
@@ -260,12 +192,12 @@ static void test_permute(void **state) {
           for (int e = 0; e < D; e++)
             assert_true(y[((b * H + h) * T + t) * D + e] == xr[((b * T + t) * H + h) * D + e]);
     assert_memory_equal(z, xr, sizeof(float) * N);
-    tfree(&tx); tfree(&ty); tfree(&tz);
+    TU_TFREE(cx, &tx, &ty, &tz);
     free(xr);
   }
-  vl_tensor a = tnew(VL_F32, N, x), b = tnew(VL_BF16, N, NULL);
+  vl_tensor a = tu_tnew(cx, VL_F32, N, x), b = tu_tnew(cx, VL_BF16, N, NULL);
   assert_int_equal(cx->be->permute(cx, &b, &a, B, T, H, D, false), VL_ERR_INVALID);
-  tfree(&a); tfree(&b);
+  TU_TFREE(cx, &a, &b);
   free(x); free(y); free(z);
 }
 
@@ -275,31 +207,32 @@ enum { SM_T = 5, SM_ROWS = 2 * SM_T, SM_N = SM_ROWS * SM_T };
 #define SM_SCALE 0.6f
 
 static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
-  vl_tensor ts = tnew(dt, SM_N, S), tp = alias ? ts : tnew(dt, SM_N, NULL);
+  vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = alias ? ts : tu_tnew(cx, dt, SM_N, NULL);
   OK(cx->be->softmax_causal_fwd(cx, &tp, &ts, SM_ROWS, SM_T, SM_SCALE));
-  tget(&tp, P);
-  if (!alias) tfree(&tp);
-  tfree(&ts);
+  tu_tget(&tp, P);
+  if (!alias) vl_tensor_free(cx, &tp);
+  vl_tensor_free(cx, &ts);
 }
 static void run_softmax_bwd(vl_dtype dt, const float *P, const float *dP, float *dS, bool alias) {
-  vl_tensor tp = tnew(dt, SM_N, P), tdp = tnew(dt, SM_N, dP), tds = alias ? tdp : tnew(dt, SM_N, NULL);
+  vl_tensor tp = tu_tnew(cx, dt, SM_N, P), tdp = tu_tnew(cx, dt, SM_N, dP),
+            tds = alias ? tdp : tu_tnew(cx, dt, SM_N, NULL);
   OK(cx->be->softmax_causal_bwd(cx, &tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE));
-  tget(&tds, dS);
-  if (!alias) tfree(&tds);
-  tfree(&tp); tfree(&tdp);
+  tu_tget(&tds, dS);
+  if (!alias) vl_tensor_free(cx, &tds);
+  TU_TFREE(cx, &tp, &tdp);
 }
 
 typedef struct { float *S, *r, *P; } sm_ctx;
 static double sm_loss(void *p) {
   sm_ctx *k = p;
   run_softmax_fwd(VL_F32, k->S, k->P, false);
-  return dot(k->r, k->P, SM_N);
+  return tu_dot(k->r, k->P, SM_N);
 }
 
 static void test_softmax_causal(void **state) {
   (void)state;
-  float *S = randn(SM_N, 2.0f, 30), *r = randn(SM_N, 1.0f, 31);
-  float *P = zeros(SM_N), *P2 = zeros(SM_N), *dS = zeros(SM_N), *dS2 = zeros(SM_N);
+  float *S = tu_randn_new(SM_N, 2.0f, 30), *r = tu_randn_new(SM_N, 1.0f, 31);
+  float *P = tu_zeros(SM_N), *P2 = tu_zeros(SM_N), *dS = tu_zeros(SM_N), *dS2 = tu_zeros(SM_N);
   run_softmax_fwd(VL_F32, S, P, false);
   for (int64_t row = 0; row < SM_ROWS; row++) {
     int64_t q = row % SM_T; /* query position */
@@ -316,22 +249,22 @@ static void test_softmax_causal(void **state) {
   assert_memory_equal(P, P2, sizeof(float) * SM_N);
 
   run_softmax_bwd(VL_F32, P, r, dS, false);
-  sm_ctx k = {S, r, zeros(SM_N)};
-  fd_check(sm_loss, &k, S, SM_N, dS, "softmax dS"); /* masked entries: FD 0, analytic 0 */
+  sm_ctx k = {S, r, tu_zeros(SM_N)};
+  tu_fd_check(sm_loss, &k, S, SM_N, dS, FD_EPS, FD_TOL, "softmax dS"); /* masked entries: FD 0, analytic 0 */
   run_softmax_bwd(VL_F32, P, r, dS2, true); /* dS may alias dP */
   assert_memory_equal(dS, dS2, sizeof(float) * SM_N);
 
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d];
-    float *Sr = rounded(S, SM_N, dt), *rr = rounded(r, SM_N, dt);
-    float *Pref = zeros(SM_N), *Pgot = zeros(SM_N), *dref = zeros(SM_N), *dgot = zeros(SM_N);
+    float *Sr = tu_rounded(S, SM_N, dt), *rr = tu_rounded(r, SM_N, dt);
+    float *Pref = tu_zeros(SM_N), *Pgot = tu_zeros(SM_N), *dref = tu_zeros(SM_N), *dgot = tu_zeros(SM_N);
     run_softmax_fwd(VL_F32, Sr, Pref, false);
     run_softmax_fwd(dt, S, Pgot, false);
-    close_dt(Pgot, Pref, SM_N, dt, "softmax P");
+    tu_assert_close_dt(Pgot, Pref, SM_N, dt, "softmax P");
     /* backward reads P from storage: the reference gets the same stored P */
     run_softmax_bwd(VL_F32, Pgot, rr, dref, false);
     run_softmax_bwd(dt, Pgot, r, dgot, false);
-    close_dt(dgot, dref, SM_N, dt, "softmax dS");
+    tu_assert_close_dt(dgot, dref, SM_N, dt, "softmax dS");
     free(Sr); free(rr); free(Pref); free(Pgot); free(dref); free(dgot);
   }
   free(S); free(r); free(P); free(P2); free(dS); free(dS2); free(k.P);
@@ -343,46 +276,48 @@ enum { SW_N = 40 };
 
 static void run_swiglu(vl_dtype dt, const float *g, const float *u, const float *dy, float *out,
                        float *dg, float *du) {
-  vl_tensor tg = tnew(dt, SW_N, g), tu = tnew(dt, SW_N, u), to = tnew(dt, SW_N, NULL);
+  vl_tensor tg = tu_tnew(cx, dt, SW_N, g), tu = tu_tnew(cx, dt, SW_N, u), to = tu_tnew(cx, dt, SW_N, NULL);
   OK(cx->be->swiglu_fwd(cx, &to, &tg, &tu, SW_N));
-  tget(&to, out);
+  tu_tget(&to, out);
   if (dy) {
-    vl_tensor tdy = tnew(dt, SW_N, dy), tdg = tnew(dt, SW_N, NULL), tdu = tnew(dt, SW_N, NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, SW_N, dy), tdg = tu_tnew(cx, dt, SW_N, NULL),
+              tdu = tu_tnew(cx, dt, SW_N, NULL);
     OK(cx->be->swiglu_bwd(cx, &tdg, &tdu, &tdy, &tg, &tu, SW_N));
-    tget(&tdg, dg);
-    tget(&tdu, du);
-    tfree(&tdy); tfree(&tdg); tfree(&tdu);
+    tu_tget(&tdg, dg);
+    tu_tget(&tdu, du);
+    TU_TFREE(cx, &tdy, &tdg, &tdu);
   }
-  tfree(&tg); tfree(&tu); tfree(&to);
+  TU_TFREE(cx, &tg, &tu, &to);
 }
 
 typedef struct { float *g, *u, *r, *out; } sw_ctx;
 static double sw_loss(void *p) {
   sw_ctx *k = p;
   run_swiglu(VL_F32, k->g, k->u, NULL, k->out, NULL, NULL);
-  return dot(k->r, k->out, SW_N);
+  return tu_dot(k->r, k->out, SW_N);
 }
 
 static void test_swiglu(void **state) {
   (void)state;
-  float *g = randn(SW_N, 2.0f, 40), *u = randn(SW_N, 1.0f, 41), *r = randn(SW_N, 1.0f, 42);
-  float *out = zeros(SW_N), *dg = zeros(SW_N), *du = zeros(SW_N);
+  float *g = tu_randn_new(SW_N, 2.0f, 40), *u = tu_randn_new(SW_N, 1.0f, 41),
+        *r = tu_randn_new(SW_N, 1.0f, 42);
+  float *out = tu_zeros(SW_N), *dg = tu_zeros(SW_N), *du = tu_zeros(SW_N);
   run_swiglu(VL_F32, g, u, r, out, dg, du);
   for (int i = 0; i < SW_N; i++) /* silu(g) * u */
     assert_true(fabs(out[i] - g[i] / (1.0 + exp(-(double)g[i])) * u[i]) < 1e-5);
-  sw_ctx k = {g, u, r, zeros(SW_N)};
-  fd_check(sw_loss, &k, g, SW_N, dg, "swiglu dg");
-  fd_check(sw_loss, &k, u, SW_N, du, "swiglu du");
+  sw_ctx k = {g, u, r, tu_zeros(SW_N)};
+  tu_fd_check(sw_loss, &k, g, SW_N, dg, FD_EPS, FD_TOL, "swiglu dg");
+  tu_fd_check(sw_loss, &k, u, SW_N, du, FD_EPS, FD_TOL, "swiglu du");
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d];
-    float *gr = rounded(g, SW_N, dt), *ur = rounded(u, SW_N, dt), *rr = rounded(r, SW_N, dt);
-    float *o1 = zeros(SW_N), *g1 = zeros(SW_N), *u1 = zeros(SW_N);
-    float *o2 = zeros(SW_N), *g2 = zeros(SW_N), *u2 = zeros(SW_N);
+    float *gr = tu_rounded(g, SW_N, dt), *ur = tu_rounded(u, SW_N, dt), *rr = tu_rounded(r, SW_N, dt);
+    float *o1 = tu_zeros(SW_N), *g1 = tu_zeros(SW_N), *u1 = tu_zeros(SW_N);
+    float *o2 = tu_zeros(SW_N), *g2 = tu_zeros(SW_N), *u2 = tu_zeros(SW_N);
     run_swiglu(VL_F32, gr, ur, rr, o1, g1, u1);
     run_swiglu(dt, g, u, r, o2, g2, u2);
-    close_dt(o2, o1, SW_N, dt, "swiglu out");
-    close_dt(g2, g1, SW_N, dt, "swiglu dg");
-    close_dt(u2, u1, SW_N, dt, "swiglu du");
+    tu_assert_close_dt(o2, o1, SW_N, dt, "swiglu out");
+    tu_assert_close_dt(g2, g1, SW_N, dt, "swiglu dg");
+    tu_assert_close_dt(u2, u1, SW_N, dt, "swiglu du");
     free(gr); free(ur); free(rr); free(o1); free(g1); free(u1); free(o2); free(g2); free(u2);
   }
   free(g); free(u); free(r); free(out); free(dg); free(du); free(k.out);
@@ -394,11 +329,11 @@ enum { XE_R = 5, XE_V = 7, XE_N = XE_R * XE_V, XE_VALID = 4 };
 static const int32_t XE_TGT[XE_R] = {3, -1, 0, 6, 3}; /* row 1 ignored */
 
 static void run_xent(vl_dtype dt, const float *logits, float *loss, float *dlogits) {
-  vl_tensor tl = tnew(dt, XE_N, logits), tloss = tnew(VL_F32, XE_R, NULL);
+  vl_tensor tl = tu_tnew(cx, dt, XE_N, logits), tloss = tu_tnew(cx, VL_F32, XE_R, NULL);
   OK(cx->be->xent_fused(cx, &tl, &tloss, XE_TGT, XE_R, XE_V, 1.0f / XE_VALID));
-  tget(&tloss, loss);
-  if (dlogits) tget(&tl, dlogits);
-  tfree(&tl); tfree(&tloss);
+  tu_tget(&tloss, loss);
+  if (dlogits) tu_tget(&tl, dlogits);
+  TU_TFREE(cx, &tl, &tloss);
 }
 
 typedef struct { float *l, *loss; } xe_ctx;
@@ -412,7 +347,7 @@ static double xe_loss(void *p) { /* mean over the non-ignored rows */
 
 static void test_xent(void **state) {
   (void)state;
-  float *l = randn(XE_N, 2.0f, 50), *loss = zeros(XE_R), *dl = zeros(XE_N);
+  float *l = tu_randn_new(XE_N, 2.0f, 50), *loss = tu_zeros(XE_R), *dl = tu_zeros(XE_N);
   run_xent(VL_F32, l, loss, dl);
   for (int r = 0; r < XE_R; r++) {
     if (XE_TGT[r] < 0) {
@@ -425,16 +360,16 @@ static void test_xent(void **state) {
     for (int c = 0; c < XE_V; c++) s += exp(l[r * XE_V + c] - mx);
     assert_true(fabs(loss[r] - (log(s) + mx - l[r * XE_V + XE_TGT[r]])) < 1e-5);
   }
-  xe_ctx k = {l, zeros(XE_R)};
-  fd_check(xe_loss, &k, l, XE_N, dl, "xent dlogits");
+  xe_ctx k = {l, tu_zeros(XE_R)};
+  tu_fd_check(xe_loss, &k, l, XE_N, dl, FD_EPS, FD_TOL, "xent dlogits");
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d];
-    float *lr = rounded(l, XE_N, dt), *loss1 = zeros(XE_R), *loss2 = zeros(XE_R);
-    float *d1 = zeros(XE_N), *d2 = zeros(XE_N);
+    float *lr = tu_rounded(l, XE_N, dt), *loss1 = tu_zeros(XE_R), *loss2 = tu_zeros(XE_R);
+    float *d1 = tu_zeros(XE_N), *d2 = tu_zeros(XE_N);
     run_xent(VL_F32, lr, loss1, d1);
     run_xent(dt, l, loss2, d2);
-    close_dt(loss2, loss1, XE_R, VL_F32, "xent loss (fp32 out)");
-    close_dt(d2, d1, XE_N, dt, "xent dlogits");
+    tu_assert_close_dt(loss2, loss1, XE_R, VL_F32, "xent loss (fp32 out)");
+    tu_assert_close_dt(d2, d1, XE_N, dt, "xent dlogits");
     free(lr); free(loss1); free(loss2); free(d1); free(d2);
   }
   free(l); free(loss); free(dl); free(k.loss);
@@ -446,43 +381,44 @@ enum { EM_V = 5, EM_C = 4, EM_R = 7 };
 static const int32_t EM_TOK[EM_R] = {1, 3, 1, 0, 3, 3, 4}; /* repeats; token 2 unused */
 
 static void run_embed(vl_dtype dt, const float *wte, const float *dy, float *out, float *dwte) {
-  vl_tensor tw = tnew(dt, EM_V * EM_C, wte), to = tnew(dt, EM_R * EM_C, NULL);
+  vl_tensor tw = tu_tnew(cx, dt, EM_V * EM_C, wte), to = tu_tnew(cx, dt, EM_R * EM_C, NULL);
   OK(cx->be->embed_fwd(cx, &to, &tw, EM_TOK, EM_R, EM_C));
-  tget(&to, out);
+  tu_tget(&to, out);
   if (dy) {
-    vl_tensor tdy = tnew(dt, EM_R * EM_C, dy), tdw = tnew(VL_F32, EM_V * EM_C, NULL);
+    vl_tensor tdy = tu_tnew(cx, dt, EM_R * EM_C, dy), tdw = tu_tnew(cx, VL_F32, EM_V * EM_C, NULL);
     OK(cx->be->embed_bwd(cx, &tdw, &tdy, EM_TOK, EM_R, EM_C));
-    tget(&tdw, dwte);
-    tfree(&tdy); tfree(&tdw);
+    tu_tget(&tdw, dwte);
+    TU_TFREE(cx, &tdy, &tdw);
   }
-  tfree(&tw); tfree(&to);
+  TU_TFREE(cx, &tw, &to);
 }
 
 typedef struct { float *w, *r, *out; } em_ctx;
 static double em_loss(void *p) {
   em_ctx *k = p;
   run_embed(VL_F32, k->w, NULL, k->out, NULL);
-  return dot(k->r, k->out, EM_R * EM_C);
+  return tu_dot(k->r, k->out, EM_R * EM_C);
 }
 
 static void test_embedding(void **state) {
   (void)state;
   const int64_t nw = EM_V * EM_C, no = EM_R * EM_C;
-  float *w = randn(nw, 1.0f, 60), *r = randn(no, 1.0f, 61), *out = zeros(no), *dw = zeros(nw);
+  float *w = tu_randn_new(nw, 1.0f, 60), *r = tu_randn_new(no, 1.0f, 61), *out = tu_zeros(no),
+        *dw = tu_zeros(nw);
   run_embed(VL_F32, w, r, out, dw);
   for (int i = 0; i < EM_R; i++)
     assert_memory_equal(out + i * EM_C, w + EM_TOK[i] * EM_C, sizeof(float) * EM_C);
   for (int c = 0; c < EM_C; c++) assert_true(dw[2 * EM_C + c] == 0.0f); /* unused token */
-  em_ctx k = {w, r, zeros(no)};
-  fd_check(em_loss, &k, w, nw, dw, "embed dwte");
+  em_ctx k = {w, r, tu_zeros(no)};
+  tu_fd_check(em_loss, &k, w, nw, dw, FD_EPS, FD_TOL, "embed dwte");
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d];
-    float *wr = rounded(w, nw, dt), *rr = rounded(r, no, dt);
-    float *o1 = zeros(no), *g1 = zeros(nw), *o2 = zeros(no), *g2 = zeros(nw);
+    float *wr = tu_rounded(w, nw, dt), *rr = tu_rounded(r, no, dt);
+    float *o1 = tu_zeros(no), *g1 = tu_zeros(nw), *o2 = tu_zeros(no), *g2 = tu_zeros(nw);
     run_embed(VL_F32, wr, rr, o1, g1);
     run_embed(dt, w, r, o2, g2); /* dwte stays fp32: accumulation is exact w.r.t. fp32 */
-    close_dt(o2, o1, no, dt, "embed out");
-    close_dt(g2, g1, nw, VL_F32, "embed dwte");
+    tu_assert_close_dt(o2, o1, no, dt, "embed out");
+    tu_assert_close_dt(g2, g1, nw, VL_F32, "embed dwte");
     free(wr); free(rr); free(o1); free(g1); free(o2); free(g2);
   }
   free(w); free(r); free(out); free(dw); free(k.out);
@@ -493,42 +429,42 @@ static void test_embedding(void **state) {
 enum { LN_R = 3, LN_K = 5, LN_N = 4 };
 
 static void run_linear(const float *x, const float *W, const float *dy, float *y, float *dx, float *dW) {
-  vl_tensor tx = tnew(VL_F32, LN_R * LN_K, x), tW = tnew(VL_F32, LN_N * LN_K, W);
-  vl_tensor ty = tnew(VL_F32, LN_R * LN_N, NULL);
+  vl_tensor tx = tu_tnew(cx, VL_F32, LN_R * LN_K, x), tW = tu_tnew(cx, VL_F32, LN_N * LN_K, W);
+  vl_tensor ty = tu_tnew(cx, VL_F32, LN_R * LN_N, NULL);
   OK(vl_linear_fwd(cx, &ty, &tx, &tW, LN_R, LN_K, LN_N, 0.0f));
-  tget(&ty, y);
+  tu_tget(&ty, y);
   if (dy) {
-    vl_tensor tdy = tnew(VL_F32, LN_R * LN_N, dy), tdx = tnew(VL_F32, LN_R * LN_K, NULL);
-    vl_tensor tdW = tnew(VL_F32, LN_N * LN_K, NULL);
+    vl_tensor tdy = tu_tnew(cx, VL_F32, LN_R * LN_N, dy), tdx = tu_tnew(cx, VL_F32, LN_R * LN_K, NULL);
+    vl_tensor tdW = tu_tnew(cx, VL_F32, LN_N * LN_K, NULL);
     OK(vl_linear_bwd_x(cx, &tdx, &tdy, &tW, LN_R, LN_K, LN_N, 0.0f));
     OK(vl_linear_bwd_w(cx, &tdW, &tdy, &tx, LN_R, LN_K, LN_N, 1.0f));
-    tget(&tdx, dx);
-    tget(&tdW, dW);
+    tu_tget(&tdx, dx);
+    tu_tget(&tdW, dW);
     /* beta = 1 accumulates into dx; scale multiplies and dW accumulates */
     OK(vl_linear_bwd_x(cx, &tdx, &tdy, &tW, LN_R, LN_K, LN_N, 1.0f));
     OK(vl_linear_bwd_w(cx, &tdW, &tdy, &tx, LN_R, LN_K, LN_N, 0.5f));
     float dx2[LN_R * LN_K], dW2[LN_N * LN_K];
-    tget(&tdx, dx2);
-    tget(&tdW, dW2);
+    tu_tget(&tdx, dx2);
+    tu_tget(&tdW, dW2);
     for (int i = 0; i < LN_R * LN_K; i++) assert_true(fabsf(dx2[i] - 2 * dx[i]) <= 1e-6f * (1 + fabsf(dx[i])));
     for (int i = 0; i < LN_N * LN_K; i++) assert_true(fabsf(dW2[i] - 1.5f * dW[i]) <= 1e-6f * (1 + fabsf(dW[i])));
-    tfree(&tdy); tfree(&tdx); tfree(&tdW);
+    TU_TFREE(cx, &tdy, &tdx, &tdW);
   }
-  tfree(&tx); tfree(&tW); tfree(&ty);
+  TU_TFREE(cx, &tx, &tW, &ty);
 }
 
 typedef struct { float *x, *W, *r, *y; } ln_ctx;
 static double ln_loss(void *p) {
   ln_ctx *k = p;
   run_linear(k->x, k->W, NULL, k->y, NULL, NULL);
-  return dot(k->r, k->y, LN_R * LN_N);
+  return tu_dot(k->r, k->y, LN_R * LN_N);
 }
 
 static void test_linear(void **state) {
   (void)state;
-  float *x = randn(LN_R * LN_K, 1.0f, 70), *W = randn(LN_N * LN_K, 1.0f, 71);
-  float *r = randn(LN_R * LN_N, 1.0f, 72), *y = zeros(LN_R * LN_N);
-  float *dx = zeros(LN_R * LN_K), *dW = zeros(LN_N * LN_K);
+  float *x = tu_randn_new(LN_R * LN_K, 1.0f, 70), *W = tu_randn_new(LN_N * LN_K, 1.0f, 71);
+  float *r = tu_randn_new(LN_R * LN_N, 1.0f, 72), *y = tu_zeros(LN_R * LN_N);
+  float *dx = tu_zeros(LN_R * LN_K), *dW = tu_zeros(LN_N * LN_K);
   run_linear(x, W, r, y, dx, dW);
   for (int i = 0; i < LN_R; i++) /* y = x @ W^T as nn.Linear */
     for (int o = 0; o < LN_N; o++) {
@@ -536,9 +472,9 @@ static void test_linear(void **state) {
       for (int k = 0; k < LN_K; k++) s += (double)x[i * LN_K + k] * W[o * LN_K + k];
       assert_true(fabs(y[i * LN_N + o] - s) < 1e-5);
     }
-  ln_ctx k = {x, W, r, zeros(LN_R * LN_N)};
-  fd_check(ln_loss, &k, x, LN_R * LN_K, dx, "linear dx");
-  fd_check(ln_loss, &k, W, LN_N * LN_K, dW, "linear dW");
+  ln_ctx k = {x, W, r, tu_zeros(LN_R * LN_N)};
+  tu_fd_check(ln_loss, &k, x, LN_R * LN_K, dx, FD_EPS, FD_TOL, "linear dx");
+  tu_fd_check(ln_loss, &k, W, LN_N * LN_K, dW, FD_EPS, FD_TOL, "linear dW");
   free(x); free(W); free(r); free(y); free(dx); free(dW); free(k.y);
 }
 
@@ -575,11 +511,12 @@ static void gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t
   int64_t sa = ar * lda + 5, sb = br * ldb + 7, sc = M * ldc + 2;
   int64_t a_off = 4, b_off = 6, c_off = 3;
   int64_t na = a_off + batch * sa, nb = b_off + batch * sb, nc = c_off + batch * sc;
-  float *A = randn(na, 1.0f, seed), *B = randn(nb, 1.0f, seed + 1), *C0 = randn(nc, 1.0f, seed + 2);
+  float *A = tu_randn_new(na, 1.0f, seed), *B = tu_randn_new(nb, 1.0f, seed + 1),
+        *C0 = tu_randn_new(nc, 1.0f, seed + 2);
   if (beta == 0.0f) /* with beta = 0, C's old contents must be ignored, NaN included */
     for (int64_t i = 0; i < nc; i++) C0[i] = NAN;
-  vl_tensor tA = tnew(adt, na, A), tB = tnew(bdt, nb, B), tC = tnew(cdt, nc, C0);
-  float *Ar = rounded(A, na, adt), *Br = rounded(B, nb, bdt), *Cr = rounded(C0, nc, cdt);
+  vl_tensor tA = tu_tnew(cx, adt, na, A), tB = tu_tnew(cx, bdt, nb, B), tC = tu_tnew(cx, cdt, nc, C0);
+  float *Ar = tu_rounded(A, na, adt), *Br = tu_rounded(B, nb, bdt), *Cr = tu_rounded(C0, nc, cdt);
   vl_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
                .A = &tA, .a_off = a_off, .lda = lda, .sa = sa,
                .B = &tB, .b_off = b_off, .ldb = ldb, .sb = sb,
@@ -596,11 +533,11 @@ static void gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t
   assert_int_equal(st.peak[VL_MEM_WORKSPACE], (ws + VL_ARENA_ALIGN - 1) / VL_ARENA_ALIGN * VL_ARENA_ALIGN);
   assert_int_equal(st.cur[VL_MEM_WORKSPACE], 0);
   assert_int_equal(vl_arena_live_blocks(cx->arena), live);
-  float *got = zeros(nc);
-  tget(&tC, got);
+  float *got = tu_zeros(nc);
+  tu_tget(&tC, got);
   /* fp32 accumulation: error <= K * 2^-24 * mag (< 1e-5 * mag for K < 160); then the
    * rounding of C to its dtype */
-  double u = unit_roundoff(cdt);
+  double u = tu_unit_roundoff(cdt);
   for (int64_t i = 0; i < nc; i++) {
     bool in_c = false; /* inside one of the batch's M x N blocks, not padding */
     for (int64_t b = 0; b < batch && !in_c; b++) {
@@ -622,7 +559,7 @@ static void gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t
       fail();
     }
   }
-  tfree(&tA); tfree(&tB); tfree(&tC);
+  TU_TFREE(cx, &tA, &tB, &tC);
   free(A); free(B); free(C0); free(Ar); free(Br); free(Cr); free(ref); free(mag); free(got);
 }
 
@@ -654,38 +591,40 @@ static void test_gemm_dtypes(void **state) {
 static void test_gemm_nf4(void **state) {
   (void)state;
   enum { R = 6, K = 128, N = 8 }; /* W (N,K): 1024 weights, 16 NF4 blocks */
-  float *W = randn(N * K, 0.05f, 400), *Wd = zeros(N * K), *x = randn(R * K, 1.0f, 401);
-  float *dy = randn(R * N, 1.0f, 402);
+  float *W = tu_randn_new(N * K, 0.05f, 400), *Wd = tu_zeros(N * K), *x = tu_randn_new(R * K, 1.0f, 401);
+  float *dy = tu_randn_new(R * N, 1.0f, 402);
   vl_tensor tq;
   OK(vl_tensor_alloc2(cx, &tq, VL_NF4, VL_MEM_FROZEN, N, K));
   assert_int_equal(vl_nf4_quantize_host(tq.data, W, N * K), 0);
   vl_nf4_dequantize_host(Wd, tq.data, N * K);
-  vl_tensor tW = tnew(VL_F32, N * K, Wd), tx = tnew(VL_F32, R * K, x), tdy = tnew(VL_F32, R * N, dy);
-  vl_tensor y1 = tnew(VL_F32, R * N, NULL), y2 = tnew(VL_F32, R * N, NULL);
-  vl_tensor d1 = tnew(VL_F32, R * K, NULL), d2 = tnew(VL_F32, R * K, NULL);
+  vl_tensor tW = tu_tnew(cx, VL_F32, N * K, Wd), tx = tu_tnew(cx, VL_F32, R * K, x),
+            tdy = tu_tnew(cx, VL_F32, R * N, dy);
+  vl_tensor y1 = tu_tnew(cx, VL_F32, R * N, NULL), y2 = tu_tnew(cx, VL_F32, R * N, NULL);
+  vl_tensor d1 = tu_tnew(cx, VL_F32, R * K, NULL), d2 = tu_tnew(cx, VL_F32, R * K, NULL);
   /* forward (B transposed) and input gradient (B as is) through the frozen NF4 weight */
   OK(vl_linear_fwd(cx, &y1, &tx, &tq, R, K, N, 0.0f));
   OK(vl_linear_fwd(cx, &y2, &tx, &tW, R, K, N, 0.0f));
   OK(vl_linear_bwd_x(cx, &d1, &tdy, &tq, R, K, N, 0.0f));
   OK(vl_linear_bwd_x(cx, &d2, &tdy, &tW, R, K, N, 0.0f));
   float a[R * K], b[R * K];
-  tget(&y1, a);
-  tget(&y2, b);
+  tu_tget(&y1, a);
+  tu_tget(&y2, b);
   tu_assert_close(a, b, R * N, 1e-6, 1e-5, "nf4 linear fwd vs dequantised fp32");
-  tget(&d1, a);
-  tget(&d2, b);
+  tu_tget(&d1, a);
+  tu_tget(&d2, b);
   tu_assert_close(a, b, R * K, 1e-6, 1e-5, "nf4 linear bwd_x vs dequantised fp32");
   /* an NF4 operand is a whole contiguous matrix: a sub-matrix is refused */
   vl_gemm g = {.tb = true, .M = R, .N = N / 2, .K = K, .alpha = 1, .A = &tx, .lda = K,
                .B = &tq, .b_off = K * (N / 2), .ldb = K, .C = &y1, .ldc = N, .batch = 1};
   assert_int_equal(vl_op_gemm(cx, &g), VL_ERR_UNSUPPORTED);
-  tfree(&tq); tfree(&tW); tfree(&tx); tfree(&tdy); tfree(&y1); tfree(&y2); tfree(&d1); tfree(&d2);
+  TU_TFREE(cx, &tq, &tW, &tx, &tdy, &y1, &y2, &d1, &d2);
   free(W); free(Wd); free(x); free(dy);
 }
 
 static void test_gemm_workspace_required(void **state) {
   (void)state;
-  vl_tensor A = tnew(VL_F16, 16, NULL), B = tnew(VL_F32, 16, NULL), C = tnew(VL_F32, 16, NULL);
+  vl_tensor A = tu_tnew(cx, VL_F16, 16, NULL), B = tu_tnew(cx, VL_F32, 16, NULL),
+            C = tu_tnew(cx, VL_F32, 16, NULL);
   vl_gemm g = {.M = 4, .N = 4, .K = 4, .alpha = 1, .A = &A, .lda = 4, .B = &B, .ldb = 4,
                .C = &C, .ldc = 4, .batch = 1};
   assert_int_equal(vl_gemm_ws_cpu(&g), 4 * 16); /* the fp16 A converted to fp32 */
@@ -694,7 +633,7 @@ static void test_gemm_workspace_required(void **state) {
   double f0 = cx->flops;
   OK(vl_op_gemm(cx, &g));
   assert_true(cx->flops - f0 == 2.0 * 4 * 4 * 4); /* 2*M*N*K counted */
-  tfree(&A); tfree(&B); tfree(&C);
+  TU_TFREE(cx, &A, &B, &C);
 }
 
 /* ---- elementwise conversion ops ------------------------------------------------------ */
@@ -702,32 +641,33 @@ static void test_gemm_workspace_required(void **state) {
 static void test_convert_axpby(void **state) {
   (void)state;
   enum { N = 10000 }; /* above the parallel threshold */
-  float *x = randn(N, 3.0f, 500), *y = randn(N, 1.0f, 501), *got = zeros(N), *want = zeros(N);
+  float *x = tu_randn_new(N, 3.0f, 500), *y = tu_randn_new(N, 1.0f, 501), *got = tu_zeros(N),
+        *want = tu_zeros(N);
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d], other = LOWP[1 - d];
-    vl_tensor tx = tnew(VL_F32, N, x), tl = tnew(dt, N, NULL), to = tnew(other, N, NULL);
+    vl_tensor tx = tu_tnew(cx, VL_F32, N, x), tl = tu_tnew(cx, dt, N, NULL), to = tu_tnew(cx, other, N, NULL);
     OK(cx->be->convert(cx, &tl, &tx, N));
-    tget(&tl, got);
+    tu_tget(&tl, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)dt, x[i]));
     OK(cx->be->convert(cx, &to, &tl, N)); /* low -> other low: rounds the stored value */
-    tget(&to, got);
+    tu_tget(&to, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)other, vl_round_to((int)dt, x[i])));
     /* y = 0.5 x + 2 y in dt storage vs fp32 on rounded values */
-    vl_tensor ty = tnew(dt, N, y), txl = tnew(dt, N, x);
+    vl_tensor ty = tu_tnew(cx, dt, N, y), txl = tu_tnew(cx, dt, N, x);
     OK(cx->be->axpby(cx, &ty, 0.5f, &txl, 2.0f, N));
-    tget(&ty, got);
+    tu_tget(&ty, got);
     for (int i = 0; i < N; i++)
       want[i] = 0.5f * vl_round_to((int)dt, x[i]) + 2.0f * vl_round_to((int)dt, y[i]);
-    close_dt(got, want, N, dt, "axpby");
-    tfree(&tx); tfree(&tl); tfree(&to); tfree(&ty); tfree(&txl);
+    tu_assert_close_dt(got, want, N, dt, "axpby");
+    TU_TFREE(cx, &tx, &tl, &to, &ty, &txl);
   }
   /* b = 0 ignores whatever y held, NaN included */
-  vl_tensor tx = tnew(VL_F32, N, x), ty = tnew(VL_F32, N, NULL);
+  vl_tensor tx = tu_tnew(cx, VL_F32, N, x), ty = tu_tnew(cx, VL_F32, N, NULL);
   for (int i = 0; i < N; i++) ((float *)ty.data)[i] = NAN;
   OK(cx->be->axpby(cx, &ty, 2.0f, &tx, 0.0f, N));
-  tget(&ty, got);
+  tu_tget(&ty, got);
   for (int i = 0; i < N; i++) assert_true(got[i] == 2.0f * x[i]);
-  tfree(&tx); tfree(&ty);
+  TU_TFREE(cx, &tx, &ty);
   free(x); free(y); free(got); free(want);
 }
 
@@ -736,13 +676,13 @@ static void test_convert_axpby(void **state) {
 static void test_sumsq(void **state) {
   (void)state;
   enum { N = 10000 }; /* above the parallel threshold: the reduction runs threaded */
-  float *x = randn(N, 1.0f, 600);
+  float *x = tu_randn_new(N, 1.0f, 600);
   const vl_dtype dts[3] = {VL_F32, VL_F16, VL_BF16};
   for (int d = 0; d < 3; d++) {
     vl_dtype dt = dts[d];
     double want = 0;
     for (int i = 0; i < N; i++) { double v = vl_round_to((int)dt, x[i]); want += v * v; }
-    vl_tensor t = tnew(dt, N, x);
+    vl_tensor t = tu_tnew(cx, dt, N, x);
     double s = -1;
     bool bad = true;
     OK(cx->be->sumsq(cx, &t, N, &s, &bad));
@@ -762,16 +702,16 @@ static void test_sumsq(void **state) {
       OK(cx->be->sumsq(cx, &t, N, &s, &bad));
       assert_false(bad);
     }
-    tfree(&t);
+    vl_tensor_free(cx, &t);
   }
   /* a finite fp32 value past the fp16 range becomes inf once stored as fp16 */
-  vl_tensor t = tnew(VL_F16, N, x);
+  vl_tensor t = tu_tnew(cx, VL_F16, N, x);
   vl_st(t.data, VL_K_F16, 5, 1e5f);
   double s;
   bool bad = false;
   OK(cx->be->sumsq(cx, &t, N, &s, &bad));
   assert_true(bad);
-  tfree(&t);
+  vl_tensor_free(cx, &t);
   free(x);
 }
 

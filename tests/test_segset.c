@@ -6,7 +6,6 @@
 #include "testutil.h"
 
 #include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,26 +15,13 @@
 
 #include "datasets/segset.h"
 
-static char g_root[256]; /* temp dir for the whole group */
 static char g_set[300];  /* the shared set */
 #define N_SET 24
 #define SIZE 48
 #define CLASSES 5
 #define SEED 11
 
-static int64_t g_prog_calls, g_prog_last, g_prog_total, g_prog_backwards;
-static void on_progress(int64_t done, int64_t total, void *user) {
-  (void)user;
-  if (done < g_prog_last) g_prog_backwards++;
-  g_prog_calls++;
-  g_prog_last = done;
-  g_prog_total = total;
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(p);
-}
+static tu_progress g_prog; /* what the shared set's generation reported */
 
 static vl_segset_gen_cfg set_cfg(void) {
   vl_segset_gen_cfg g;
@@ -50,11 +36,11 @@ static vl_segset_gen_cfg set_cfg(void) {
 
 static int setup(void **state) {
   (void)state;
-  snprintf(g_root, sizeof g_root, "/tmp/vl_segset_test_XXXXXX");
-  if (!mkdtemp(g_root)) return -1;
-  snprintf(g_set, sizeof g_set, "%s/a/b/set", g_root); /* parents made too */
+  if (tu_tmpdir(tu_tmp, sizeof tu_tmp, "vl_segset_test_") != 0) return -1;
+  snprintf(g_set, sizeof g_set, "%s/a/b/set", tu_tmp); /* parents made too */
   vl_segset_gen_cfg g = set_cfg();
-  g.progress = on_progress;
+  g.progress = tu_on_progress;
+  g.user = &g_prog;
   char err[512];
   if (vl_segset_generate(g_set, &g, err, sizeof err) != 0) {
     fprintf(stderr, "generate: %s\n", err);
@@ -62,44 +48,6 @@ static int setup(void **state) {
   }
   return 0;
 }
-
-static int teardown(void **state) {
-  (void)state;
-  if (g_root[0]) nftw(g_root, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-  return 0;
-}
-
-static void subdir(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_root, name); }
-
-static size_t slurp(const char *path, uint8_t **out) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  *out = malloc((size_t)n + 1);
-  assert_non_null(*out);
-  assert_int_equal(fread(*out, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  return (size_t)n;
-}
-
-static int same_file(const char *a, const char *b) {
-  uint8_t *x, *y;
-  size_t nx = slurp(a, &x), ny = slurp(b, &y);
-  int same = nx == ny && memcmp(x, y, nx) == 0;
-  free(x);
-  free(y);
-  return same;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(data, 1, n, f), n);
-  fclose(f);
-}
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
 
 static vl_segset *open_ok(const char *dir) {
   vl_segset *s = NULL;
@@ -116,20 +64,11 @@ static vl_status read_one(vl_dataset *d, void *scr, int64_t i, vl_image *img, ch
   return d->read(d->self, scr, i, img, err, errn);
 }
 
-static void img_free(vl_image *im) {
-  free(im->pix);
-  free(im->mask);
-  memset(im, 0, sizeof *im);
-}
-
 /* ============================== generation, reading =================================== */
 
 static void test_generate_and_read(void **state) {
   (void)state;
-  assert_int_equal(g_prog_total, N_SET);
-  assert_int_equal(g_prog_last, N_SET);
-  assert_true(g_prog_calls >= 1);
-  assert_int_equal(g_prog_backwards, 0);
+  tu_assert_progress_done(&g_prog, N_SET);
 
   vl_segset *s = open_ok(g_set);
   assert_int_equal(vl_segset_len(s), N_SET);
@@ -176,8 +115,8 @@ static void test_generate_and_read(void **state) {
   assert_int_equal(read_one(&d, scr, N_SET, &img, err, sizeof err), VL_ERR_INVALID);
   assert_non_null(strstr(err, "out of range"));
   d.scratch_free(d.self, scr);
-  img_free(&img);
-  img_free(&img2);
+  tu_image_free(&img);
+  tu_image_free(&img2);
   vl_segset_close(s);
 }
 
@@ -186,8 +125,8 @@ static void test_generate_and_read(void **state) {
 static void test_deterministic(void **state) {
   (void)state;
   char dir[320], other[320], err[512];
-  subdir(dir, sizeof dir, "det1");
-  subdir(other, sizeof other, "seed2");
+  tu_join(dir, sizeof dir, tu_tmp, "det1");
+  tu_join(other, sizeof other, tu_tmp, "seed2");
   vl_segset_gen_cfg g = set_cfg();
   g.threads = 1;
   assert_int_equal(vl_segset_generate(dir, &g, err, sizeof err), 0);
@@ -200,8 +139,8 @@ static void test_deterministic(void **state) {
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/%s", g_set, e->d_name);
     snprintf(b, sizeof b, "%s/%s", dir, e->d_name);
-    if (!same_file(a, b)) print_error("%s differs between 2 threads and 1\n", e->d_name);
-    assert_true(same_file(a, b));
+    if (!tu_same_file(a, b)) print_error("%s differs between 2 threads and 1\n", e->d_name);
+    assert_true(tu_same_file(a, b));
     files++;
   }
   closedir(dd);
@@ -213,10 +152,10 @@ static void test_deterministic(void **state) {
   char a[600], b[600];
   snprintf(a, sizeof a, "%s/img_0000000.jpg", g_set);
   snprintf(b, sizeof b, "%s/img_0000000.jpg", other);
-  assert_false(same_file(a, b));
+  assert_false(tu_same_file(a, b));
   snprintf(a, sizeof a, "%s/mask_0000000.pgm", g_set);
   snprintf(b, sizeof b, "%s/mask_0000000.pgm", other);
-  assert_false(same_file(a, b));
+  assert_false(tu_same_file(a, b));
   vl_segset *s = open_ok(other);
   vl_segset_info in;
   vl_segset_info_get(s, &in);
@@ -280,7 +219,7 @@ static void test_alignment(void **state) {
     if (!(aligned < 0.7 * mirrored)) print_error("class %d: %.1f aligned, %.1f mirrored\n", k, aligned, mirrored);
     assert_true(aligned < 0.7 * mirrored);
   }
-  img_free(&img);
+  tu_image_free(&img);
   vl_segset_close(s);
 }
 
@@ -306,7 +245,7 @@ static void test_class_frequencies(void **state) {
     assert_true(cnt[k] / total > 0.01);
     assert_true(images_with[k] >= 3);
   }
-  img_free(&img);
+  tu_image_free(&img);
   vl_segset_close(s);
 }
 
@@ -314,7 +253,7 @@ static void test_class_frequencies(void **state) {
 
 /* A fresh 3-sample set at size 32. */
 static void small_set(char *dir, size_t n, const char *name) {
-  subdir(dir, n, name);
+  tu_join(dir, n, tu_tmp, name);
   vl_segset_gen_cfg g;
   vl_segset_gen_cfg_default(&g);
   g.n = 3;
@@ -381,7 +320,7 @@ static void expect_damaged(const char *dir, const char *file, const char *what) 
     vl_loader_destroy(l);
   }
   d.scratch_free(d.self, scr);
-  img_free(&img);
+  tu_image_free(&img);
   vl_segset_close(s);
 }
 
@@ -426,7 +365,7 @@ static void test_mask_files(void **state) {
   small_set(dir, sizeof dir, "masks");
   snprintf(path, sizeof path, "%s/mask_0000001.pgm", dir);
   uint8_t *orig;
-  size_t olen = slurp(path, &orig);
+  size_t olen = tu_slurp(path, &orig);
   const size_t npx = 32 * 32, hdr = olen - npx;
   uint8_t *buf = malloc(olen + 64);
   assert_non_null(buf);
@@ -436,23 +375,23 @@ static void test_mask_files(void **state) {
 
   int n = snprintf((char *)buf, 64, "P5\n# a comment\n32\t32 # and another\n255\n");
   memcpy(buf + n, orig + hdr, npx);
-  write_bytes(path, buf, (size_t)n + npx);
+  tu_write_bytes(path, buf, (size_t)n + npx);
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_OK);
   assert_memory_equal(img.mask, orig + hdr, npx);
 
   memcpy(buf, orig, olen);
   buf[olen] = 0;
-  write_bytes(path, buf, olen + 1);
+  tu_write_bytes(path, buf, olen + 1);
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
   assert_non_null(strstr(err, "wrong mask size: 1 bytes past"));
 
   n = snprintf((char *)buf, 64, "P5\n32 32\n65535\n");
   memcpy(buf + n, orig + hdr, npx);
-  write_bytes(path, buf, (size_t)n + npx);
+  tu_write_bytes(path, buf, (size_t)n + npx);
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
   assert_non_null(strstr(err, "maxval 65535"));
 
-  write_bytes(path, buf, 0);
+  tu_write_bytes(path, buf, 0);
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
   assert_non_null(strstr(err, "mask_0000001.pgm: empty file"));
 
@@ -463,32 +402,32 @@ static void test_mask_files(void **state) {
     memcpy(buf, orig, olen);
     int nb = 1 + (int)vl_rng_below(&r, 4);
     for (int k = 0; k < nb; k++) buf[vl_rng_below(&r, hdr + 2)] = (uint8_t)vl_rng_u64(&r);
-    write_bytes(path, buf, olen);
+    tu_write_bytes(path, buf, olen);
     vl_status st = read_one(&d, NULL, 1, &img, err, sizeof err);
     assert_true(st == VL_OK || st == VL_ERR_IO);
     if (st == VL_ERR_IO) assert_non_null(strstr(err, "mask_0000001.pgm"));
   }
   for (size_t len = 1; len < olen; len += len < 40 ? 1 : 97) {
-    write_bytes(path, orig, len);
+    tu_write_bytes(path, orig, len);
     assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
     assert_non_null(strstr(err, "mask_0000001.pgm"));
   }
-  write_bytes(path, orig, olen);
+  tu_write_bytes(path, orig, olen);
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_OK);
 
   /* The JPEG cut at many lengths. */
   snprintf(path, sizeof path, "%s/img_0000002.jpg", dir);
   uint8_t *jorig;
-  size_t jlen = slurp(path, &jorig);
+  size_t jlen = tu_slurp(path, &jorig);
   for (size_t len = 1; len < jlen; len += len < 700 ? 37 : 301) {
-    write_bytes(path, jorig, len);
+    tu_write_bytes(path, jorig, len);
     assert_int_equal(read_one(&d, NULL, 2, &img, err, sizeof err), VL_ERR_IO);
     assert_non_null(strstr(err, "img_0000002.jpg"));
   }
   free(jorig);
   free(orig);
   free(buf);
-  img_free(&img);
+  tu_image_free(&img);
   vl_segset_close(s);
 }
 
@@ -506,7 +445,7 @@ static void expect_open_fail(const char *dir, const char *needle) {
 static void test_manifest_errors(void **state) {
   (void)state;
   char dir[320], mp[400];
-  subdir(dir, sizeof dir, "manifests");
+  tu_join(dir, sizeof dir, tu_tmp, "manifests");
   mkdir(dir, 0755);
   snprintf(mp, sizeof mp, "%s/manifest.tsv", dir);
   expect_open_fail(dir, "data gen --kind seg"); /* none there */
@@ -523,7 +462,7 @@ static void test_manifest_errors(void **state) {
       {"# vramlab-segset version=1 n=1 size=32 classes=5 seed=-4\n", "bad header value seed=-4"},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    write_text(mp, cases[k].body);
+    tu_write_text(mp, cases[k].body);
     expect_open_fail(dir, cases[k].needle);
   }
   char body[1024];
@@ -540,11 +479,11 @@ static void test_manifest_errors(void **state) {
   };
   for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
     snprintf(body, sizeof body, "%s%s", H, bad[k].lines);
-    write_text(mp, body);
+    tu_write_text(mp, body);
     expect_open_fail(dir, bad[k].needle);
   }
   /* CRLF line ends and an unknown key are fine. */
-  write_text(mp, "# vramlab-segset version=1 n=2 size=32 classes=7 future=1\r\na.jpg\ta.pgm\t10\r\nb.jpg\tb.pgm\t30\r\n");
+  tu_write_text(mp, "# vramlab-segset version=1 n=2 size=32 classes=7 future=1\r\na.jpg\ta.pgm\t10\r\nb.jpg\tb.pgm\t30\r\n");
   vl_segset *s = open_ok(dir);
   vl_segset_info in;
   vl_segset_info_get(s, &in);
@@ -559,14 +498,14 @@ static void test_manifest_errors(void **state) {
   char err[512];
   assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
   assert_non_null(strstr(err, "b.jpg: cannot open"));
-  img_free(&img);
+  tu_image_free(&img);
   vl_segset_close(s);
 }
 
 static void test_generate_errors(void **state) {
   (void)state;
   char dir[320], err[512];
-  subdir(dir, sizeof dir, "bad_cfg");
+  tu_join(dir, sizeof dir, tu_tmp, "bad_cfg");
   static const struct { int field, value; const char *needle; } cases[] = {
       {0, 0, "n must be at least 1"},        {1, 8, "size must be in 16..2048"},
       {1, 4096, "size must be in"},          {2, 1, "num_classes must be in 2..256"},
@@ -586,8 +525,8 @@ static void test_generate_errors(void **state) {
   }
   /* A directory under a regular file cannot be made. */
   char file[340], under[400];
-  snprintf(file, sizeof file, "%s/plainfile", g_root);
-  write_text(file, "x");
+  snprintf(file, sizeof file, "%s/plainfile", tu_tmp);
+  tu_write_text(file, "x");
   snprintf(under, sizeof under, "%s/sub", file);
   vl_segset_gen_cfg g = set_cfg();
   g.n = 1;
@@ -676,5 +615,5 @@ int main(void) {
       cmocka_unit_test(test_generate_errors),
       cmocka_unit_test(test_loader_end_to_end),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, setup, tu_tmp_teardown);
 }

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "vramlab/core.h"
+#include "vramlab/data.h"
 
 /* Fill with seeded N(0, scale^2) values. */
 void tu_randn(float *x, int64_t n, float scale, uint64_t seed);
@@ -21,4 +22,77 @@ void tu_assert_close(const float *a, const float *b, int64_t n, double atol, dou
 extern vl_ctx *tu_cpu;
 int tu_cpu_setup(void **state);
 int tu_cpu_teardown(void **state);
+
+/* ---- tensors and host arrays (CPU contexts: tensor data is host memory) -------------- */
+
+/* A 1-D VL_MEM_TEMP tensor of n elements of dtype dt on c holding host (each value stored
+ * with the dtype's rounding), or zeros when host is NULL. */
+vl_tensor tu_tnew(vl_ctx *c, vl_dtype dt, int64_t n, const float *host);
+/* Every element of t, loaded as float, into host[0 .. t->n). */
+void tu_tget(const vl_tensor *t, float *host);
+/* Frees n tensors of c in order; TU_TFREE(c, &a, &b, ...) lists them. */
+void tu_tfree_n(vl_ctx *c, vl_tensor *const *ts, int n);
+#define TU_TFREE(c, ...)                                                                   \
+  tu_tfree_n((c), (vl_tensor *const[]){__VA_ARGS__},                                       \
+             (int)(sizeof((vl_tensor *const[]){__VA_ARGS__}) / sizeof(vl_tensor *)))
+/* malloc'd arrays (the caller frees): tu_randn values, zeros, x rounded to dtype dt. */
+float *tu_randn_new(int64_t n, float scale, uint64_t seed);
+float *tu_zeros(int64_t n);
+float *tu_rounded(const float *x, int64_t n, vl_dtype dt);
+/* sum(a[i] * b[i]) accumulated in double. */
+double tu_dot(const float *a, const float *b, int64_t n);
+
+/* ---- gradient and storage-dtype checks ------------------------------------------------ */
+
+typedef double (*tu_loss_fn)(void *ctx);
+/* Central differences of L(ctx) with respect to each x[i] (steps x[i] +- eps, divided by
+ * the step actually taken), against the analytic gradient an: fails unless
+ * |fd - an| <= tol * max(1, |an|) for every i, and unless max |an| > 0.05 (a vanishing
+ * gradient would pass vacuously). x is restored. */
+void tu_fd_check(tu_loss_fn L, void *ctx, float *x, int64_t n, const float *an, float eps,
+                 double tol, const char *what);
+/* The unit roundoff of a storage dtype: 2^-8 bf16, 2^-11 fp16, 2^-22 (a few ulps) fp32. */
+double tu_unit_roundoff(vl_dtype dt);
+/* Assert |got - ref| <= 1.0001 u |ref| + 1e-7 elementwise, u = tu_unit_roundoff(dt): an op
+ * computing in fp32 and storing in dt, against the fp32 op on the rounded inputs. */
+void tu_assert_close_dt(const float *got, const float *ref, int64_t n, vl_dtype dt,
+                        const char *what);
+
+/* ---- files ------------------------------------------------------------------------------ */
+
+/* Creates a fresh directory /tmp/<prefix>XXXXXX into buf (n >= strlen(prefix) + 12);
+ * 0, or -1 (buf[0] == 0) on failure. Setup-time: no cmocka asserts. */
+int tu_tmpdir(char *buf, size_t n, const char *prefix);
+/* Removes dir and everything below it (no-op for ""). */
+void tu_rmtree(const char *dir);
+/* A temporary directory shared by a test group: its setup makes it with
+ * tu_tmpdir(tu_tmp, sizeof tu_tmp, prefix); pass tu_tmp_teardown to cmocka_run_group_tests
+ * to remove it. */
+extern char tu_tmp[256];
+int tu_tmp_teardown(void **state);
+/* dir/name into buf. */
+void tu_join(char *buf, size_t n, const char *dir, const char *name);
+/* The whole file into *out (malloc'd, one spare byte); its size. Asserts it is readable. */
+size_t tu_slurp(const char *path, uint8_t **out);
+/* Whether two files have the same bytes. */
+bool tu_same_file(const char *a, const char *b);
+/* Writes (replaces) a file, asserting every byte is written. */
+void tu_write_bytes(const char *path, const void *data, size_t n);
+void tu_write_text(const char *path, const char *text);
+
+/* ---- images ----------------------------------------------------------------------------- */
+
+/* Frees an image's pixels and mask and zeroes it (ready for reuse). */
+void tu_image_free(vl_image *im);
+
+/* ---- progress callbacks ----------------------------------------------------------------- */
+
+/* What a progress callback saw: tu_on_progress(done, total, user = tu_progress *). */
+typedef struct {
+  int64_t calls, last, total, backwards; /* backwards: calls with done < the previous done */
+} tu_progress;
+void tu_on_progress(int64_t done, int64_t total, void *user);
+/* Asserts a finished run reported at least once, never went backwards, and ended at
+ * done == total == n. */
+void tu_assert_progress_done(const tu_progress *p, int64_t n);
 #endif
