@@ -1,16 +1,16 @@
 /* CPU convolutions through oneDNN (DESIGN.md: the arena owns every byte).
  *
- * Layouts are the framework's plain ones (src/dst nchw, weights oihw), so no reorders and
- * no hidden copies: oneDNN then picks its GEMM-based implementation (im2col / col2im into
- * the scratchpad, its JIT sgemm, or a direct GEMM for 1x1). The scratchpad mode is
- * `user`: oneDNN allocates nothing itself; the caller passes workspace taken from the arena
- * (VL_MEM_WORKSPACE) of exactly vl_conv_ws_cpu bytes, which the planner also calls, so
- * planned peak equals measured peak.
+ * The primitive is created with format `any`, so oneDNN picks its fastest layout (on AVX2
+ * its direct JIT kernels on 8-channel-blocked tensors, 1.5-3x faster here than its GEMM path
+ * on plain NCHW, reorders included); tensors stay NCHW / OIHW in the engine and are reordered
+ * into and out of that layout around the call, into buffers inside the workspace. The
+ * scratchpad mode is `user` for the convolution and the reorders: oneDNN allocates nothing
+ * itself; the caller passes workspace taken from the arena (VL_MEM_WORKSPACE) of exactly
+ * vl_conv_ws_cpu bytes, which the planner also calls, so planned peak equals measured peak.
  *
  * oneDNN here (2.6, AVX2) has no fp16 convolution, so fp16/bf16 operands are converted to
- * fp32 buffers inside the same workspace (counted), and results converted back; the fp32
- * path uses the tensors in place. Weight-gradient accumulation goes through an fp32
- * buffer too (oneDNN overwrites diff_weights).
+ * fp32 buffers inside the same workspace (counted), and results converted back. Weight-
+ * gradient accumulation goes through an fp32 buffer too (oneDNN overwrites diff_weights).
  *
  * Primitive descriptors and primitives are created once per (shape, direction) and cached
  * for the process (a ResNet-101 U-Net has a few dozen distinct shapes); backward ones take
@@ -31,12 +31,27 @@ typedef struct {
   int stride, pad, dil, dir;
 } conv_key;
 
+/* Operand slots of a direction: a and b are read, c is written.
+ *   fwd: a = x (src), b = w, c = y (dst)      bwd data: a = dy, b = w, c = dx
+ *   bwd weight: a = x, b = dy, c = dw */
+enum { SA = 0, SB = 1, SC = 2, NSLOT = 3 };
+static const int ARG[3][NSLOT] = {
+    {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+    {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+    {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS}};
+
 typedef struct {
   conv_key k;
   dnnl_primitive_desc_t pd;
   dnnl_primitive_t prim;   /* made on first execution */
   size_t scratch;          /* oneDNN scratchpad bytes */
-  char impl[48];
+  dnnl_memory_desc_t user[NSLOT], impl[NSLOT]; /* plain NCHW/OIHW, and oneDNN's choice */
+  bool reorder[NSLOT];     /* impl differs from user: reordered through a buffer */
+  size_t rbytes[NSLOT];    /* that buffer's bytes */
+  dnnl_primitive_desc_t rpd[NSLOT];
+  dnnl_primitive_t rprim[NSLOT]; /* made with prim */
+  size_t rscratch;         /* largest reorder scratchpad */
+  char impl_name[48];
 } conv_entry;
 
 static struct {
@@ -66,45 +81,81 @@ static void md4(dnnl_memory_desc_t *md, int64_t a, int64_t b, int64_t c, int64_t
   (void)dnnl_memory_desc_init_by_tag(md, 4, dims, dnnl_f32, tag);
 }
 
-/* Creates the primitive descriptor of e->k (the forward hint first for backward). Called
- * with g.mu held. */
+static dnnl_status_t user_attr(dnnl_primitive_attr_t *attr) {
+  dnnl_status_t s = dnnl_primitive_attr_create(attr);
+  if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
+  return s;
+}
+
+static size_t scratch_of(const_dnnl_primitive_desc_t pd) {
+  const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  return sp ? dnnl_memory_desc_get_size(sp) : 0;
+}
+
+/* The reorder between slot s's plain layout and oneDNN's (into it for a and b, out of it
+ * for c), when they differ. */
+static dnnl_status_t make_reorder(conv_entry *e, int s) {
+  e->reorder[s] = !dnnl_memory_desc_equal(&e->user[s], &e->impl[s]);
+  if (!e->reorder[s]) return dnnl_success;
+  e->rbytes[s] = dnnl_memory_desc_get_size(&e->impl[s]);
+  dnnl_primitive_attr_t attr;
+  dnnl_status_t st = user_attr(&attr);
+  if (st != dnnl_success) return st;
+  const dnnl_memory_desc_t *from = s == SC ? &e->impl[s] : &e->user[s];
+  const dnnl_memory_desc_t *to = s == SC ? &e->user[s] : &e->impl[s];
+  st = dnnl_reorder_primitive_desc_create(&e->rpd[s], from, g.eng, to, g.eng, attr);
+  dnnl_primitive_attr_destroy(attr);
+  if (st == dnnl_success && scratch_of(e->rpd[s]) > e->rscratch) e->rscratch = scratch_of(e->rpd[s]);
+  return st;
+}
+
+/* Creates the primitive descriptor of e->k (the forward hint first for backward) and its
+ * reorders. Called with g.mu held. */
 static dnnl_status_t make_pd(conv_entry *e, const conv_entry *fwd) {
   const conv_key *k = &e->k;
-  dnnl_memory_desc_t src, wei, dst;
-  md4(&src, k->N, k->C, k->H, k->W, dnnl_nchw);
-  md4(&wei, k->K, k->C, k->R, k->S, dnnl_oihw);
   int64_t P = (k->H + 2 * k->pad - k->dil * (k->R - 1) - 1) / k->stride + 1;
   int64_t Q = (k->W + 2 * k->pad - k->dil * (k->S - 1) - 1) / k->stride + 1;
-  md4(&dst, k->N, k->K, P, Q, dnnl_nchw);
+  dnnl_memory_desc_t x, w, y, xa, wa, ya;
+  md4(&x, k->N, k->C, k->H, k->W, dnnl_nchw);
+  md4(&w, k->K, k->C, k->R, k->S, dnnl_oihw);
+  md4(&y, k->N, k->K, P, Q, dnnl_nchw);
+  md4(&xa, k->N, k->C, k->H, k->W, dnnl_format_tag_any);
+  md4(&wa, k->K, k->C, k->R, k->S, dnnl_format_tag_any);
+  md4(&ya, k->N, k->K, P, Q, dnnl_format_tag_any);
   dnnl_dims_t strides = {k->stride, k->stride}, dil = {k->dil - 1, k->dil - 1},
               pad = {k->pad, k->pad};
   dnnl_convolution_desc_t d;
   dnnl_status_t s;
   if (k->dir == VL_CONV_FWD)
     s = dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_training,
-                                                   dnnl_convolution_direct, &src, &wei, NULL,
-                                                   &dst, strides, dil, pad, pad);
+                                                   dnnl_convolution_direct, &xa, &wa, NULL,
+                                                   &ya, strides, dil, pad, pad);
   else if (k->dir == VL_CONV_BWD_DATA)
-    s = dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &src,
-                                                         &wei, &dst, strides, dil, pad, pad);
+    s = dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &xa,
+                                                         &wa, &ya, strides, dil, pad, pad);
   else
-    s = dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &src,
-                                                            &wei, NULL, &dst, strides, dil,
+    s = dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &xa,
+                                                            &wa, NULL, &ya, strides, dil,
                                                             pad, pad);
   if (s != dnnl_success) return s;
   dnnl_primitive_attr_t attr;
-  if ((s = dnnl_primitive_attr_create(&attr)) != dnnl_success) return s;
-  s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-  if (s == dnnl_success)
-    s = dnnl_primitive_desc_create(&e->pd, &d, attr, g.eng, fwd ? fwd->pd : NULL);
+  if ((s = user_attr(&attr)) != dnnl_success) return s;
+  s = dnnl_primitive_desc_create(&e->pd, &d, attr, g.eng, fwd ? fwd->pd : NULL);
   dnnl_primitive_attr_destroy(attr);
   if (s != dnnl_success) return s;
-  const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
-  e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+  e->scratch = scratch_of(e->pd);
+  const dnnl_memory_desc_t *plain[3][NSLOT] = {{&x, &w, &y}, {&y, &w, &x}, {&x, &y, &w}};
+  for (int i = 0; i < NSLOT; i++) {
+    e->user[i] = *plain[k->dir][i];
+    const dnnl_memory_desc_t *m = dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, ARG[k->dir][i]);
+    if (!m) return dnnl_runtime_error;
+    e->impl[i] = *m;
+    if ((s = make_reorder(e, i)) != dnnl_success) return s;
+  }
   const char *impl = NULL;
   if (dnnl_primitive_desc_query(e->pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
       impl)
-    snprintf(e->impl, sizeof e->impl, "%s", impl);
+    snprintf(e->impl_name, sizeof e->impl_name, "%s", impl);
   return dnnl_success;
 }
 
@@ -162,9 +213,13 @@ static bool entry(const vl_conv *cv, vl_conv_dir dir, bool prim, conv_entry *out
   int i = entry_locked(cv, dir, why, whyn);
   bool ok = i >= 0;
   if (ok && prim && !g.e[i].prim) {
-    dnnl_status_t s = dnnl_primitive_create(&g.e[i].prim, g.e[i].pd);
+    conv_entry *e = &g.e[i];
+    dnnl_status_t s = dnnl_success;
+    for (int j = 0; s == dnnl_success && j < NSLOT; j++)
+      if (e->reorder[j] && !e->rprim[j]) s = dnnl_primitive_create(&e->rprim[j], e->rpd[j]);
+    if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, e->pd);
     if (s != dnnl_success) {
-      g.e[i].prim = NULL;
+      e->prim = NULL;
       snprintf(why, whyn, "dnnl_primitive_create: status %d", (int)s);
       ok = false;
     }
@@ -174,40 +229,55 @@ static bool entry(const vl_conv *cv, vl_conv_dir dir, bool prim, conv_entry *out
   return ok;
 }
 
-/* ---- workspace layout: [oneDNN scratchpad | fp32 buffers of the converted operands] ---- */
+/* ---- workspace layout ------------------------------------------------------------------
+ * [conv scratchpad | fp32 stand-ins f[a], f[b], f[c] | oneDNN-layout buffers l[a], l[b], l[c]
+ *  | reorder scratchpad]. An fp32 stand-in is 0 bytes when its operand is fp32 and used in
+ * place; a layout buffer is 0 bytes when oneDNN takes the plain layout. */
 
 typedef struct {
-  size_t scratch, a, b, c, total; /* a/b/c: fp32 stand-ins (see ws_layout) */
+  size_t scratch, f[NSLOT], l[NSLOT], rscratch, total;
 } ws_layout;
 
 static size_t f32b(int64_t a, int64_t b, int64_t c, int64_t d) {
   return (size_t)a * (size_t)b * (size_t)c * (size_t)d * sizeof(float);
 }
 
-/* fwd:  a = x, b = w, c = y    bwd data: a = dy, b = w, c = dx    bwd weight: a = x, b = dy,
- * c = dw. A buffer is 0 bytes when its operand is fp32 and used in place. */
-static ws_layout layout(const vl_conv *cv, vl_conv_dir dir, bool acc, size_t scratch) {
-  ws_layout L = {.scratch = up(scratch)};
+static ws_layout layout(const vl_conv *cv, vl_conv_dir dir, bool acc, const conv_entry *e) {
+  ws_layout L = {.scratch = up(e ? e->scratch : 0), .rscratch = up(e ? e->rscratch : 0)};
   bool xf = cv->xdt == VL_F32, wf = cv->wdt == VL_F32, gf = cv->gdt == VL_F32;
   size_t x = f32b(cv->N, cv->C, cv->H, cv->W), y = f32b(cv->N, cv->K, cv->P, cv->Q),
          w = f32b(cv->K, cv->C, cv->R, cv->S);
   if (dir == VL_CONV_FWD) {
-    L.a = xf ? 0 : up(x); L.b = wf ? 0 : up(w); L.c = xf ? 0 : up(y);
+    L.f[SA] = xf ? 0 : up(x); L.f[SB] = wf ? 0 : up(w); L.f[SC] = xf ? 0 : up(y);
   } else if (dir == VL_CONV_BWD_DATA) {
-    L.a = xf ? 0 : up(y); L.b = wf ? 0 : up(w); L.c = xf ? 0 : up(x);
+    L.f[SA] = xf ? 0 : up(y); L.f[SB] = wf ? 0 : up(w); L.f[SC] = xf ? 0 : up(x);
   } else {
-    L.a = xf ? 0 : up(x); L.b = xf ? 0 : up(y); L.c = (gf && !acc) ? 0 : up(w);
+    L.f[SA] = xf ? 0 : up(x); L.f[SB] = xf ? 0 : up(y); L.f[SC] = (gf && !acc) ? 0 : up(w);
   }
-  L.total = L.scratch + L.a + L.b + L.c;
+  L.total = L.scratch + L.rscratch;
+  for (int i = 0; i < NSLOT; i++) {
+    L.l[i] = e && e->reorder[i] ? up(e->rbytes[i]) : 0;
+    L.total += L.f[i] + L.l[i];
+  }
   return L;
+}
+
+static char *f_at(char *base, const ws_layout *L, int s) {
+  size_t off = L->scratch;
+  for (int i = 0; i < s; i++) off += L->f[i];
+  return base + off;
+}
+static char *l_at(char *base, const ws_layout *L, int s) {
+  size_t off = L->scratch + L->f[SA] + L->f[SB] + L->f[SC];
+  for (int i = 0; i < s; i++) off += L->l[i];
+  return base + off;
 }
 
 size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
   char why[256];
   conv_entry e;
   /* no primitive: the call itself reports why; plan what the buffers need */
-  return layout(cv, dir, accumulate, entry(cv, dir, false, &e, why, sizeof why) ? e.scratch : 0)
-      .total;
+  return layout(cv, dir, accumulate, entry(cv, dir, false, &e, why, sizeof why) ? &e : NULL).total;
 }
 
 size_t vl_cpu_conv_ws(const vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
@@ -236,123 +306,136 @@ static vl_status check(vl_ctx *c, const char *op, const vl_tensor *t, const char
   return VL_OK;
 }
 
-/* Runs the primitive of (cv, dir) with the three fp32 operands and the scratchpad. */
-static vl_status run(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, int arg_a, float *a,
-                     int arg_b, float *b, int arg_c, float *cc, void *scratch) {
+/* Memory objects over caller buffers for one execution (destroyed together). */
+typedef struct {
+  dnnl_memory_t m[16]; /* 3 reorders x 3 + the convolution's 4 */
+  int n;
+  dnnl_status_t st;
+} mems;
+
+static dnnl_memory_t mem(mems *M, const dnnl_memory_desc_t *md, void *ptr) {
+  if (M->st != dnnl_success) return NULL;
+  if (M->n == (int)(sizeof M->m / sizeof *M->m)) {
+    M->st = dnnl_out_of_memory;
+    return NULL;
+  }
+  dnnl_memory_t m = NULL;
+  M->st = dnnl_memory_create(&m, md, g.eng, ptr);
+  if (M->st == dnnl_success) M->m[M->n++] = m;
+  return m;
+}
+
+static dnnl_status_t exec(dnnl_primitive_t prim, int n, const int *ids, dnnl_memory_t *m) {
+  dnnl_exec_arg_t args[4];
+  for (int i = 0; i < n; i++) args[i] = (dnnl_exec_arg_t){ids[i], m[i]};
+  return dnnl_primitive_execute(prim, g.strm, n, args);
+}
+
+/* Slot s between its plain buffer and oneDNN's layout (in for a and b, out for c). */
+static dnnl_status_t reorder(const conv_entry *e, int s, mems *M, void *plain, void *lay, void *rs) {
+  int ids[3] = {DNNL_ARG_FROM, DNNL_ARG_TO, DNNL_ARG_SCRATCHPAD};
+  dnnl_memory_t m[3];
+  m[0] = s == SC ? mem(M, &e->impl[s], lay) : mem(M, &e->user[s], plain);
+  m[1] = s == SC ? mem(M, &e->user[s], plain) : mem(M, &e->impl[s], lay);
+  const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->rpd[s], dnnl_query_scratchpad_md, 0);
+  bool has_rs = sp && dnnl_memory_desc_get_size(sp) > 0;
+  if (has_rs) m[2] = mem(M, sp, rs);
+  if (M->st != dnnl_success) return M->st;
+  return exec(e->rprim[s], has_rs ? 3 : 2, ids, m);
+}
+
+/* Runs (cv, dir) on the three plain fp32 operands (plain[a], plain[b] read, plain[c]
+ * written), reordering through the workspace where oneDNN wants another layout. */
+static vl_status run(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, float *plain[NSLOT],
+                     char *base, const ws_layout *L) {
   char why[256];
   conv_entry ent, *e = &ent;
   if (!entry(cv, dir, true, e, why, sizeof why)) return vl_fail(c, VL_ERR_BACKEND, "conv: %s", why);
-  dnnl_status_t s;
-  int args_id[4] = {arg_a, arg_b, arg_c, DNNL_ARG_SCRATCHPAD};
-  void *ptr[4] = {a, b, cc, scratch};
-  dnnl_exec_arg_t args[4];
-  dnnl_memory_t mem[4] = {0};
-  int n = e->scratch ? 4 : 3;
-  for (int i = 0; i < n; i++) {
-    const dnnl_memory_desc_t *md =
-        dnnl_primitive_desc_query_md(e->pd, dnnl_query_exec_arg_md, args_id[i]);
-    if (!md || (s = dnnl_memory_create(&mem[i], md, g.eng, ptr[i])) != dnnl_success) {
-      for (int j = 0; j < i; j++) dnnl_memory_destroy(mem[j]);
-      return vl_fail(c, VL_ERR_BACKEND, "conv: oneDNN memory for argument %d: %d", args_id[i], (int)s);
+  mems M = {.st = dnnl_success};
+  void *rs = base + L->total - L->rscratch;
+  dnnl_status_t s = dnnl_success;
+  void *use[NSLOT];
+  for (int i = 0; i < NSLOT; i++) use[i] = e->reorder[i] ? (void *)l_at(base, L, i) : (void *)plain[i];
+  for (int i = SA; s == dnnl_success && i <= SB; i++)
+    if (e->reorder[i]) s = reorder(e, i, &M, plain[i], use[i], rs);
+  if (s == dnnl_success) {
+    int ids[4] = {ARG[dir][SA], ARG[dir][SB], ARG[dir][SC], DNNL_ARG_SCRATCHPAD};
+    dnnl_memory_t m[4];
+    for (int i = 0; i < NSLOT; i++) m[i] = mem(&M, &e->impl[i], use[i]);
+    if (e->scratch) {
+      const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+      m[3] = sp ? mem(&M, sp, base) : NULL;
     }
-    args[i].arg = args_id[i];
-    args[i].memory = mem[i];
+    s = M.st != dnnl_success ? M.st : exec(e->prim, e->scratch ? 4 : 3, ids, m);
   }
-  s = dnnl_primitive_execute(e->prim, g.strm, n, args);
+  if (s == dnnl_success && e->reorder[SC]) s = reorder(e, SC, &M, plain[SC], use[SC], rs);
   if (s == dnnl_success) s = dnnl_stream_wait(g.strm);
-  for (int i = 0; i < n; i++) dnnl_memory_destroy(mem[i]);
-  if (s != dnnl_success) return vl_fail(c, VL_ERR_BACKEND, "conv: dnnl_primitive_execute: %d", (int)s);
+  for (int i = 0; i < M.n; i++) dnnl_memory_destroy(M.m[i]);
+  if (s != dnnl_success) return vl_fail(c, VL_ERR_BACKEND, "conv: oneDNN status %d", (int)s);
   return VL_OK;
 }
 
-/* Workspace pieces, or the operand itself when it is fp32 (no buffer). */
+/* The workspace layout for this call, checked against what the caller passed. */
 static vl_status carve(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv_dir dir, bool acc,
-                       void *ws, size_t ws_bytes, ws_layout *L, char **base) {
+                       void *ws, size_t ws_bytes, ws_layout *L) {
   char why[256];
   conv_entry e;
   if (!entry(cv, dir, false, &e, why, sizeof why))
     return vl_fail(c, VL_ERR_BACKEND, "%s: %s", op, why);
-  *L = layout(cv, dir, acc, e.scratch);
+  *L = layout(cv, dir, acc, &e);
   if (ws_bytes < L->total || (L->total && !ws))
     return vl_fail(c, VL_ERR_INVALID, "%s: workspace of %zu bytes, needs %zu (conv_ws_bytes)",
                    op, ws_bytes, L->total);
-  *base = ws;
+  return VL_OK;
+}
+
+/* One direction: operands in slot order (a, b read; c written, or added to with acc), each
+ * reached through an fp32 stand-in when it is not fp32 (or, for c, when accumulating). */
+static vl_status conv_call(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv_dir dir,
+                           bool acc, const vl_tensor *t[NSLOT], const char *const name[NSLOT],
+                           void *ws, size_t ws_bytes) {
+  int64_t nx = cv->N * cv->C * cv->H * cv->W, ny = cv->N * cv->K * cv->P * cv->Q,
+          nw = cv->K * cv->C * cv->R * cv->S;
+  const int64_t nn[3][NSLOT] = {{nx, nw, ny}, {ny, nw, nx}, {nx, ny, nw}};
+  const int64_t *n = nn[dir];
+  vl_status r;
+  for (int i = 0; i < NSLOT; i++)
+    if ((r = check(c, op, t[i], name[i], n[i]))) return r;
+  ws_layout L;
+  if ((r = carve(c, op, cv, dir, acc, ws, ws_bytes, &L))) return r;
+  float *plain[NSLOT];
+  for (int i = 0; i < NSLOT; i++) {
+    plain[i] = L.f[i] ? (float *)f_at(ws, &L, i) : (float *)t[i]->data;
+    if (L.f[i] && i != SC) to_f32(plain[i], t[i]->data, t[i]->dtype, n[i]);
+  }
+  if ((r = run(c, cv, dir, plain, ws, &L))) return r;
+  if (L.f[SC]) from_f32(t[SC]->data, t[SC]->dtype, plain[SC], n[SC], acc);
   return VL_OK;
 }
 
 vl_status vl_cpu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
                           const vl_tensor *w, void *ws, size_t ws_bytes) {
-  const char *op = "conv_fwd";
-  int64_t nx = cv->N * cv->C * cv->H * cv->W, ny = cv->N * cv->K * cv->P * cv->Q,
-          nw = cv->K * cv->C * cv->R * cv->S;
-  vl_status r;
-  if ((r = check(c, op, x, "x", nx)) || (r = check(c, op, w, "w", nw)) ||
-      (r = check(c, op, y, "y", ny)))
-    return r;
-  ws_layout L;
-  char *b;
-  if ((r = carve(c, op, cv, VL_CONV_FWD, false, ws, ws_bytes, &L, &b))) return r;
-  float *xa = L.a ? (float *)(b + L.scratch) : (float *)x->data;
-  float *wb = L.b ? (float *)(b + L.scratch + L.a) : (float *)w->data;
-  float *yc = L.c ? (float *)(b + L.scratch + L.a + L.b) : (float *)y->data;
-  if (L.a) to_f32(xa, x->data, x->dtype, nx);
-  if (L.b) to_f32(wb, w->data, w->dtype, nw);
-  if ((r = run(c, cv, VL_CONV_FWD, DNNL_ARG_SRC, xa, DNNL_ARG_WEIGHTS, wb, DNNL_ARG_DST, yc, b)))
-    return r;
-  if (L.c) from_f32(y->data, y->dtype, yc, ny, false);
-  return VL_OK;
+  const vl_tensor *t[NSLOT] = {x, w, y};
+  const char *const nm[NSLOT] = {"x", "w", "y"};
+  return conv_call(c, "conv_fwd", cv, VL_CONV_FWD, false, t, nm, ws, ws_bytes);
 }
 
 vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const vl_conv *cv, vl_tensor *dx, const vl_tensor *dy,
                                const vl_tensor *w, void *ws, size_t ws_bytes) {
-  const char *op = "conv_bwd_data";
-  int64_t nx = cv->N * cv->C * cv->H * cv->W, ny = cv->N * cv->K * cv->P * cv->Q,
-          nw = cv->K * cv->C * cv->R * cv->S;
-  vl_status r;
-  if ((r = check(c, op, dy, "dy", ny)) || (r = check(c, op, w, "w", nw)) ||
-      (r = check(c, op, dx, "dx", nx)))
-    return r;
-  ws_layout L;
-  char *b;
-  if ((r = carve(c, op, cv, VL_CONV_BWD_DATA, false, ws, ws_bytes, &L, &b))) return r;
-  float *dya = L.a ? (float *)(b + L.scratch) : (float *)dy->data;
-  float *wb = L.b ? (float *)(b + L.scratch + L.a) : (float *)w->data;
-  float *dxc = L.c ? (float *)(b + L.scratch + L.a + L.b) : (float *)dx->data;
-  if (L.a) to_f32(dya, dy->data, dy->dtype, ny);
-  if (L.b) to_f32(wb, w->data, w->dtype, nw);
-  if ((r = run(c, cv, VL_CONV_BWD_DATA, DNNL_ARG_DIFF_DST, dya, DNNL_ARG_WEIGHTS, wb,
-               DNNL_ARG_DIFF_SRC, dxc, b)))
-    return r;
-  if (L.c) from_f32(dx->data, dx->dtype, dxc, nx, false);
-  return VL_OK;
+  const vl_tensor *t[NSLOT] = {dy, w, dx};
+  const char *const nm[NSLOT] = {"dy", "w", "dx"};
+  return conv_call(c, "conv_bwd_data", cv, VL_CONV_BWD_DATA, false, t, nm, ws, ws_bytes);
 }
 
 vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const vl_conv *cv, vl_tensor *dw, const vl_tensor *x,
                                  const vl_tensor *dy, bool accumulate, void *ws, size_t ws_bytes) {
-  const char *op = "conv_bwd_weight";
-  int64_t nx = cv->N * cv->C * cv->H * cv->W, ny = cv->N * cv->K * cv->P * cv->Q,
-          nw = cv->K * cv->C * cv->R * cv->S;
-  vl_status r;
-  if ((r = check(c, op, x, "x", nx)) || (r = check(c, op, dy, "dy", ny)) ||
-      (r = check(c, op, dw, "dw", nw)))
-    return r;
-  ws_layout L;
-  char *b;
-  if ((r = carve(c, op, cv, VL_CONV_BWD_WEIGHT, accumulate, ws, ws_bytes, &L, &b))) return r;
-  float *xa = L.a ? (float *)(b + L.scratch) : (float *)x->data;
-  float *dyb = L.b ? (float *)(b + L.scratch + L.a) : (float *)dy->data;
-  float *dwc = L.c ? (float *)(b + L.scratch + L.a + L.b) : (float *)dw->data;
-  if (L.a) to_f32(xa, x->data, x->dtype, nx);
-  if (L.b) to_f32(dyb, dy->data, dy->dtype, ny);
-  if ((r = run(c, cv, VL_CONV_BWD_WEIGHT, DNNL_ARG_SRC, xa, DNNL_ARG_DIFF_DST, dyb,
-               DNNL_ARG_DIFF_WEIGHTS, dwc, b)))
-    return r;
-  if (L.c) from_f32(dw->data, dw->dtype, dwc, nw, accumulate);
-  return VL_OK;
+  const vl_tensor *t[NSLOT] = {x, dy, dw};
+  const char *const nm[NSLOT] = {"x", "dy", "dw"};
+  return conv_call(c, "conv_bwd_weight", cv, VL_CONV_BWD_WEIGHT, accumulate, t, nm, ws, ws_bytes);
 }
 
 const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir) {
   char why[256];
   static _Thread_local conv_entry e;
-  return entry(cv, dir, false, &e, why, sizeof why) ? e.impl : "none";
+  return entry(cv, dir, false, &e, why, sizeof why) ? e.impl_name : "none";
 }

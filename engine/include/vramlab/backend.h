@@ -222,8 +222,8 @@ bool vl_cuda_available(void);
 size_t vl_gemm_ws_cpu(const vl_gemm *g);
 size_t vl_gemm_ws_cuda(const vl_gemm *g);
 #define VL_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
-/* Conv workspace rules: CPU asks oneDNN for the primitive's scratchpad (plus conversion
- * buffers); CUDA is the fixed cuDNN budget rule of cuda_host.c (the backend picks the
+/* Conv workspace rules: CPU asks oneDNN for the primitive's scratchpad, plus the buffers of
+ * the reorders into its preferred layout and of fp16/bf16 -> fp32 conversions; CUDA is the fixed cuDNN budget rule of cuda_host.c (the backend picks the
  * fastest algorithm that fits in it). */
 size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
 size_t vl_conv_ws_cuda(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
