@@ -501,6 +501,89 @@ static int seg_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   return rc;
 }
 
+/* ---- checkpointing's time cost, interleaved ------------------------------------------------
+ * The ladder's rungs run one after another, so a noisy neighbour on a shared machine can move
+ * one rung's median by tens of percent. The cost of checkpointing (and of in-place ReLU off)
+ * is therefore also measured here with the three models side by side, one step of each in
+ * turn on the same batch, so each round sees the same machine. */
+
+static int knobs_of(const cJSON *rung, vl_knobs *k) {
+  memset(k, 0, sizeof *k);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(rung, "knobs"))
+    if (cJSON_IsString(it) && vl_knob_set(k, it->string, it->valuestring)) return -1;
+  return 0;
+}
+
+static double median3(double *t, int n) { /* n small: insertion sort */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && t[j - 1] > t[j]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static int seg_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) {
+  static const char *const names[3] = {"before", "ckpt", "relu_off"};
+  enum { ROUNDS = 9, WARM = 2 };
+  cJSON *rung[3] = {0}, *r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs"))
+    for (int i = 0; i < 3; i++)
+      if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), names[i])) rung[i] = r;
+  if (!rung[0] || !rung[1] || !rung[2]) return 0; /* a ladder without them: nothing to compare */
+  rung_cfg cfg[3];
+  for (int i = 0; i < 3; i++) {
+    vl_knobs k;
+    if (knobs_of(rung[i], &k) || parse_rung(env, env->scale, &k, &cfg[i], err, errn)) return -1;
+    if (cfg[i].batch == 0) return 0;
+  }
+  vl_ctx *c;
+  if (vl_ctx_create(&c, env->device, VL_NO_CAP) != VL_OK) return FAIL("interleaved timing: no %s context", vl_device_name(env->device));
+  vl_resunet *m[3] = {0};
+  int64_t B = cfg[0].batch, HW = cfg[0].mc.image * cfg[0].mc.image;
+  float *x = malloc((size_t)(B * 3 * HW) * sizeof *x);
+  int32_t *y = malloc((size_t)(B * HW) * sizeof *y);
+  vl_status s = x && y ? VL_OK : VL_ERR_OOM;
+  for (int i = 0; s == VL_OK && i < 3; i++) s = vl_resunet_create(c, &cfg[i].mc, &cfg[i].tc, (uint64_t)cfg[i].seed, &m[i]);
+  vl_rng g;
+  vl_rng_seed(&g, (uint64_t)cfg[0].seed + 77);
+  for (int64_t i = 0; s == VL_OK && i < B * 3 * HW; i++) x[i] = vl_rng_normal(&g);
+  for (int64_t i = 0; s == VL_OK && i < B * HW; i++) y[i] = (int32_t)vl_rng_below(&g, (uint64_t)cfg[0].mc.classes);
+  double t[3][ROUNDS];
+  vl_seg_batch mb = {B, x, y};
+  if (!env->quiet) vl_progress("interleaved step timing: before / ckpt / relu_off, %d rounds", ROUNDS);
+  for (int round = 0; s == VL_OK && round < WARM + ROUNDS; round++)
+    for (int i = 0; s == VL_OK && i < 3; i++) {
+      if (vl_interrupted) { s = VL_ERR_INTERRUPTED; break; }
+      vl_seg_step_info info;
+      double dt = 0;
+      s = c->be->timer_start(c);
+      if (s == VL_OK) s = vl_resunet_step(m[i], &mb, 1, &info);
+      if (s == VL_OK) s = c->be->timer_stop(c, &dt);
+      if (round >= WARM) t[i][round - WARM] = dt;
+    }
+  int rc = 0;
+  if (s != VL_OK) {
+    rc = FAIL("interleaved timing: %s (%s)", vl_status_name(s), c->err);
+  } else {
+    cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
+    if (!cm) cm = cJSON_AddObjectToObject(res, "case_metrics");
+    cJSON *o = cJSON_AddObjectToObject(cm, "interleaved_steps");
+    cJSON_AddNumberToObject(o, "rounds", ROUNDS);
+    cJSON_AddNumberToObject(o, "batch", (double)B);
+    for (int i = 0; i < 3; i++) {
+      cJSON_AddItemToObject(o, names[i], cJSON_CreateDoubleArray(t[i], ROUNDS));
+      double med = median3(t[i], ROUNDS);
+      /* on the rung, so claims and the report read it like any run metric */
+      cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(rung[i], "runs"), 0);
+      if (r0) cJSON_AddNumberToObject(r0, "interleaved_step_seconds", med);
+    }
+  }
+  for (int i = 2; i >= 0; i--) vl_resunet_destroy(m[i]);
+  vl_ctx_destroy(c);
+  free(x);
+  free(y);
+  return rc;
+}
+
 const vl_case vl_case_seg_ckpt = {
     .id = "seg-ckpt",
     .summary = "ResNet-101 U-Net segmentation, 512x512 batch 8 on 24 GB: checkpointing -> ReLU in-place off -> accumulation 4 -> AMP -> loader -> largest batch",
@@ -508,6 +591,7 @@ const vl_case vl_case_seg_ckpt = {
     .scales = scales,
     .plan = seg_plan,
     .run = seg_run,
+    .extra = seg_extra,
     .method = "Memory, FLOPs, fit, largest batch and the memory-vs-batch line are **planned at full "
               "scale** (512x512 images, torchvision-exact ResNet-101 encoder, U-Net decoder) by the "
               "plan backend, which runs a training step's exact allocation sequence through the "

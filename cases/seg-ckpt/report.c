@@ -156,11 +156,17 @@ static void measured_ladder(cJSON *res, FILE *md, const char *scale) {
             cJSON_GetObjectItem(r0, "planned_peak_bytes") ? (match ? "yes" : "**no**") : "—",
             sg > 0 ? 100 * vl_rep_run_metric(r, "flops_per_s") / sg : NAN);
   }
-  cJSON *b = rung_named(res, "before"), *ck = rung_named(res, "ckpt");
-  double tb = vl_rep_run_metric(b, "step_seconds"), tc = vl_rep_run_metric(ck, "step_seconds");
-  fprintf(md, "\nCheckpointing's time overhead (ckpt vs before, same run): %+.1f%% step time; planned "
-              "recompute %.0f%% of model FLOPs.\n",
-          100 * (tc / tb - 1), 100 * vl_rep_num(plan_of(ck), "recompute_share"));
+  cJSON *b = rung_named(res, "before"), *ck = rung_named(res, "ckpt"), *ro = rung_named(res, "relu_off");
+  double tb = vl_rep_run_metric(b, "interleaved_step_seconds"),
+         tc = vl_rep_run_metric(ck, "interleaved_step_seconds"),
+         tr = vl_rep_run_metric(ro, "interleaved_step_seconds");
+  fprintf(md, "\nCheckpointing's time overhead, the models stepping in turn on one batch (median of "
+              "%g rounds): before %.3f s, ckpt %.3f s (%+.1f%%), ckpt + in-place ReLU off %.3f s "
+              "(%+.1f%% vs ckpt); planned recompute %.0f%% of model FLOPs. The ladder table's "
+              "medians come from rungs run one after another and carry this machine's drift.\n",
+          vl_rep_num(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "interleaved_steps"), "rounds"),
+          tb, tc, 100 * (tc / tb - 1), tr, 100 * (tr / tc - 1),
+          100 * vl_rep_num(plan_of(ck), "recompute_share"));
   fprintf(md, "\nsgemm reference of this run: %.1f GFLOP/s (1024³, best of 5, the higher of the "
               "measurements before and after the ladder). Model FLOPs exclude recomputation (MLPerf "
               "rule). Data wait = share of the timed steps' wall time spent in the loader's `next`; "
