@@ -301,6 +301,19 @@ static void test_plan_equals_measured(void **state) {
   freebatch(&b[1]);
 }
 
+/* One planned step of batch B (CPU workspace rules): arena stats before and after it. */
+static void plan_step_stats(const vl_seg_train_cfg *tc, int64_t B, vl_mem_stats *before,
+                            vl_mem_stats *after) {
+  vl_ctx *p;
+  vl_resunet *pm = make(&p, tc, VL_NO_CAP, VL_DEV_PLAN);
+  vl_arena_stats(p->arena, before);
+  vl_seg_batch pb = {B, NULL, NULL};
+  vl_seg_step_info info;
+  OK(vl_resunet_step(pm, &pb, 1, &info));
+  vl_arena_stats(p->arena, after);
+  drop(p, pm);
+}
+
 /* Memory facts the case relies on: checkpointing lowers the activation peak; in-place
  * ReLU really saves its output buffer: without it every ReLU allocates one more tensor (77
  * unit ReLUs + 33 block-output ReLUs of the tiny network's forward) and the bytes the arena
@@ -314,19 +327,11 @@ static void test_memory_effects(void **state) {
     vl_seg_train_cfg_default(&tc);
     tc.checkpoint = k == 1;
     tc.relu_inplace = k < 2;
-    vl_ctx *p;
-    vl_resunet *pm = make(&p, &tc, VL_NO_CAP, VL_DEV_PLAN);
-    vl_mem_stats s0;
-    vl_arena_stats(p->arena, &s0);
-    vl_seg_batch pb = {8, NULL, NULL};
-    vl_seg_step_info info;
-    OK(vl_resunet_step(pm, &pb, 1, &info));
-    vl_mem_stats sp;
-    vl_arena_stats(p->arena, &sp);
+    vl_mem_stats s0, sp;
+    plan_step_stats(&tc, 8, &s0, &sp);
     acts[k] = sp.peak[VL_MEM_ACTS];
     peak[k] = sp.peak_total;
     nalloc[k] = sp.n_alloc - s0.n_alloc;
-    drop(p, pm);
   }
   assert_true(acts[1] < acts[0] * 3 / 4);
   assert_true(peak[1] < peak[0]);
@@ -343,16 +348,9 @@ static void test_oom(void **state) {
   (void)state;
   vl_seg_train_cfg tc;
   vl_seg_train_cfg_default(&tc);
-  vl_ctx *p;
-  vl_resunet *pm = make(&p, &tc, VL_NO_CAP, VL_DEV_PLAN);
-  vl_mem_stats s0;
-  vl_arena_stats(p->arena, &s0);
-  vl_seg_batch pb = {2, NULL, NULL};
+  vl_mem_stats s0, s1;
+  plan_step_stats(&tc, 2, &s0, &s1);
   vl_seg_step_info info;
-  OK(vl_resunet_step(pm, &pb, 1, &info));
-  vl_mem_stats s1;
-  vl_arena_stats(p->arena, &s1);
-  drop(p, pm);
   /* a cap between the model state and the step's peak */
   size_t cap = (s0.cur_total + s1.peak_total) / 2;
   vl_ctx *c;
