@@ -6,7 +6,7 @@ DEVICE ?= auto
 JOBS ?= $(shell nproc)
 ARGS ?=
 
-.PHONY: all build deps test bench plan report gpu-check clean
+.PHONY: all build deps test bench plan report gpu-check fuzz clean
 
 all: build
 
@@ -35,5 +35,12 @@ gpu-check: build
 	@if [ -x ./$(BUILD)/vramlab-gpu-check ]; then ./$(BUILD)/vramlab-gpu-check; \
 	 else echo "gpu-check: skipped: this build has no CUDA backend (nvcc not found)"; fi
 
+# libFuzzer targets (clang, ASan + UBSan) over every parser of outside bytes, FUZZ_TIME
+# seconds each (tools/fuzz/run.sh; FUZZ=name for one target)
+FUZZ_TIME ?= 60
+FUZZ ?=
+fuzz:
+	./tools/fuzz/run.sh --time $(FUZZ_TIME) $(FUZZ)
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-fuzz
