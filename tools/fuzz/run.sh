@@ -33,31 +33,32 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 ./tools/deps.sh
-if [ ! -f build-fuzz/CMakeCache.txt ]; then
-  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DVRAMLAB_FUZZ=ON -DVRAMLAB_CUDA=OFF \
+B="${FUZZ_BUILD:-build-fuzz}"   # separate build folders let several people fuzz at once
+if [ ! -f "$B/CMakeCache.txt" ]; then
+  cmake -S . -B "$B" -DCMAKE_C_COMPILER=clang -DVRAMLAB_FUZZ=ON -DVRAMLAB_CUDA=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
 if [ ${#targets[@]} -eq 0 ]; then
   for f in tools/fuzz/fuzz_*.c; do targets+=("$(basename "$f" .c)"); done
 fi
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]}"
+cmake --build "$B" -j "$(nproc)" --target "${targets[@]}"
 fail=0
 for t in "${targets[@]}"; do
-  mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t" tools/fuzz/corpus/"$t"
-  log="build-fuzz/$t.log"
+  mkdir -p "$B/corpus/$t" "$B/crashes/$t" tools/fuzz/corpus/"$t"
+  log="$B/$t.log"
   echo "fuzz: $t ${limit[*]}" >&2
   # the targets write only below $TMPDIR (their own folder, removed here)
   tmp=$(mktemp -d)
   if TMPDIR="$tmp" ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-     "./build-fuzz/$t" "${limit[@]}" -rss_limit_mb=4096 -timeout=20 -print_final_stats=1 \
-       -artifact_prefix="build-fuzz/crashes/$t/" "build-fuzz/corpus/$t" "tools/fuzz/corpus/$t" \
+     "./$B/$t" "${limit[@]}" -rss_limit_mb=4096 -timeout=20 -print_final_stats=1 \
+       -artifact_prefix="$B/crashes/$t/" "$B/corpus/$t" "tools/fuzz/corpus/$t" \
        >"$log" 2>&1; then
     runs=$(grep -m1 'stat::number_of_executed_units' "$log" | awk '{print $2}')
     cov=$(grep -E '^#[0-9]+.*(DONE|cov:)' "$log" | tail -1 | grep -o 'cov: [0-9]*' || true)
     echo "fuzz: $t ok: ${runs:-?} executions, ${cov:-cov: ?} edges" >&2
   else
-    echo "fuzz: $t FAILED (log: $log, reproducer in build-fuzz/crashes/$t/)" >&2
+    echo "fuzz: $t FAILED (log: $log, reproducer in $B/crashes/$t/)" >&2
     tail -40 "$log" >&2
     fail=1
   fi
