@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Rewrite the golden plan snapshots (tests/golden/<case>.json: `vramlab plan CASE --json` at
+# full scale, every rung). Do it only on purpose: test_golden compares plans with them
+# exactly, so a change of a planned byte or FLOP shows up as a failing test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-build/vramlab}
+for c in $("$bin" list | awk '/^[a-z]/ && !/^devices:/ {print $1}'); do
+  "$bin" plan "$c" --json > "tests/golden/$c.json.tmp"
+  mv "tests/golden/$c.json.tmp" "tests/golden/$c.json"
+  echo "tests/golden/$c.json"
+done
