@@ -6,7 +6,7 @@ DEVICE ?= auto
 JOBS ?= $(shell nproc)
 ARGS ?=
 
-.PHONY: all build deps test bench plan report gpu-check fuzz clean
+.PHONY: all build deps test asan bench plan report gpu-check fuzz clean
 
 all: build
 
@@ -21,6 +21,13 @@ build: deps $(BUILD)/CMakeCache.txt
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
+
+# every test under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build, Debug), leaks too
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+asan: deps
+	cmake -S . -B build-asan -DVRAMLAB_CUDA=OFF -DVRAMLAB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && $(ASAN_ENV) ctest --output-on-failure -j 1
 
 bench: build
 	./$(BUILD)/vramlab bench $(CASE) --device $(DEVICE) $(if $(SCALE),--scale $(SCALE)) $(ARGS)
@@ -43,4 +50,4 @@ fuzz:
 	./tools/fuzz/run.sh --time $(FUZZ_TIME) $(FUZZ)
 
 clean:
-	rm -rf $(BUILD) build-fuzz
+	rm -rf $(BUILD) build-asan build-fuzz

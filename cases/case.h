@@ -22,6 +22,13 @@ typedef struct vl_case {
   const char *summary;
   const char *const *knobs;   /* every knob a rung may set, NULL-terminated */
   const char *const *scales;  /* valid scales, NULL-terminated */
+  /* Every metric its plan, run and extra write (numbers a claim can judge), NULL-terminated:
+   * a claim naming anything else is refused when the claims file is loaded. */
+  const char *const *metrics;
+  /* Optional: parse the setting and every knob of a rung (run-only ones included) at
+   * env->scale without planning or running anything, so a bad value is refused before the
+   * first rung runs. 0, or -1 with a message naming the knob. */
+  int (*check)(const vl_case_env *env, const vl_knobs *knobs, char *err, size_t errn);
   /* Plan the rung at `scale` (memory, FLOPs, fits, max batch, OOM rate) into out. */
   int (*plan)(const vl_case_env *env, const char *scale, const vl_knobs *knobs, cJSON *out,
               char *err, size_t errn);
@@ -47,6 +54,9 @@ int vl_knob_int(const vl_knobs *k, const char *key, long def, long lo, long hi, 
 int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, double hi, double *out, char *err, size_t errn);
 int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *err, size_t errn);
 int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn);
+/* Comma-separated integers in [lo, hi] ("0,1,2,4"), at most max of them, into out[0 .. *n). */
+int vl_knob_int_list(const vl_knobs *k, const char *key, const char *def, long lo, long hi, long *out, int max,
+                     int *n, char *err, size_t errn);
 
 /* Shared pieces of the cases (cases/registry.c). */
 /* A JSON object {category: bytes} of the arena's categories. */

@@ -1,12 +1,21 @@
 /* The case registry and knob parsing shared by all cases. */
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "case.h"
+#include "parse.h"
 #include "vramlab/nn.h"
+
+/* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
+ * trip it); in this file every path, name and value copy is length-checked, so a copy that
+ * could be cut is an error here. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic error "-Wformat-truncation"
+#endif
 
 static const vl_case *const all_cases[] = {&vl_case_llm_lora, &vl_case_seg_ckpt, &vl_case_dataloader};
 
@@ -43,27 +52,41 @@ int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, c
 int vl_knob_int(const vl_knobs *k, const char *key, long def, long lo, long hi, long *out, char *err, size_t errn) {
   const char *v = vl_knob_get(k, key);
   if (!v) { *out = def; return 0; }
-  char *end;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) {
+  int64_t x;
+  if (vl_parse_i64(v, lo, hi, &x) != VL_PARSE_OK) {
     snprintf(err, errn, "%s = '%s': expected an integer in [%ld, %ld]", key, v, lo, hi);
     return -1;
   }
-  *out = x;
+  *out = (long)x;
   return 0;
 }
 
 int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, double hi, double *out, char *err, size_t errn) {
   const char *v = vl_knob_get(k, key);
   if (!v) { *out = def; return 0; }
-  char *end;
-  double x = strtod(v, &end);
-  if (end == v || *end || !(x >= lo && x <= hi)) {
+  double x;
+  if (vl_parse_f64(v, lo, hi, &x) != VL_PARSE_OK) {
     snprintf(err, errn, "%s = '%s': expected a number in [%g, %g]", key, v, lo, hi);
     return -1;
   }
   *out = x;
+  return 0;
+}
+
+int vl_knob_int_list(const vl_knobs *k, const char *key, const char *def, long lo, long hi, long *out, int max,
+                     int *n, char *err, size_t errn) {
+  const char *v = vl_knob_get(k, key);
+  if (!v) v = def;
+  int64_t x[64];
+  int m = 0;
+  vl_parse_status st = max > 64 ? VL_PARSE_TOO_MANY : vl_parse_i64_list(v, lo, hi, x, max, &m);
+  if (st != VL_PARSE_OK) {
+    snprintf(err, errn, "%s = '%s' %s: expected up to %d comma-separated integers in [%ld, %ld], no spaces", key, v,
+             vl_parse_why(st), max, lo, hi);
+    return -1;
+  }
+  for (int i = 0; i < m; i++) out[i] = (long)x[i];
+  *n = m;
   return 0;
 }
 
@@ -79,7 +102,22 @@ int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *er
 int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn) {
   const char *v = vl_knob_get(k, key);
   if (!v) v = def;
-  if (vl_parse_bytes(v, out) || *out == 0) {
+  /* vl_parse_bytes reads the number with strtod, which also takes " 24GiB", "0x18GiB" and
+   * "infGB": the number part must be a plain decimal first (the unit may follow a space) */
+  size_t n = strspn(v, "0123456789.eE+-");
+  while (n > 0 && (v[n - 1] == 'e' || v[n - 1] == 'E')) n--; /* "24E" is no exponent */
+  char num[64];
+  double x;
+  bool plain = n > 0 && n < sizeof num;
+  if (plain) {
+    memcpy(num, v, n);
+    num[n] = 0;
+    plain = vl_parse_f64(num, 0, DBL_MAX, &x) == VL_PARSE_OK;
+  }
+  const char *u = v + n; /* then spaces and a unit of letters only ("0x18GiB" is not 0 x 18GiB) */
+  while (*u == ' ') u++;
+  for (; plain && *u; u++) plain = (*u >= 'a' && *u <= 'z') || (*u >= 'A' && *u <= 'Z');
+  if (!plain || vl_parse_bytes(v, out) || *out == 0) {
     snprintf(err, errn, "%s = '%s': expected a size like 24GiB or 22.08GB", key, v);
     return -1;
   }
@@ -102,7 +140,7 @@ double vl_bench_sgemm(int n, int reps) {
       vl_gemm g = {.M = n, .N = n, .K = n, .alpha = 1, .beta = 0, .A = &a, .lda = n, .B = &b,
                    .ldb = n, .C = &d, .ldc = n, .batch = 1};
       double t0 = vl_now();
-      vl_op_gemm(c, &g);
+      vl_gemm_run(c, &g);
       double dt = vl_now() - t0;
       double f = 2.0 * n * (double)n * n / dt;
       if (i > 0 && f > best) best = f; /* first call warms up threads and pages */

@@ -266,7 +266,9 @@ static int prepare(void *set, const char *dir, int64_t lines, size_t len) {
   return 0;
 }
 
-int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn) {
+/* dir's manifest (text NULL) or the len bytes at text, parsed as dir's. */
+static int open_from(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
+                     size_t errn) {
   *out = NULL;
   parse_state ps = {.n = -1, .classes = -1, .quality = -1, .maxlabel = -1};
   unsigned long long seed = 0;
@@ -280,7 +282,7 @@ int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn) {
       .keys = keys, .seed = &seed, .n = &ps.n, .nfields = 5,
       .fields = "file, label, width, height, bytes", .noun = "image", .prepare = prepare,
       .line = parse_line, .set = &ps};
-  if (vl_synth_manifest_load(dir, &m, err, errn) != 0) {
+  if (vl_synth_manifest_load(dir, &m, text, len, err, errn) != 0) {
     vl_jpegset_close(ps.s);
     return -1;
   }
@@ -294,6 +296,48 @@ int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn) {
   return 0;
 }
 
+int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn) {
+  return open_from(out, dir, NULL, 0, err, errn);
+}
+
+int vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
+                     size_t errn) {
+  if (!text) {
+    *out = NULL;
+    setf(err, errn, "jpegset: no manifest text");
+    return -1;
+  }
+  return open_from(out, dir, text, len, err, errn);
+}
+
+int vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg,
+                         char *err, size_t errn) {
+  *out = NULL;
+  char gen[700], e2[700];
+  snprintf(gen, sizeof gen, "vramlab data gen --out %s --n %lld --seed %llu --quality %d", dir,
+           (long long)cfg->n, (unsigned long long)cfg->seed, cfg->quality);
+  int u = vl_synth_first_use(dir, VL_JPEGSET_MANIFEST, gen, err, errn);
+  if (u != 0) return u;
+  if (vl_jpegset_open(out, dir, e2, sizeof e2) != 0) {
+    setf(err, errn, "%s. The image set in %s is damaged and is left as it is: delete the folder "
+                    "(the next run makes it again) or remake it with `%s`", e2, dir, gen);
+    return -1;
+  }
+  const vl_jpegset_info *in = &(*out)->info;
+  if (in->n != cfg->n || in->seed != cfg->seed || in->num_classes != cfg->num_classes ||
+      (in->quality != -1 && in->quality != cfg->quality)) {
+    setf(err, errn, "%s holds an image set of n=%lld seed=%llu classes=%d quality=%d, not the "
+                    "n=%lld seed=%llu classes=%d quality=%d asked for: it is left as it is; "
+                    "delete the folder (the next run makes it again) or use another",
+         dir, (long long)in->n, (unsigned long long)in->seed, in->num_classes, in->quality,
+         (long long)cfg->n, (unsigned long long)cfg->seed, cfg->num_classes, cfg->quality);
+    vl_jpegset_close(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 /* =================================== decoding ========================================= */
 
 static vl_synth_jpeg_want want_of(const item *it) {
@@ -301,12 +345,12 @@ static vl_synth_jpeg_want want_of(const item *it) {
 }
 
 /* Image i's JPEG in buf (its path already checked) decoded into out: pixels only. */
-static vl_status decode_at(tjhandle tj, const vl_jpegset *s, int64_t i, const uint8_t *buf,
-                           size_t len, vl_image *out, char *err, size_t errn) {
+static vl_status decode_at(const vl_jpegset *s, int64_t i, const uint8_t *buf, size_t len,
+                           vl_image *out, char *err, size_t errn) {
   char path[PATH_MAX];
   const vl_synth_jpeg_want want = want_of(&s->it[i]);
   vl_jpegset_path(s, i, path, sizeof path);
-  return vl_synth_decode_jpeg(tj, path, buf, len, &want, out, err, errn);
+  return vl_synth_decode_jpeg(path, buf, len, &want, out, err, errn);
 }
 
 /* Image i read and decoded with r, labelled (synth.h's vl_synth_read_fn). */
@@ -377,28 +421,27 @@ double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t
   int64_t m = n_images < s->n ? n_images : s->n;
   uint8_t **bufs = calloc((size_t)m, sizeof *bufs);
   size_t *lens = calloc((size_t)m, sizeof *lens);
-  tjhandle tj = tjInitDecompress();
   vl_image img = {0};
   double rate = -1;
   char path[PATH_MAX];
-  if (!bufs || !lens || !tj) {
-    setf(err, errn, "jpegset: out of memory (or no TurboJPEG decompressor) for the decode rate");
+  if (!bufs || !lens) {
+    setf(err, errn, "jpegset: out of memory for the decode rate");
     goto done;
   }
   for (int64_t i = 0; i < m; i++) {
     size_t cap = 0;
     if (!vl_jpegset_path(s, i, path, sizeof path) ||
-        vl_synth_read_file(path, &bufs[i], &cap, &lens[i], err, errn) != VL_OK)
+        vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &bufs[i], &cap, &lens[i], err, errn) != VL_OK)
       goto done;
   }
-  if (decode_at(tj, s, 0, bufs[0], lens[0], &img, err, errn) != VL_OK) goto done; /* warm-up */
+  if (decode_at(s, 0, bufs[0], lens[0], &img, err, errn) != VL_OK) goto done; /* warm-up */
   /* Whole passes, at least 3 and at least 0.3 s in all; the fastest pass is the ceiling
    * (other load on the machine only ever slows a pass down). */
   double best = 1e30, t_all = vl_now();
   for (int pass = 0; pass < 3 || vl_now() - t_all < 0.3; pass++) {
     double t0 = vl_now();
     for (int64_t i = 0; i < m; i++)
-      if (decode_at(tj, s, i, bufs[i], lens[i], &img, err, errn) != VL_OK) goto done;
+      if (decode_at(s, i, bufs[i], lens[i], &img, err, errn) != VL_OK) goto done;
     double dt = vl_now() - t0;
     if (dt < best) best = dt;
   }
@@ -409,6 +452,5 @@ done:
   free(bufs);
   free(lens);
   free(img.pix);
-  if (tj) tjDestroy(tj);
   return rate;
 }

@@ -63,7 +63,21 @@ typedef struct vl_jpegset vl_jpegset;
 /* Reads and validates the manifest (not the images). Returns 0, or -1 with a message
  * naming the manifest and, for a bad line, its line number. */
 int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn);
+/* As vl_jpegset_open, with the manifest's contents the len bytes at text (the fuzz
+ * target parses from memory); dir is where the images would be. */
+int vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
+                     size_t errn);
 void vl_jpegset_close(vl_jpegset *s);
+
+/* A case's set on first use, never writing into a user's folder: 0 when dir holds a set
+ * made as cfg says (n, seed, classes; quality when the header says it), opened into *out;
+ * 1 when the caller is to make it there with cfg (dir does not exist, is empty, or holds
+ * only what an interrupted generation leaves: numbered images, temporary files, no
+ * manifest); -1 with a message otherwise: a manifest that does not open (the message names
+ * the file, the line and what is wrong, then says to delete the folder or remake it with
+ * `vramlab data gen`), a set made with other settings, or a folder with other files. */
+int vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg,
+                         char *err, size_t errn);
 
 int64_t vl_jpegset_len(const vl_jpegset *s);
 
@@ -86,12 +100,15 @@ const char *vl_jpegset_path(const vl_jpegset *s, int64_t i, char *buf, size_t n)
 
 /* The set as a vl_dataset (engine/data): read(i) reads the file and decodes it with
  * TurboJPEG into RGB HWC (growing out->pix), and sets w, h, c = 3 and the label. Each
- * worker's scratch (scratch_new) holds a TurboJPEG handle and a file buffer; read() also
- * works with a NULL scratch (it then makes its own, per call). A missing, unreadable,
- * truncated or corrupt file (any TurboJPEG error or warning, decoding stops at the first
- * warning), or one whose size differs from the manifest's, gives VL_ERR_IO with a message
- * naming the file and TurboJPEG's words; a failed allocation gives VL_ERR_OOM. The set
- * must outlive the dataset. */
+ * worker's scratch (scratch_new) holds a file buffer; every image gets a decompressor of
+ * its own, so it decodes the same whatever was read before it. read() also works with a
+ * NULL scratch (it then makes its own, per call). A missing, unreadable, truncated or
+ * corrupt file (any TurboJPEG error or warning, decoding stops at the first warning), one
+ * that is not a regular file (a FIFO is never waited on), one larger than the loader's
+ * max_file_bytes (refused before it is read; VL_LOADER_MAX_FILE_BYTES with a NULL
+ * scratch), a CMYK JPEG, or one whose size differs from the manifest's, gives VL_ERR_IO
+ * with a message naming the file (and TurboJPEG's words); a failed allocation gives
+ * VL_ERR_OOM. The set must outlive the dataset. */
 vl_dataset vl_jpegset_dataset(vl_jpegset *s);
 
 /* Damage image i in place (tests, benchmarks): mode 0 truncates it to half its size,

@@ -288,7 +288,9 @@ static int prepare(void *set, const char *dir, int64_t lines, size_t len) {
   return 0;
 }
 
-int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn) {
+/* dir's manifest (text NULL) or the len bytes at text, parsed as dir's. */
+static int open_from(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
+                     size_t errn) {
   *out = NULL;
   parse_state ps = {.n = -1, .size = -1, .classes = -1, .quality = -1};
   unsigned long long seed = 0;
@@ -303,7 +305,7 @@ int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn) {
       .keys = keys, .seed = &seed, .n = &ps.n, .nfields = 3,
       .fields = "image file, mask file, bytes", .noun = "sample", .header = check_header,
       .prepare = prepare, .line = parse_line, .set = &ps};
-  if (vl_synth_manifest_load(dir, &m, err, errn) != 0) {
+  if (vl_synth_manifest_load(dir, &m, text, len, err, errn) != 0) {
     vl_segset_close(ps.s);
     return -1;
   }
@@ -318,14 +320,64 @@ int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn) {
   return 0;
 }
 
+int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn) {
+  return open_from(out, dir, NULL, 0, err, errn);
+}
+
+int vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
+                    size_t errn) {
+  if (!text) {
+    *out = NULL;
+    setf(err, errn, "segset: no manifest text");
+    return -1;
+  }
+  return open_from(out, dir, text, len, err, errn);
+}
+
+int vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, char *err,
+                        size_t errn) {
+  *out = NULL;
+  char gen[700], e2[700];
+  snprintf(gen, sizeof gen, "vramlab data gen --kind seg --out %s --n %lld --size %d --classes %d --seed %llu --quality %d",
+           dir, (long long)cfg->n, cfg->size, cfg->num_classes, (unsigned long long)cfg->seed, cfg->quality);
+  int u = vl_synth_first_use(dir, VL_SEGSET_MANIFEST, gen, err, errn);
+  if (u != 0) return u;
+  if (vl_segset_open(out, dir, e2, sizeof e2) != 0) {
+    setf(err, errn, "%s. The segmentation set in %s is damaged and is left as it is: delete the "
+                    "folder (the next run makes it again) or remake it with `%s`", e2, dir, gen);
+    return -1;
+  }
+  const vl_segset_info *in = &(*out)->info;
+  if (in->n != cfg->n || in->size != cfg->size || in->num_classes != cfg->num_classes ||
+      in->seed != cfg->seed || (in->quality != -1 && in->quality != cfg->quality)) {
+    setf(err, errn, "%s holds a segmentation set of n=%lld size=%d classes=%d seed=%llu "
+                    "quality=%d, not the n=%lld size=%d classes=%d seed=%llu quality=%d asked "
+                    "for: it is left as it is; delete the folder (the next run makes it again) "
+                    "or use another",
+         dir, (long long)in->n, in->size, in->num_classes, (unsigned long long)in->seed,
+         in->quality, (long long)cfg->n, cfg->size, cfg->num_classes,
+         (unsigned long long)cfg->seed, cfg->quality);
+    vl_segset_close(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 /* ================================ decoding ============================================ */
 
+/* PGM whitespace (Netpbm's: blank, tab, CR, LF, vertical tab, form feed). */
+static bool pgm_space(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
 /* A PGM header number: skips whitespace and '#' comments (to the end of the line), then
- * reads decimal digits. 0, or -1 when there is no number. */
+ * reads decimal digits, at most 9 (so no arithmetic on it can overflow), which must end at
+ * whitespace or a comment. 0, or -1 when there is no such number. */
 static int pgm_number(const uint8_t *b, size_t len, size_t *pos, long *val) {
   size_t k = *pos;
   for (;;) {
-    while (k < len && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r' || b[k] == '\v' || b[k] == '\f')) k++;
+    while (k < len && pgm_space(b[k])) k++;
     if (k < len && b[k] == '#') {
       while (k < len && b[k] != '\n') k++;
       continue;
@@ -335,15 +387,14 @@ static int pgm_number(const uint8_t *b, size_t len, size_t *pos, long *val) {
   long v = 0;
   size_t d0 = k;
   while (k < len && b[k] >= '0' && b[k] <= '9' && k - d0 < 9) v = v * 10 + (b[k++] - '0');
-  if (k == d0 || (k < len && b[k] >= '0' && b[k] <= '9')) return -1; /* none, or too long */
+  if (k == d0 || k >= len || !(pgm_space(b[k]) || b[k] == '#')) return -1; /* none, too long, or "32x" */
   *pos = k;
   *val = v;
   return 0;
 }
 
-/* The mask file buf (len bytes) into dst (size*size), checked against the set. */
-static vl_status decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
-                             int num_classes, uint8_t *dst, char *err, size_t errn) {
+vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
+                                int num_classes, uint8_t *dst, char *err, size_t errn) {
   if (len < 2 || buf[0] != 'P' || buf[1] != '5') {
     setf(err, errn, "%s: bad PGM header: not a binary PGM mask (the file must start with \"P5\", it starts with 0x%02x 0x%02x)",
          path, len > 0 ? buf[0] : 0, len > 1 ? buf[1] : 0);
@@ -351,23 +402,29 @@ static vl_status decode_mask(const char *path, const uint8_t *buf, size_t len, i
   }
   size_t pos = 2;
   long w, h, maxval;
-  if (pos >= len || !(buf[pos] == ' ' || buf[pos] == '\t' || buf[pos] == '\n' || buf[pos] == '\r' || buf[pos] == '#') ||
-      pgm_number(buf, len, &pos, &w) || pgm_number(buf, len, &pos, &h) ||
-      pgm_number(buf, len, &pos, &maxval) || pos >= len ||
-      !(buf[pos] == ' ' || buf[pos] == '\t' || buf[pos] == '\n' || buf[pos] == '\r')) {
-    setf(err, errn, "%s: bad PGM header (expected \"P5 width height maxval\" and one whitespace before the pixels)", path);
+  /* "P5", whitespace, width, height, maxval (comments allowed between them), then exactly
+   * one whitespace byte before the pixels. */
+  if (pos >= len || !(pgm_space(buf[pos]) || buf[pos] == '#') || pgm_number(buf, len, &pos, &w) ||
+      pgm_number(buf, len, &pos, &h) || pgm_number(buf, len, &pos, &maxval) ||
+      !pgm_space(buf[pos])) {
+    setf(err, errn, "%s: bad PGM header (expected \"P5 width height maxval\", each a decimal number of at most 9 digits, and one whitespace before the pixels)", path);
     return VL_ERR_IO;
   }
   pos++; /* the single whitespace before the pixel data */
+  if (w < 1 || h < 1) {
+    setf(err, errn, "%s: bad PGM header: %ldx%ld pixels", path, w, h);
+    return VL_ERR_IO;
+  }
   if (maxval != 255) {
     setf(err, errn, "%s: bad PGM header: maxval %ld (masks are one byte per pixel, maxval 255)", path, maxval);
     return VL_ERR_IO;
   }
+  /* Checked against the set before any size is computed from the file's numbers. */
   if (w != size || h != size) {
     setf(err, errn, "%s: wrong mask dimensions: the mask is %ldx%ld but the image is %dx%d", path, w, h, size, size);
     return VL_ERR_IO;
   }
-  const size_t need = (size_t)size * size, have = len - pos;
+  const size_t need = (size_t)size * (size_t)size, have = len - pos;
   if (have < need) {
     setf(err, errn, "%s: truncated mask: %zu of %zu pixel bytes", path, have, need);
     return VL_ERR_IO;
@@ -402,12 +459,12 @@ static vl_status read_mask(const vl_segset *s, vl_synth_reader *r, int64_t i, vl
     setf(err, errn, "segset: path of mask %lld too long", (long long)i);
     return VL_ERR_IO;
   }
-  vl_status st = vl_synth_read_file(path, &r->aux, &r->aux_cap, &len, err, errn);
+  vl_status st = vl_synth_read_file(path, r->max_file, &r->aux, &r->aux_cap, &len, err, errn);
   if (st != VL_OK) return st;
   st = vl_synth_grow(&out->mask, &out->mask_cap, (size_t)size * size, path, "mask", size, size,
                      err, errn);
   if (st != VL_OK) return st;
-  return decode_mask(path, r->aux, len, size, s->info.num_classes, out->mask, err, errn);
+  return vl_segset_decode_mask(path, r->aux, len, size, s->info.num_classes, out->mask, err, errn);
 }
 
 /* Sample i's image and mask with r (synth.h's vl_synth_read_fn). */
@@ -460,7 +517,7 @@ static int rewrite_mask(const char *dir, const char *name, int what, int size, i
   if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
   uint8_t *buf = NULL;
   size_t cap = 0, len = 0;
-  if (vl_synth_read_file(path, &buf, &cap, &len, err, errn) != VL_OK) {
+  if (vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &buf, &cap, &len, err, errn) != VL_OK) {
     free(buf);
     return -1;
   }

@@ -74,6 +74,19 @@ typedef struct vl_segset vl_segset;
 /* Reads and validates the manifest (not the files). Returns 0, or -1 with a message naming
  * the manifest and, for a bad line, its line number. */
 int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn);
+/* As vl_segset_open, with the manifest's contents the len bytes at text (the fuzz target
+ * parses from memory); dir is where the files would be. */
+int vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
+                    size_t errn);
+/* A case's split on first use, never writing into a user's folder: 0 when dir holds a set
+ * made as cfg says (n, size, classes, seed; quality when the header says it), opened into
+ * *out; 1 when the caller is to make it there with cfg (dir does not exist, is empty, or
+ * holds only what an interrupted generation leaves); -1 with a message otherwise: a
+ * manifest that does not open (the message names the file, the line and what is wrong,
+ * then says to delete the folder or remake it with `vramlab data gen`), a set made with
+ * other settings, or a folder with other files. */
+int vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, char *err,
+                        size_t errn);
 void vl_segset_close(vl_segset *s);
 int64_t vl_segset_len(const vl_segset *s);
 
@@ -96,14 +109,24 @@ void vl_segset_class_rgb(int cls, int num_classes, uint8_t rgb[3]);
 /* The set as a vl_dataset (engine/data): read(i) reads and decodes the JPEG with TurboJPEG
  * into RGB HWC (growing out->pix) and reads the mask into out->mask (growing it,
  * size*size bytes), sets w = h = size, c = 3, label 0 (no image-level label). Each
- * worker's scratch holds a TurboJPEG handle and file buffers; read() also works with a
- * NULL scratch (it then makes its own, per call). Errors are VL_ERR_IO with a message
- * naming the file: a missing, unreadable, truncated or corrupt JPEG (TurboJPEG's words;
- * decoding stops at the first warning), one of another size or byte count than the set
- * says; a missing, empty or truncated mask, a bad PGM header, a mask whose dimensions do
- * not match the image, trailing bytes, or a class id >= num_classes. A failed allocation
- * gives VL_ERR_OOM. The set must outlive the dataset. */
+ * worker's scratch holds file buffers (each image gets a decompressor of its own, as in
+ * the jpegset); read() also works with a NULL scratch (it then makes its own, per call).
+ * Errors are VL_ERR_IO with a message naming the file: a file that is not a regular one
+ * (never waited on) or is larger than the loader's max_file_bytes (refused before it is
+ * read); a missing, unreadable, truncated or corrupt JPEG (TurboJPEG's words; decoding
+ * stops at the first warning), one of another size or byte count than the set says; a
+ * missing, empty or truncated mask, a bad PGM header, a mask whose dimensions do not match
+ * the image, trailing bytes, or a class id >= num_classes. A failed allocation gives
+ * VL_ERR_OOM. The set must outlive the dataset. */
 vl_dataset vl_segset_dataset(vl_segset *s);
+
+/* A mask file's bytes buf (len, from path) checked and decoded into dst (size*size class
+ * ids): a binary PGM ("P5", width, height and maxval as decimal numbers of at most 9
+ * digits, '#' comments between them, one whitespace byte, then exactly size*size pixel
+ * bytes), size x size, maxval 255, every id < num_classes. VL_OK, or VL_ERR_IO with a
+ * message naming path. What read() runs on each mask (exposed for the fuzz target). */
+vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
+                                int num_classes, uint8_t *dst, char *err, size_t errn);
 
 /* Damage sample i in place (tests, benchmarks). Returns 0, or -1 with a message. */
 enum {

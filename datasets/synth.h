@@ -1,7 +1,8 @@
 /* Internal helpers shared by the synthetic image sets (jpegset, segset): atomic file
  * writes, whole-file reads, JPEG damage for tests, the generation driver (threads,
- * progress, first error, the manifest written last), manifest parsing, the read side of a
- * vl_dataset (per-worker TurboJPEG scratch, decoding with checks against the manifest),
+ * progress, first error, the manifest written last), manifest parsing, the first-use
+ * check of a set directory, the read side of a vl_dataset (per-worker file buffers,
+ * decoding with checks against the manifest),
  * and the integer pixel synthesis of a photo-like textured background (gradients +
  * multi-octave value noise), of shapes over it and of per-pixel sensor noise. Not a public
  * interface: names carry the vl_synth_ prefix only because the sets are linked into one
@@ -36,10 +37,14 @@ int vl_synth_mkdir_p(const char *dir, char *err, size_t errn);
 int vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
                           char *err, size_t errn);
 void vl_synth_fsync_dir(const char *dir);
-/* Whole file into *buf (grown with realloc, capacity *cap); *len its size. A missing,
- * unreadable, empty or non-regular file is VL_ERR_IO with a message starting "path: ". */
-vl_status vl_synth_read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len,
-                             char *err, size_t errn);
+/* Whole file into *buf (grown with realloc, capacity *cap); *len its size. Opened without
+ * blocking and checked with fstat before a byte is read: a missing, unreadable or empty
+ * file, one that is not a regular file ("not a regular file (fifo)": a FIFO would block the
+ * read forever) or one of more than max_bytes ("file of N bytes exceeds max_file_bytes
+ * (M)") is VL_ERR_IO with a message starting "path: "; no memory for the buffer is
+ * VL_ERR_OOM. */
+vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *cap,
+                             size_t *len, char *err, size_t errn);
 
 /* Damage the JPEG dir/name in place: mode 0 truncates it to half its size, mode 1
  * overwrites 64 bytes in the middle of its entropy-coded data with garbage seeded by
@@ -170,19 +175,21 @@ int vl_synth_generate(const char *dir, const vl_synth_gen *g, char *err, size_t 
 
 /* ---- reading ------------------------------------------------------------------------- */
 
-/* A reading worker's scratch (a vl_dataset's scratch_new): a decompressor, a buffer for
- * the JPEG file and one for a second file per sample (the segset's mask). */
+/* A reading worker's scratch (a vl_dataset's scratch_new): a buffer for the JPEG file,
+ * one for a second file per sample (the segset's mask), and the largest file it reads. */
 typedef struct {
-  tjhandle tj;
   uint8_t *buf, *aux;
   size_t cap, aux_cap;
+  uint64_t max_file; /* VL_LOADER_MAX_FILE_BYTES until the loader says (scratch_limit) */
 } vl_synth_reader;
 
-/* The buffers sized for the set's largest files up front (vl_synth_read_file grows them
- * if a file is larger); NULL when there is no memory or no decompressor. */
+/* The buffers sized for the set's largest files up front, at most max_file each
+ * (vl_synth_read_file grows them if a file is larger); NULL when there is no memory. */
 vl_synth_reader *vl_synth_reader_new(size_t cap, size_t aux_cap);
 /* As a vl_dataset's scratch_free (self unused). */
 void vl_synth_reader_delete(void *self, void *reader);
+/* As a vl_dataset's scratch_limit (self unused): the reader's max_file. */
+void vl_synth_reader_limit(void *self, void *reader, uint64_t max_file_bytes);
 /* One reader's bytes while decoding images up to max_w wide: its buffers and libjpeg's
  * working memory (an estimate: a few MCU rows of each component and the upsampling
  * buffers, ~150 KB at a width of 600). The decoded image lives in the loader's vl_image. */
@@ -197,17 +204,19 @@ typedef struct {
 } vl_synth_jpeg_want;
 
 /* Decodes the JPEG buf (len bytes, from path) into out->pix (RGB HWC, grown) as PIL and
- * libjpeg do by default, stopping at the first warning (a warning means damaged data).
- * Any TurboJPEG error or warning, other dimensions, or another byte count than `want`
- * (reported after decoding, with the decoder's words when it fails too) is VL_ERR_IO with
- * a message naming path; leaves out->w, h, c and label to the caller. */
-vl_status vl_synth_decode_jpeg(tjhandle tj, const char *path, const uint8_t *buf, size_t len,
+ * libjpeg do by default, stopping at the first warning (a warning means damaged data), with
+ * a decompressor of its own: the pixels and the verdict depend on these bytes only, never
+ * on what was decoded before (see synth.c). RGB, YCbCr and grayscale JPEGs decode (gray to
+ * R = G = B). Any TurboJPEG error or warning, no frame header ("truncated JPEG (no frame
+ * header)"), a CMYK or YCCK file ("unsupported colour space CMYK"), other dimensions than
+ * `want` (checked before the image is allocated), or another byte count (reported after
+ * decoding, with the decoder's words when it fails too) is VL_ERR_IO with a message naming
+ * path; no memory, or no decompressor, is VL_ERR_OOM. Leaves out->w, h, c and label to the
+ * caller. */
+vl_status vl_synth_decode_jpeg(const char *path, const uint8_t *buf, size_t len,
                                const vl_synth_jpeg_want *want, vl_image *out, char *err,
                                size_t errn);
-/* path read into r->buf and decoded with r->tj. After a decode error r gets a fresh
- * decompressor: TurboJPEG 2.1 leaves a handle whose decode failed mid-header in a state
- * where the next calls fail too (repeating the old error on good files) or report a 0x0
- * image. */
+/* path read into r->buf (at most r->max_file bytes) and decoded. */
 vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
                              vl_image *out, char *err, size_t errn);
 
@@ -220,14 +229,14 @@ vl_status vl_synth_grow(uint8_t **buf, size_t *cap, size_t need, const char *pat
 typedef vl_status (*vl_synth_read_fn)(void *set, vl_synth_reader *r, int64_t i, vl_image *out,
                                       char *err, size_t errn);
 /* A vl_dataset's read() around read_fn: checks i against the set's n and, for a NULL
- * scratch, makes a reader for this call only; makes the reader's decompressor if it has
- * none (a failed renewal). Messages start with kind ("jpegset"). */
+ * scratch, uses a reader for this call only (VL_LOADER_MAX_FILE_BYTES). Messages start
+ * with kind ("jpegset"). */
 vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch, int64_t i,
                            vl_synth_read_fn read_fn, vl_image *out, char *err, size_t errn);
 
 /* A vl_dataset over a set with a vl_synth_reader per worker (scratch_new makes one,
- * scratch_free is vl_synth_reader_delete); the caller adds scratch_bytes and
- * max_image_bytes. */
+ * scratch_free is vl_synth_reader_delete, scratch_limit vl_synth_reader_limit); the
+ * caller adds scratch_bytes and max_image_bytes. */
 vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),
                             vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out,
                                               char *err, size_t errn));
@@ -275,12 +284,29 @@ typedef struct {
   void *set;
 } vl_synth_manifest;
 
-/* Reads dir's manifest, has the set prepare() its room, and parses it: the header's
- * magic, keys, version and seed (then header()), each line's fields (line()), and the
- * count against the header's n. 0, or -1 with a message naming the manifest and, for a bad
- * line, its line number: a missing one (with a hint to make a set), an empty, unreadable
- * or binary one, a bad header or line. On -1 the set may hold what prepare() and line()
- * made: the caller frees it. */
-int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, char *err, size_t errn);
+/* A manifest may be this large (a 10-million-image set's is about 400 MB). */
+#define VL_SYNTH_MANIFEST_MAX ((uint64_t)1 << 30)
+
+/* Reads dir's manifest (text == NULL), or takes the len bytes at text as its contents
+ * (parsing from memory: the fuzz target), has the set prepare() its room, and parses it:
+ * the header's magic, keys, version and seed (then header()), each line's fields (line()),
+ * and the count against the header's n. 0, or -1 with a message naming the manifest and,
+ * for a bad line, its line number: a missing one (with a hint to make a set), an empty,
+ * unreadable, oversized, non-regular or binary one, a bad header or line. On -1 the set
+ * may hold what prepare() and line() made: the caller frees it. */
+int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const char *text,
+                           size_t len, char *err, size_t errn);
+
+/* ---- first use ----------------------------------------------------------------------- */
+
+/* What a case may do with its set directory dir on first use: 0 when dir holds the
+ * manifest `manifest` (open it: the set decides whether it is sound), 1 when dir may be
+ * made into a set (it does not exist, is empty, or holds only what an interrupted
+ * generation leaves: img_NNNNNNN.jpg, mask_NNNNNNN.pgm and ".NAME.tmp.PID" files, no
+ * manifest), -1 with a message naming dir otherwise (not a directory, unreadable, or a
+ * folder with other files: never written into). `gen` is the command that makes a set
+ * there ("vramlab data gen --out DIR ..."), for the message. */
+int vl_synth_first_use(const char *dir, const char *manifest, const char *gen, char *err,
+                       size_t errn);
 
 #endif

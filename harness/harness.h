@@ -10,11 +10,23 @@
 #define VL_MAX_RUNGS 16
 #define VL_MAX_CLAIMS 32
 
-typedef struct { char key[40]; char val[96]; } vl_knob;
+/* A knob value holds a real path (data_dir). 1024, not PATH_MAX: a ladder is 17 knob sets
+ * of 48 knobs held by value (on the stack in main.c and the tests, copied for side plans
+ * and inheritance), so 4096 would make it ~3.4 MB; at 1024 it is ~0.9 MB. Heap strings
+ * would make vl_knobs need an owner and a free everywhere it is copied. A longer value is
+ * refused with a message naming the knob and the limit, never cut. */
+#define VL_KNOB_KEY_LEN 40
+#define VL_KNOB_VAL_LEN 1024
+typedef struct { char key[VL_KNOB_KEY_LEN]; char val[VL_KNOB_VAL_LEN]; } vl_knob;
 typedef struct { vl_knob k[VL_MAX_KNOBS]; int n; } vl_knobs;
 
 const char *vl_knob_get(const vl_knobs *ks, const char *key); /* NULL when absent */
-int vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* 0 on success */
+/* Set (or replace) key. Refused: an empty key or value (an empty value is never meaningful:
+ * leave the knob out for its default), a key or value longer than the limits, more than
+ * VL_MAX_KNOBS knobs. 0 on success; -1 with a message naming the knob and the limit in err
+ * (err may be NULL). */
+int vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, char *err, size_t errn);
+int vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* same, no message */
 /* Apply "k=v,k=v" on top of ks; returns 0, or -1 with a message in err. */
 int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn);
 
@@ -40,8 +52,16 @@ typedef struct {
   int n_claims;
 } vl_ladder;
 
-/* Load cases/<id>/ladder.ini and claims.ini from `dir`. err gets a readable message. */
+/* Load cases/<id>/ladder.ini and claims.ini from `dir`. err gets a readable message with
+ * the file and line. */
 int vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, char *err, size_t errn);
+/* The same from memory: messages name "<name>/ladder.ini:LINE" and "<name>/claims.ini:LINE".
+ * Strict: a malformed or over-long line, a key outside a section, an empty value, a
+ * duplicate key, a reopened or empty section, a name longer than its field, more rungs,
+ * knobs or claims than the limits, a claim number that is not a finite decimal, and (for a
+ * registered case) a claim metric the case does not write are each an error. */
+int vl_ladder_parse(vl_ladder *L, const char *case_id, const char *ladder_text, const char *claims_text,
+                    const char *name, char *err, size_t errn);
 /* --set overrides: "key=value" sets the [case] setting; "rung.key=value" one rung (and the
  * rungs below it, which inherit). */
 int vl_ladder_set(vl_ladder *L, const char *assignment, char *err, size_t errn);

@@ -1,5 +1,8 @@
 /* vramlab: list | plan | run | report | bench */
+#include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,13 +10,19 @@
 #include <time.h>
 
 #include "case.h"
+#include "interrupt.h"
+#include "parse.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "report.h"
 #include "vramlab/backend.h"
 
-extern volatile sig_atomic_t vl_interrupted;
-static void on_signal(int sig) { (void)sig; vl_interrupted = 1; }
+/* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
+ * trip it); in this file every path, name and value copy is length-checked, so a copy that
+ * could be cut is an error here. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic error "-Wformat-truncation"
+#endif
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -44,9 +53,20 @@ typedef struct {
   const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind;
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes;
-  long seed;
+  int64_t seed;
   int out_given;
 } args;
+
+/* A numeric option, strictly: the whole argument an integer in [lo, hi] (atoi read "1e3"
+ * as 1, "90abc" as 90 and 4294967297 as 1). */
+static int num_opt(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  if (!v) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; }
+  vl_parse_status st = vl_parse_i64(v, lo, hi, out);
+  if (st == VL_PARSE_OK) return 0;
+  fprintf(stderr, "vramlab: %s '%s' %s: expected an integer in [%lld, %lld]\n", name, v, vl_parse_why(st),
+          (long long)lo, (long long)hi);
+  return -1;
+}
 
 static int parse_args(int argc, char **argv, args *a) {
   memset(a, 0, sizeof *a);
@@ -62,25 +82,29 @@ static int parse_args(int argc, char **argv, args *a) {
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name, field) if (!strcmp(s, name)) { if (!next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
+    /* an empty value is never meant: --out "" would write results under "/" */
+#define OPT(name, field) if (!strcmp(s, name)) { if (!next || !*next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
     OPT("--results", results) OPT("--kind", kind)
     if (!strcmp(s, "--out")) {
-      if (!next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
+      if (!next || !*next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
       a->out = next; a->out_given = 1; i++; continue;
     }
 #undef OPT
     if (!strcmp(s, "--set")) {
-      if (!next || a->nsets >= 32) { fprintf(stderr, "vramlab: --set needs key=value\n"); return -1; }
+      if (!next) { fprintf(stderr, "vramlab: --set needs key=value\n"); return -1; }
+      if (a->nsets >= 32) { fprintf(stderr, "vramlab: too many --set (limit 32)\n"); return -1; }
       a->sets[a->nsets++] = next; i++; continue;
     }
     if (!strcmp(s, "--json")) { a->json = 1; continue; }
     if (!strcmp(s, "--quiet")) { a->quiet = 1; continue; }
-    if (!strcmp(s, "--n")) { if (!next) return -1; a->n = atoi(next); i++; continue; }
-    if (!strcmp(s, "--seed")) { if (!next) return -1; a->seed = atol(next); i++; continue; }
-    if (!strcmp(s, "--quality")) { if (!next) return -1; a->quality = atoi(next); i++; continue; }
-    if (!strcmp(s, "--size")) { if (!next) return -1; a->size = atoi(next); i++; continue; }
-    if (!strcmp(s, "--classes")) { if (!next) return -1; a->classes = atoi(next); i++; continue; }
+    /* the type's range here; a command narrows it (bench gemm: --n in [16, 16384]) */
+    int64_t v;
+#define NUM(name, field, lo, hi) \
+    if (!strcmp(s, name)) { if (num_opt(name, next, lo, hi, &v)) return -1; a->field = v; i++; continue; }
+    NUM("--n", n, 1, INT_MAX) NUM("--seed", seed, 0, INT64_MAX) NUM("--quality", quality, 1, 100)
+    NUM("--size", size, VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX) NUM("--classes", classes, 2, VL_SEGSET_CLASSES_MAX)
+#undef NUM
     if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
     if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
     if (pos == 0) a->cmd = s;
@@ -110,7 +134,10 @@ static int valid_scale(const vl_case *c, const char *s) {
   return 0;
 }
 
-/* Load the case and its ladder, apply --set and --vram, validate every rung's knobs. */
+/* Load the case and its ladder, apply --set and --vram, validate every rung's knobs: their
+ * names against the case's list, then their values through the case's check (which parses
+ * every knob the rung's plan and run read, and the setting), so a bad value is refused
+ * here and not after the ladder has run. */
 static const vl_case *load_case(const args *a, vl_ladder *L) {
   if (!a->case_id) { fprintf(stderr, "vramlab: %s needs a case (try: vramlab list)\n", a->cmd); return NULL; }
   const vl_case *c = vl_case_find(a->case_id);
@@ -126,19 +153,31 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
   if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
   for (int i = 0; i < a->nsets; i++)
     if (vl_ladder_set(L, a->sets[i], err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
-  if (a->vram && vl_knob_set(&L->setting, "card", a->vram)) { fprintf(stderr, "vramlab: bad --vram\n"); return NULL; }
-  for (int i = 0; i < L->n_rungs; i++)
+  if (a->vram && vl_knob_set_err(&L->setting, "card", a->vram, err, sizeof err)) {
+    fprintf(stderr, "vramlab: --vram: %s\n", err);
+    return NULL;
+  }
+  if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
+  vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  /* the setting alone first (a rung without knobs), so its errors do not name a rung */
+  static const vl_knobs no_knobs;
+  if (c->check && c->check(&env, &no_knobs, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
+  for (int i = 0; i < L->n_rungs; i++) {
     if (vl_case_check_knobs(c, L->rungs[i].name, &L->rungs[i].knobs, err, sizeof err)) {
       fprintf(stderr, "vramlab: %s\n", err);
       return NULL;
     }
+    if (c->check && c->check(&env, &L->rungs[i].knobs, err, sizeof err)) {
+      fprintf(stderr, "vramlab: rung '%s': %s\n", L->rungs[i].name, err);
+      return NULL;
+    }
+  }
   if (a->step && vl_ladder_find(L, a->step) < 0) {
     fprintf(stderr, "vramlab: unknown step '%s' of %s; steps:", a->step, c->id);
     for (int i = 0; i < L->n_rungs; i++) fprintf(stderr, " %s", L->rungs[i].name);
     fprintf(stderr, "\n");
     return NULL;
   }
-  if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
   return c;
 }
 
@@ -212,21 +251,30 @@ static int cmd_plan(const args *a) {
   return rc;
 }
 
+/* snprintf for a path, which must never be cut (a cut path writes somewhere else): 0, or
+ * -1 with "path too long" and the limit on stderr. Paths get PATH_MAX buffers. */
+__attribute__((format(printf, 3, 4))) static int path_fmt(char *buf, size_t n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(buf, n, fmt, ap);
+  va_end(ap);
+  if (k >= 0 && (size_t)k < n) return 0;
+  fprintf(stderr, "vramlab: path too long: %.60s... (%d characters, limit %zu)\n", buf, k, n - 1);
+  return -1;
+}
+
 static int write_results(const char *out, const char *case_id, cJSON *res, char *path, size_t pn) {
-  char dir[800], err[512];
-  snprintf(dir, sizeof dir, "%s/%s", out, case_id);
-  if (vl_mkdir_p(dir)) { fprintf(stderr, "vramlab: cannot create %s\n", dir); return -1; }
-  char stamp[32];
+  char dir[PATH_MAX], latest[PATH_MAX], err[512], stamp[32];
   time_t t = time(NULL);
   strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&t));
-  snprintf(path, pn, "%s/%s.json", dir, stamp);
+  /* every path checked before anything is made or written */
+  if (path_fmt(dir, sizeof dir, "%s/%s", out, case_id) || path_fmt(path, pn, "%s/%s.json", dir, stamp) ||
+      path_fmt(latest, sizeof latest, "%s/latest.json", dir))
+    return -1;
+  if (vl_mkdir_p(dir)) { fprintf(stderr, "vramlab: cannot create %s\n", dir); return -1; }
   char *text = cJSON_Print(res);
   int rc = vl_write_atomic(path, text, err, sizeof err);
-  if (!rc) {
-    char latest[900];
-    snprintf(latest, sizeof latest, "%s/latest.json", dir);
-    rc = vl_write_atomic(latest, text, err, sizeof err);
-  }
+  if (!rc) rc = vl_write_atomic(latest, text, err, sizeof err);
   free(text);
   if (rc) fprintf(stderr, "vramlab: %s\n", err);
   return rc;
@@ -243,8 +291,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   char err[512];
   long reps;
   if (vl_knob_int(&L.setting, "reps", 2, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
+  vl_interrupt_install();
 
   cJSON *res = cJSON_CreateObject();
   cJSON_AddNumberToObject(res, "schema_version", 1);
@@ -279,9 +326,10 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     cJSON_AddItemToArray(rungs, o);
   }
   /* Timed runs: whole ladder repeated in interleaved order (A B C .. A B C ..). */
-  for (int rep = 0; rep < reps && !rc && dev != VL_DEV_PLAN; rep++) {
+  for (int rep = 0; rep < reps && !rc && !vl_interrupted && dev != VL_DEV_PLAN; rep++) {
     cJSON *o;
     cJSON_ArrayForEach(o, rungs) {
+      if (vl_interrupted) break;
       const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(o, "name"));
       vl_rung *r = &L.rungs[vl_ladder_find(&L, name)];
       vl_progress("run %s (%s, %s scale, repetition %d/%ld)", name, vl_device_name(dev), scale, rep + 1, reps);
@@ -312,21 +360,27 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     cJSON_AddNumberToObject(res, "sgemm_flops_per_s", sg1 > sg0 ? sg1 : sg0);
   }
   if (vl_interrupted) cJSON_AddBoolToObject(res, "interrupted", 1);
-  if (write_results(a->out, c->id, res, results_path, rn)) rc = 1;
-  else vl_progress("results: %s", results_path);
+  int wrc = write_results(a->out, c->id, res, results_path, rn);
+  if (!wrc) vl_progress("results: %s", results_path);
   cJSON_Delete(res);
-  return rc;
+  if (wrc) return 1;
+  /* an interrupted run is never a success, whatever it managed to write (a step that
+   * stopped on the interrupt reports it as its error: that is not a failure of the run) */
+  return vl_interrupted ? VL_EXIT_INTERRUPTED : rc;
 }
 
 static int cmd_report(const args *a, const char *path) {
   vl_ladder L;
   const vl_case *c = load_case(a, &L);
   if (!c) return 2;
-  char def[800];
-  if (!path) { snprintf(def, sizeof def, "%s/%s/latest.json", a->out, c->id); path = def; }
+  char def[PATH_MAX];
+  if (!path) {
+    if (path_fmt(def, sizeof def, "%s/%s/latest.json", a->out, c->id)) return 2;
+    path = def;
+  }
   char err[512] = "";
-  char md[800];
-  snprintf(md, sizeof md, "%s/reports/%s.md", VRAMLAB_SOURCE_DIR, c->id);
+  char md[PATH_MAX];
+  if (path_fmt(md, sizeof md, "%s/reports/%s.md", VRAMLAB_SOURCE_DIR, c->id)) return 2;
   if (vl_report_write(c, &L, path, md, err, sizeof err)) { fprintf(stderr, "vramlab: report: %s\n", err); return 1; }
   vl_progress("report: %s", md);
   return 0;
@@ -409,7 +463,7 @@ static int cmd_data_gen(const args *a) {
 int main(int argc, char **argv) {
   args a;
   if (parse_args(argc, argv, &a)) return 2;
-  char results[900] = "";
+  char results[PATH_MAX] = "";
   if (!strcmp(a.cmd, "list")) return cmd_list();
   if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);
   if (!strcmp(a.cmd, "run")) return cmd_run(&a, results, sizeof results);
@@ -427,8 +481,10 @@ int main(int argc, char **argv) {
       return f > 0 ? 0 : 1;
     }
     int rc = cmd_run(&a, results, sizeof results);
-    if (rc) return rc;
-    return cmd_report(&a, results);
+    /* an interrupted run still gets its report (marked, judging only what was measured) */
+    if (rc && rc != VL_EXIT_INTERRUPTED) return rc;
+    int rrc = cmd_report(&a, results);
+    return rc ? rc : rrc;
   }
   fprintf(stderr, "vramlab: unknown command '%s'\n", a.cmd);
   usage(stderr);

@@ -66,8 +66,8 @@ static void run_bn_train(bn_dims d, vl_dtype dt, const float *x, const float *g,
             tb = tu_tnew(cx, dt, d.C, b);
   vl_tensor tm = tu_tnew(cx, VL_F32, d.C, NULL), ts = tu_tnew(cx, VL_F32, d.C, NULL);
   vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
-  OK(cx->be->bn_fwd_train(cx, &ty, &tm, &ts, rm ? &trm : NULL, rv ? &trv : NULL, &tx, &tg, &tb,
-                          d.N, d.C, d.HW, BN_EPS, BN_MOM));
+  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&ty, &tm, &ts, rm ? &trm : NULL, rv ? &trv : NULL, &tx, &tg, &tb,
+                          d.N, d.C, d.HW, BN_EPS, BN_MOM}));
   if (y) tu_tget(&ty, y);
   if (mean) tu_tget(&tm, mean);
   if (rstd) tu_tget(&ts, rstd);
@@ -85,8 +85,8 @@ static void run_bn_bwd(bn_dims d, vl_dtype dt, const float *x, const float *g, c
   vl_tensor tdx = alias ? tdy : tu_tnew(cx, dt, n, NULL);
   vl_tensor tm = tu_tnew(cx, VL_F32, d.C, mean), ts = tu_tnew(cx, VL_F32, d.C, rstd);
   vl_tensor tdg = tu_tnew(cx, VL_F32, d.C, dg), tdb = tu_tnew(cx, VL_F32, d.C, db);
-  OK(cx->be->bn_bwd(cx, &tdx, dg ? &tdg : NULL, db ? &tdb : NULL, &tdy, &tx, &tg, &tm, &ts, d.N,
-                    d.C, d.HW));
+  OK(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&tdx, dg ? &tdg : NULL, db ? &tdb : NULL, &tdy, &tx, &tg, &tm, &ts, d.N,
+                    d.C, d.HW}));
   tu_tget(&tdx, dx);
   if (dg) tu_tget(&tdg, dg);
   if (db) tu_tget(&tdb, db);
@@ -212,7 +212,7 @@ static void run_bn_eval(bn_dims d, vl_dtype dt, const float *x, const float *g, 
   vl_tensor tx = tu_tnew(cx, dt, n, x), ty = alias ? tx : tu_tnew(cx, dt, n, NULL);
   vl_tensor tg = tu_tnew(cx, dt, d.C, g), tb = tu_tnew(cx, dt, d.C, b);
   vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
-  OK(cx->be->bn_fwd_eval(cx, &ty, &tx, &tg, &tb, &trm, &trv, d.N, d.C, d.HW, BN_EPS));
+  OK(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&ty, &tx, &tg, &tb, &trm, &trv, d.N, d.C, d.HW, BN_EPS}));
   tu_tget(&ty, y);
   if (!alias) vl_tensor_free(cx, &ty);
   TU_TFREE(cx, &tx, &tg, &tb, &trm, &trv);
@@ -384,11 +384,11 @@ enum { RL_N = 50 };
 
 static void run_relu(vl_dtype dt, const float *x, const float *dy, float *y, float *dx, bool alias) {
   vl_tensor tx = tu_tnew(cx, dt, RL_N, x), ty = alias ? tx : tu_tnew(cx, dt, RL_N, NULL);
-  OK(cx->be->relu_fwd(cx, &ty, &tx, RL_N));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&ty, &tx, RL_N}));
   tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, RL_N, dy), tdx = alias ? tdy : tu_tnew(cx, dt, RL_N, NULL);
-    OK(cx->be->relu_bwd(cx, &tdx, &tdy, &ty, RL_N));
+    OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&tdx, &tdy, &ty, RL_N}));
     tu_tget(&tdx, dx);
     if (!alias) vl_tensor_free(cx, &tdx);
     vl_tensor_free(cx, &tdy);
@@ -425,8 +425,8 @@ static void test_relu(void **state) {
   vl_tensor tx = tu_tnew(cx, VL_F32, 3, xs), ty = tu_tnew(cx, VL_F32, 3, NULL),
             tdy = tu_tnew(cx, VL_F32, 3, dys);
   vl_tensor tdx = tu_tnew(cx, VL_F32, 3, NULL);
-  OK(cx->be->relu_fwd(cx, &ty, &tx, 3));
-  OK(cx->be->relu_bwd(cx, &tdx, &tdy, &ty, 3));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&ty, &tx, 3}));
+  OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&tdx, &tdy, &ty, 3}));
   tu_tget(&ty, ys);
   tu_tget(&tdx, dxs);
   assert_true(isnan(ys[0]) && ys[1] == 0.0f && ys[2] == 2.0f);
@@ -445,7 +445,7 @@ static void test_relu(void **state) {
   }
   /* mixed dtypes: fp32 x into a bf16 y */
   vl_tensor a = tu_tnew(cx, VL_F32, RL_N, x), bb = tu_tnew(cx, VL_BF16, RL_N, NULL);
-  OK(cx->be->relu_fwd(cx, &bb, &a, RL_N));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&bb, &a, RL_N}));
   tu_tget(&bb, y2);
   for (int i = 0; i < RL_N; i++) assert_true(y2[i] == vl_round_to(VL_K_BF16, y[i]));
   TU_TFREE(cx, &a, &bb);
@@ -481,11 +481,11 @@ static void pool_ref(pool_geo g, const float *x, float *y, int64_t *arg) {
 
 static vl_status run_pool(pool_geo g, vl_dtype dt, const float *x, const float *dy, float *y, float *dx) {
   vl_tensor tx = tu_tnew(cx, dt, pin(g), x), ty = tu_tnew(cx, dt, pout(g), NULL);
-  vl_status s = cx->be->maxpool_fwd(cx, &ty, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q);
+  vl_status s = vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&ty, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q});
   if (s == VL_OK) tu_tget(&ty, y);
   if (s == VL_OK && dy) {
     vl_tensor tdy = tu_tnew(cx, dt, pout(g), dy), tdx = tu_tnew(cx, dt, pin(g), NULL);
-    s = cx->be->maxpool_bwd(cx, &tdx, &tdy, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q);
+    s = vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){&tdx, &tdy, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q});
     if (s == VL_OK) tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -601,11 +601,11 @@ static void run_up(vl_dtype dt, int64_t planes, int64_t H, int64_t W, const floa
                    const float *dy, float *y, float *dx) {
   int64_t lo = planes * H * W, hi = 4 * lo;
   vl_tensor tx = tu_tnew(cx, dt, lo, x), ty = tu_tnew(cx, dt, hi, NULL);
-  OK(cx->be->upsample2x_fwd(cx, &ty, &tx, planes, H, W));
+  OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&ty, &tx, planes, H, W}));
   tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, hi, dy), tdx = tu_tnew(cx, dt, lo, NULL);
-    OK(cx->be->upsample2x_bwd(cx, &tdx, &tdy, planes, H, W));
+    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&tdx, &tdy, planes, H, W}));
     tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -664,7 +664,7 @@ enum { CC_N = 2, CC_YC = 5, CC_XC = 4, CC_HW = 3, CC_Y0 = 2, CC_X0 = 1, CC_NC = 
 
 static void run_cc(vl_dtype ydt, vl_dtype xdt, const float *y0, const float *x, float *y, bool acc) {
   vl_tensor ty = tu_tnew(cx, ydt, CC_NY, y0), tx = tu_tnew(cx, xdt, CC_NX, x);
-  OK(cx->be->chan_copy(cx, &ty, CC_YC, CC_Y0, &tx, CC_XC, CC_X0, CC_NC, CC_N, CC_HW, acc));
+  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){&ty, CC_YC, CC_Y0, &tx, CC_XC, CC_X0, CC_NC, CC_N, CC_HW, acc}));
   tu_tget(&ty, y);
   TU_TFREE(cx, &ty, &tx);
 }
@@ -704,7 +704,7 @@ static void test_chan_copy(void **state) {
   /* backward of a concat is the same op the other way, adding into dx: its adjoint */
   float *dx = tu_zeros(CC_NX);
   vl_tensor tr = tu_tnew(cx, VL_F32, CC_NY, r), tdx = tu_tnew(cx, VL_F32, CC_NX, NULL);
-  OK(cx->be->chan_copy(cx, &tdx, CC_XC, CC_X0, &tr, CC_YC, CC_Y0, CC_NC, CC_N, CC_HW, true));
+  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){&tdx, CC_XC, CC_X0, &tr, CC_YC, CC_Y0, CC_NC, CC_N, CC_HW, true}));
   tu_tget(&tdx, dx);
   TU_TFREE(cx, &tr, &tdx);
   cc_ctx k = {x, r, tu_zeros(CC_NY)};
@@ -731,9 +731,20 @@ enum { XP_N = 2, XP_K = 5, XP_HW = 6, XP_PIX = XP_N * XP_HW, XP_NL = XP_N * XP_K
 static const int32_t XP_TGT[XP_PIX] = {0, 4, -1, 2, 1, 3, 4, -1, 0, 2, 2, 1};
 #define XP_VALID 10
 
+/* Host int32 ids as a VL_I32 tensor (the CPU backend reads host memory). */
+static vl_tensor ids_of(const int32_t *p, int64_t n) {
+  vl_tensor t;
+  memset(&t, 0, sizeof t);
+  vl_tensor_set_shape(&t, VL_I32, 1, &n);
+  t.device = VL_DEV_CPU;
+  t.data = (void *)p;
+  return t;
+}
+
 static void run_xp(vl_dtype dt, const float *l, float *loss, float *dl) {
   vl_tensor tl = tu_tnew(cx, dt, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
-  OK(cx->be->xent_pix(cx, &tl, &tloss, XP_TGT, XP_N, XP_K, XP_HW, 1.0f / XP_VALID));
+  vl_tensor tgt = ids_of(XP_TGT, XP_PIX);
+  OK(vl_xent_pix_run(cx, &(vl_xent_pix_args){&tl, &tloss, &tgt, XP_N, XP_K, XP_HW, 1.0f / XP_VALID}));
   tu_tget(&tloss, loss);
   if (dl) tu_tget(&tl, dl);
   TU_TFREE(cx, &tl, &tloss);
@@ -782,7 +793,8 @@ static void test_xent_pix(void **state) {
   memcpy(bad, XP_TGT, sizeof bad);
   bad[7] = XP_K;
   vl_tensor tl = tu_tnew(cx, VL_F32, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
-  assert_int_equal(cx->be->xent_pix(cx, &tl, &tloss, bad, XP_N, XP_K, XP_HW, 1.0f), VL_ERR_INVALID);
+  vl_tensor tbad = ids_of(bad, XP_PIX);
+  assert_int_equal(vl_xent_pix_run(cx, &(vl_xent_pix_args){&tl, &tloss, &tbad, XP_N, XP_K, XP_HW, 1.0f}), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "target"));
   float *lafter = tu_zeros(XP_NL);
   tu_tget(&tl, lafter);
@@ -808,7 +820,6 @@ static void test_xent_pix(void **state) {
 
 static void test_bad_args(void **state) {
   (void)state;
-  const vl_backend *be = cx->be;
   vl_tensor x = tu_tnew(cx, VL_F32, 24, NULL), y = tu_tnew(cx, VL_F32, 24, NULL),
             small = tu_tnew(cx, VL_F32, 10, NULL);
   vl_tensor c3 = tu_tnew(cx, VL_F32, 3, NULL), c3b = tu_tnew(cx, VL_F32, 3, NULL),
@@ -817,38 +828,41 @@ static void test_bad_args(void **state) {
   vl_tensor h24 = x; /* x's storage seen as fp16: an alias with another dtype */
   h24.dtype = VL_F16;
   /* batch norm (N, C, HW) = (2, 3, 4) */
-  BAD(be->bn_fwd_train(cx, NULL, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM), "y is NULL");
-  BAD(be->bn_fwd_train(cx, &y, &c3, &c3b, NULL, NULL, &small, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM), "x holds 10");
-  BAD(be->bn_fwd_train(cx, &y, &h3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM), "mean is fp16");
-  BAD(be->bn_fwd_train(cx, &x, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM), "alias");
-  BAD(be->bn_fwd_train(cx, &y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 1, 3, 1, BN_EPS, BN_MOM), "more than 1");
-  BAD(be->bn_fwd_train(cx, &y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, -3, 4, BN_EPS, BN_MOM), "negative");
-  BAD(be->bn_fwd_train(cx, &y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, 1.5f), "momentum");
-  BAD(be->bn_fwd_eval(cx, &h24, &x, &c3, &c3, &c3, &c3b, 2, 3, 4, BN_EPS), "different dtypes");
-  BAD(be->bn_fwd_eval(cx, &y, &x, &c3, &c3, &h3, &c3b, 2, 3, 4, BN_EPS), "running mean is fp16");
-  BAD(be->bn_bwd(cx, &y, NULL, &c2, &x, &x, &c3, &c3, &c3b, 2, 3, 4), "dbeta holds 2");
-  BAD(be->bn_bwd(cx, &x, NULL, NULL, &y, &x, &c3, &c3, &c3b, 2, 3, 4), "dx and x");
-  OK(be->bn_fwd_train(cx, &y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 0, 3, 4, BN_EPS, BN_MOM)); /* empty */
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){NULL, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "y is NULL");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &small, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "x holds 10");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &h3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "mean is fp16");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&x, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "alias");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 1, 3, 1, BN_EPS, BN_MOM}), "more than 1");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, -3, 4, BN_EPS, BN_MOM}), "negative");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, 1.5f}), "momentum");
+  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&h24, &x, &c3, &c3, &c3, &c3b, 2, 3, 4, BN_EPS}), "different dtypes");
+  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&y, &x, &c3, &c3, &h3, &c3b, 2, 3, 4, BN_EPS}), "running mean is fp16");
+  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&y, NULL, &c2, &x, &x, &c3, &c3, &c3b, 2, 3, 4}), "dbeta holds 2");
+  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&x, NULL, NULL, &y, &x, &c3, &c3, &c3b, 2, 3, 4}), "dx and x");
+  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 0, 3, 4, BN_EPS, BN_MOM})); /* empty */
   /* ReLU */
-  BAD(be->relu_fwd(cx, &y, &x, -1), "n = -1");
-  BAD(be->relu_fwd(cx, &y, &small, 24), "x holds 10");
-  BAD(be->relu_bwd(cx, &y, &x, NULL, 24), "y is NULL");
-  BAD(be->relu_fwd(cx, &h24, &x, 24), "different dtypes");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&y, &x, -1}), "n = -1");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&y, &small, 24}), "x holds 10");
+  BAD(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&y, &x, NULL, 24}), "y is NULL");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&h24, &x, 24}), "different dtypes");
   /* pooling */
-  BAD(be->maxpool_fwd(cx, &y, &x, 1, 4, 6, 2, 2, 2, 3, 4), "pad");               /* pad > k/2 */
-  BAD(be->maxpool_fwd(cx, &y, &x, 1, 4, 6, 2, 2, 0, 3, 3), "does not fit");      /* window 3 starts at 4 */
-  BAD(be->maxpool_fwd(cx, &small, &x, 1, 4, 6, 1, 1, 0, 4, 6), "y holds 10");
-  BAD(be->maxpool_bwd(cx, &x, &y, &x, 1, 4, 6, 2, 2, 0, 2, 3), "dx and x");
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&y, &x, 1, 4, 6, 2, 2, 2, 3, 4}), "pad");               /* pad > k/2 */
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&y, &x, 1, 4, 6, 2, 2, 0, 3, 3}), "does not fit");      /* window 3 starts at 4 */
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&small, &x, 1, 4, 6, 1, 1, 0, 4, 6}), "y holds 10");
+  BAD(vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){&x, &y, &x, 1, 4, 6, 2, 2, 0, 2, 3}), "dx and x");
   /* upsampling: (2, 2, 3) -> (2, 4, 6) needs 48 */
-  BAD(be->upsample2x_fwd(cx, &y, &x, 2, 2, 3), "y holds 24");
-  BAD(be->upsample2x_bwd(cx, &x, &x, 1, 1, 1), "alias");
+  BAD(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&y, &x, 2, 2, 3}), "y holds 24");
+  BAD(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&x, &x, 1, 1, 1}), "alias");
   /* channel copy */
-  BAD(be->chan_copy(cx, &y, 3, 2, &x, 3, 0, 2, 2, 4, false), "out of range");
-  BAD(be->chan_copy(cx, &y, 3, 0, &x, 4, 0, 2, 2, 4, false), "x holds 24");
+  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){&y, 3, 2, &x, 3, 0, 2, 2, 4, false}), "out of range");
+  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){&y, 3, 0, &x, 4, 0, 2, 2, 4, false}), "x holds 24");
   /* cross-entropy */
   int32_t tg[8] = {0};
-  BAD(be->xent_pix(cx, &x, &h3, tg, 2, 1, 1, 1.0f), "loss is fp16");
-  BAD(be->xent_pix(cx, &x, &small, NULL, 2, 3, 4, 1.0f), "NULL");
+  vl_tensor ttg = ids_of(tg, 8), tf = ttg;
+  tf.dtype = VL_F32; /* ids stored as floats: refused */
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &h3, &ttg, 2, 1, 1, 1.0f}), "loss is fp16");
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &c3, &tf, 1, 3, 1, 1.0f}), "i32 expected");
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &small, NULL, 2, 3, 4, 1.0f}), "NULL");
   TU_TFREE(cx, &x, &y, &small, &c3, &c3b, &h3, &c2);
 }
 

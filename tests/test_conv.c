@@ -69,6 +69,16 @@ static void ref_bwd_weight(const vl_conv *cv, const float *x, const float *dy, d
   FOR_TERMS(cv, dw[wi] += (double)dy[yi] * x[xi]);
 }
 
+/* The workspace op `dir` needs on c's target (the descriptor's rule). */
+static size_t conv_ws(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc) {
+  vl_conv_fwd_args f = {.cv = *cv};
+  vl_conv_bwd_data_args d = {.cv = *cv};
+  vl_conv_bwd_weight_args w = {.cv = *cv, .accumulate = acc};
+  return dir == VL_CONV_FWD ? vl_op_ws_bytes(c, VL_OP_CONV_FWD, &f)
+         : dir == VL_CONV_BWD_DATA ? vl_op_ws_bytes(c, VL_OP_CONV_BWD_DATA, &d)
+                                   : vl_op_ws_bytes(c, VL_OP_CONV_BWD_WEIGHT, &w);
+}
+
 /* Runs one direction on the CPU backend with workspace from the arena. */
 typedef struct { vl_conv cv; vl_dtype xdt, wdt, gdt; bool acc; } run_cfg;
 
@@ -76,7 +86,7 @@ static void run_dir(const run_cfg *rc, vl_conv_dir dir, const float *a, const fl
                     const float *out_init) {
   vl_conv cv = rc->cv;
   cv.xdt = rc->xdt; cv.wdt = rc->wdt; cv.gdt = rc->gdt;
-  size_t wsb = cx->be->conv_ws_bytes(cx, &cv, dir, rc->acc);
+  size_t wsb = conv_ws(cx, &cv, dir, rc->acc);
   vl_tensor ws = {0};
   if (wsb) {
     int64_t n = ((int64_t)wsb + 3) / 4;
@@ -87,17 +97,17 @@ static void run_dir(const run_cfg *rc, vl_conv_dir dir, const float *a, const fl
     ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
     tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
     to = tu_tnew(cx, cv.xdt, ny(&cv), NULL);
-    OK(cx->be->conv_fwd(cx, &cv, &to, &ta, &tb, ws.data, wsb));
+    OK(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &to, &ta, &tb, ws.data, wsb}));
   } else if (dir == VL_CONV_BWD_DATA) {
     ta = tu_tnew(cx, cv.xdt, ny(&cv), a);
     tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
     to = tu_tnew(cx, cv.xdt, nx(&cv), NULL);
-    OK(cx->be->conv_bwd_data(cx, &cv, &to, &ta, &tb, ws.data, wsb));
+    OK(vl_conv_bwd_data_run(cx, &(vl_conv_bwd_data_args){cv, &to, &ta, &tb, ws.data, wsb}));
   } else {
     ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
     tb = tu_tnew(cx, cv.xdt, ny(&cv), b);
     to = tu_tnew(cx, cv.gdt, nw(&cv), out_init);
-    OK(cx->be->conv_bwd_weight(cx, &cv, &to, &ta, &tb, rc->acc, ws.data, wsb));
+    OK(vl_conv_bwd_weight_run(cx, &(vl_conv_bwd_weight_args){cv, &to, &ta, &tb, rc->acc, ws.data, wsb}));
   }
   tu_tget(&to, out);
   vl_tensor_free(cx, &to); vl_tensor_free(cx, &tb); vl_tensor_free(cx, &ta);
@@ -251,21 +261,21 @@ static void test_workspace(void **state) {
       for (int acc = 0; acc < 2; acc++) {
         vl_conv cv = mk(&SHAPES[i]);
         cv.xdt = acc ? VL_F16 : VL_F32;
-        assert_int_equal(plan->be->conv_ws_bytes(plan, &cv, (vl_conv_dir)dir, acc),
-                         cx->be->conv_ws_bytes(cx, &cv, (vl_conv_dir)dir, acc));
+        assert_int_equal(conv_ws(plan, &cv, (vl_conv_dir)dir, acc),
+                         conv_ws(cx, &cv, (vl_conv_dir)dir, acc));
       }
   vl_ctx_destroy(plan);
   vl_conv cv = mk(&SHAPES[0]);
   cv.xdt = VL_F16; /* needs conversion buffers, so the workspace is never 0 */
-  size_t need = cx->be->conv_ws_bytes(cx, &cv, VL_CONV_FWD, false);
+  size_t need = conv_ws(cx, &cv, VL_CONV_FWD, false);
   assert_true(need > 0);
   vl_tensor x = tu_tnew(cx, VL_F16, nx(&cv), NULL), w = tu_tnew(cx, VL_F32, nw(&cv), NULL),
             y = tu_tnew(cx, VL_F16, ny(&cv), NULL);
   char buf[64];
-  assert_int_equal(cx->be->conv_fwd(cx, &cv, &y, &x, &w, buf, sizeof buf), VL_ERR_INVALID);
+  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &y, &x, &w, buf, sizeof buf}), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "workspace"));
   vl_tensor small = tu_tnew(cx, VL_F16, ny(&cv) - 1, NULL);
-  assert_int_equal(cx->be->conv_fwd(cx, &cv, &small, &x, &w, NULL, 0), VL_ERR_INVALID);
+  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &small, &x, &w, NULL, 0}), VL_ERR_INVALID);
   vl_tensor_free(cx, &small); vl_tensor_free(cx, &y); vl_tensor_free(cx, &w); vl_tensor_free(cx, &x);
 }
 

@@ -29,6 +29,7 @@ typedef struct {
   atomic_int delay_us;     /* reads of i % delay_mod == 0 sleep this long (jumbles finish */
   int delay_mod;           /* order; slows workers down), 3 by default */
   atomic_int scratch_live; /* scratch_new minus scratch_free */
+  atomic_int scratch_made, limits_set; /* scratch_new calls; scratch_limit calls */
   atomic_long reads;
   bool masks;              /* give a mask with every image (seg_fill) */
   int seg_size;            /* masks: square images of this side; 0: img_w x img_h */
@@ -42,9 +43,17 @@ static uint8_t img_px(int64_t i, int y, int x, int c) {
 }
 
 static int64_t syn_len(void *self) { return ((synth *)self)->n; }
+/* A scratch's first 8 bytes: the largest "file" it may read (scratch_limit). */
 static void *syn_scratch_new(void *self) {
   atomic_fetch_add(&((synth *)self)->scratch_live, 1);
-  return malloc(64);
+  atomic_fetch_add(&((synth *)self)->scratch_made, 1);
+  uint64_t *p = malloc(64);
+  if (p) *p = UINT64_MAX; /* until the loader says */
+  return p;
+}
+static void syn_scratch_limit(void *self, void *scratch, uint64_t max_file_bytes) {
+  atomic_fetch_add(&((synth *)self)->limits_set, 1);
+  *(uint64_t *)scratch = max_file_bytes;
 }
 static void syn_scratch_free(void *self, void *scratch) {
   atomic_fetch_sub(&((synth *)self)->scratch_live, 1);
@@ -123,6 +132,13 @@ static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, c
   }
   int d = atomic_load(&s->delay_us);
   if (d > 0 && i % s->delay_mod == 0) sleep_us(d);
+  /* Image i as a "file" of w*h*3 bytes: larger than the scratch's limit, it is refused. */
+  const uint64_t fb = (uint64_t)img_w(i) * (uint64_t)img_h(i) * 3;
+  if (fb > *(uint64_t *)scratch) {
+    snprintf(err, errn, "synthetic file of %llu bytes exceeds max_file_bytes (%llu)",
+             (unsigned long long)fb, (unsigned long long)*(uint64_t *)scratch);
+    return VL_ERR_IO;
+  }
   for (int k = 0; k < s->nbad; k++)
     if (s->bad[k] == i) {
       snprintf(err, errn, "synthetic corrupt image %lld", (long long)i);
@@ -151,6 +167,7 @@ static vl_dataset syn_dataset(synth *s) {
   d.len = syn_len;
   d.scratch_new = syn_scratch_new;
   d.scratch_free = syn_scratch_free;
+  d.scratch_limit = syn_scratch_limit;
   d.read = syn_read;
   d.scratch_bytes = 64;
   d.max_image_bytes = (size_t)(9 + 28) * (7 + 22) * 3;
@@ -363,6 +380,7 @@ static void test_config_validation(void **state) {
   c = small_cfg(), c.scale_min = 0.9f, c.scale_max = 0.5f, expect_invalid(&c, &s, "scale");
   c = small_cfg(), c.ratio_min = 0, expect_invalid(&c, &s, "ratio");
   c = small_cfg(), c.on_corrupt = (vl_corrupt_policy)7, expect_invalid(&c, &s, "on_corrupt");
+  c = small_cfg(), c.max_file_bytes = 0, expect_invalid(&c, &s, "max_file_bytes");
   synth empty;
   syn_init(&empty, 0);
   c = small_cfg(), expect_invalid(&c, &empty, "empty");
@@ -384,6 +402,67 @@ static void test_config_validation(void **state) {
   assert_non_null(strstr(st.last_error, "start_epoch"));
   vl_loader_destroy(l);
   assert_int_equal(atomic_load(&s.scratch_live), 0);
+}
+
+/* cfg.max_file_bytes (64 MiB by default) reaches every worker's scratch through
+ * scratch_limit, once per scratch, whatever the worker count and persistence: a "file"
+ * larger than it is a corrupt sample (skipped under SKIP, the epoch's error under ERROR). */
+static void test_max_file_bytes(void **state) {
+  (void)state;
+  const int64_t N = 30;
+  synth s;
+  syn_init(&s, N);
+  vl_loader_cfg c = small_cfg();
+  assert_true(c.max_file_bytes == VL_LOADER_MAX_FILE_BYTES);
+  assert_true(VL_LOADER_MAX_FILE_BYTES == 64u << 20);
+  const uint64_t lim = 1500; /* the "files" are 189 .. 3219 bytes */
+  int64_t nbig = 0;
+  bool big[30];
+  for (int64_t i = 0; i < N; i++) nbig += big[i] = (uint64_t)img_w(i) * img_h(i) * 3 > lim;
+  assert_true(nbig > 3 && nbig < N - 3);
+  for (int w = 0; w <= 3; w++)
+    for (int pers = 0; pers < 2; pers++) {
+      c = small_cfg();
+      c.workers = w;
+      c.persistent = pers;
+      c.max_file_bytes = lim;
+      c.on_corrupt = VL_CORRUPT_SKIP;
+      atomic_store(&s.limits_set, 0);
+      atomic_store(&s.scratch_made, 0);
+      epoch_out o;
+      vl_loader_stats st;
+      epoch_once(&c, &s, 2, &o, &st);
+      assert_int_equal(st.skipped, nbig);
+      assert_int_equal(o.n, N - nbig);
+      for (int64_t k = 0; k < o.n; k++) assert_false(big[o.idx[k]]);
+      assert_true(atomic_load(&s.scratch_made) >= 1);
+      assert_int_equal(atomic_load(&s.limits_set), atomic_load(&s.scratch_made));
+      out_free(&o);
+    }
+  c = small_cfg();
+  c.workers = 2;
+  c.max_file_bytes = lim;
+  vl_loader *l = mk_loader(&c, &s);
+  epoch_out o;
+  assert_int_equal(run_epoch(l, &c, 0, &o), VL_ERR_IO);
+  vl_loader_stats st;
+  vl_loader_stats_get(l, &st);
+  assert_non_null(strstr(st.last_error, "exceeds max_file_bytes (1500)"));
+  vl_loader_destroy(l);
+  out_free(&o);
+  assert_int_equal(atomic_load(&s.scratch_live), 0);
+
+  /* The policy's names, as the cases' corrupt knob takes them. */
+  vl_corrupt_policy p = VL_CORRUPT_ERROR;
+  assert_int_equal(vl_corrupt_policy_parse("skip", &p), 0);
+  assert_int_equal(p, VL_CORRUPT_SKIP);
+  assert_int_equal(vl_corrupt_policy_parse("ERROR", &p), 0);
+  assert_int_equal(p, VL_CORRUPT_ERROR);
+  assert_int_equal(vl_corrupt_policy_parse("ignore", &p), -1);
+  assert_int_equal(vl_corrupt_policy_parse("", &p), -1);
+  assert_int_equal(vl_corrupt_policy_parse(NULL, &p), -1);
+  assert_string_equal(vl_corrupt_policy_name(VL_CORRUPT_SKIP), "skip");
+  assert_string_equal(vl_corrupt_policy_name(VL_CORRUPT_ERROR), "error");
 }
 
 /* ============================== coverage ============================================= */
@@ -1429,6 +1508,7 @@ static void test_seg_bound(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_validation),
+      cmocka_unit_test(test_max_file_bytes),
       cmocka_unit_test(test_every_sample_once),
       cmocka_unit_test(test_shards),
       cmocka_unit_test(test_deterministic_across_workers),

@@ -74,8 +74,8 @@ static void check_case(const char *id) {
   if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, id, err, sizeof err)) fail_msg("%s", err);
   snprintf(path, sizeof path, "%s/tests/golden/%s.json", VRAMLAB_SOURCE_DIR, id);
   uint8_t *text;
-  tu_slurp(path, &text);
-  cJSON *golden = cJSON_Parse((const char *)text);
+  size_t n = tu_slurp(path, &text);
+  cJSON *golden = cJSON_ParseWithLength((const char *)text, n);
   free(text);
   assert_non_null(golden);
   assert_int_equal(cJSON_GetArraySize(golden), L->n_rungs);

@@ -1,6 +1,8 @@
 /* Harness tests: ladder/claims files and their errors, --set inheritance, knob parsing,
  * verdicts, statistics, atomic writes, the llm-lora case's planner output and CLI errors. */
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +10,15 @@
 #include <unistd.h>
 
 #include "case.h"
+#include "parse.h"
 #include "report.h"
 #include "testutil.h"
+
+/* gcc: the build turns -Wformat-truncation off; the tests here build long paths and
+ * commands on purpose, so a buffer too small for one is an error, not a silently cut test. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic error "-Wformat-truncation"
+#endif
 
 static char tmpdir[256];
 
@@ -305,7 +314,7 @@ static void test_interrupted_run_keeps_results(void **state) {
   snprintf(path, sizeof path, "%s/int.rc", tmpdir);
   char *rc = vl_read_file(path, NULL);
   assert_non_null(rc);
-  assert_int_equal(atoi(rc), 1);
+  assert_int_equal(atoi(rc), 130); /* interrupted: 128 + SIGINT, never success */
   free(rc);
   snprintf(path, sizeof path, "%s/res-int/llm-lora/latest.json", tmpdir);
   char *text = vl_read_file(path, NULL);
@@ -346,32 +355,409 @@ static void test_oom_rung_is_a_result(void **state) {
   cJSON_Delete(res);
 }
 
+/* Runs `vramlab ARGS` in tmpdir: its exit status; *out gets what it printed (malloc'd). */
+static int run_cli(const char *args, char **out) {
+  size_t n = strlen(args) + 1024;
+  char *cmd = malloc(n), path[512];
+  assert_non_null(cmd);
+  snprintf(path, sizeof path, "%s/cli.txt", tmpdir);
+  snprintf(cmd, n, "cd '%s' && %s/vramlab %s >%s 2>&1", tmpdir, VRAMLAB_BINARY_DIR, args, path);
+  int st = system(cmd);
+  free(cmd);
+  *out = vl_read_file(path, NULL);
+  assert_non_null(*out);
+  return WEXITSTATUS(st);
+}
+
+/* Loads cases/<id>/ from tmpdir after writing the two texts; asserts it fails with an
+ * error containing every one of the NULL-terminated strings in expect. */
+static void expect_load_error(const char *id, const char *ladder, const char *claims, const char *const *expect) {
+  char rel[256];
+  snprintf(rel, sizeof rel, "cases/%s/ladder.ini", id);
+  write_file(rel, ladder);
+  snprintf(rel, sizeof rel, "cases/%s/claims.ini", id);
+  write_file(rel, claims);
+  vl_ladder L;
+  char err[512] = "";
+  int rc = vl_ladder_load(&L, tmpdir, id, err, sizeof err);
+  for (int i = 0; expect[i]; i++)
+    if (rc == 0 || !strstr(err, expect[i])) {
+      print_error("case %s: rc %d, error '%s', expected '%s'\n", id, rc, err, expect[i]);
+      fail();
+    }
+}
+
+/* #8 (issue 8): a --set value of 96+ characters used to fail with an empty message, so a
+ * long data_dir could not be given; now real paths fit and a longer value names the knob
+ * and the limit. */
+static void test_set_long_values(void **state) {
+  (void)state;
+  vl_ladder L;
+  char err[512] = "", a[1200], v[1100];
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  memset(v, 'd', 300);
+  v[0] = '/';
+  v[300] = 0;
+  snprintf(a, sizeof a, "data_dir=%s", v);
+  if (vl_ladder_set(&L, a, err, sizeof err)) { print_error("--set data_dir (300 chars): '%s'\n", err); fail(); }
+  assert_string_equal(vl_knob_get(&L.setting, "data_dir"), v);
+  memset(v, 'd', 1050);
+  v[1050] = 0;
+  const char *forms[] = {"data_dir=%s", "before.collate=%s", "collate=%s"};
+  const char *knob[] = {"data_dir", "collate", "collate"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(a, sizeof a, forms[i], v);
+    err[0] = 0;
+    assert_int_not_equal(vl_ladder_set(&L, a, err, sizeof err), 0);
+    if (!strstr(err, knob[i]) || !strstr(err, "1023")) { print_error("'%.20s...': '%s'\n", a, err); fail(); }
+  }
+}
+
+/* --out paths longer than main.c's fixed buffers were silently cut (results written to a
+ * truncated folder); now they are written where asked, and past PATH_MAX refused. */
+static void test_out_path_not_truncated(void **state) {
+  (void)state;
+  char rel[5000] = "long", args[5200], path[6000], *out;
+  while (strlen(rel) < 1000) strcat(rel, "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+  snprintf(args, sizeof args, "run dataloader --device plan --quiet --out %s", rel);
+  int rc = run_cli(args, &out);
+  if (rc != 0) { print_error("%s\n", out); fail(); }
+  free(out);
+  snprintf(path, sizeof path, "%s/%s/dataloader/latest.json", tmpdir, rel);
+  assert_int_equal(access(path, F_OK), 0);
+  while (strlen(rel) < 4200) strcat(rel, "/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb");
+  snprintf(args, sizeof args, "run dataloader --device plan --quiet --out %s", rel);
+  rc = run_cli(args, &out);
+  if (rc == 0 || !strstr(out, "path too long") || !strstr(out, "4095")) { print_error("rc %d: %s\n", rc, out); fail(); }
+  free(out);
+}
+
+/* #8: an empty value (--set data_dir= wrote a data set under "/") is refused for every
+ * knob, on the command line and in the INI files. */
+static void test_empty_values_refused(void **state) {
+  (void)state;
+  vl_ladder L;
+  char err[512] = "";
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  const char *sets[] = {"data_dir=", "before.workers=", "workers="};
+  const char *knob[] = {"data_dir", "workers", "workers"};
+  for (int i = 0; i < 3; i++) {
+    err[0] = 0;
+    assert_int_not_equal(vl_ladder_set(&L, sets[i], err, sizeof err), 0);
+    if (!strstr(err, knob[i]) || !strstr(err, "empty")) { print_error("--set %s: '%s'\n", sets[i], err); fail(); }
+  }
+  expect_load_error("e1", "[case]\nbatch = 2\n[a]\nx =\n", "[c]\nmetric = m\nafter = a\n",
+                    (const char *const[]){"ladder.ini:4:", "'x'", "empty", NULL});
+  expect_load_error("e2", "[case]\ndata_dir = ; nothing\n[a]\nx = 1\n", "[c]\nmetric = m\nafter = a\n",
+                    (const char *const[]){"ladder.ini:2:", "data_dir", "empty", NULL});
+  expect_load_error("e3", ladder_ok, "[c]\nmetric = m\nafter = a\nnote =\n",
+                    (const char *const[]){"claims.ini:4:", "note", "empty", NULL});
+}
+
+/* #9: every number of the command line and of --set is parsed strictly and refused up
+ * front, naming the option or knob (atoi read "1e3" as 1 and "90abc" as 90; a bad
+ * sweep_workers was found only after the whole ladder had run). */
+static void test_cli_strict_numbers(void **state) {
+  (void)state;
+  struct { const char *args, *expect; } cases[] = {
+      {"data gen --out d1 --n 1e3", "--n"},
+      {"data gen --out d2 --n 4294967297", "--n"},
+      {"data gen --out d3 --n 1 --quality 90abc", "--quality"},
+      {"data gen --out d4 --n 1 --seed 99999999999999999999", "--seed"},
+      {"data gen --kind seg --out d5 --n 1 --size 64x", "--size"},
+      {"data gen --kind seg --out d6 --n 1 --classes ' 3'", "--classes"},
+      {"bench gemm --n 64x", "--n"},
+      {"plan dataloader --set sweep_workers=xyz", "sweep_workers"},
+      {"plan dataloader --set sweep_workers=-1", "sweep_workers"},
+      {"plan dataloader --set sweep_prefetch=1,,2", "sweep_prefetch"},
+      {"plan llm-lora --set ckpt.accum=4x --step ckpt", "accum"},
+      {"plan seg-ckpt --set 'lr= 0.1' --step ckpt", "lr"},
+      /* (report, not run: were it accepted, it would read, not write, under "/") */
+      {"report dataloader --out ''", "--out"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *out;
+    int rc = run_cli(cases[i].args, &out);
+    if (rc != 2 || !strstr(out, cases[i].expect)) {
+      print_error("`vramlab %s` exited %d and printed:\n%s\nexpected exit 2 and '%s'\n", cases[i].args, rc, out,
+                  cases[i].expect);
+      fail();
+    }
+    free(out);
+  }
+}
+
+/* #11a: accum=4096 made llm-lora's plan step through 4096 micro-batches for every probe of
+ * the batch search (minutes); it now plans a bounded number and extrapolates, with the
+ * same peak and the FLOPs scaled. */
+static void test_accum_plan_is_fast(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("llm-lora");
+  vl_ladder L;
+  char err[512];
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
+  int k = vl_ladder_find(&L, "ckpt");
+  vl_knobs kn = L.rungs[k].knobs;
+  assert_int_equal(vl_knob_set(&kn, "accum", "8"), 0);
+  cJSON *o8 = cJSON_CreateObject(), *o = cJSON_CreateObject();
+  assert_int_equal(c->plan(&env, "full", &kn, o8, err, sizeof err), 0);
+  assert_int_equal(vl_knob_set(&kn, "accum", "4096"), 0);
+  double t0 = vl_now();
+  assert_int_equal(c->plan(&env, "full", &kn, o, err, sizeof err), 0);
+  double dt = vl_now() - t0;
+  if (dt >= 2.0) { print_error("plan with accum=4096 took %.1f s\n", dt); fail(); }
+  assert_true(vl_rep_num(o, "peak_bytes") == vl_rep_num(o8, "peak_bytes"));
+  assert_true(vl_rep_num(o, "max_batch") == vl_rep_num(o8, "max_batch"));
+  double f = vl_rep_num(o, "flops_per_step"), f8 = vl_rep_num(o8, "flops_per_step");
+  assert_true(fabs(f - 512 * f8) <= 1e-9 * f);
+  cJSON_Delete(o8);
+  cJSON_Delete(o);
+}
+
+/* #12: the INI files are strict: duplicate keys, a reopened section, NaN or infinite
+ * numbers, metrics no case writes, names longer than their buffers and more rungs, knobs
+ * or claims than the limits are each refused with the file and line. */
+static void test_ini_strict(void **state) {
+  (void)state;
+  const char *cl = "[c]\nmetric = m\nafter = a\n";
+  expect_load_error("s1", "[case]\nbatch = 2\n[a]\nx = 1\nx = 2\n", cl,
+                    (const char *const[]){"ladder.ini:5:", "duplicate", "'x'", "line 4", NULL});
+  expect_load_error("s2", "[case]\nbatch = 2\nbatch = 3\n[a]\nx = 1\n", cl,
+                    (const char *const[]){"ladder.ini:3:", "duplicate", NULL});
+  expect_load_error("s3", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = 0.1\ntol = 0.2\n",
+                    (const char *const[]){"claims.ini:5:", "duplicate", "'tol'", NULL});
+  expect_load_error("s4", "[a]\nx = 1\n[b]\ny = 2\n[a]\nz = 3\n", cl,
+                    (const char *const[]){"ladder.ini:5:", "[a]", "reopened", "line 1", NULL});
+  expect_load_error("s5", ladder_ok, "[c]\nmetric = m\nafter = a\n[d]\nmetric = m\nafter = a\n[c]\ntol = 1\n",
+                    (const char *const[]){"claims.ini:7:", "[c]", "reopened", NULL});
+  expect_load_error("s6", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = nan\n",
+                    (const char *const[]){"claims.ini:4:", "tol", "nan", NULL});
+  expect_load_error("s7", ladder_ok, "[c]\nmetric = m\nafter = a\nkind = range\nlo = inf\nhi = 2\n",
+                    (const char *const[]){"claims.ini:5:", "lo", "inf", NULL});
+  expect_load_error("s8", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = 0x10\n",
+                    (const char *const[]){"claims.ini:4:", "tol", NULL});
+  expect_load_error("s9", ladder_ok, "[c]\nmetric = m\nafter = a\narticle_after = 1e999\n",
+                    (const char *const[]){"claims.ini:4:", "article_after", NULL});
+  /* a registered case: the claim's metric must be one the case writes */
+  expect_load_error("llm-lora", ladder_ok, "[c]\nmetric = colour_bytes\nafter = a\n",
+                    (const char *const[]){"claims.ini:2:", "colour_bytes", "llm-lora", NULL});
+  /* names longer than their buffers are refused, not cut */
+  expect_load_error("s10", "[a_rung_name_that_is_far_too_long_for_it]\nx = 1\n", cl,
+                    (const char *const[]){"ladder.ini:1:", "a_rung_name_that_is_far_too_long_for_it", "31", NULL});
+  expect_load_error("s11", ladder_ok, "[a_claim_id_that_is_much_too_long_for_its_buffer]\nmetric = m\nafter = a\n",
+                    (const char *const[]){"claims.ini:1:", "39", NULL});
+  /* the limits, named */
+  char big[8192] = "", line[64];
+  for (int i = 0; i < VL_MAX_RUNGS + 1; i++) {
+    snprintf(line, sizeof line, "[r%c%c]\nx = 1\n", 'a' + i / 26, 'a' + i % 26);
+    strcat(big, line);
+  }
+  expect_load_error("s12", big, "[c]\nmetric = m\nafter = raa\n", (const char *const[]){"ladder.ini:33:", "16", NULL});
+  snprintf(big, sizeof big, "[a]\n");
+  for (int i = 0; i < VL_MAX_KNOBS + 1; i++) {
+    snprintf(line, sizeof line, "k%c%c = 1\n", 'a' + i / 26, 'a' + i % 26);
+    strcat(big, line);
+  }
+  expect_load_error("s13", big, cl, (const char *const[]){"ladder.ini:50:", "48", NULL});
+  big[0] = 0;
+  for (int i = 0; i < VL_MAX_CLAIMS + 1; i++) {
+    snprintf(line, sizeof line, "[c%c%c]\nmetric = m\nafter = a\n", 'a' + i / 26, 'a' + i % 26);
+    strcat(big, line);
+  }
+  expect_load_error("s14", ladder_ok, big, (const char *const[]){"claims.ini:97:", "32", NULL});
+  /* a key before any section header */
+  expect_load_error("s15", "x = 1\n[a]\ny = 2\n", cl, (const char *const[]){"ladder.ini:1:", "section", NULL});
+}
+
+/* The one strict number parser: whole string, no whitespace or junk, exact overflow, range,
+ * NaN never and infinities only when the range asks for them. */
+static void test_strict_parsers(void **state) {
+  (void)state;
+  int64_t i;
+  const char *bad_int[] = {"", " 1", "1 ", "+", "-", "1e3", "90abc", "0x10", "1.0", "4294967297x",
+                           "99999999999999999999", "-9223372036854775809", "1,2", "１"};
+  for (size_t k = 0; k < sizeof bad_int / sizeof *bad_int; k++)
+    if (vl_parse_i64(bad_int[k], INT64_MIN, INT64_MAX, &i) == VL_PARSE_OK) { print_error("'%s' parsed\n", bad_int[k]); fail(); }
+  assert_int_equal(vl_parse_i64("", 0, 9, &i), VL_PARSE_EMPTY);
+  assert_int_equal(vl_parse_i64("99999999999999999999", INT64_MIN, INT64_MAX, &i), VL_PARSE_RANGE);
+  assert_int_equal(vl_parse_i64("99999999999999999999x", INT64_MIN, INT64_MAX, &i), VL_PARSE_SYNTAX);
+  assert_int_equal(vl_parse_i64("4294967297", 1, INT32_MAX, &i), VL_PARSE_RANGE);
+  assert_int_equal(vl_parse_i64("-1", 0, 10, &i), VL_PARSE_RANGE);
+  assert_int_equal(vl_parse_i64("9223372036854775807", INT64_MIN, INT64_MAX, &i), VL_PARSE_OK);
+  assert_true(i == INT64_MAX);
+  assert_int_equal(vl_parse_i64("-9223372036854775808", INT64_MIN, INT64_MAX, &i), VL_PARSE_OK);
+  assert_true(i == INT64_MIN);
+  assert_int_equal(vl_parse_i64("+007", 0, 10, &i), VL_PARSE_OK);
+  assert_int_equal(i, 7);
+  double d;
+  const char *bad_dbl[] = {"", " 1", "1 ", ".", "e3", "1e", "1e+", "0x1p3", "nan", "NaN", "-nan", "inf", "-Infinity",
+                           "1e999", "1e-400", "1.5x", "1,5"};
+  for (size_t k = 0; k < sizeof bad_dbl / sizeof *bad_dbl; k++)
+    if (vl_parse_f64(bad_dbl[k], -DBL_MAX, DBL_MAX, &d) == VL_PARSE_OK) { print_error("'%s' parsed\n", bad_dbl[k]); fail(); }
+  assert_int_equal(vl_parse_f64("inf", -INFINITY, INFINITY, &d), VL_PARSE_OK); /* asked for */
+  assert_true(isinf(d));
+  assert_int_equal(vl_parse_f64("nan", -INFINITY, INFINITY, &d), VL_PARSE_RANGE); /* never */
+  const char *good_dbl[] = {"3e-3", "-0.5", "12.", ".5", "1E+2", "+4", "0"};
+  const double want[] = {3e-3, -0.5, 12, 0.5, 100, 4, 0};
+  for (size_t k = 0; k < sizeof good_dbl / sizeof *good_dbl; k++) {
+    assert_int_equal(vl_parse_f64(good_dbl[k], -DBL_MAX, DBL_MAX, &d), VL_PARSE_OK);
+    assert_true(d == want[k]);
+  }
+  assert_int_equal(vl_parse_f64("1.5", 0, 1, &d), VL_PARSE_RANGE);
+  int64_t l[4];
+  int n = -1;
+  assert_int_equal(vl_parse_i64_list("0,1,2,4", 0, 1024, l, 4, &n), VL_PARSE_OK);
+  assert_int_equal(n, 4);
+  assert_true(l[0] == 0 && l[3] == 4);
+  assert_int_equal(vl_parse_i64_list("0,1,2,4,8", 0, 1024, l, 4, &n), VL_PARSE_TOO_MANY);
+  assert_int_equal(vl_parse_i64_list("1,,2", 0, 9, l, 4, &n), VL_PARSE_EMPTY);
+  assert_int_equal(vl_parse_i64_list("1,", 0, 9, l, 4, &n), VL_PARSE_EMPTY);
+  assert_int_equal(vl_parse_i64_list("", 0, 9, l, 4, &n), VL_PARSE_EMPTY);
+  assert_int_equal(vl_parse_i64_list("1, 2", 0, 9, l, 4, &n), VL_PARSE_SYNTAX);
+  assert_int_equal(vl_parse_i64_list("xyz", 0, 9, l, 4, &n), VL_PARSE_SYNTAX);
+  assert_int_equal(vl_parse_i64_list("-1", 0, 9, l, 4, &n), VL_PARSE_RANGE);
+  /* through the knob helpers: leading blanks, hex and underflow no longer slip through */
+  vl_knobs k = {0};
+  char err[256];
+  long v, lv[16];
+  size_t sz;
+  assert_int_equal(vl_knob_set(&k, "n", " 42"), 0);
+  assert_int_not_equal(vl_knob_int(&k, "n", 0, 0, 100, &v, err, sizeof err), 0);
+  assert_non_null(strstr(err, "n = ' 42'"));
+  assert_int_equal(vl_knob_set(&k, "f", "0x1p-1"), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  assert_int_equal(vl_knob_set(&k, "f", "1e-400"), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  const char *bad_bytes[] = {" 24GiB", "0x18GiB", "infGB", "-1GB", "GB", "1e999GB"};
+  for (size_t j = 0; j < sizeof bad_bytes / sizeof *bad_bytes; j++) {
+    assert_int_equal(vl_knob_set(&k, "s", bad_bytes[j]), 0);
+    if (!vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err)) { print_error("'%s' parsed\n", bad_bytes[j]); fail(); }
+  }
+  assert_int_equal(vl_knob_set(&k, "s", "22.08GB"), 0);
+  assert_int_equal(vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err), 0);
+  assert_true(sz == 22080000000u);
+  assert_int_equal(vl_knob_int_list(&k, "absent", "1,2,4", 1, 9, lv, 16, &n, err, sizeof err), 0);
+  assert_int_equal(n, 3);
+  assert_int_equal(vl_knob_set(&k, "sw", "0,1,x"), 0);
+  assert_int_not_equal(vl_knob_int_list(&k, "sw", "1", 0, 9, lv, 16, &n, err, sizeof err), 0);
+  assert_non_null(strstr(err, "sw = '0,1,x'"));
+}
+
+/* vl_knob_set refuses what it cannot hold or what means nothing, with the limit. */
+static void test_knob_set_limits(void **state) {
+  (void)state;
+  vl_knobs k = {0};
+  char err[256], v[VL_KNOB_VAL_LEN + 1];
+  memset(v, 'v', VL_KNOB_VAL_LEN - 1);
+  v[VL_KNOB_VAL_LEN - 1] = 0;
+  assert_int_equal(vl_knob_set_err(&k, "long", v, err, sizeof err), 0); /* exactly the limit */
+  assert_int_equal(strlen(vl_knob_get(&k, "long")), VL_KNOB_VAL_LEN - 1);
+  v[VL_KNOB_VAL_LEN - 1] = 'v';
+  v[VL_KNOB_VAL_LEN] = 0;
+  assert_int_not_equal(vl_knob_set_err(&k, "long", v, err, sizeof err), 0);
+  assert_non_null(strstr(err, "knob 'long'"));
+  assert_non_null(strstr(err, "1023"));
+  assert_int_not_equal(vl_knob_set_err(&k, "a_knob_name_longer_than_the_forty_bytes_of_its_field", "1", err, sizeof err), 0);
+  assert_non_null(strstr(err, "limit 39"));
+  assert_int_not_equal(vl_knob_set_err(&k, "", "1", err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_set_err(&k, "e", "", err, sizeof err), 0);
+  assert_non_null(strstr(err, "empty"));
+  vl_knobs full = {0};
+  char name[16];
+  for (int i = 0; i < VL_MAX_KNOBS; i++) {
+    snprintf(name, sizeof name, "k%d", i);
+    assert_int_equal(vl_knob_set(&full, name, "1"), 0);
+  }
+  assert_int_equal(vl_knob_set(&full, "k0", "2"), 0); /* replacing needs no room */
+  assert_int_not_equal(vl_knob_set_err(&full, "one_more", "1", err, sizeof err), 0);
+  assert_non_null(strstr(err, "limit 48"));
+  /* side-plan lists: empty items and values refused */
+  assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,,b=2", err, sizeof err), 0);
+  assert_int_not_equal(vl_knobs_apply_list(&k, "a=", err, sizeof err), 0);
+  assert_int_equal(vl_knobs_apply_list(&k, "a=1,b=2", err, sizeof err), 0);
+  assert_string_equal(vl_knob_get(&k, "b"), "2");
+}
+
+/* The parse-from-memory entry point (what the fuzzer drives), its messages and the real
+ * ladders and claims of every case, whose claims name only metrics the case declares. */
+static void test_ladder_parse_memory(void **state) {
+  (void)state;
+  vl_ladder L;
+  char err[512] = "";
+  assert_int_equal(vl_ladder_parse(&L, "t", ladder_ok, claims_ok, "mem", err, sizeof err), 0);
+  assert_int_equal(L.n_rungs, 3);
+  assert_int_equal(L.n_claims, 1);
+  assert_true(L.claims[0].tol == 0.1);
+  assert_int_equal(vl_ladder_parse(&L, "t", "\xEF\xBB\xBF[a]\r\nx = 1\r\n", NULL, "mem", err, sizeof err), 0);
+  assert_string_equal(vl_knob_get(&L.rungs[0].knobs, "x"), "1");
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n  more\n", "", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "mem/ladder.ini:3:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n[b]\n", "", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "mem/ladder.ini:3: section [b] has no keys"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a.b]\nx = 1\n", "", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "ladder.ini:1:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a] junk\nx = 1\n", "", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "ladder.ini:1:"));
+  char longline[300];
+  memset(longline, 'x', 250);
+  memcpy(longline, "[a]\nk = ", 8);
+  longline[250] = 0;
+  assert_int_not_equal(vl_ladder_parse(&L, "t", longline, "", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "ladder.ini:2: line is 246 characters long (limit 199)"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nbefore_set = lr=\n", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "claims.ini:4:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nkind = range\nlo = 2\nhi = 1\n", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "lo <= hi"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = -1\n", "mem", err, sizeof err), 0);
+  assert_non_null(strstr(err, "claims.ini:4:"));
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  for (int i = 0; i < n; i++) {
+    const vl_case *c = all[i];
+    if (vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { print_error("%s: %s\n", c->id, err); fail(); }
+    assert_non_null(c->metrics);
+    assert_non_null(c->check);
+    /* every number a rung's plan writes is a declared metric (claims may rely on it) */
+    vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
+    for (int r = 0; r < L.n_rungs; r++) {
+      assert_int_equal(c->check(&env, &L.rungs[r].knobs, err, sizeof err), 0);
+      cJSON *o = cJSON_CreateObject(), *it;
+      assert_int_equal(c->plan(&env, "tiny", &L.rungs[r].knobs, o, err, sizeof err), 0);
+      cJSON_ArrayForEach(it, o) {
+        if (!cJSON_IsNumber(it) && !cJSON_IsBool(it)) continue;
+        bool found = false;
+        for (int m = 0; c->metrics[m]; m++) found |= !strcmp(c->metrics[m], it->string);
+        if (!found) { print_error("%s plans '%s', not in its metrics list\n", c->id, it->string); fail(); }
+      }
+      cJSON_Delete(o);
+    }
+  }
+}
+
 /* The command line: unknown case, unknown step and bad values exit non-zero with a message. */
 static void test_cli_errors(void **state) {
   (void)state;
   struct { const char *args, *expect; int rc; } cases[] = {
       {"plan nosuch", "unknown case 'nosuch'", 2},
       {"plan llm-lora --step nosuch", "unknown step 'nosuch'", 2},
-      {"plan llm-lora --set after.optimizer=lion --step after", "optimizer = 'lion'", 1},
+      /* knob values are checked for every rung before anything is planned or run: exit 2 */
+      {"plan llm-lora --set after.optimizer=lion --step after", "optimizer = 'lion'", 2},
       {"plan llm-lora --set ckpt.colour=red", "unknown knob 'colour'", 2},
       {"run llm-lora --device tpu", "unknown device 'tpu'", 2},
       {"plan llm-lora --scale huge", "unknown scale 'huge'", 2},
-      {"plan seg-ckpt --set ckpt.workers=-1 --step ckpt", "workers", 1},
+      {"plan seg-ckpt --set ckpt.workers=-1 --step ckpt", "workers", 2},
       {"run seg-ckpt --device cpu --scale full --step before", "too slow for this CPU", 1},
       {"frobnicate", "unknown command", 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    char cmd[512], out[512];
-    snprintf(out, sizeof out, "%s/cli.txt", tmpdir);
-    snprintf(cmd, sizeof cmd, "%s/vramlab %s >%s 2>&1", VRAMLAB_BINARY_DIR, cases[i].args, out);
-    int st = system(cmd);
-    char *t = vl_read_file(out, NULL);
-    assert_non_null(t);
+    char *t;
+    int rc = run_cli(cases[i].args, &t);
     if (!strstr(t, cases[i].expect)) {
       print_error("`vramlab %s` printed:\n%s\nexpected '%s'\n", cases[i].args, t, cases[i].expect);
       fail();
     }
-    assert_int_equal(WEXITSTATUS(st), cases[i].rc);
+    assert_int_equal(rc, cases[i].rc);
     free(t);
   }
 }
@@ -384,6 +770,11 @@ int main(void) {
       cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
       cmocka_unit_test(test_interrupted_run_keeps_results),
       cmocka_unit_test(test_oom_rung_is_a_result), cmocka_unit_test(test_seg_plan_fields),
+      cmocka_unit_test(test_set_long_values), cmocka_unit_test(test_out_path_not_truncated),
+      cmocka_unit_test(test_empty_values_refused), cmocka_unit_test(test_cli_strict_numbers),
+      cmocka_unit_test(test_accum_plan_is_fast), cmocka_unit_test(test_ini_strict),
+      cmocka_unit_test(test_strict_parsers), cmocka_unit_test(test_knob_set_limits),
+      cmocka_unit_test(test_ladder_parse_memory),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -229,7 +229,7 @@ static void test_merged_lora(void **state) {
   assert_true(fabs(a - b) < 1e-5 * fabs(b));
   /* and the adapters matter: zeroing B changes the loss */
   for (int i = 0; i < nl; i++)
-    if (strstr(pl[i].name, "lora_B")) assert_int_equal(VL_RUN(c1, zero, &pl[i].w), VL_OK);
+    if (strstr(pl[i].name, "lora_B")) assert_int_equal(vl_zero_run(c1, &(vl_zero_args){&pl[i].w}), VL_OK);
   assert_true(fabs(loss_of(ml, &bb.b, 1) - b) > 1e-4);
   vl_mistral_destroy(ml);
   vl_mistral_destroy(mf);
@@ -333,6 +333,76 @@ static void test_plan_equals_measured(void **state) {
   }
 }
 
+/* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;
+ * both ran the same ops the same number of times; the profile's FLOPs and bytes add up to
+ * the context's counters (model and recompute FLOPs together). */
+static void check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must) {
+  const vl_op_profile *pc = vl_ctx_profile(c), *pp = vl_ctx_profile(p);
+  double f = 0, b = 0;
+  for (int op = 0; op < VL_OP_COUNT; op++) {
+    if (pc[op].calls != pp[op].calls) {
+      print_error("%s: %llu calls on cpu, %llu planned\n", vl_op_name((vl_op)op),
+                  (unsigned long long)pc[op].calls, (unsigned long long)pp[op].calls);
+      fail();
+    }
+    assert_true(pc[op].seconds >= 0 && (pc[op].calls > 0 || pc[op].flops == 0));
+    assert_true(pc[op].flops == pp[op].flops);
+    f += pc[op].flops;
+    b += pc[op].bytes;
+  }
+  for (int i = 0; i < n_must; i++)
+    if (pc[must[i]].calls == 0) {
+      print_error("%s did not run\n", vl_op_name(must[i]));
+      fail();
+    }
+  assert_true(fabs(f - (c->flops + c->flops_recompute)) <= 1e-12 * f && f > 0);
+  assert_true(fabs(b - c->bytes_moved) <= 1e-12 * b);
+}
+
+/* A profiled step (bf16 AMP, full fine-tune, checkpointing): what ran, and that the profile
+ * accounts for every FLOP counted (bf16: an fp16 step that overflows would skip its update,
+ * which the plan cannot know). */
+static void test_profile(void **state) {
+  (void)state;
+  vl_mistral_cfg mc;
+  vl_mistral_preset("tiny", &mc);
+  vl_train_cfg tc;
+  vl_train_cfg_default(&tc);
+  tc.compute = VL_BF16;
+  tc.checkpoint = true;
+  int32_t tok[2 * 32], tgt[2 * 32];
+  vl_batch b = tiny_batch(tok, tgt, 2, 3), pb = {2, b.T, NULL, NULL};
+  vl_ctx *c, *p;
+  vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP), *pm = NULL;
+  assert_int_equal(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU), VL_OK);
+  assert_int_equal(vl_mistral_create(p, &mc, &tc, 11, &pm), VL_OK);
+  vl_ctx *both[2] = {c, p};
+  for (int i = 0; i < 2; i++) {
+    both[i]->flops = both[i]->flops_recompute = both[i]->bytes_moved = 0;
+    vl_ctx_profile_reset(both[i]);
+    both[i]->profile = true;
+  }
+  vl_step_info info;
+  assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_OK);
+  assert_int_equal(vl_mistral_step(pm, &pb, 1, &info), VL_OK);
+  assert_true(c->flops_recompute > 0);
+  const vl_op must[] = {VL_OP_GEMM, VL_OP_EMBED_FWD, VL_OP_EMBED_BWD, VL_OP_RMSNORM_FWD,
+                        VL_OP_RMSNORM_BWD, VL_OP_ROPE, VL_OP_PERMUTE, VL_OP_SOFTMAX_CAUSAL_FWD,
+                        VL_OP_SOFTMAX_CAUSAL_BWD, VL_OP_SWIGLU_FWD, VL_OP_SWIGLU_BWD,
+                        VL_OP_XENT_FUSED, VL_OP_CONVERT, VL_OP_ZERO, VL_OP_SUMSQ, VL_OP_ADAMW};
+  check_profile(c, p, must, (int)(sizeof must / sizeof *must));
+  assert_int_equal(vl_ctx_profile(c)[VL_OP_CONV_FWD].calls, 0);
+  /* off: nothing more is recorded */
+  c->profile = false;
+  uint64_t n0 = vl_ctx_profile(c)[VL_OP_GEMM].calls;
+  assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_OK);
+  assert_int_equal(vl_ctx_profile(c)[VL_OP_GEMM].calls, n0);
+  vl_mistral_destroy(m);
+  vl_mistral_destroy(pm);
+  vl_ctx_destroy(c);
+  vl_ctx_destroy(p);
+}
+
 /* Under a cap too small for the step, the step returns VL_ERR_OOM, frees what it took, and
  * the same model then runs a smaller batch. */
 static void test_oom_recovers(void **state) {
@@ -429,7 +499,7 @@ int main(void) {
       cmocka_unit_test(test_accumulation_equivalence), cmocka_unit_test(test_merged_lora),
       cmocka_unit_test(test_fp16_overflow_skips),    cmocka_unit_test(test_plan_equals_measured),
       cmocka_unit_test(test_oom_recovers),           cmocka_unit_test(test_bad_config),
-      cmocka_unit_test(test_loss_decreases),
+      cmocka_unit_test(test_loss_decreases),         cmocka_unit_test(test_profile),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,17 @@
 
 static const vl_dtype LOWP[2] = {VL_F16, VL_BF16};
 
+/* Host int32 ids as a VL_I32 tensor (the CPU backend reads host memory). */
+static vl_tensor ids_of(const int32_t *p, int64_t n) {
+  vl_tensor t;
+  memset(&t, 0, sizeof t);
+  vl_tensor_set_shape(&t, VL_I32, 1, &n);
+  t.device = VL_DEV_CPU;
+  t.data = (void *)p;
+  return t;
+}
+
+
 /* ---- RMSNorm ---------------------------------------------------------------------- */
 
 enum { RN_R = 3, RN_C = 16 };
@@ -43,12 +54,12 @@ static void run_rmsnorm(vl_dtype dt, const float *x, const float *w, const float
   const int64_t R = RN_R, C = RN_C;
   vl_tensor tx = tu_tnew(cx, dt, R * C, x), tw = tu_tnew(cx, dt, C, w), to = tu_tnew(cx, dt, R * C, NULL);
   vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL);
-  OK(cx->be->rmsnorm_fwd(cx, &to, &rs, &tx, &tw, R, C, RN_EPS));
+  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){&to, &rs, &tx, &tw, R, C, RN_EPS}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, R * C, dy), tdx = tu_tnew(cx, dt, R * C, NULL),
               tdw = tu_tnew(cx, VL_F32, C, NULL);
-    OK(cx->be->rmsnorm_bwd(cx, &tdx, &tdw, &tdy, &tx, &tw, &rs, R, C));
+    OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, &tdw, &tdy, &tx, &tw, &rs, R, C}));
     tu_tget(&tdx, dx);
     tu_tget(&tdw, dw);
     TU_TFREE(cx, &tdy, &tdx, &tdw);
@@ -87,9 +98,9 @@ static void test_rmsnorm(void **state) {
   vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL), tr = tu_tnew(cx, VL_F32, n, r),
             tdx = tu_tnew(cx, VL_F32, n, dx);
   vl_tensor tdw = tu_tnew(cx, VL_F32, C, dw);
-  OK(cx->be->rmsnorm_fwd(cx, &to, &rs, &tx, &tw, R, C, RN_EPS));
-  OK(cx->be->rmsnorm_bwd(cx, &tdx, &tdw, &tr, &tx, &tw, &rs, R, C));
-  OK(cx->be->rmsnorm_bwd(cx, &tdx, NULL, &tr, &tx, &tw, &rs, R, C));
+  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){&to, &rs, &tx, &tw, R, C, RN_EPS}));
+  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, &tdw, &tr, &tx, &tw, &rs, R, C}));
+  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, NULL, &tr, &tx, &tw, &rs, R, C}));
   float *dx3 = tu_zeros(n), *dw2 = tu_zeros(C), *x3 = tu_zeros(n), *w2 = tu_zeros(C);
   tu_tget(&tdx, dx3);
   tu_tget(&tdw, dw2);
@@ -124,7 +135,7 @@ enum { RP_B = 2, RP_T = 3, RP_H = 2, RP_D = 8 };
 
 static void run_rope(vl_dtype dt, const float *x, float *out, bool inverse) {
   vl_tensor t = tu_tnew(cx, dt, RP_N, x);
-  OK(cx->be->rope(cx, &t, RP_B, RP_T, RP_H, RP_D, RP_THETA, inverse));
+  OK(vl_rope_run(cx, &(vl_rope_args){&t, RP_B, RP_T, RP_H, RP_D, RP_THETA, inverse}));
   tu_tget(&t, out);
   vl_tensor_free(cx, &t);
 }
@@ -181,8 +192,8 @@ static void test_permute(void **state) {
     vl_dtype dt = d == 0 ? VL_F32 : LOWP[d - 1];
     float *xr = tu_rounded(x, N, dt);
     vl_tensor tx = tu_tnew(cx, dt, N, x), ty = tu_tnew(cx, dt, N, NULL), tz = tu_tnew(cx, dt, N, NULL);
-    OK(cx->be->permute(cx, &ty, &tx, B, T, H, D, false));
-    OK(cx->be->permute(cx, &tz, &ty, B, T, H, D, true));
+    OK(vl_permute_run(cx, &(vl_permute_args){&ty, &tx, B, T, H, D, false}));
+    OK(vl_permute_run(cx, &(vl_permute_args){&tz, &ty, B, T, H, D, true}));
     tu_tget(&ty, y);
     tu_tget(&tz, z);
     /* y is (B,H,T,D) with y[b,h,t,d] = x[b,t,h,d], bit for bit; back is its inverse */
@@ -196,7 +207,7 @@ static void test_permute(void **state) {
     free(xr);
   }
   vl_tensor a = tu_tnew(cx, VL_F32, N, x), b = tu_tnew(cx, VL_BF16, N, NULL);
-  assert_int_equal(cx->be->permute(cx, &b, &a, B, T, H, D, false), VL_ERR_INVALID);
+  assert_int_equal(vl_permute_run(cx, &(vl_permute_args){&b, &a, B, T, H, D, false}), VL_ERR_INVALID);
   TU_TFREE(cx, &a, &b);
   free(x); free(y); free(z);
 }
@@ -208,7 +219,7 @@ enum { SM_T = 5, SM_ROWS = 2 * SM_T, SM_N = SM_ROWS * SM_T };
 
 static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
   vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = alias ? ts : tu_tnew(cx, dt, SM_N, NULL);
-  OK(cx->be->softmax_causal_fwd(cx, &tp, &ts, SM_ROWS, SM_T, SM_SCALE));
+  OK(vl_softmax_causal_fwd_run(cx, &(vl_softmax_causal_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE}));
   tu_tget(&tp, P);
   if (!alias) vl_tensor_free(cx, &tp);
   vl_tensor_free(cx, &ts);
@@ -216,7 +227,7 @@ static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
 static void run_softmax_bwd(vl_dtype dt, const float *P, const float *dP, float *dS, bool alias) {
   vl_tensor tp = tu_tnew(cx, dt, SM_N, P), tdp = tu_tnew(cx, dt, SM_N, dP),
             tds = alias ? tdp : tu_tnew(cx, dt, SM_N, NULL);
-  OK(cx->be->softmax_causal_bwd(cx, &tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE));
+  OK(vl_softmax_causal_bwd_run(cx, &(vl_softmax_causal_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE}));
   tu_tget(&tds, dS);
   if (!alias) vl_tensor_free(cx, &tds);
   TU_TFREE(cx, &tp, &tdp);
@@ -277,12 +288,12 @@ enum { SW_N = 40 };
 static void run_swiglu(vl_dtype dt, const float *g, const float *u, const float *dy, float *out,
                        float *dg, float *du) {
   vl_tensor tg = tu_tnew(cx, dt, SW_N, g), tu = tu_tnew(cx, dt, SW_N, u), to = tu_tnew(cx, dt, SW_N, NULL);
-  OK(cx->be->swiglu_fwd(cx, &to, &tg, &tu, SW_N));
+  OK(vl_swiglu_fwd_run(cx, &(vl_swiglu_fwd_args){&to, &tg, &tu, SW_N}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, SW_N, dy), tdg = tu_tnew(cx, dt, SW_N, NULL),
               tdu = tu_tnew(cx, dt, SW_N, NULL);
-    OK(cx->be->swiglu_bwd(cx, &tdg, &tdu, &tdy, &tg, &tu, SW_N));
+    OK(vl_swiglu_bwd_run(cx, &(vl_swiglu_bwd_args){&tdg, &tdu, &tdy, &tg, &tu, SW_N}));
     tu_tget(&tdg, dg);
     tu_tget(&tdu, du);
     TU_TFREE(cx, &tdy, &tdg, &tdu);
@@ -330,7 +341,8 @@ static const int32_t XE_TGT[XE_R] = {3, -1, 0, 6, 3}; /* row 1 ignored */
 
 static void run_xent(vl_dtype dt, const float *logits, float *loss, float *dlogits) {
   vl_tensor tl = tu_tnew(cx, dt, XE_N, logits), tloss = tu_tnew(cx, VL_F32, XE_R, NULL);
-  OK(cx->be->xent_fused(cx, &tl, &tloss, XE_TGT, XE_R, XE_V, 1.0f / XE_VALID));
+  vl_tensor tgt = ids_of(XE_TGT, XE_R);
+  OK(vl_xent_fused_run(cx, &(vl_xent_fused_args){&tl, &tloss, &tgt, XE_R, XE_V, 1.0f / XE_VALID}));
   tu_tget(&tloss, loss);
   if (dlogits) tu_tget(&tl, dlogits);
   TU_TFREE(cx, &tl, &tloss);
@@ -382,11 +394,12 @@ static const int32_t EM_TOK[EM_R] = {1, 3, 1, 0, 3, 3, 4}; /* repeats; token 2 u
 
 static void run_embed(vl_dtype dt, const float *wte, const float *dy, float *out, float *dwte) {
   vl_tensor tw = tu_tnew(cx, dt, EM_V * EM_C, wte), to = tu_tnew(cx, dt, EM_R * EM_C, NULL);
-  OK(cx->be->embed_fwd(cx, &to, &tw, EM_TOK, EM_R, EM_C));
+  vl_tensor tok = ids_of(EM_TOK, EM_R);
+  OK(vl_embed_fwd_run(cx, &(vl_embed_fwd_args){&to, &tw, &tok, EM_R, EM_C}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, EM_R * EM_C, dy), tdw = tu_tnew(cx, VL_F32, EM_V * EM_C, NULL);
-    OK(cx->be->embed_bwd(cx, &tdw, &tdy, EM_TOK, EM_R, EM_C));
+    OK(vl_embed_bwd_run(cx, &(vl_embed_bwd_args){&tdw, &tdy, &tok, EM_R, EM_C}));
     tu_tget(&tdw, dwte);
     TU_TFREE(cx, &tdy, &tdw);
   }
@@ -501,7 +514,7 @@ static void gemm_ref(const vl_gemm *g, const float *A, const float *B, const flo
       }
 }
 
-/* Run one GEMM configuration with operands of the given dtypes through vl_op_gemm and
+/* Run one GEMM configuration with operands of the given dtypes through vl_gemm_run and
  * compare every element of C (including the untouched padding) with the reference. */
 static void gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch, float alpha,
                       float beta, vl_dtype adt, vl_dtype bdt, vl_dtype cdt, uint64_t seed) {
@@ -525,7 +538,7 @@ static void gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t
   gemm_ref(&g, Ar, Br, Cr, ref, mag);
   size_t live = vl_arena_live_blocks(cx->arena);
   vl_arena_reset_peaks(cx->arena);
-  OK(vl_op_gemm(cx, &g));
+  OK(vl_gemm_run(cx, &g));
   /* the workspace came from the arena for the call only */
   vl_mem_stats st;
   vl_arena_stats(cx->arena, &st);
@@ -616,7 +629,7 @@ static void test_gemm_nf4(void **state) {
   /* an NF4 operand is a whole contiguous matrix: a sub-matrix is refused */
   vl_gemm g = {.tb = true, .M = R, .N = N / 2, .K = K, .alpha = 1, .A = &tx, .lda = K,
                .B = &tq, .b_off = K * (N / 2), .ldb = K, .C = &y1, .ldc = N, .batch = 1};
-  assert_int_equal(vl_op_gemm(cx, &g), VL_ERR_UNSUPPORTED);
+  assert_int_equal(vl_gemm_run(cx, &g), VL_ERR_UNSUPPORTED);
   TU_TFREE(cx, &tq, &tW, &tx, &tdy, &y1, &y2, &d1, &d2);
   free(W); free(Wd); free(x); free(dy);
 }
@@ -628,10 +641,11 @@ static void test_gemm_workspace_required(void **state) {
   vl_gemm g = {.M = 4, .N = 4, .K = 4, .alpha = 1, .A = &A, .lda = 4, .B = &B, .ldb = 4,
                .C = &C, .ldc = 4, .batch = 1};
   assert_int_equal(vl_gemm_ws_cpu(&g), 4 * 16); /* the fp16 A converted to fp32 */
-  assert_int_equal(cx->be->gemm_ws_bytes(cx, &g), 4 * 16);
-  assert_int_equal(cx->be->gemm(cx, &g), VL_ERR_INVALID); /* no workspace given */
+  assert_int_equal(vl_op_ws_bytes(cx, VL_OP_GEMM, &g), 4 * 16);
+  /* the kernel itself, without the dispatch that takes the workspace */
+  assert_int_equal(cx->be->ops[VL_OP_GEMM](cx, &g), VL_ERR_INVALID); /* no workspace given */
   double f0 = cx->flops;
-  OK(vl_op_gemm(cx, &g));
+  OK(vl_gemm_run(cx, &g)); /* vl_op_run takes it from the arena */
   assert_true(cx->flops - f0 == 2.0 * 4 * 4 * 4); /* 2*M*N*K counted */
   TU_TFREE(cx, &A, &B, &C);
 }
@@ -646,15 +660,15 @@ static void test_convert_axpby(void **state) {
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d], other = LOWP[1 - d];
     vl_tensor tx = tu_tnew(cx, VL_F32, N, x), tl = tu_tnew(cx, dt, N, NULL), to = tu_tnew(cx, other, N, NULL);
-    OK(cx->be->convert(cx, &tl, &tx, N));
+    OK(vl_convert_run(cx, &(vl_convert_args){&tl, &tx, N}));
     tu_tget(&tl, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)dt, x[i]));
-    OK(cx->be->convert(cx, &to, &tl, N)); /* low -> other low: rounds the stored value */
+    OK(vl_convert_run(cx, &(vl_convert_args){&to, &tl, N})); /* low -> other low: rounds the stored value */
     tu_tget(&to, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)other, vl_round_to((int)dt, x[i])));
     /* y = 0.5 x + 2 y in dt storage vs fp32 on rounded values */
     vl_tensor ty = tu_tnew(cx, dt, N, y), txl = tu_tnew(cx, dt, N, x);
-    OK(cx->be->axpby(cx, &ty, 0.5f, &txl, 2.0f, N));
+    OK(vl_axpby_run(cx, &(vl_axpby_args){&ty, 0.5f, &txl, 2.0f, N}));
     tu_tget(&ty, got);
     for (int i = 0; i < N; i++)
       want[i] = 0.5f * vl_round_to((int)dt, x[i]) + 2.0f * vl_round_to((int)dt, y[i]);
@@ -664,7 +678,7 @@ static void test_convert_axpby(void **state) {
   /* b = 0 ignores whatever y held, NaN included */
   vl_tensor tx = tu_tnew(cx, VL_F32, N, x), ty = tu_tnew(cx, VL_F32, N, NULL);
   for (int i = 0; i < N; i++) ((float *)ty.data)[i] = NAN;
-  OK(cx->be->axpby(cx, &ty, 2.0f, &tx, 0.0f, N));
+  OK(vl_axpby_run(cx, &(vl_axpby_args){&ty, 2.0f, &tx, 0.0f, N}));
   tu_tget(&ty, got);
   for (int i = 0; i < N; i++) assert_true(got[i] == 2.0f * x[i]);
   TU_TFREE(cx, &tx, &ty);
@@ -685,21 +699,21 @@ static void test_sumsq(void **state) {
     vl_tensor t = tu_tnew(cx, dt, N, x);
     double s = -1;
     bool bad = true;
-    OK(cx->be->sumsq(cx, &t, N, &s, &bad));
+    OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
     assert_false(bad);
     assert_true(fabs(s - want) <= 1e-12 * want);
     /* only the first n elements count */
-    OK(cx->be->sumsq(cx, &t, 10, &s, &bad));
+    OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, 10, &s, &bad}));
     double w10 = 0;
     for (int i = 0; i < 10; i++) { double v = vl_round_to((int)dt, x[i]); w10 += v * v; }
     assert_true(fabs(s - w10) <= 1e-12 * w10);
     const float specials[3] = {NAN, INFINITY, -INFINITY};
     for (int k = 0; k < 3; k++) {
       vl_st(t.data, (int)dt, 9000, specials[k]);
-      OK(cx->be->sumsq(cx, &t, N, &s, &bad));
+      OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
       assert_true(bad);
       vl_st(t.data, (int)dt, 9000, x[9000]);
-      OK(cx->be->sumsq(cx, &t, N, &s, &bad));
+      OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
       assert_false(bad);
     }
     vl_tensor_free(cx, &t);
@@ -709,14 +723,94 @@ static void test_sumsq(void **state) {
   vl_st(t.data, VL_K_F16, 5, 1e5f);
   double s;
   bool bad = false;
-  OK(cx->be->sumsq(cx, &t, N, &s, &bad));
+  OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
   assert_true(bad);
   vl_tensor_free(cx, &t);
   free(x);
 }
 
+/* ---- the dispatch point (vl_op_run) ------------------------------------------------- */
+
+/* Every operation has a descriptor and a CPU kernel; names round-trip. */
+static void test_op_table(void **state) {
+  (void)state;
+  for (int op = 0; op < VL_OP_COUNT; op++) {
+    const vl_op_desc *d = vl_op_describe((vl_op)op);
+    assert_non_null(d);
+    assert_non_null(d->name);
+    assert_non_null(d->cost);
+    assert_true(d->args_size > 0);
+    vl_op back;
+    assert_int_equal(vl_op_parse(d->name, &back), 0);
+    assert_int_equal(back, op);
+    if (!vl_backend_cpu.ops[op]) {
+      print_error("the cpu backend lacks %s\n", d->name);
+      fail();
+    }
+    assert_null(vl_backend_plan.ops[op]); /* plan never computes: a flag, not NULLs, says so */
+  }
+  assert_null(vl_op_describe(VL_OP_COUNT));
+  assert_string_equal(vl_op_name(VL_OP_COUNT), "?");
+}
+
+/* A backend without a kernel for an op is an error naming both, never a silent skip; the
+ * op is still counted (it was asked for). */
+static void test_op_unsupported(void **state) {
+  (void)state;
+  vl_backend partial = vl_backend_cpu;
+  partial.name = "partial";
+  partial.ops[VL_OP_ROPE] = NULL;
+  const vl_backend *real = cx->be;
+  vl_tensor x = tu_tnew(cx, VL_F32, 2 * 3 * 2 * 4, NULL);
+  cx->be = &partial;
+  double b0 = cx->bytes_moved;
+  vl_status s = vl_rope_run(cx, &(vl_rope_args){&x, 2, 3, 2, 4, 10000.0f, false});
+  cx->be = real;
+  assert_int_equal(s, VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(cx->err, "rope"));
+  assert_non_null(strstr(cx->err, "partial"));
+  assert_true(cx->bytes_moved > b0);
+  OK(vl_rope_run(cx, &(vl_rope_args){&x, 2, 3, 2, 4, 10000.0f, false}));
+  vl_tensor_free(cx, &x);
+}
+
+/* Plan contexts count and compute nothing (their tensors have no storage); FLOPs of a
+ * checkpoint's re-run go to flops_recompute; the workspace of a planned GEMM is planned. */
+static void test_op_counting(void **state) {
+  (void)state;
+  vl_ctx *p;
+  OK(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU));
+  assert_true(p->plan);
+  assert_false(cx->plan);
+  vl_tensor a, b, y;
+  OK(vl_tensor_alloc2(p, &a, VL_F16, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(p, &b, VL_F32, VL_MEM_TEMP, 8, 5));
+  OK(vl_tensor_alloc2(p, &y, VL_F32, VL_MEM_TEMP, 4, 5));
+  assert_null(a.data);
+  vl_gemm g = {.M = 4, .N = 5, .K = 8, .alpha = 1, .A = &a, .lda = 8, .B = &b, .ldb = 5,
+               .C = &y, .ldc = 5, .batch = 1};
+  vl_arena_reset_peaks(p->arena);
+  OK(vl_gemm_run(p, &g));
+  vl_mem_stats st;
+  vl_arena_stats(p->arena, &st);
+  assert_int_equal(st.peak[VL_MEM_WORKSPACE], VL_ARENA_ALIGN); /* the fp16 A as fp32: 128 B */
+  assert_int_equal(st.cur[VL_MEM_WORKSPACE], 0);
+  assert_true(p->flops == 2.0 * 4 * 5 * 8 && p->flops_recompute == 0);
+  /* bytes: A (fp16) + C + B, as nn/linear.c counted them */
+  assert_true(p->bytes_moved == 4 * 8 * 2 + 4 * 5 * 4 + 8 * 5 * 4);
+  p->recomputing++;
+  OK(vl_relu_fwd_run(p, &(vl_relu_fwd_args){&y, &y, 20}));
+  p->recomputing--;
+  assert_true(p->flops == 2.0 * 4 * 5 * 8 && p->flops_recompute == 20);
+  TU_TFREE(p, &a, &b, &y);
+  vl_ctx_destroy(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_op_table),
+      cmocka_unit_test(test_op_unsupported),
+      cmocka_unit_test(test_op_counting),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_permute),

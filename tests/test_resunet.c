@@ -301,6 +301,70 @@ static void test_plan_equals_measured(void **state) {
   freebatch(&b[1]);
 }
 
+/* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;
+ * both ran the same ops the same number of times; the profile's FLOPs and bytes add up to
+ * the context's counters (model and recompute FLOPs together). */
+static void check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must) {
+  const vl_op_profile *pc = vl_ctx_profile(c), *pp = vl_ctx_profile(p);
+  double f = 0, b = 0;
+  for (int op = 0; op < VL_OP_COUNT; op++) {
+    if (pc[op].calls != pp[op].calls) {
+      print_error("%s: %llu calls on cpu, %llu planned\n", vl_op_name((vl_op)op),
+                  (unsigned long long)pc[op].calls, (unsigned long long)pp[op].calls);
+      fail();
+    }
+    assert_true(pc[op].seconds >= 0 && (pc[op].calls > 0 || pc[op].flops == 0));
+    assert_true(pc[op].flops == pp[op].flops);
+    f += pc[op].flops;
+    b += pc[op].bytes;
+  }
+  for (int i = 0; i < n_must; i++)
+    if (pc[must[i]].calls == 0) {
+      print_error("%s did not run\n", vl_op_name(must[i]));
+      fail();
+    }
+  assert_true(fabs(f - (c->flops + c->flops_recompute)) <= 1e-12 * f && f > 0);
+  assert_true(fabs(b - c->bytes_moved) <= 1e-12 * b);
+}
+
+/* A profiled step (checkpointing, out-of-place ReLU, bf16 AMP, accumulation 2): every CNN
+ * op ran, and the profile accounts for every FLOP counted. (bf16: an fp16 first step may
+ * overflow and skip its update, which the plan cannot know.) */
+static void test_profile(void **state) {
+  (void)state;
+  vl_resunet_cfg mc;
+  vl_resunet_preset("tiny", &mc);
+  vl_seg_train_cfg tc;
+  vl_seg_train_cfg_default(&tc);
+  tc.compute = VL_BF16;
+  tc.checkpoint = true;
+  tc.relu_inplace = false;
+  hbatch b[2] = {mkbatch(&mc, 2, 40), mkbatch(&mc, 2, 41)};
+  vl_ctx *c, *p;
+  vl_resunet *m = make(&c, &tc, VL_NO_CAP, VL_DEV_CPU), *pm = make(&p, &tc, VL_NO_CAP, VL_DEV_PLAN);
+  vl_ctx *both[2] = {c, p};
+  for (int i = 0; i < 2; i++) {
+    both[i]->flops = both[i]->flops_recompute = both[i]->bytes_moved = 0;
+    vl_ctx_profile_reset(both[i]);
+    both[i]->profile = true;
+  }
+  vl_seg_batch mb[2] = {sb(&b[0]), sb(&b[1])}, pb[2] = {{2, NULL, NULL}, {2, NULL, NULL}};
+  vl_seg_step_info info;
+  OK(vl_resunet_step(m, mb, 2, &info));
+  OK(vl_resunet_step(pm, pb, 2, &info));
+  const vl_op must[] = {VL_OP_CONV_FWD, VL_OP_CONV_BWD_DATA, VL_OP_CONV_BWD_WEIGHT,
+                        VL_OP_BN_FWD_TRAIN, VL_OP_BN_BWD, VL_OP_RELU_FWD, VL_OP_RELU_BWD,
+                        VL_OP_MAXPOOL_FWD, VL_OP_MAXPOOL_BWD, VL_OP_UPSAMPLE2X_FWD,
+                        VL_OP_UPSAMPLE2X_BWD, VL_OP_CHAN_COPY, VL_OP_XENT_PIX, VL_OP_AXPBY,
+                        VL_OP_CONVERT, VL_OP_ZERO, VL_OP_SUMSQ, VL_OP_ADAMW};
+  check_profile(c, p, must, (int)(sizeof must / sizeof *must));
+  assert_int_equal(vl_ctx_profile(c)[VL_OP_GEMM].calls, 0);
+  drop(c, m);
+  drop(p, pm);
+  freebatch(&b[0]);
+  freebatch(&b[1]);
+}
+
 /* One planned step of batch B (CPU workspace rules): arena stats before and after it. */
 static void plan_step_stats(const vl_seg_train_cfg *tc, int64_t B, vl_mem_stats *before,
                             vl_mem_stats *after) {
@@ -553,7 +617,7 @@ int main(void) {
       cmocka_unit_test(test_accumulation),    cmocka_unit_test(test_fd),
       cmocka_unit_test(test_plan_equals_measured), cmocka_unit_test(test_memory_effects),
       cmocka_unit_test(test_oom),             cmocka_unit_test(test_learns),
-      cmocka_unit_test(test_parity),
+      cmocka_unit_test(test_parity),          cmocka_unit_test(test_profile),
   };
   return cmocka_run_group_tests(t, NULL, NULL);
 }

@@ -1,9 +1,12 @@
 /* The synthetic segmentation set (datasets/segset): generation, determinism across thread
  * counts, image/mask alignment, class frequencies, every damage mode (and fuzzed files)
- * read as VL_ERR_IO naming the file, malformed manifests, and an end-to-end run through
- * the loader with masks. */
+ * read as VL_ERR_IO naming the file, FIFOs and oversized files, strict PGM headers,
+ * malformed manifests, damaged or foreign set folders on first use, the seg-ckpt case's
+ * corrupt and max_file_bytes knobs, and an end-to-end run through the loader with masks. */
 #define _GNU_SOURCE
 #include "testutil.h"
+
+#include "case.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -431,6 +434,90 @@ static void test_mask_files(void **state) {
   vl_segset_close(s);
 }
 
+/* A FIFO in place of a mask or an image is refused at once (never waited on: the watchdog
+ * turns a blocking open into a failure); a 3 GiB (sparse) mask from its size, unread. */
+static void test_fifo_and_oversized(void **state) {
+  (void)state;
+  char dir[320], p[400];
+  tu_watchdog(60, "test_fifo_and_oversized: reading a FIFO or a 3 GiB mask");
+  static const char *const files[] = {"mask_0000001.pgm", "img_0000001.jpg"};
+  for (int k = 0; k < 2; k++) {
+    char name[32];
+    snprintf(name, sizeof name, "fifo%d", k);
+    small_set(dir, sizeof dir, name);
+    tu_join(p, sizeof p, dir, files[k]);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    expect_damaged(dir, files[k], "not a regular file (fifo)");
+  }
+  small_set(dir, sizeof dir, "bigmask");
+  tu_join(p, sizeof p, dir, "mask_0000001.pgm");
+  const long rss0 = tu_peak_rss_kib();
+  tu_sparse_file(p, 3ull << 30);
+  expect_damaged(dir, "mask_0000001.pgm", "file of 3221225472 bytes exceeds max_file_bytes (67108864)");
+  assert_true(tu_peak_rss_kib() - rss0 < 64 * 1024);
+  tu_watchdog(0, NULL);
+}
+
+/* The PGM reader takes only "P5 width height maxval" with decimal numbers of at most 9
+ * digits, each ending at whitespace or a comment, one whitespace byte, then exactly
+ * size*size pixels: anything else is VL_ERR_IO naming the file, before any size is
+ * computed from the file's numbers (a header claiming 999999999 x 999999999 allocates
+ * nothing). */
+static void test_mask_header_strict(void **state) {
+  (void)state;
+  enum { S = 4 };
+  static const struct { const char *hdr, *needle; } cases[] = {
+      {"P5\n4 4\n255\n", NULL},
+      {"P5 4 4 255 ", NULL},
+      {"P5\n0004 4\n255\n", NULL},
+      {"P5#c\n4 4 # w h\n255\n", NULL},
+      {"P5\n4x4\n255\n", "bad PGM header (expected"},
+      {"P5\n4 4\n255#c\n", "bad PGM header (expected"},
+      {"P5\n4 4\n255", "bad PGM header (expected"},
+      {"P5\n-4 4\n255\n", "bad PGM header (expected"},
+      {"P5\n+4 4\n255\n", "bad PGM header (expected"},
+      {"P5\n0000000004 4\n255\n", "bad PGM header (expected"}, /* 10 digits */
+      {"P5\n4294967300 4\n255\n", "bad PGM header (expected"}, /* 2^32 + 4 */
+      {"P54 4\n255\n", "bad PGM header (expected"},
+      {"P6\n4 4\n255\n", "not a binary PGM mask"},
+      {"P5\n0 4\n255\n", "bad PGM header: 0x4 pixels"},
+      {"P5\n4 4\n0\n", "maxval 0"},
+      {"P5\n4 4\n65535\n", "maxval 65535"},
+      {"P5\n999999999 999999999\n255\n", "the mask is 999999999x999999999 but the image is 4x4"},
+      {"P5\n4 3\n255\n", "the mask is 4x3"},
+  };
+  uint8_t buf[64], dst[S * S];
+  char err[512];
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    size_t n = strlen(cases[k].hdr);
+    memcpy(buf, cases[k].hdr, n);
+    for (int q = 0; q < S * S; q++) buf[n + q] = (uint8_t)(q % 3);
+    err[0] = 0;
+    vl_status st = vl_segset_decode_mask("m.pgm", buf, n + S * S, S, 3, dst, err, sizeof err);
+    if (!cases[k].needle) {
+      if (st != VL_OK) print_error("\"%s\": %s\n", cases[k].hdr, err);
+      assert_int_equal(st, VL_OK);
+      for (int q = 0; q < S * S; q++) assert_int_equal(dst[q], q % 3);
+      continue;
+    }
+    if (st != VL_ERR_IO || !strstr(err, cases[k].needle) || !strstr(err, "m.pgm"))
+      print_error("\"%s\": %s \"%s\" (want \"%s\")\n", cases[k].hdr, vl_status_name(st), err, cases[k].needle);
+    assert_int_equal(st, VL_ERR_IO);
+    assert_non_null(strstr(err, "m.pgm"));
+    assert_non_null(strstr(err, cases[k].needle));
+  }
+  /* The data length is exact: one byte short or long is an error. */
+  const size_t h = strlen("P5\n4 4\n255\n");
+  memcpy(buf, "P5\n4 4\n255\n", h);
+  memset(buf + h, 1, S * S + 1);
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S - 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
+  assert_non_null(strstr(err, "truncated mask: 15 of 16"));
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S + 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
+  assert_non_null(strstr(err, "1 bytes past"));
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
+}
+
 /* ============================== manifest ============================================= */
 
 static void expect_open_fail(const char *dir, const char *needle) {
@@ -534,6 +621,114 @@ static void test_generate_errors(void **state) {
   assert_non_null(strstr(err, "plainfile"));
 }
 
+/* ============================== first use, the case's knobs ========================== */
+
+static int count_entries(const char *dir) {
+  DIR *dp = opendir(dir);
+  assert_non_null(dp);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dp));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(dp);
+  return n;
+}
+
+/* A split is made only where nothing (or only an interrupted generation's files) is: a
+ * damaged manifest, a set made otherwise, a folder with other files are refused and left
+ * as they are. */
+static void test_first_use(void **state) {
+  (void)state;
+  char dir[320], p[400], err[1024];
+  tu_join(dir, sizeof dir, tu_tmp, "first");
+  vl_segset_gen_cfg g;
+  vl_segset_gen_cfg_default(&g);
+  g.n = 3;
+  g.size = 16;
+  g.seed = 9;
+  g.threads = 1;
+  vl_segset *s = (vl_segset *)&g; /* must be reset to NULL */
+  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 1);
+  assert_null(s);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  tu_join(p, sizeof p, dir, "mask_0000002.pgm"); /* an interrupted generation's */
+  tu_write_text(p, "P5");
+  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 1);
+  assert_int_equal(vl_segset_generate(dir, &g, err, sizeof err), 0);
+  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 0);
+  assert_non_null(s);
+  vl_segset_close(s);
+  vl_segset_gen_cfg g2 = g;
+  g2.size = 32;
+  assert_int_equal(vl_segset_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_null(s);
+  assert_non_null(strstr(err, "size=16"));
+  assert_non_null(strstr(err, "size=32"));
+  g2 = g;
+  g2.num_classes = 6;
+  assert_int_equal(vl_segset_first_use(&s, dir, &g2, err, sizeof err), -1);
+
+  tu_join(p, sizeof p, dir, "manifest.tsv");
+  uint8_t *orig;
+  size_t olen = tu_slurp(p, &orig);
+  tu_write_bytes(p, orig, olen - 20); /* the last line cut inside its mask name */
+  uint8_t *cut;
+  size_t clen = tu_slurp(p, &cut);
+  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), -1);
+  assert_null(s);
+  if (!strstr(err, "manifest.tsv:4:") || !strstr(err, "damaged") || !strstr(err, "vramlab data gen --kind seg"))
+    print_error("%s\n", err);
+  assert_non_null(strstr(err, "manifest.tsv:4:"));
+  assert_non_null(strstr(err, "damaged"));
+  assert_non_null(strstr(err, "vramlab data gen --kind seg --out"));
+  uint8_t *after;
+  assert_int_equal(tu_slurp(p, &after), clen);
+  assert_memory_equal(after, cut, clen);
+  assert_int_equal(count_entries(dir), 7);
+  free(after);
+  free(cut);
+  free(orig);
+
+  char other[320];
+  tu_join(other, sizeof other, tu_tmp, "theirs");
+  assert_int_equal(mkdir(other, 0755), 0);
+  tu_join(p, sizeof p, other, "labels.csv");
+  tu_write_text(p, "mine");
+  assert_int_equal(vl_segset_first_use(&s, other, &g, err, sizeof err), -1);
+  assert_non_null(strstr(err, "is not empty"));
+  assert_non_null(strstr(err, "labels.csv"));
+  assert_int_equal(count_entries(other), 1);
+}
+
+/* seg-ckpt knows the corrupt and max_file_bytes knobs and refuses bad values, naming the
+ * knob. */
+static void test_case_knobs(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("seg-ckpt");
+  assert_non_null(c);
+  vl_knobs setting = {0};
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
+  char err[512];
+  vl_knobs k = {0};
+  vl_knob_set(&k, "corrupt", "skip");
+  vl_knob_set(&k, "max_file_bytes", "16MiB");
+  assert_int_equal(vl_case_check_knobs(c, "r", &k, err, sizeof err), 0);
+  static const struct { const char *key, *val, *needle; } bad[] = {
+      {"corrupt", "ignore", "corrupt = 'ignore': expected skip or error"},
+      {"corrupt", "SKIPPED", "corrupt = 'SKIPPED'"},
+      {"max_file_bytes", "huge", "max_file_bytes = 'huge'"},
+      {"max_file_bytes", "0", "max_file_bytes = '0'"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    vl_knobs b = {0};
+    assert_int_equal(vl_knob_set(&b, bad[i].key, bad[i].val), 0);
+    cJSON *o = cJSON_CreateObject();
+    err[0] = 0;
+    assert_int_not_equal(c->plan(&env, "tiny", &b, o, err, sizeof err), 0);
+    cJSON_Delete(o);
+    if (!strstr(err, bad[i].needle)) print_error("\"%s\" lacks \"%s\"\n", err, bad[i].needle);
+    assert_non_null(strstr(err, bad[i].needle));
+  }
+}
+
 /* ============================== loader =============================================== */
 
 /* The set through vl_loader with masks: 48 -> 32 resize, every sample once, y holds valid
@@ -614,6 +809,10 @@ int main(void) {
       cmocka_unit_test(test_manifest_errors),
       cmocka_unit_test(test_generate_errors),
       cmocka_unit_test(test_loader_end_to_end),
+      cmocka_unit_test(test_fifo_and_oversized),
+      cmocka_unit_test(test_mask_header_strict),
+      cmocka_unit_test(test_first_use),
+      cmocka_unit_test(test_case_knobs),
   };
   return cmocka_run_group_tests(tests, setup, tu_tmp_teardown);
 }

@@ -1,12 +1,16 @@
 #define _GNU_SOURCE /* mkdtemp, nftw */
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/kcommon.h"
 #include "vramlab/backend.h"
@@ -58,7 +62,7 @@ vl_tensor tu_tnew(vl_ctx *c, vl_dtype dt, int64_t n, const float *host) {
   vl_tensor t;
   assert_int_equal(vl_tensor_alloc(c, &t, dt, VL_MEM_TEMP, 1, &n), VL_OK);
   if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
-  else assert_int_equal(c->be->zero(c, &t), VL_OK);
+  else assert_int_equal(vl_zero_run(c, &(vl_zero_args){&t}), VL_OK);
   return t;
 }
 
@@ -196,6 +200,51 @@ void tu_write_bytes(const char *path, const void *data, size_t n) {
 }
 
 void tu_write_text(const char *path, const char *text) { tu_write_bytes(path, text, strlen(text)); }
+
+void tu_sparse_file(const char *path, uint64_t bytes) {
+  unlink(path);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+  close(fd);
+}
+
+/* ---- hangs, memory ------------------------------------------------------------------------ */
+
+static char watchdog_msg[256];
+
+static void watchdog_fire(int sig) {
+  (void)sig;
+  /* async-signal-safe: write and _exit only */
+  ssize_t k = write(2, watchdog_msg, strlen(watchdog_msg));
+  (void)k;
+  _exit(124);
+}
+
+void tu_watchdog(unsigned seconds, const char *what) {
+  alarm(0);
+  if (!seconds) return;
+  snprintf(watchdog_msg, sizeof watchdog_msg, "\nwatchdog: %s (still running after %u s)\n",
+           what ? what : "a test hung", seconds);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = watchdog_fire;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGALRM, &sa, NULL);
+  alarm(seconds);
+}
+
+long tu_peak_rss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+uint64_t tu_hash(const void *p, size_t n, uint64_t h) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
 
 void tu_image_free(vl_image *im) {
   free(im->pix);

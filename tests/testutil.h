@@ -80,6 +80,22 @@ bool tu_same_file(const char *a, const char *b);
 void tu_write_bytes(const char *path, const void *data, size_t n);
 void tu_write_text(const char *path, const char *text);
 
+/* A sparse file of `bytes` bytes at path (replacing what is there): costs no disk space. */
+void tu_sparse_file(const char *path, uint64_t bytes);
+
+/* ---- hangs, memory ------------------------------------------------------------------------ */
+
+/* Arms a watchdog for a test that would hang on a regression: after `seconds` the process
+ * prints "watchdog: <what>" and exits with status 124, so the test fails instead of
+ * blocking forever. tu_watchdog(0, NULL) disarms it. One at a time (SIGALRM). */
+void tu_watchdog(unsigned seconds, const char *what);
+/* This process's peak resident set so far, in KiB (getrusage). */
+long tu_peak_rss_kib(void);
+
+/* FNV-1a of n bytes, continuing from h (start with TU_HASH0). */
+#define TU_HASH0 0xcbf29ce484222325ull
+uint64_t tu_hash(const void *p, size_t n, uint64_t h);
+
 /* ---- images ----------------------------------------------------------------------------- */
 
 /* Frees an image's pixels and mask and zeroes it (ready for reuse). */

@@ -13,14 +13,16 @@
 #include <unistd.h>
 
 #include "case.h"
+#include "interrupt.h"
+#include "proc.h"
 #include "report.h"
 #include "datasets/jpegset.h"
 #include "vramlab/backend.h"
 #include "vramlab/data.h"
 
-extern volatile sig_atomic_t vl_interrupted;
 
-static const char *const knobs[] = {"workers", "prefetch", "pin", "collate", "persistent", NULL};
+static const char *const knobs[] = {"workers", "prefetch", "pin", "collate", "persistent",
+                                    "corrupt", "max_file_bytes", NULL};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 #define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
@@ -30,7 +32,9 @@ typedef struct {
   bool pin;
   long images, data_seed, epochs, cores;
   double consumer_ms;
-  char data_dir[512];
+  char data_dir[VL_KNOB_VAL_LEN + 64]; /* the data_dir knob + "/n<images>-s<seed>" */
+  long sweep_w[16], sweep_p[16];       /* the workers x prefetch sweep of extra */
+  int n_sweep_w, n_sweep_p;
 } dl_cfg;
 
 static long n_cores(void) {
@@ -61,7 +65,15 @@ static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, d
   d->lc.seed = (uint64_t)v;
   if (vl_knob_double(s, "consumer_ms", 40, 0, 1e6, &d->consumer_ms, err, errn)) return -1;
   const char *dd = vl_knob_get(s, "data_dir");
-  snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd ? dd : "data/jpegset", d->images, d->data_seed);
+  int dn = snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd ? dd : "data/jpegset", d->images, d->data_seed);
+  if (dn < 0 || (size_t)dn >= sizeof d->data_dir)
+    return FAIL("data_dir: path too long: %d characters with its n<images>-s<seed> folder (limit %zu)", dn,
+                sizeof d->data_dir - 1);
+  /* the sweep is run by extra after the whole ladder: parsed here so a bad list is refused
+   * before the first rung runs */
+  if (vl_knob_int_list(s, "sweep_workers", "0,1,2,4", 0, VL_LOADER_WORKERS_MAX, d->sweep_w, 16, &d->n_sweep_w, err, errn) ||
+      vl_knob_int_list(s, "sweep_prefetch", "1,2,4", 1, 1024, d->sweep_p, 16, &d->n_sweep_p, err, errn))
+    return -1;
   const char *w = vl_knob_get(k, "workers");
   if (w && !strcasecmp(w, "cores")) d->lc.workers = (int)d->cores;
   else {
@@ -79,6 +91,14 @@ static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, d
   if (!c || !strcasecmp(c, "per_sample")) d->lc.batched_collate = false;
   else if (!strcasecmp(c, "batched")) d->lc.batched_collate = true;
   else return FAIL("collate = '%s': expected per_sample or batched", c);
+  /* A shared data set may hold damaged files: fail on the first (error, the default) or
+   * leave them out and count them (skip). */
+  const char *cp = vl_knob_get(k, "corrupt");
+  if (cp && vl_corrupt_policy_parse(cp, &d->lc.on_corrupt))
+    return FAIL("corrupt = '%s': expected skip or error", cp);
+  size_t mfb;
+  if (vl_knob_bytes(k, "max_file_bytes", "64MiB", &mfb, err, errn)) return -1;
+  d->lc.max_file_bytes = mfb; /* a larger file is a corrupt sample, refused unread */
   d->lc.drop_last = true;
   return 0;
 }
@@ -86,14 +106,18 @@ static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, d
 /* Open the data set, making it first when it is not there (seeded, so every run of the
  * same setting reads the same bytes). */
 static int open_data(const dl_cfg *d, vl_jpegset **out, char *err, size_t errn) {
-  char e2[512];
-  if (vl_jpegset_open(out, d->data_dir, e2, sizeof e2) == 0) {
-    if (vl_jpegset_len(*out) == d->images) return 0;
-    vl_jpegset_close(*out);
-  }
+  vl_jpegset_gen_cfg g;
+  vl_jpegset_gen_cfg_default(&g);
+  g.n = d->images;
+  g.seed = (uint64_t)d->data_seed;
+  g.quality = 90;
+  g.progress = vl_case_gen_progress;
+  /* Made only in a new or empty folder: a damaged or foreign one is refused, never
+   * overwritten. */
+  int u = vl_jpegset_first_use(out, d->data_dir, &g, err, errn);
+  if (u <= 0) return u;
   vl_progress("generating %ld synthetic JPEGs in %s", d->images, d->data_dir);
-  if (vl_jpegset_generate(d->data_dir, d->images, (uint64_t)d->data_seed, 90, vl_case_gen_progress, NULL, err, errn))
-    return -1;
+  if (vl_jpegset_generate_ex(d->data_dir, &g, err, errn)) return -1;
   return vl_jpegset_open(out, d->data_dir, err, errn);
 }
 
@@ -267,38 +291,40 @@ static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out
 }
 
 /* ---- case-wide: decode ceiling, workers x prefetch sweep, PyTorch reference ---------------- */
-static int parse_list(const char *s, long *v, int max) {
-  int n = 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save))
-    v[n++] = strtol(t, NULL, 10);
-  return n;
-}
-
 static double torch_reference(const dl_cfg *d, int workers, char *why, size_t wn) {
-  if (system("python3 -c 'import torch, torchvision, PIL' >/dev/null 2>&1") != 0) {
+  char out[256];
+  char *probe[] = {"python3", "-c", "import torch, torchvision, PIL", NULL};
+  if (vl_run_capture(probe, out, sizeof out) != 0) {
     snprintf(why, wn, "PyTorch with torchvision and Pillow is not installed (pip install torch torchvision pillow)");
     return NAN;
   }
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd,
-           "python3 %s/tools/torch_loader_bench.py --dir '%s' --workers %d --batch %lld --crop %d --epochs 2",
-           VRAMLAB_SOURCE_DIR, d->data_dir, workers, (long long)d->lc.batch, d->lc.crop);
-  FILE *p = popen(cmd, "r");
+  /* no shell: the data folder is passed as it is, whatever characters it holds */
+  char script[600], w[16], b[24], crop[16];
+  snprintf(script, sizeof script, "%s/tools/torch_loader_bench.py", VRAMLAB_SOURCE_DIR);
+  snprintf(w, sizeof w, "%d", workers);
+  snprintf(b, sizeof b, "%lld", (long long)d->lc.batch);
+  snprintf(crop, sizeof crop, "%d", d->lc.crop);
+  char *argv[] = {"python3", script, "--dir", (char *)d->data_dir, "--workers", w, "--batch", b,
+                  "--crop", crop, "--epochs", "2", NULL};
   double v = NAN;
-  if (p) {
-    if (fscanf(p, "%lf", &v) != 1) v = NAN;
-    pclose(p);
+  char *end;
+  if (vl_run_capture(argv, out, sizeof out) == 0) {
+    v = strtod(out, &end);
+    if (end == out) v = NAN;
   }
   if (isnan(v)) snprintf(why, wn, "tools/torch_loader_bench.py failed");
   return v;
 }
 
 static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) {
-  /* every knob from the last rung, then the sweep varies workers and prefetch */
+  /* every knob of the last rung (the corrupt-sample policy and file-size limit included),
+   * batched collate; the sweep then varies workers and prefetch */
   vl_knobs k = {0};
-  vl_knob_set(&k, "collate", "batched");
+  const cJSON *last = cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"),
+                                         cJSON_GetArraySize(cJSON_GetObjectItem(res, "rungs")) - 1), *it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(last, "knobs"))
+    if (cJSON_IsString(it) && vl_knob_set_err(&k, it->string, it->valuestring, err, errn)) return -1;
+  if (vl_knob_set_err(&k, "collate", "batched", err, errn)) return -1;
   dl_cfg d;
   if (parse(env, env->scale, &k, &d, err, errn)) return -1;
   vl_jpegset *js = NULL;
@@ -310,10 +336,12 @@ static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) 
   cJSON_AddNumberToObject(cm, "decode_images_per_s_per_core", rate);
   cJSON_AddNumberToObject(cm, "decode_ceiling_images_per_s", rate * (double)d.cores);
   cJSON_AddNumberToObject(cm, "cores", (double)d.cores);
+  /* Interrupted: keep what was measured, write nothing derived from a measurement that did
+   * not happen (the report then says which are missing instead of judging zeros). */
+  if (vl_interrupted) { vl_jpegset_close(js); return 0; }
 
-  long ws[16], ps[16];
-  const char *sw = vl_knob_get(env->setting, "sweep_workers"), *sp = vl_knob_get(env->setting, "sweep_prefetch");
-  int nw = parse_list(sw ? sw : "0,1,2,4", ws, 16), np = parse_list(sp ? sp : "1,2,4", ps, 16);
+  const long *ws = d.sweep_w, *ps = d.sweep_p;
+  int nw = d.n_sweep_w, np = d.n_sweep_p;
   cJSON *sweep = cJSON_AddArrayToObject(res, "sweep");
   double best = 0, at_cores = 0;
   long best_w = 0, best_p = 0;
@@ -332,6 +360,7 @@ static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) 
       vl_status s = run_epoch(l, 0, 0, NULL, &m);
       if (s == VL_OK) s = run_epoch(l, 1, 0, NULL, &m);
       vl_loader_destroy(l);
+      if (s == VL_ERR_INTERRUPTED) break;
       if (s != VL_OK) { vl_jpegset_close(js); return FAIL("sweep: %s", vl_status_name(s)); }
       double ips = (double)m.images / m.wall;
       cJSON *o = cJSON_CreateObject();
@@ -343,6 +372,11 @@ static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) 
       if (ips > best) best = ips;
       if (ws[i] == d.cores && ips > at_cores) at_cores = ips;
     }
+  if (vl_interrupted) { /* a partial sweep has no best setting: the sweep table keeps its rows */
+    cJSON_AddStringToObject(cm, "sweep_incomplete", "the run was interrupted during the sweep");
+    vl_jpegset_close(js);
+    return 0;
+  }
   /* the best setting: the fewest workers, then the smallest prefetch, within 2% of the top */
   cJSON *o;
   long min_w = 1L << 30;
@@ -369,11 +403,28 @@ static int dl_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn) 
   return 0;
 }
 
+/* Every knob of a rung and the setting, the sweep lists included, without running. */
+static int dl_check(const vl_case_env *env, const vl_knobs *k, char *err, size_t errn) {
+  dl_cfg d;
+  return parse(env, env->scale, k, &d, err, errn);
+}
+
+/* What plan, run and extra write (top level of a rung's plan or run, or case_metrics). */
+static const char *const metrics[] = {
+    "batch", "workers", "prefetch", "batch_bytes", "host_bytes_bound", "consumer_ms", "epoch_s", "images_per_s",
+    "data_wait_frac", "accel_util", "wait_s_per_batch", "load_s_per_batch", "transform_s_per_batch", "cpu_util",
+    "first_batch_s", "skipped", "host_bytes_peak", "pin_applies", "h2d_s_per_batch",
+    "decode_images_per_s_per_core", "decode_ceiling_images_per_s", "cores", "best_images_per_s", "best_workers",
+    "best_prefetch", "best_workers_share", "images_per_s_at_cores", "share_of_decode_ceiling", "torch_images_per_s",
+    "speedup_vs_torch", NULL};
+
 const vl_case vl_case_dataloader = {
     .id = "dataloader",
     .summary = "input pipeline tuning: workers, batched collate, pinning, prefetch, persistent workers",
     .knobs = knobs,
     .scales = scales,
+    .metrics = metrics,
+    .check = dl_check,
     .plan = dl_plan,
     .run = dl_run,
     .extra = dl_extra,

@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "case.h"
+#include "interrupt.h"
 #include "datasets/dialogue.h"
 #include "vramlab/mistral.h"
 
@@ -18,7 +19,6 @@ static const char *const knobs[] = {"compute", "frozen", "lora_rank", "lora_alph
                                     "lr", "batch", "accum", "clip", "weight_decay", NULL};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
-volatile sig_atomic_t vl_interrupted; /* set by the harness's SIGINT/SIGTERM handler */
 
 typedef struct {
   vl_mistral_cfg mc;
@@ -27,6 +27,7 @@ typedef struct {
   long accum;
   double cap_fraction;
   size_t card, cap, context; /* card bytes, arena cap, CUDA context outside the arena */
+  size_t run_cap;            /* arena cap of the timed runs (VL_NO_CAP: uncapped) */
   long seed, steps, warmup, oom_batches;
 } rung_cfg;
 
@@ -101,6 +102,11 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
     if (vl_knob_int(&tmp, "batch", 2, 1, 1 << 20, &r->batch, err, errn)) return -1;
   }
   if (vl_knob_int(k, "accum", 1, 1, 4096, &r->accum, err, errn)) return -1;
+  /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale); parsed
+   * here with the rest so a bad value is refused before anything runs. */
+  r->run_cap = VL_NO_CAP;
+  const char *rc_s = vl_knob_get(s, "run_cap");
+  if (rc_s && strcasecmp(rc_s, "none") && vl_knob_bytes(s, "run_cap", "0", &r->run_cap, err, errn)) return -1;
   return 0;
 }
 
@@ -113,8 +119,17 @@ typedef struct {
   char err[256];
 } plan_res;
 
+/* A step of accum micro-batches is planned with at most PLAN_MICRO_MAX of them. Every
+ * micro-batch after the first allocates and frees the same tensors in the same order, so
+ * the arena is in its steady state from the second on and a longer step has the same peak
+ * (planned in full, accum 3 to 200 give identical memory at every rung); FLOPs and bytes of
+ * the micro-batches not planned are the last planned one's, added. Planning all of them
+ * took minutes at accum=4096: the batch search plans dozens of steps. */
+#define PLAN_MICRO_MAX 64
+
 /* Plan one full training step (accum micro-batches of B x T) from a fresh arena. With
- * `timeline`, the arena's event log of the step is appended as [seq, live bytes] pairs. */
+ * `timeline`, the arena's event log of the step is appended as [seq, live bytes] pairs
+ * (of the planned micro-batches). */
 static void plan_step(const rung_cfg *r, int64_t B, int64_t T, size_t cap, vl_device target,
                       cJSON *timeline, plan_res *out) {
   memset(out, 0, sizeof *out);
@@ -126,18 +141,32 @@ static void plan_step(const rung_cfg *r, int64_t B, int64_t T, size_t cap, vl_de
   if (out->st == VL_OK) {
     out->ptot = vl_mistral_n_params(m, false);
     out->ptrain = vl_mistral_n_params(m, true);
-    int n = (int)r->accum;
+    int n = r->accum < PLAN_MICRO_MAX ? (int)r->accum : PLAN_MICRO_MAX;
     vl_batch *mb = calloc((size_t)n, sizeof *mb);
     if (!mb) { out->st = VL_ERR_OOM; snprintf(out->err, sizeof out->err, "host memory"); vl_mistral_destroy(m); vl_ctx_destroy(c); return; }
     for (int i = 0; i < n; i++) mb[i] = (vl_batch){B, T, NULL, NULL};
     c->flops = c->flops_recompute = c->bytes_moved = 0;
     vl_arena_log_enable(c->arena, timeline != NULL);
     vl_step_info info;
-    out->st = vl_mistral_step(m, mb, n, &info);
+    double more_f = 0, more_r = 0, more_b = 0; /* what the micro-batches not planned add */
+    if (n == r->accum) {
+      out->st = vl_mistral_step(m, mb, n, &info);
+    } else {
+      /* n - 1 micro-batches, then the last alone (the same allocations as all n at once)
+       * to read what one micro-batch adds, then the optimizer update */
+      out->st = vl_mistral_fwd_bwd(m, mb, n - 1, &info);
+      double f0 = c->flops, r0 = c->flops_recompute, b0 = c->bytes_moved;
+      if (out->st == VL_OK) out->st = vl_mistral_fwd_bwd(m, mb + n - 1, 1, &info);
+      double rest = (double)(r->accum - n);
+      more_f = rest * (c->flops - f0);
+      more_r = rest * (c->flops_recompute - r0);
+      more_b = rest * (c->bytes_moved - b0);
+      if (out->st == VL_OK && !info.skipped) out->st = vl_mistral_apply(m, &info);
+    }
     free(mb);
-    out->flops = c->flops;
-    out->flops_re = c->flops_recompute;
-    out->bytes = c->bytes_moved;
+    out->flops = c->flops + more_f;
+    out->flops_re = c->flops_recompute + more_r;
+    out->bytes = c->bytes_moved + more_b;
     if (timeline) {
       size_t ne;
       const vl_mem_event *ev = vl_arena_log(c->arena, &ne);
@@ -292,13 +321,8 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   }
   if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
     return FAIL("a full-scale (7B) step does not run on the CPU here: use --scale small or tiny, or --device plan");
-  /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale). */
-  size_t run_cap = VL_NO_CAP;
-  const char *rc_s = vl_knob_get(env->setting, "run_cap");
-  if (rc_s && strcasecmp(rc_s, "none") && vl_knob_bytes(env->setting, "run_cap", "0", &run_cap, err, errn))
-    return -1;
   vl_ctx *c;
-  vl_status s = vl_ctx_create(&c, env->device, run_cap);
+  vl_status s = vl_ctx_create(&c, env->device, r.run_cap);
   if (s != VL_OK) return FAIL("cannot create a %s context: %s", vl_device_name(env->device), vl_status_name(s));
   vl_mistral *m = NULL;
   s = vl_mistral_create(c, &r.mc, &r.tc, (uint64_t)r.seed, &m);
@@ -386,11 +410,28 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   return rc;
 }
 
+/* Every knob of a rung and the setting (run_cap included), without planning. */
+static int llm_check(const vl_case_env *env, const vl_knobs *k, char *err, size_t errn) {
+  rung_cfg r;
+  return parse_rung(env, env->scale, k, &r, err, errn);
+}
+
+/* What plan and run write at the top level of a rung's plan or run. */
+static const char *const metrics[] = {
+    "params_total", "params_trainable", "batch", "accum", "effective_batch", "seq", "peak_bytes", "reserved_bytes",
+    "weight_bytes", "optim_bytes", "grads_bytes", "acts_bytes", "optim_per_param", "flops_per_step",
+    "flops_recompute", "bytes_moved_per_step", "card_bytes", "cap_bytes", "usable_fraction", "fits", "max_batch",
+    "max_batch_at_search_limit", "cuda_context_bytes", "plan_seconds", "max_batch_search_seconds", "oom_rate",
+    "max_len_fit", "oom_batches", "oom", "tokens_per_s", "sec_per_token", "model_flops_per_step", "flops_per_s",
+    "skipped_steps", "loss_scale_end", "measured_peak_bytes", "planned_peak_bytes", "plan_matches_measured", NULL};
+
 const vl_case vl_case_llm_lora = {
     .id = "llm-lora",
     .summary = "7B LLM fine-tuning memory on a 24 GB card: fp32 -> cap -> fp16 -> LoRA -> QLoRA -> Adafactor -> checkpointing",
     .knobs = knobs,
     .scales = scales,
+    .metrics = metrics,
+    .check = llm_check,
     .plan = llm_plan,
     .run = llm_run,
     .method = "Memory, FLOPs, fit, largest batch and OOM rate are **planned at full scale** (the "

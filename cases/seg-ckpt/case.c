@@ -12,14 +12,15 @@
 #include <unistd.h>
 
 #include "case.h"
+#include "interrupt.h"
 #include "datasets/segset.h"
 #include "vramlab/data.h"
 #include "vramlab/resunet.h"
 
-extern volatile sig_atomic_t vl_interrupted;
 
 static const char *const knobs[] = {"compute", "checkpoint", "relu_inplace", "accum", "batch",
-                                    "workers", "prefetch", "pinned", "cap_fraction", "lr", NULL};
+                                    "workers", "prefetch", "pinned", "cap_fraction", "lr",
+                                    "corrupt", "max_file_bytes", NULL};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 typedef struct {
@@ -28,10 +29,12 @@ typedef struct {
   long batch;            /* micro-batch; 0 = "max" */
   long accum, workers, prefetch;
   int pinned;
+  vl_corrupt_policy corrupt;
+  size_t max_file_bytes;
   double cap_fraction;
   size_t card, cap, context;
   long seed, epochs, train_images, eval_images, curve_points;
-  char data_dir[512];
+  char data_dir[VL_KNOB_VAL_LEN]; /* the data_dir knob (its length checked by vl_knob_set) */
 } rung_cfg;
 
 #define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
@@ -53,6 +56,8 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   if (vl_knob_int(s, "eval_images", 64, 1, 1 << 24, &r->eval_images, err, errn)) return -1;
   if (vl_knob_int(s, "curve_points", 24, 4, 256, &r->curve_points, err, errn)) return -1;
   const char *dd = vl_knob_get(s, "data_dir");
+  if (dd && strlen(dd) >= sizeof r->data_dir)
+    return FAIL("data_dir: path too long: %zu characters (limit %zu)", strlen(dd), sizeof r->data_dir - 1);
   snprintf(r->data_dir, sizeof r->data_dir, "%s", dd ? dd : "data/segset");
   const char *cs = vl_knob_get(k, "compute");
   if (!cs) cs = "fp32";
@@ -73,6 +78,12 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   }
   if (vl_knob_int(k, "prefetch", 2, 1, 64, &r->prefetch, err, errn)) return -1;
   if (vl_knob_bool(k, "pinned", 0, &r->pinned, err, errn)) return -1;
+  /* Damaged files in the data: fail on the first (error, the default) or skip them. */
+  const char *cp = vl_knob_get(k, "corrupt");
+  r->corrupt = VL_CORRUPT_ERROR;
+  if (cp && vl_corrupt_policy_parse(cp, &r->corrupt))
+    return FAIL("corrupt = '%s': expected skip or error", cp);
+  if (vl_knob_bytes(k, "max_file_bytes", "64MiB", &r->max_file_bytes, err, errn)) return -1;
   double d;
   if (vl_knob_double(k, "lr", 1e-3, 1e-12, 10, &d, err, errn)) return -1;
   r->tc.optim.hp.lr = (float)d;
@@ -231,18 +242,13 @@ static int seg_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
 
 /* The train or eval split at this scale's image size, made on first use (seeded). */
 static int open_split(const rung_cfg *r, bool eval, vl_segset **out, char *err, size_t errn) {
-  char dir[700];
+  char dir[VL_KNOB_VAL_LEN + 128]; /* data_dir + the split's folder name: cannot be cut */
   long n = eval ? r->eval_images : r->train_images;
   uint64_t seed = (uint64_t)r->seed * 1000003u + (eval ? 7u : 0u);
-  snprintf(dir, sizeof dir, "%s/s%lld-c%lld-%s-n%ld-seed%llu", r->data_dir, (long long)r->mc.image,
-           (long long)r->mc.classes, eval ? "eval" : "train", n, (unsigned long long)seed);
-  char e2[512];
-  if (vl_segset_open(out, dir, e2, sizeof e2) == 0) {
-    if (vl_segset_len(*out) == n) return 0;
-    vl_segset_close(*out);
-  }
-  vl_progress("generating %ld synthetic segmentation images (%lldx%lld) in %s", n,
-              (long long)r->mc.image, (long long)r->mc.image, dir);
+  int dn = snprintf(dir, sizeof dir, "%s/s%lld-c%lld-%s-n%ld-seed%llu", r->data_dir, (long long)r->mc.image,
+                    (long long)r->mc.classes, eval ? "eval" : "train", n, (unsigned long long)seed);
+  if (dn < 0 || (size_t)dn >= sizeof dir)
+    return snprintf(err, errn, "data_dir: path too long (limit %zu)", sizeof dir - 1), -1;
   vl_segset_gen_cfg g;
   vl_segset_gen_cfg_default(&g);
   g.n = n;
@@ -250,6 +256,12 @@ static int open_split(const rung_cfg *r, bool eval, vl_segset **out, char *err, 
   g.num_classes = (int)r->mc.classes;
   g.seed = seed;
   g.progress = vl_case_gen_progress;
+  /* Made only in a new or empty folder: a damaged or foreign one is refused, never
+   * overwritten. */
+  int u = vl_segset_first_use(out, dir, &g, err, errn);
+  if (u <= 0) return u;
+  vl_progress("generating %ld synthetic segmentation images (%lldx%lld) in %s", n,
+              (long long)r->mc.image, (long long)r->mc.image, dir);
   if (vl_segset_generate(dir, &g, err, errn)) return -1;
   return vl_segset_open(out, dir, err, errn);
 }
@@ -266,6 +278,8 @@ static void loader_cfg(const rung_cfg *r, vl_loader_cfg *lc, int64_t B, bool eva
   lc->drop_last = !eval;
   lc->shuffle = !eval;
   lc->seed = (uint64_t)r->seed;
+  lc->on_corrupt = r->corrupt;
+  lc->max_file_bytes = r->max_file_bytes;
   if (r->pinned && c->device == VL_DEV_CUDA) {
     lc->x_alloc = vl_case_pinned_alloc;
     lc->x_free = vl_case_pinned_free;
@@ -507,11 +521,11 @@ static int seg_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
  * is therefore also measured here with the three models side by side, one step of each in
  * turn on the same batch, so each round sees the same machine. */
 
-static int knobs_of(const cJSON *rung, vl_knobs *k) {
+static int knobs_of(const cJSON *rung, vl_knobs *k, char *err, size_t errn) {
   memset(k, 0, sizeof *k);
   const cJSON *it;
   cJSON_ArrayForEach(it, cJSON_GetObjectItem(rung, "knobs"))
-    if (cJSON_IsString(it) && vl_knob_set(k, it->string, it->valuestring)) return -1;
+    if (cJSON_IsString(it) && vl_knob_set_err(k, it->string, it->valuestring, err, errn)) return -1;
   return 0;
 }
 
@@ -532,7 +546,7 @@ static int seg_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn)
   rung_cfg cfg[3];
   for (int i = 0; i < 3; i++) {
     vl_knobs k;
-    if (knobs_of(rung[i], &k) || parse_rung(env, env->scale, &k, &cfg[i], err, errn)) return -1;
+    if (knobs_of(rung[i], &k, err, errn) || parse_rung(env, env->scale, &k, &cfg[i], err, errn)) return -1;
     if (cfg[i].batch == 0) return 0;
   }
   vl_ctx *c;
@@ -584,11 +598,31 @@ static int seg_extra(const vl_case_env *env, cJSON *res, char *err, size_t errn)
   return rc;
 }
 
+/* Every knob of a rung and the setting, without planning or running. */
+static int seg_check(const vl_case_env *env, const vl_knobs *k, char *err, size_t errn) {
+  rung_cfg r;
+  return parse_rung(env, env->scale, k, &r, err, errn);
+}
+
+/* What plan, run and extra write at the top level of a rung's plan or run. */
+static const char *const metrics[] = {
+    "image", "params_total", "params_trainable", "batch", "accum", "effective_batch", "peak_bytes", "acts_bytes",
+    "model_bytes", "weight_bytes", "fragmentation_at_end", "reserved_bytes", "extent_overhead", "flops_per_step",
+    "flops_recompute", "recompute_share", "card_bytes", "cap_bytes", "cuda_context_bytes", "fits", "max_batch",
+    "max_effective_batch", "max_batch_at_search_limit", "plan_seconds", "max_batch_search_seconds",
+    "fit_base_bytes", "fit_per_sample_bytes", "fit_r2", "fit_predicted_max_batch", "exact_vs_linear", "oom",
+    "workers", "step_seconds", "sec_per_image", "images_per_s", "data_wait_share", "compute_share",
+    "sec_per_batch_data", "model_flops_per_step", "flops_per_s", "optimizer_steps", "images_seen", "run_seconds",
+    "pixel_accuracy", "miou", "skipped_steps", "loss_scale_end", "measured_peak_bytes", "measured_acts_bytes",
+    "measured_fragmentation", "planned_peak_bytes", "plan_matches_measured", "interleaved_step_seconds", NULL};
+
 const vl_case vl_case_seg_ckpt = {
     .id = "seg-ckpt",
     .summary = "ResNet-101 U-Net segmentation, 512x512 batch 8 on 24 GB: checkpointing -> ReLU in-place off -> accumulation 4 -> AMP -> loader -> largest batch",
     .knobs = knobs,
     .scales = scales,
+    .metrics = metrics,
+    .check = seg_check,
     .plan = seg_plan,
     .run = seg_run,
     .extra = seg_extra,

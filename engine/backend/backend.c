@@ -16,8 +16,11 @@ vl_status vl_ctx_create_ex(vl_ctx **out, vl_device device, size_t cap, vl_device
   if (!be) return VL_ERR_UNSUPPORTED;
   vl_ctx *c = calloc(1, sizeof *c);
   if (!c) return VL_ERR_OOM;
+  c->prof = calloc(VL_OP_COUNT, sizeof *c->prof);
+  if (!c->prof) { free(c); return VL_ERR_OOM; }
   c->be = be;
   c->device = device;
+  c->plan = device == VL_DEV_PLAN;
   c->plan_target = plan_target;
   c->cap = cap;
   vl_status s = VL_OK;
@@ -34,5 +37,6 @@ void vl_ctx_destroy(vl_ctx *c) {
   if (!c) return;
   if (c->be && c->be->fini) c->be->fini(c);
   vl_arena_destroy(c->arena);
+  free(c->prof);
   free(c);
 }

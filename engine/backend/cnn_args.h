@@ -1,5 +1,5 @@
-/* Argument checks of the CNN element/plane ops (vl_backend's "convolutional networks"
- * section), shared by the CPU (cpu_cnn.c) and CUDA (cuda_cnn.cu) backends so both reject
+/* Argument checks of the CNN element/plane ops (and of the id tensors of embed/xent),
+ * shared by the CPU (cpu_cnn.c) and CUDA (cuda_cnn.cu) backends so both reject
  * the same calls with the same message. Host code only; plain C that also compiles as the
  * host side of a .cu file. Every check returns VL_OK or a VL_ERR_INVALID status whose
  * message names the op and the argument. */
@@ -61,6 +61,20 @@ static inline vl_status vl_cnn_distinct(vl_ctx *c, const char *op, const vl_tens
                                         const vl_tensor *b, const char *names) {
   if (a->data && a->data == b->data)
     return vl_fail(c, VL_ERR_INVALID, "%s: %s must not alias", op, names);
+  return VL_OK;
+}
+
+/* Token ids, targets, class masks: t exists, is VL_I32, holds >= n ids. */
+static inline vl_status vl_check_ids(vl_ctx *c, const char *op, const char *name,
+                                     const vl_tensor *t, int64_t n) {
+  if (!t) return n > 0 ? vl_fail(c, VL_ERR_INVALID, "%s: %s are NULL", op, name) : VL_OK;
+  if (t->dtype != VL_I32)
+    return vl_fail(c, VL_ERR_INVALID, "%s: %s are %s, i32 expected", op, name,
+                   vl_dtype_name(t->dtype));
+  if (t->n < n)
+    return vl_fail(c, VL_ERR_INVALID, "%s: %s hold %lld ids, the sizes need %lld", op, name,
+                   (long long)t->n, (long long)n);
+  if (n > 0 && !t->data) return vl_fail(c, VL_ERR_INVALID, "%s: %s have no storage", op, name);
   return VL_OK;
 }
 
@@ -229,7 +243,7 @@ static inline vl_status vl_cnn_check_chan_copy(vl_ctx *c, const vl_tensor *y, in
 }
 
 static inline vl_status vl_cnn_check_xent_pix(vl_ctx *c, const vl_tensor *logits,
-                                              const vl_tensor *loss, const int32_t *tgt,
+                                              const vl_tensor *loss, const vl_tensor *tgt,
                                               int64_t N, int64_t K, int64_t HW, float scale,
                                               int64_t *npix) {
   const char *op = "xent_pix";
@@ -239,7 +253,7 @@ static inline vl_status vl_cnn_check_xent_pix(vl_ctx *c, const vl_tensor *logits
   if (*npix > 0 && K < 1) return vl_fail(c, VL_ERR_INVALID, "xent_pix: %lld classes", (long long)K);
   VL_CNN_TRY(vl_cnn_tensor(c, op, "logits", logits, nl, false));
   VL_CNN_TRY(vl_cnn_tensor(c, op, "loss", loss, *npix, true));
-  if (*npix > 0 && !tgt) return vl_fail(c, VL_ERR_INVALID, "xent_pix: targets are NULL");
+  VL_CNN_TRY(vl_check_ids(c, op, "targets", tgt, *npix));
   if (!isfinite(scale))
     return vl_fail(c, VL_ERR_INVALID, "xent_pix: dloss_scale %g", (double)scale);
   return vl_cnn_distinct(c, op, logits, loss, "logits and loss");

@@ -27,7 +27,7 @@ const char *vl_status_name(vl_status s) {
   return "unknown status";
 }
 
-static const char *const dtype_names[VL_DTYPE_COUNT] = {"fp32", "fp16", "bf16", "nf4"};
+static const char *const dtype_names[VL_DTYPE_COUNT] = {"fp32", "fp16", "bf16", "nf4", "i32"};
 const char *vl_dtype_name(vl_dtype d) { return d < VL_DTYPE_COUNT ? dtype_names[d] : "?"; }
 
 int vl_dtype_parse(const char *s, vl_dtype *out) {
@@ -36,6 +36,7 @@ int vl_dtype_parse(const char *s, vl_dtype *out) {
   if (!strcasecmp(s, "float32") || !strcasecmp(s, "f32")) { *out = VL_F32; return 0; }
   if (!strcasecmp(s, "float16") || !strcasecmp(s, "f16") || !strcasecmp(s, "half")) { *out = VL_F16; return 0; }
   if (!strcasecmp(s, "bfloat16")) { *out = VL_BF16; return 0; }
+  if (!strcasecmp(s, "int32")) { *out = VL_I32; return 0; }
   return -1;
 }
 
@@ -45,6 +46,7 @@ size_t vl_dtype_bytes(vl_dtype d, int64_t n) {
     case VL_F16:
     case VL_BF16: return (size_t)n * 2;
     case VL_NF4: return 4 * (size_t)(1 + vl_nf4_ngroups(n)) + (size_t)n / 2 + (size_t)n / VL_NF4_BLOCK;
+    case VL_I32: return (size_t)n * 4;
     default: return 0;
   }
 }
@@ -127,6 +129,19 @@ vl_status vl_tensor_alloc2(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat,
 void vl_tensor_free(vl_ctx *c, vl_tensor *t) {
   if (t->owned) vl_arena_free(c->arena, t->off);
   memset(t, 0, sizeof *t);
+}
+
+vl_tensor vl_tensor_view(const vl_tensor *t, size_t byte_off, vl_dtype dt, int ndim,
+                         const int64_t *shape) {
+  vl_tensor v;
+  memset(&v, 0, sizeof v);
+  vl_tensor_set_shape(&v, dt, ndim, shape);
+  v.device = t->device;
+  v.cat = t->cat;
+  v.off = t->off + byte_off;
+  v.data = t->data ? (char *)t->data + byte_off : NULL;
+  v.owned = false;
+  return v;
 }
 
 vl_tensor vl_tensor_rows(const vl_tensor *t, int64_t r0, int64_t nr) {

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "vramlab/data.h"
 
@@ -126,7 +127,20 @@ void vl_loader_cfg_default(vl_loader_cfg *c) {
   c->rank = 0;
   c->world = 1;
   c->on_corrupt = VL_CORRUPT_ERROR;
+  c->max_file_bytes = VL_LOADER_MAX_FILE_BYTES;
   c->host_mem_cap = 0;
+}
+
+int vl_corrupt_policy_parse(const char *s, vl_corrupt_policy *out) {
+  if (!s) return -1;
+  if (!strcasecmp(s, "skip")) *out = VL_CORRUPT_SKIP;
+  else if (!strcasecmp(s, "error")) *out = VL_CORRUPT_ERROR;
+  else return -1;
+  return 0;
+}
+
+const char *vl_corrupt_policy_name(vl_corrupt_policy p) {
+  return p == VL_CORRUPT_SKIP ? "skip" : p == VL_CORRUPT_ERROR ? "error" : "?";
 }
 
 static size_t sample_floats(const vl_loader_cfg *c) { return (size_t)3 * c->crop * c->crop; }
@@ -189,6 +203,8 @@ static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, char *e
   if (c->on_corrupt != VL_CORRUPT_ERROR && c->on_corrupt != VL_CORRUPT_SKIP)
     return seterr(err, errn, "loader: on_corrupt must be VL_CORRUPT_ERROR or VL_CORRUPT_SKIP (got %d)",
                   (int)c->on_corrupt), VL_ERR_INVALID;
+  if (c->max_file_bytes < 1)
+    return seterr(err, errn, "loader: max_file_bytes must be >= 1 (got 0)"), VL_ERR_INVALID;
   if (!ds->len || !ds->read)
     return seterr(err, errn, "loader: the dataset needs len() and read()"), VL_ERR_INVALID;
   if ((ds->scratch_new == NULL) != (ds->scratch_free == NULL))
@@ -306,6 +322,8 @@ static void dispatch(vl_loader *l) {
 static void worker_state_init(vl_loader *l, worker *w) {
   if (!w->has_scratch) {
     w->scratch = l->ds.scratch_new ? l->ds.scratch_new(l->ds.self) : NULL;
+    if (w->scratch && l->ds.scratch_limit)
+      l->ds.scratch_limit(l->ds.self, w->scratch, l->cfg.max_file_bytes);
     w->has_scratch = true;
   }
 }

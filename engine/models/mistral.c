@@ -22,7 +22,9 @@ typedef struct {
 } layer_acts;
 
 typedef struct {
-  vl_tensor data, lnf, rstdf, logits, loss, dres, dlnf;
+  vl_tensor data;     /* (2, B, T) int32, category data: the micro-batch on the device */
+  vl_tensor tok, tgt; /* views of data: token ids (B, T) and targets (B, T), -1 ignored */
+  vl_tensor lnf, rstdf, logits, loss, dres, dlnf;
   vl_tensor tmp[8];
 } step_tmp;
 
@@ -97,7 +99,12 @@ static vl_status validate(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_cf
   if (mc->n_kv_heads < 1 || mc->n_heads % mc->n_kv_heads)
     return vl_fail(c, VL_ERR_INVALID, "n_heads %lld must be a multiple of n_kv_heads %lld",
                    (long long)mc->n_heads, (long long)mc->n_kv_heads);
-  if (tc->compute == VL_NF4) return vl_fail(c, VL_ERR_INVALID, "compute dtype cannot be nf4");
+  if (tc->compute != VL_F32 && tc->compute != VL_F16 && tc->compute != VL_BF16)
+    return vl_fail(c, VL_ERR_INVALID, "compute dtype %s: fp32, fp16 or bf16 expected",
+                   vl_dtype_name(tc->compute));
+  if (tc->frozen == VL_I32 || (unsigned)tc->frozen >= VL_DTYPE_COUNT)
+    return vl_fail(c, VL_ERR_INVALID, "frozen dtype %s: fp32, fp16, bf16 or nf4 expected",
+                   vl_dtype_name(tc->frozen));
   if (tc->lora_rank < 0) return vl_fail(c, VL_ERR_INVALID, "lora rank %d < 0", tc->lora_rank);
   if (tc->lora_rank == 0 && tc->frozen == VL_NF4)
     return vl_fail(c, VL_ERR_INVALID, "an nf4 base needs LoRA (lora_rank > 0): nf4 weights cannot be trained");
@@ -112,7 +119,7 @@ static vl_status validate(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_cf
  * LoRA B = 0 (so training starts from the base model, as PEFT does). */
 static vl_status init_param(vl_mistral *m, vl_param *p, int kind, vl_rng *rng) {
   vl_ctx *c = m->c;
-  if (!c->be->upload) return VL_OK; /* plan: no values */
+  if (c->plan) return VL_OK; /* no values on the plan device */
   int64_t n = p->rows * p->cols;
   float *h = malloc((size_t)n * sizeof(float));
   if (!h) return vl_fail(c, VL_ERR_OOM, "host init buffer");
@@ -243,7 +250,7 @@ static vl_status lin_fwd(vl_mistral *m, int64_t l, int lin, vl_tensor *y, const 
   VL_TRY(vl_linear_fwd(m->c, xa, x, &LW(m, l, lin, 1)->w, R, K, r, 0.0f));
   vl_gemm g = {.ta = false, .tb = true, .M = R, .N = N, .K = r, .alpha = s, .beta = 1.0f,
                .A = xa, .lda = r, .B = &LW(m, l, lin, 2)->w, .ldb = r, .C = y, .ldc = N, .batch = 1};
-  return vl_op_gemm(m->c, &g);
+  return vl_gemm_run(m->c, &g);
 }
 
 /* dx (beta) = dy W (+ LoRA path); weight grads accumulate. Frees xa. */
@@ -264,7 +271,7 @@ static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const
   VL_TRY(alloc2(m, &dxa, VL_MEM_TEMP, R, r));
   vl_gemm g = {.ta = false, .tb = false, .M = R, .N = r, .K = N, .alpha = s, .beta = 0.0f,
                .A = dy, .lda = N, .B = &B->w, .ldb = r, .C = &dxa, .ldc = r, .batch = 1};
-  vl_status st = vl_op_gemm(m->c, &g);
+  vl_status st = vl_gemm_run(m->c, &g);
   if (st == VL_OK) st = vl_linear_bwd_w(m->c, &A->grad, &dxa, x, R, K, r, 1.0f);
   if (st == VL_OK) st = vl_linear_bwd_x(m->c, dx, &dxa, &A->w, R, K, r, 1.0f);
   FREE(m, &dxa);
@@ -279,7 +286,7 @@ static vl_status attn_gemm(vl_mistral *m, bool ta, bool tb, int64_t M, int64_t N
   vl_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = 0.0f,
                .A = A, .lda = lda, .sa = sa, .B = B, .ldb = ldb, .sb = sb,
                .C = C, .ldc = N, .sc = sc, .batch = nb};
-  return vl_op_gemm(m->c, &g);
+  return vl_gemm_run(m->c, &g);
 }
 
 /* ---- layer forward ------------------------------------------------------------------------ */
@@ -298,7 +305,8 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
 
   VL_TRY(alloc2(m, &a->ln1, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd1, cat, R));
-  VL_TRY(VL_RUN(c, rmsnorm_fwd, &a->ln1, &a->rstd1, x, &LP(m, l, P_LN1)->w, R, C, mc->norm_eps));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln1, &a->rstd1, x, &LP(m, l, P_LN1)->w,
+                                                     R, C, mc->norm_eps}));
   /* q, k, v: project, rotate (q, k), permute to (B, heads, T, D). */
   vl_tensor *dst[3] = {&a->q, &a->k, &a->v};
   int64_t heads[3] = {H, KVH, KVH};
@@ -306,9 +314,11 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
     vl_tensor tmp;
     VL_TRY(alloc2(m, &tmp, VL_MEM_TEMP, R, heads[i] * D));
     vl_status s = lin_fwd(m, l, LQ + i, &tmp, &a->ln1, &a->xa[LQ + i], cat, R, 0.0f);
-    if (s == VL_OK && i < 2) s = VL_RUN(c, rope, &tmp, B, T, heads[i], D, mc->rope_theta, false);
+    if (s == VL_OK && i < 2)
+      s = vl_rope_run(c, &(vl_rope_args){&tmp, B, T, heads[i], D, mc->rope_theta, false});
     if (s == VL_OK) s = alloc2(m, dst[i], cat, R, heads[i] * D);
-    if (s == VL_OK) s = VL_RUN(c, permute, dst[i], &tmp, B, T, heads[i], D, false);
+    if (s == VL_OK)
+      s = vl_permute_run(c, &(vl_permute_args){dst[i], &tmp, B, T, heads[i], D, false});
     FREE(m, &tmp);
     VL_TRY(s);
   }
@@ -316,29 +326,31 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   VL_TRY(alloc2(m, &a->P, cat, B * H * T, T));
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &a->q, D, rep * T * D, &a->k, D, T * D,
                    &a->P, rep * T * T, B * KVH));
-  VL_TRY(VL_RUN(c, softmax_causal_fwd, &a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D)));
+  VL_TRY(vl_softmax_causal_fwd_run(
+      c, &(vl_softmax_causal_fwd_args){&a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D)}));
   vl_tensor O;
   VL_TRY(alloc2(m, &O, VL_MEM_TEMP, R, H * D));
   vl_status s = attn_gemm(m, false, false, rep * T, D, T, &a->P, T, rep * T * T, &a->v, D,
                           T * D, &O, rep * T * D, B * KVH);
   if (s == VL_OK) s = alloc2(m, &a->att, cat, R, H * D);
-  if (s == VL_OK) s = VL_RUN(c, permute, &a->att, &O, B, T, H, D, true);
+  if (s == VL_OK) s = vl_permute_run(c, &(vl_permute_args){&a->att, &O, B, T, H, D, true});
   FREE(m, &O);
   VL_TRY(s);
   /* res2 = x + att Wo^T */
   VL_TRY(alloc2(m, &a->res2, cat, R, C));
-  VL_TRY(VL_RUN(c, convert, &a->res2, x, R * C));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){&a->res2, x, R * C}));
   VL_TRY(lin_fwd(m, l, LO, &a->res2, &a->att, &a->xa[LO], cat, R, 1.0f));
   /* MLP: h = silu(ln2 Wg^T) * (ln2 Wu^T); out = res2 + h Wd^T */
   VL_TRY(alloc2(m, &a->ln2, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd2, cat, R));
-  VL_TRY(VL_RUN(c, rmsnorm_fwd, &a->ln2, &a->rstd2, &a->res2, &LP(m, l, P_LN2)->w, R, C, mc->norm_eps));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln2, &a->rstd2, &a->res2,
+                                                     &LP(m, l, P_LN2)->w, R, C, mc->norm_eps}));
   VL_TRY(alloc2(m, &a->g, cat, R, F));
   VL_TRY(lin_fwd(m, l, LG, &a->g, &a->ln2, &a->xa[LG], cat, R, 0.0f));
   VL_TRY(alloc2(m, &a->u, cat, R, F));
   VL_TRY(lin_fwd(m, l, LU, &a->u, &a->ln2, &a->xa[LU], cat, R, 0.0f));
   VL_TRY(alloc2(m, &a->h, cat, R, F));
-  VL_TRY(VL_RUN(c, swiglu_fwd, &a->h, &a->g, &a->u, R * F));
+  VL_TRY(vl_swiglu_fwd_run(c, &(vl_swiglu_fwd_args){&a->h, &a->g, &a->u, R * F}));
   if (recompute) {
     /* Re-running a checkpointed block: its output is not needed again, only what backward
      * reads (the LoRA intermediate of the down projection). */
@@ -349,7 +361,7 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   }
   /* The next layer's input is kept in both modes: it is the checkpoint. */
   VL_TRY(alloc2(m, &m->res[l + 1], VL_MEM_ACTS, R, C));
-  VL_TRY(VL_RUN(c, convert, &m->res[l + 1], &a->res2, R * C));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->res[l + 1], &a->res2, R * C}));
   VL_TRY(lin_fwd(m, l, LD, &m->res[l + 1], &a->h, &a->xa[LD], cat, R, 1.0f));
   if (!keep) {
     vl_tensor *list[] = {&a->h, &a->u, &a->g, &a->rstd2, &a->ln2, &a->res2, &a->att, &a->P,
@@ -376,7 +388,7 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   VL_TRY(lin_bwd(m, l, LD, &t[0], dres, &a->h, &a->xa[LD], R, 0.0f));
   FREE(m, &a->h);
   VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, F)); /* du */
-  VL_TRY(VL_RUN(c, swiglu_bwd, &t[0], &t[1], &t[0], &a->g, &a->u, R * F));
+  VL_TRY(vl_swiglu_bwd_run(c, &(vl_swiglu_bwd_args){&t[0], &t[1], &t[0], &a->g, &a->u, R * F}));
   FREE(m, &a->u);
   FREE(m, &a->g);
   VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, R, C)); /* dln2 */
@@ -385,8 +397,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   FREE(m, &t[1]);
   FREE(m, &t[0]);
   vl_param *n2 = LP(m, l, P_LN2);
-  VL_TRY(VL_RUN(c, rmsnorm_bwd, dres, n2->trainable ? &n2->grad : NULL, &t[2], &a->res2, &n2->w,
-                &a->rstd2, R, C));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n2->trainable ? &n2->grad : NULL,
+                                                     &t[2], &a->res2, &n2->w, &a->rstd2, R, C}));
   FREE(m, &t[2]);
   FREE(m, &a->rstd2);
   FREE(m, &a->ln2);
@@ -397,7 +409,7 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   VL_TRY(lin_bwd(m, l, LO, &t[0], dres, &a->att, &a->xa[LO], R, 0.0f));
   FREE(m, &a->att);
   VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, H * D)); /* dO (B,H,T,D) */
-  VL_TRY(VL_RUN(c, permute, &t[1], &t[0], B, T, H, D, false));
+  VL_TRY(vl_permute_run(c, &(vl_permute_args){&t[1], &t[0], B, T, H, D, false}));
   FREE(m, &t[0]);
   VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, B * H * T, T)); /* dP, then dS in place */
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &t[1], D, rep * T * D, &a->v, D, T * D,
@@ -407,7 +419,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
                    &t[3], T * D, B * KVH));
   FREE(m, &t[1]);
   FREE(m, &a->v);
-  VL_TRY(VL_RUN(c, softmax_causal_bwd, &t[2], &t[2], &a->P, B * H * T, T, scale));
+  VL_TRY(vl_softmax_causal_bwd_run(
+      c, &(vl_softmax_causal_bwd_args){&t[2], &t[2], &a->P, B * H * T, T, scale}));
   FREE(m, &a->P);
   VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq = dS K */
   VL_TRY(attn_gemm(m, false, false, rep * T, D, T, &t[2], T, rep * T * T, &a->k, D, T * D,
@@ -424,16 +437,17 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   int64_t heads[3] = {H, KVH, KVH};
   for (int i = 0; i < 3; i++) {
     VL_TRY(alloc2(m, &t[7], VL_MEM_TEMP, R, heads[i] * D));
-    vl_status s = VL_RUN(c, permute, &t[7], g[i], B, T, heads[i], D, true);
-    if (s == VL_OK && i < 2) s = VL_RUN(c, rope, &t[7], B, T, heads[i], D, mc->rope_theta, true);
+    vl_status s = vl_permute_run(c, &(vl_permute_args){&t[7], g[i], B, T, heads[i], D, true});
+    if (s == VL_OK && i < 2)
+      s = vl_rope_run(c, &(vl_rope_args){&t[7], B, T, heads[i], D, mc->rope_theta, true});
     FREE(m, g[i]);
     if (s == VL_OK) s = lin_bwd(m, l, LQ + i, &t[6], &t[7], &a->ln1, &a->xa[LQ + i], R, i ? 1.0f : 0.0f);
     FREE(m, &t[7]);
     VL_TRY(s);
   }
   vl_param *n1 = LP(m, l, P_LN1);
-  VL_TRY(VL_RUN(c, rmsnorm_bwd, dres, n1->trainable ? &n1->grad : NULL, &t[6], &m->res[l], &n1->w,
-                &a->rstd1, R, C));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n1->trainable ? &n1->grad : NULL,
+                                                     &t[6], &m->res[l], &n1->w, &a->rstd1, R, C}));
   FREE(m, &t[6]);
   FREE(m, &a->rstd1);
   FREE(m, &a->ln1);
@@ -448,30 +462,32 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
   int64_t B = b->B, T = b->T, R = B * T, C = mc->dim, V = mc->vocab, L = mc->n_layers;
   bool ck = m->tc.checkpoint;
 
-  /* the batch on the device: tokens and targets, int32 each */
-  VL_TRY(alloc_f32(m, &st->data, VL_MEM_DATA, 2 * R));
-  if (c->be->upload && b->tokens) {
-    VL_TRY(c->be->upload(c, &st->data, 0, b->tokens, (size_t)R * 4));
-    VL_TRY(c->be->upload(c, &st->data, (size_t)R * 4, b->targets, (size_t)R * 4));
+  /* the batch on the device, one block (2, B, T) of int32: tokens, then targets */
+  int64_t ids_shape[3] = {2, B, T}, bt[2] = {B, T};
+  VL_TRY(vl_tensor_alloc(c, &st->data, VL_I32, VL_MEM_DATA, 3, ids_shape));
+  st->tok = vl_tensor_view(&st->data, 0, VL_I32, 2, bt);
+  st->tgt = vl_tensor_view(&st->data, (size_t)R * 4, VL_I32, 2, bt);
+  if (!c->plan && b->tokens) {
+    VL_TRY(c->be->upload(c, &st->tok, 0, b->tokens, (size_t)R * 4));
+    VL_TRY(c->be->upload(c, &st->tgt, 0, b->targets, (size_t)R * 4));
   }
-  /* ops read the ids from the device copy: (R) tokens, then (R) targets */
-  const int32_t *dtok = st->data.data ? (const int32_t *)st->data.data : NULL;
-  const int32_t *dtgt = dtok ? dtok + R : NULL;
   VL_TRY(alloc2(m, &m->res[0], VL_MEM_ACTS, R, C));
   vl_param *E = &m->params[m->p_embed];
-  VL_TRY(VL_RUN(c, embed_fwd, &m->res[0], &E->w, dtok, R, C));
+  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){&m->res[0], &E->w, &st->tok, R, C}));
   for (int64_t l = 0; l < L; l++) VL_TRY(layer_fwd(m, l, B, T, !ck, false));
 
   /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
   VL_TRY(alloc2(m, &st->lnf, VL_MEM_ACTS, R, C));
   VL_TRY(alloc_f32(m, &st->rstdf, VL_MEM_ACTS, R));
   vl_param *NF = &m->params[m->p_normf], *HW = &m->params[m->p_head];
-  VL_TRY(VL_RUN(c, rmsnorm_fwd, &st->lnf, &st->rstdf, &m->res[L], &NF->w, R, C, mc->norm_eps));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&st->lnf, &st->rstdf, &m->res[L], &NF->w,
+                                                     R, C, mc->norm_eps}));
   VL_TRY(alloc2(m, &st->logits, VL_MEM_TEMP, R, V));
   VL_TRY(vl_linear_fwd(c, &st->logits, &st->lnf, &HW->w, R, C, V, 0.0f));
   VL_TRY(alloc_f32(m, &st->loss, VL_MEM_TEMP, R));
-  VL_TRY(VL_RUN(c, xent_fused, &st->logits, &st->loss, dtgt, R, V, dloss_scale));
-  if (c->be->download && b->targets) {
+  VL_TRY(vl_xent_fused_run(
+      c, &(vl_xent_fused_args){&st->logits, &st->loss, &st->tgt, R, V, dloss_scale}));
+  if (!c->plan && b->targets) {
     float *lh = malloc((size_t)R * sizeof(float));
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
     vl_status s = c->be->download(c, lh, &st->loss, 0, (size_t)R * 4);
@@ -485,9 +501,10 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
   VL_TRY(vl_linear_bwd_x(c, &st->dlnf, &st->logits, &HW->w, R, C, V, 0.0f));
   FREE(m, &st->logits);
   VL_TRY(alloc2(m, &st->dres, VL_MEM_TEMP, R, C));
-  VL_TRY(VL_RUN(c, zero, &st->dres));
-  VL_TRY(VL_RUN(c, rmsnorm_bwd, &st->dres, NF->trainable ? &NF->grad : NULL, &st->dlnf,
-                &m->res[L], &NF->w, &st->rstdf, R, C));
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){&st->dres}));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){&st->dres, NF->trainable ? &NF->grad : NULL,
+                                                     &st->dlnf, &m->res[L], &NF->w, &st->rstdf,
+                                                     R, C}));
   FREE(m, &st->dlnf);
   FREE(m, &st->rstdf);
   FREE(m, &st->lnf);
@@ -504,10 +521,12 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
     VL_TRY(layer_bwd(m, l, B, T, &st->dres));
     if (l > 0) FREE(m, &m->res[l]);
   }
-  if (E->trainable) VL_TRY(VL_RUN(c, embed_bwd, &E->grad, &st->dres, dtok, R, C));
+  if (E->trainable)
+    VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){&E->grad, &st->dres, &st->tok, R, C}));
   FREE(m, &st->dres);
   FREE(m, &m->res[0]);
   FREE(m, &st->data);
+  st->tok = st->tgt = (vl_tensor){0};
   return VL_OK;
 }
 
@@ -533,7 +552,7 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
     if (mb[i].B < 1 || mb[i].T < 1 || mb[i].T > m->mc.seq)
       return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: B=%lld T=%lld (sequence limit %lld)", i,
                      (long long)mb[i].B, (long long)mb[i].T, (long long)m->mc.seq);
-    if (c->be->upload && (!mb[i].tokens || !mb[i].targets))
+    if (!c->plan && (!mb[i].tokens || !mb[i].targets))
       return vl_fail(c, VL_ERR_INVALID, "micro-batch %d has no tokens or no targets", i);
     for (int64_t k = 0; mb[i].tokens && k < mb[i].B * mb[i].T; k++)
       if (mb[i].tokens[k] < 0 || mb[i].tokens[k] >= m->mc.vocab || mb[i].targets[k] >= m->mc.vocab)
@@ -554,7 +573,7 @@ vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_
   info->loss = loss_sum / (double)ntok;
   info->n_tokens = ntok;
   info->loss_scale = m->sc.scale;
-  if (c->be->download && !isfinite(info->loss)) {
+  if (!c->plan && !isfinite(info->loss)) {
     VL_TRY(vl_mistral_zero_grads(m));
     /* fp16: an overflow in forward is what GradScaler skips (its gradients are inf too) */
     if (m->tc.compute == VL_F16) return skip_step(m, info);

@@ -51,7 +51,9 @@ struct vl_resunet {
   block *blocks;           /* all stages, stage by stage */
   int n_blocks, stage0[5]; /* stage s holds blocks [stage0[s], stage0[s+1]) */
   dblock dec[5];
-  vl_tensor pool, data, xin, logits, loss, dskip[4];
+  vl_tensor data;          /* the micro-batch on the device (category data), of which: */
+  vl_tensor img, tgt;      /*   views: images (B, 3, H, W) fp32, targets (B, H, W) int32 */
+  vl_tensor pool, xin, logits, loss, dskip[4];
   vl_tensor gcur;          /* the gradient flowing back through the network */
   vl_tensor tmp[4];        /* short-lived gradients in flight */
   bool *grad_live;         /* per param: holds this step's gradient already */
@@ -215,7 +217,7 @@ static vl_status init_conv(vl_resunet *m, int pw, int64_t fan_out, vl_rng *rng, 
 
 static vl_status init_values(vl_resunet *m, uint64_t seed) {
   vl_ctx *c = m->c;
-  if (!c->be->upload) return VL_OK; /* plan: no values */
+  if (c->plan) return VL_OK; /* no values on the plan device */
   vl_rng rng;
   vl_rng_seed(&rng, seed);
   int64_t maxn = 0;
@@ -238,8 +240,8 @@ static vl_status init_values(vl_resunet *m, uint64_t seed) {
 
 static vl_status init_running(vl_resunet *m, unit *u) {
   vl_ctx *c = m->c;
-  if (!c->be->upload) return VL_OK;
-  VL_TRY(VL_RUN(c, zero, &u->rmean));
+  if (c->plan) return VL_OK;
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){&u->rmean}));
   float *one = malloc((size_t)u->cout * sizeof *one);
   if (!one) return vl_fail(c, VL_ERR_OOM, "host init buffer");
   for (int64_t i = 0; i < u->cout; i++) one[i] = 1.0f;
@@ -259,7 +261,9 @@ vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_seg_tr
     if (mc->blocks[i] < 1) return vl_fail(c, VL_ERR_INVALID, "resunet: stage %d has no block", i + 1);
   for (int i = 0; i < 5; i++)
     if (mc->dec[i] < 1) return vl_fail(c, VL_ERR_INVALID, "resunet: decoder block %d has no channel", i);
-  if (tc->compute == VL_NF4) return vl_fail(c, VL_ERR_INVALID, "resunet: compute dtype cannot be nf4");
+  if (tc->compute != VL_F32 && tc->compute != VL_F16 && tc->compute != VL_BF16)
+    return vl_fail(c, VL_ERR_INVALID, "resunet: compute dtype %s: fp32, fp16 or bf16 expected",
+                   vl_dtype_name(tc->compute));
   vl_resunet *m = calloc(1, sizeof *m);
   if (!m) return vl_fail(c, VL_ERR_OOM, "model struct");
   m->c = c;
@@ -348,52 +352,27 @@ static vl_conv unit_conv(const vl_resunet *m, const unit *u) {
   return cv;
 }
 
-static vl_status with_ws(vl_resunet *m, const vl_conv *cv, vl_conv_dir dir, bool acc,
-                         vl_tensor *ws) {
-  size_t b = m->c->be->conv_ws_bytes ? m->c->be->conv_ws_bytes(m->c, cv, dir, acc) : 0;
-  if (!b) return VL_OK;
-  int64_t n = (int64_t)((b + 3) / 4);
-  return vl_tensor_alloc(m->c, ws, VL_F32, VL_MEM_WORKSPACE, 1, &n);
-}
-
-static double abytes(const vl_conv *cv, bool out) {
-  return (double)vl_dtype_bytes(cv->xdt, out ? cv->N * cv->K * cv->P * cv->Q : cv->N * cv->C * cv->H * cv->W);
-}
-
+/* The three convolution directions of a unit; FLOPs, bytes and workspace: vl_op_run. */
 static vl_status conv_fwd(vl_resunet *m, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
                           const vl_param *w) {
-  vl_ctx *c = m->c;
-  vl_count(c, vl_conv_flops(cv), abytes(cv, false) + abytes(cv, true) + (double)w->w.bytes);
-  vl_tensor ws = {0};
-  VL_TRY(with_ws(m, cv, VL_CONV_FWD, false, &ws));
-  vl_status s = VL_RUN(c, conv_fwd, cv, y, x, &w->w, ws.data, ws.bytes);
-  FREE(m, &ws);
-  return s;
+  return vl_conv_fwd_run(m->c, &(vl_conv_fwd_args){.cv = *cv, .y = y, .x = x, .w = &w->w});
 }
 
+/* dw is written by the first backward of a step, accumulated by later micro-batches. */
 static vl_status conv_bwd_w(vl_resunet *m, const vl_conv *cv, int pw, const vl_tensor *x,
                             const vl_tensor *dy) {
-  vl_ctx *c = m->c;
   vl_param *w = &m->params[pw];
-  bool acc = m->grad_live[pw];
-  vl_count(c, vl_conv_flops(cv), abytes(cv, false) + abytes(cv, true) + (double)w->grad.bytes);
-  vl_tensor ws = {0};
-  VL_TRY(with_ws(m, cv, VL_CONV_BWD_WEIGHT, acc, &ws));
-  vl_status s = VL_RUN(c, conv_bwd_weight, cv, &w->grad, x, dy, acc, ws.data, ws.bytes);
-  FREE(m, &ws);
+  vl_status s = vl_conv_bwd_weight_run(
+      m->c, &(vl_conv_bwd_weight_args){.cv = *cv, .dw = &w->grad, .x = x, .dy = dy,
+                                       .accumulate = m->grad_live[pw]});
   m->grad_live[pw] = true;
   return s;
 }
 
 static vl_status conv_bwd_x(vl_resunet *m, const vl_conv *cv, vl_tensor *dx, const vl_tensor *dy,
                             const vl_param *w) {
-  vl_ctx *c = m->c;
-  vl_count(c, vl_conv_flops(cv), abytes(cv, false) + abytes(cv, true) + (double)w->w.bytes);
-  vl_tensor ws = {0};
-  VL_TRY(with_ws(m, cv, VL_CONV_BWD_DATA, false, &ws));
-  vl_status s = VL_RUN(c, conv_bwd_data, cv, dx, dy, &w->w, ws.data, ws.bytes);
-  FREE(m, &ws);
-  return s;
+  return vl_conv_bwd_data_run(m->c,
+                              &(vl_conv_bwd_data_args){.cv = *cv, .dx = dx, .dy = dy, .w = &w->w});
 }
 
 /* ---- units ------------------------------------------------------------------------------- */
@@ -408,13 +387,12 @@ static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, 
   VL_TRY(act(m, &u->c, keep, u->cout, cv.P));
   VL_TRY(conv_fwd(m, &cv, &u->c, x, &m->params[u->pw]));
   const vl_tensor *g = &m->params[u->pg].w, *b = &m->params[u->pb].w;
-  vl_count(c, 0, 2.0 * (double)u->c.bytes);
   if (!(mode & TRAIN)) {
     VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
-    VL_TRY(VL_RUN(c, bn_fwd_eval, &u->o, &u->c, g, b, &u->rmean, &u->rvar, m->B, u->cout, HW,
-                  m->mc.bn_eps));
+    VL_TRY(vl_bn_fwd_eval_run(c, &(vl_bn_fwd_eval_args){&u->o, &u->c, g, b, &u->rmean, &u->rvar,
+                                                       m->B, u->cout, HW, m->mc.bn_eps}));
     FREE(m, &u->c);
-    if (u->relu) VL_TRY(VL_RUN(c, relu_fwd, &u->o, &u->o, n));
+    if (u->relu) VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
     return VL_OK;
   }
   VL_TRY(f32(m, &u->mean, keep, u->cout));
@@ -423,16 +401,17 @@ static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, 
   vl_tensor *bo = sep ? &m->tmp[3] : &u->o;
   VL_TRY(act(m, bo, sep ? VL_MEM_TEMP : ocat, u->cout, cv.P));
   bool stats = (mode & STATS) && !c->recomputing;
-  VL_TRY(VL_RUN(c, bn_fwd_train, bo, &u->mean, &u->rstd, stats ? &u->rmean : NULL,
-                stats ? &u->rvar : NULL, &u->c, g, b, m->B, u->cout, HW, m->mc.bn_eps,
-                m->mc.bn_momentum));
+  VL_TRY(vl_bn_fwd_train_run(
+      c, &(vl_bn_fwd_train_args){bo, &u->mean, &u->rstd, stats ? &u->rmean : NULL,
+                                 stats ? &u->rvar : NULL, &u->c, g, b, m->B, u->cout, HW,
+                                 m->mc.bn_eps, m->mc.bn_momentum}));
   if (u->relu) {
     if (sep) {
       VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
-      VL_TRY(VL_RUN(c, relu_fwd, &u->o, bo, n));
+      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, bo, n}));
       FREE(m, bo);
     } else {
-      VL_TRY(VL_RUN(c, relu_fwd, &u->o, &u->o, n));
+      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
     }
   }
   if (!(mode & KEEP)) {
@@ -450,12 +429,11 @@ static vl_status unit_bwd(vl_resunet *m, unit *u, vl_tensor *d, const vl_tensor 
   vl_ctx *c = m->c;
   vl_conv cv = unit_conv(m, u);
   int64_t HW = cv.P * cv.Q, n = m->B * u->cout * HW;
-  if (u->relu) VL_TRY(VL_RUN(c, relu_bwd, d, d, &u->o, n));
+  if (u->relu) VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &u->o, n}));
   FREE(m, &u->o);
   vl_param *g = &m->params[u->pg], *b = &m->params[u->pb];
-  vl_count(c, 0, 3.0 * (double)u->c.bytes);
-  VL_TRY(VL_RUN(c, bn_bwd, d, &g->grad, &b->grad, d, &u->c, &g->w, &u->mean, &u->rstd, m->B,
-                u->cout, HW));
+  VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){d, &g->grad, &b->grad, d, &u->c, &g->w, &u->mean,
+                                           &u->rstd, m->B, u->cout, HW}));
   FREE(m, &u->rstd);
   FREE(m, &u->mean);
   FREE(m, &u->c);
@@ -492,14 +470,14 @@ static vl_status block_fwd(vl_resunet *m, int bi, int mode) {
     VL_TRY(unit_fwd(m, &B->u[3], x, mode, VL_MEM_TEMP));
     id = &B->u[3].o;
   }
-  VL_TRY(VL_RUN(c, axpby, &u3->o, 1.0f, id, 1.0f, n)); /* out += identity */
+  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&u3->o, 1.0f, id, 1.0f, n})); /* out += identity */
   if (B->ds) FREE(m, &B->u[3].o);
   if (m->tc.relu_inplace || !(mode & TRAIN)) {
-    VL_TRY(VL_RUN(c, relu_fwd, &u3->o, &u3->o, n));
+    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u3->o, &u3->o, n}));
     move(&B->out, &u3->o);
   } else {
     VL_TRY(act(m, &B->out, VL_MEM_ACTS, u3->cout, side));
-    VL_TRY(VL_RUN(c, relu_fwd, &B->out, &u3->o, n));
+    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&B->out, &u3->o, n}));
     FREE(m, &u3->o);
   }
   return VL_OK;
@@ -520,22 +498,22 @@ static vl_status block_bwd(vl_resunet *m, int bi, vl_tensor *d) {
   }
   unit *u3 = &B->u[2];
   int64_t side = unit_hout(&B->u[1]), n = m->B * u3->cout * side * side;
-  VL_TRY(VL_RUN(c, relu_bwd, d, d, &B->out, n));
+  VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &B->out, n}));
   FREE(m, &B->out);
   /* the main path consumes a copy: d itself is the identity's gradient */
   vl_tensor *dm = &m->tmp[0], *t = &m->tmp[1], *dx = &m->tmp[2];
   VL_TRY(act(m, dm, VL_MEM_TEMP, u3->cout, side));
-  VL_TRY(VL_RUN(c, convert, dm, d, n));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){dm, d, n}));
   VL_TRY(unit_bwd(m, u3, dm, &B->u[1].o, t));
   VL_TRY(unit_bwd(m, &B->u[1], t, &B->u[0].o, dm));
   VL_TRY(unit_bwd(m, &B->u[0], dm, x, dx));
   int64_t nx = m->B * B->u[0].cin * B->u[0].hin * B->u[0].hin;
   if (B->ds) {
     VL_TRY(unit_bwd(m, &B->u[3], d, x, t));
-    VL_TRY(VL_RUN(c, axpby, dx, 1.0f, t, 1.0f, nx));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, t, 1.0f, nx}));
     FREE(m, t);
   } else {
-    VL_TRY(VL_RUN(c, axpby, dx, 1.0f, d, 1.0f, nx));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, d, 1.0f, nx}));
     FREE(m, d);
   }
   move(d, dx);
@@ -561,13 +539,15 @@ static vl_status dec_fwd(vl_resunet *m, int d, int mode) {
   bool keep = mode & KEEP;
   vl_tensor *in = D->cskip ? &D->up : &D->cat; /* without a skip the upsample is the input */
   VL_TRY(act(m, in, D->cskip ? VL_MEM_TEMP : (keep ? VL_MEM_ACTS : VL_MEM_TEMP), D->cin, h2));
-  VL_TRY(VL_RUN(c, upsample2x_fwd, in, dec_in(m, d), m->B * D->cin, D->hin, D->hin));
+  VL_TRY(vl_upsample2x_fwd_run(
+      c, &(vl_upsample2x_fwd_args){in, dec_in(m, d), m->B * D->cin, D->hin, D->hin}));
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
     VL_TRY(act(m, &D->cat, keep ? VL_MEM_ACTS : VL_MEM_TEMP, ct, h2));
-    VL_TRY(VL_RUN(c, chan_copy, &D->cat, ct, 0, &D->up, D->cin, 0, D->cin, m->B, HW, false));
-    VL_TRY(VL_RUN(c, chan_copy, &D->cat, ct, D->cin, skip_of(m, d), D->cskip, 0, D->cskip, m->B,
-                  HW, false));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&D->cat, ct, 0, &D->up, D->cin, 0, D->cin,
+                                                   m->B, HW, false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&D->cat, ct, D->cin, skip_of(m, d), D->cskip,
+                                                   0, D->cskip, m->B, HW, false}));
     FREE(m, &D->up);
   }
   vl_mem_cat oc = keep ? VL_MEM_ACTS : VL_MEM_TEMP;
@@ -592,15 +572,18 @@ static vl_status dec_bwd(vl_resunet *m, int d, vl_tensor *g) {
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
     VL_TRY(act(m, t, VL_MEM_TEMP, D->cin, h2));
-    VL_TRY(VL_RUN(c, chan_copy, t, D->cin, 0, dcat, ct, 0, D->cin, m->B, HW, false));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){t, D->cin, 0, dcat, ct, 0, D->cin, m->B, HW,
+                                                   false}));
     vl_tensor *ds = &m->dskip[3 - d];
     VL_TRY(act(m, ds, VL_MEM_TEMP, D->cskip, h2));
-    VL_TRY(VL_RUN(c, chan_copy, ds, D->cskip, 0, dcat, ct, D->cin, D->cskip, m->B, HW, false));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){ds, D->cskip, 0, dcat, ct, D->cin, D->cskip,
+                                                   m->B, HW, false}));
     FREE(m, dcat);
     dup = t;
   }
   VL_TRY(act(m, g, VL_MEM_TEMP, D->cin, D->hin));
-  VL_TRY(VL_RUN(c, upsample2x_bwd, g, dup, m->B * D->cin, D->hin, D->hin));
+  VL_TRY(vl_upsample2x_bwd_run(
+      c, &(vl_upsample2x_bwd_args){g, dup, m->B * D->cin, D->hin, D->hin}));
   FREE(m, dup);
   return VL_OK;
 }
@@ -613,17 +596,18 @@ static vl_status forward(vl_resunet *m, int mode) {
   const vl_resunet_cfg *mc = &m->mc;
   bool train = mode & TRAIN;
   int64_t npix = m->B * mc->in_ch * mc->image * mc->image;
-  const vl_tensor *x = &m->data;
+  const vl_tensor *x = &m->img;
   if (m->tc.compute != VL_F32) { /* autocast's half copy of the input, kept by conv1 */
     VL_TRY(act(m, &m->xin, train ? VL_MEM_ACTS : VL_MEM_TEMP, mc->in_ch, mc->image));
-    VL_TRY(VL_RUN(c, convert, &m->xin, &m->data, npix));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->xin, &m->img, npix}));
     x = &m->xin;
   }
   VL_TRY(unit_fwd(m, &m->stem, x, mode, train ? VL_MEM_ACTS : VL_MEM_TEMP));
   if (!train) FREE(m, &m->xin);
   int64_t hs = mc->image / 2, hp = hs / 2;
   VL_TRY(act(m, &m->pool, train ? VL_MEM_ACTS : VL_MEM_TEMP, mc->width, hp));
-  VL_TRY(VL_RUN(c, maxpool_fwd, &m->pool, &m->stem.o, m->B * mc->width, hs, hs, 3, 2, 1, hp, hp));
+  VL_TRY(vl_maxpool_fwd_run(c, &(vl_maxpool_fwd_args){&m->pool, &m->stem.o, m->B * mc->width, hs,
+                                                     hs, 3, 2, 1, hp, hp}));
   int bmode = train ? (m->tc.checkpoint ? TRAIN | STATS : KEEP | TRAIN | STATS) : 0;
   for (int bi = 0; bi < m->n_blocks; bi++) {
     VL_TRY(block_fwd(m, bi, bmode));
@@ -656,12 +640,10 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &m->mc;
   int64_t HW = mc->image * mc->image, P = m->B * HW;
-  const int32_t *tgt = m->data.data ? (const int32_t *)((char *)m->data.data +
-                                                        (size_t)(m->B * mc->in_ch * HW) * 4) : NULL;
   VL_TRY(f32(m, &m->loss, VL_MEM_TEMP, P));
-  VL_TRY(VL_RUN(c, xent_pix, &m->logits, &m->loss, tgt, m->B, mc->classes, HW, dscale));
-  vl_count(c, 0, (double)m->logits.bytes * 2);
-  if (c->be->download && m->data.data) {
+  VL_TRY(vl_xent_pix_run(c, &(vl_xent_pix_args){&m->logits, &m->loss, &m->tgt, m->B, mc->classes,
+                                               HW, dscale}));
+  if (!c->plan) {
     float *lh = malloc((size_t)P * sizeof *lh);
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
     vl_status s = c->be->download(c, lh, &m->loss, 0, (size_t)P * sizeof *lh);
@@ -691,7 +673,7 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
       if (bi == m->stage0[s + 1] - 1) skip = s + 1;
     if (skip > 0) {
       int64_t n = m->dskip[skip].n;
-      VL_TRY(VL_RUN(c, axpby, g, 1.0f, &m->dskip[skip], 1.0f, n));
+      VL_TRY(vl_axpby_run(c, &(vl_axpby_args){g, 1.0f, &m->dskip[skip], 1.0f, n}));
       FREE(m, &m->dskip[skip]);
     }
     VL_TRY(block_bwd(m, bi, g));
@@ -700,12 +682,13 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   int64_t hs = mc->image / 2, hp = hs / 2;
   vl_tensor *ds = &m->tmp[1];
   VL_TRY(act(m, ds, VL_MEM_TEMP, mc->width, hs));
-  VL_TRY(VL_RUN(c, maxpool_bwd, ds, g, &m->stem.o, m->B * mc->width, hs, hs, 3, 2, 1, hp, hp));
+  VL_TRY(vl_maxpool_bwd_run(c, &(vl_maxpool_bwd_args){ds, g, &m->stem.o, m->B * mc->width, hs, hs,
+                                                     3, 2, 1, hp, hp}));
   FREE(m, g);
   FREE(m, &m->pool);
-  VL_TRY(VL_RUN(c, axpby, ds, 1.0f, &m->dskip[0], 1.0f, ds->n));
+  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){ds, 1.0f, &m->dskip[0], 1.0f, ds->n}));
   FREE(m, &m->dskip[0]);
-  VL_TRY(unit_bwd(m, &m->stem, ds, m->xin.n ? &m->xin : &m->data, NULL));
+  VL_TRY(unit_bwd(m, &m->stem, ds, m->xin.n ? &m->xin : &m->img, NULL));
   FREE(m, &m->xin);
   return VL_OK;
 }
@@ -714,14 +697,16 @@ static vl_status upload_batch(vl_resunet *m, const vl_seg_batch *b, bool targets
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &m->mc;
   int64_t HW = mc->image * mc->image, nx = b->B * mc->in_ch * HW;
-  /* the batch on the device: images fp32, then (training) targets int32: the data category */
+  /* the batch on the device, one block in category data: images (B, 3, H, W) fp32, then
+   * (training) targets (B, H, W) int32; img and tgt are typed views of it */
   VL_TRY(f32(m, &m->data, VL_MEM_DATA, nx + (targets ? b->B * HW : 0)));
-  if (c->be->upload && b->x) {
-    VL_TRY(c->be->upload(c, &m->data, 0, b->x, (size_t)nx * 4));
-    if (targets && b->y)
-      VL_TRY(c->be->upload(c, &m->data, (size_t)nx * 4, b->y, (size_t)(b->B * HW) * 4));
+  int64_t xs[4] = {b->B, mc->in_ch, mc->image, mc->image}, ys[3] = {b->B, mc->image, mc->image};
+  m->img = vl_tensor_view(&m->data, 0, VL_F32, 4, xs);
+  m->tgt = targets ? vl_tensor_view(&m->data, (size_t)nx * 4, VL_I32, 3, ys) : (vl_tensor){0};
+  if (!c->plan && b->x) {
+    VL_TRY(c->be->upload(c, &m->img, 0, b->x, (size_t)nx * 4));
+    if (targets && b->y) VL_TRY(c->be->upload(c, &m->tgt, 0, b->y, (size_t)(b->B * HW) * 4));
   }
-  /* the data tensor is fp32 (B, 3, H, W) as far as the first conv reads it */
   return VL_OK;
 }
 
@@ -745,7 +730,7 @@ vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
   for (int i = 0; i < n_micro; i++) {
     vl_status bad;
     if (mb[i].B < 1) return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: batch %lld", i, (long long)mb[i].B);
-    if (c->be->upload && (!mb[i].x || !mb[i].y))
+    if (!c->plan && (!mb[i].x || !mb[i].y))
       return vl_fail(c, VL_ERR_INVALID, "micro-batch %d has no images or no targets", i);
     npix += count_pixels(m, &mb[i], &bad);
     if (bad != VL_OK)
@@ -771,7 +756,7 @@ vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
   info->loss = loss_sum / (double)npix;
   info->n_pixels = npix;
   info->loss_scale = m->sc.scale;
-  if (c->be->download && !isfinite(info->loss)) {
+  if (!c->plan && !isfinite(info->loss)) {
     vl_params_zero_grads(c, m->params, m->n_params);
     memset(m->grad_live, 0, (size_t)m->n_params * sizeof *m->grad_live);
     if (m->sc.fp16) {
@@ -808,7 +793,7 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
   if (s == VL_OK) s = forward(m, 0);
   int64_t HW = mc->image * mc->image, K = mc->classes;
   float *lg = NULL;
-  if (s == VL_OK && c->be->download) {
+  if (s == VL_OK && !c->plan) {
     lg = malloc((size_t)(B * K * HW) * sizeof *lg);
     if (!lg) s = vl_fail(c, VL_ERR_OOM, "host logits");
   }
@@ -816,7 +801,7 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
     /* logits in the compute dtype: read them as fp32 through a converted copy */
     vl_tensor f = {0};
     s = f32(m, &f, VL_MEM_TEMP, B * K * HW);
-    if (s == VL_OK) s = VL_RUN(c, convert, &f, &m->logits, B * K * HW);
+    if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){&f, &m->logits, B * K * HW});
     if (s == VL_OK) s = c->be->download(c, lg, &f, 0, (size_t)(B * K * HW) * sizeof *lg);
     FREE(m, &f);
     for (int64_t n = 0; s == VL_OK && n < B; n++)
@@ -856,7 +841,7 @@ vl_status vl_resunet_bn_running(vl_resunet *m, int gi, float *mean, float *var) 
   unit *hit = NULL;
   FOR_UNITS(m, u, if (u->pg == gi) hit = u);
   if (!hit) return vl_fail(c, VL_ERR_INVALID, "parameter %d is not a BN weight", gi);
-  if (!c->be->download) return VL_OK;
+  if (c->plan) return VL_OK;
   VL_TRY(c->be->download(c, mean, &hit->rmean, 0, (size_t)hit->cout * 4));
   return c->be->download(c, var, &hit->rvar, 0, (size_t)hit->cout * 4);
 }

@@ -35,7 +35,7 @@ vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows,
   VL_TRY(vl_tensor_alloc2(c, &p->w, dt, cat, rows, cols));
   if (trainable) {
     VL_TRY(vl_tensor_alloc2(c, &p->grad, VL_F32, VL_MEM_GRADS, rows, cols));
-    VL_TRY(VL_RUN(c, zero, &p->grad));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->grad}));
   }
   return VL_OK;
 }
@@ -71,13 +71,19 @@ vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc) {
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer %d", (int)oc->opt);
   }
   for (int i = 0; i < 3; i++)
-    if (p->st[i].owned) VL_TRY(VL_RUN(c, zero, &p->st[i]));
+    if (p->st[i].owned) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->st[i]}));
   return VL_OK;
+}
+
+/* Host-side dtype conversion: the CPU backend's kernel on host buffers, called directly
+ * (not an operation of c's device, so not counted). */
+static vl_status host_convert(vl_ctx *c, vl_tensor *dst, const vl_tensor *src, int64_t n) {
+  return vl_backend_cpu.ops[VL_OP_CONVERT](c, &(vl_convert_args){dst, src, n});
 }
 
 /* Upload host fp32 into a tensor of any dtype, converting on the host. */
 static vl_status upload_f32(vl_ctx *c, vl_tensor *t, const float *host) {
-  if (!c->be->upload) return VL_OK;
+  if (c->plan) return VL_OK; /* no data on the plan device */
   if (t->dtype == VL_F32) return c->be->upload(c, t, 0, host, t->bytes);
   void *buf = malloc(t->bytes);
   if (!buf) return vl_fail(c, VL_ERR_OOM, "host buffer of %zu bytes", t->bytes);
@@ -89,7 +95,7 @@ static vl_status upload_f32(vl_ctx *c, vl_tensor *t, const float *host) {
     vl_tensor src = *t, dst = *t;
     src.dtype = VL_F32; src.data = (void *)host;
     dst.data = buf;
-    s = vl_backend_cpu.convert(c, &dst, &src, t->n);
+    s = host_convert(c, &dst, &src, t->n);
   }
   if (s == VL_OK) s = c->be->upload(c, t, 0, buf, t->bytes);
   free(buf);
@@ -102,7 +108,7 @@ vl_status vl_param_load(vl_ctx *c, vl_param *p, const float *host) {
 }
 
 static vl_status read_f32(vl_ctx *c, const vl_tensor *t, float *host) {
-  if (!c->be->download) return vl_fail(c, VL_ERR_UNSUPPORTED, "no data on the plan device");
+  if (c->plan) return vl_fail(c, VL_ERR_UNSUPPORTED, "no data on the plan device");
   if (t->dtype == VL_F32) return c->be->download(c, host, t, 0, t->bytes);
   void *buf = malloc(t->bytes);
   if (!buf) return VL_ERR_OOM;
@@ -112,7 +118,7 @@ static vl_status read_f32(vl_ctx *c, const vl_tensor *t, float *host) {
     else {
       vl_tensor src = *t, dst = *t;
       src.data = buf; dst.dtype = VL_F32; dst.data = host;
-      s = vl_backend_cpu.convert(c, &dst, &src, t->n);
+      s = host_convert(c, &dst, &src, t->n);
     }
   }
   free(buf);
@@ -142,17 +148,20 @@ vl_status vl_param_update(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc, int64_
   hp.grad_scale = grad_scale;
   vl_tensor *w = p->has_master ? &p->master : &p->w;
   int64_t n = p->rows * p->cols;
-  vl_count(c, 0, 4.0 * (double)n * 4);
   switch (oc->opt) {
-    case VL_OPT_ADAMW: VL_TRY(VL_RUN(c, adamw, w, &p->grad, &p->st[0], &p->st[1], n, &hp)); break;
-    case VL_OPT_SGD: VL_TRY(VL_RUN(c, sgd, w, &p->grad, &p->st[0], n, &hp)); break;
+    case VL_OPT_ADAMW:
+      VL_TRY(vl_adamw_run(c, &(vl_adamw_args){w, &p->grad, &p->st[0], &p->st[1], n, &hp}));
+      break;
+    case VL_OPT_SGD: VL_TRY(vl_sgd_run(c, &(vl_sgd_args){w, &p->grad, &p->st[0], n, &hp})); break;
     case VL_OPT_ADAFACTOR:
       if (!oc->adafactor_beta1) hp.beta1 = 0;
-      VL_TRY(VL_RUN(c, adafactor, w, &p->grad, &p->st[0], &p->st[1],
-                    oc->adafactor_beta1 ? &p->st[2] : NULL, p->rows, p->cols, &hp));
+      VL_TRY(vl_adafactor_run(c, &(vl_adafactor_args){w, &p->grad, &p->st[0], &p->st[1],
+                                                      oc->adafactor_beta1 ? &p->st[2] : NULL,
+                                                      p->rows, p->cols, &hp}));
       break;
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer");
   }
-  if (p->has_master) VL_TRY(VL_RUN(c, convert, &p->w, &p->master, n));
+  /* the AMP working copy (R, C) from the fp32 master */
+  if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){&p->w, &p->master, n}));
   return VL_OK;
 }

@@ -22,7 +22,7 @@ void vl_scaler_init(vl_scaler *s, bool fp16, float init_scale, int window) {
 
 vl_status vl_params_zero_grads(vl_ctx *c, vl_param *p, int n) {
   for (int i = 0; i < n; i++)
-    if (p[i].trainable && p[i].grad.n) VL_TRY(VL_RUN(c, zero, &p[i].grad));
+    if (p[i].trainable && p[i].grad.n) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p[i].grad}));
   return VL_OK;
 }
 
@@ -38,15 +38,13 @@ vl_status vl_params_apply(vl_ctx *c, vl_param *p, int n, const vl_optim_cfg *oc,
   *grad_norm = 0;
   double ss = 0;
   bool bad = false;
-  if (c->be->sumsq) {
-    for (int i = 0; i < n; i++) {
-      if (!p[i].trainable || !p[i].grad.n) continue;
-      double s1;
-      bool b1;
-      VL_TRY(c->be->sumsq(c, &p[i].grad, p[i].rows * p[i].cols, &s1, &b1));
-      ss += s1;
-      bad |= b1;
-    }
+  for (int i = 0; i < n; i++) {
+    if (!p[i].trainable || !p[i].grad.n) continue;
+    double s1 = 0; /* stays 0 on a plan context */
+    bool b1 = false;
+    VL_TRY(vl_sumsq_run(c, &(vl_sumsq_args){&p[i].grad, p[i].rows * p[i].cols, &s1, &b1}));
+    ss += s1;
+    bad |= b1;
   }
   float ls = s->scale;
   if (bad) {

@@ -5,6 +5,7 @@
 
 #include "vramlab/backend.h"
 #include "cpu_internal.h"
+#include "../cnn_args.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
@@ -20,7 +21,6 @@ static vl_status cpu_sync(vl_ctx *c) { (void)c; return VL_OK; }
 static vl_status cpu_timer_start(vl_ctx *c) { c->timer_t0 = vl_now(); return VL_OK; }
 static vl_status cpu_timer_stop(vl_ctx *c, double *sec) { *sec = vl_now() - c->timer_t0; return VL_OK; }
 static size_t cpu_fixed_ws(const vl_ctx *c) { (void)c; return 0; }
-static size_t cpu_gemm_ws(const vl_ctx *c, const vl_gemm *g) { (void)c; return vl_gemm_ws_cpu(g); }
 
 /* Copy the (rows, cols) region at p (leading dim ld, dtype d) into packed fp32. */
 static void to_f32(float *dst, const void *p, int d, int64_t off, int64_t rows, int64_t cols,
@@ -30,7 +30,8 @@ static void to_f32(float *dst, const void *p, int d, int64_t off, int64_t rows, 
     for (int64_t k = 0; k < cols; k++) dst[r * cols + k] = vl_ld(p, d, off + r * ld + k);
 }
 
-static vl_status cpu_gemm(vl_ctx *c, const vl_gemm *g) {
+static vl_status cpu_gemm(vl_ctx *c, const void *args) {
+  const vl_gemm *g = args;
   if (g->ws_bytes < vl_gemm_ws_cpu(g))
     return vl_fail(c, VL_ERR_INVALID, "gemm workspace %zu < %zu", g->ws_bytes, vl_gemm_ws_cpu(g));
   float *ws = g->ws;
@@ -95,45 +96,73 @@ static void *cpu_host_alloc(vl_ctx *c, size_t bytes, bool pinned) {
 }
 static void cpu_host_free(vl_ctx *c, void *p, bool pinned) { (void)c; (void)pinned; free(p); }
 
-static vl_status cpu_zero(vl_ctx *c, vl_tensor *y) { (void)c; memset(y->data, 0, y->bytes); return VL_OK; }
+static vl_status cpu_zero(vl_ctx *c, const void *p) {
+  const vl_zero_args *a = p;
+  (void)c;
+  memset(a->y->data, 0, a->y->bytes);
+  return VL_OK;
+}
 
-static vl_status cpu_convert(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
+static vl_status cpu_convert(vl_ctx *c, const void *p) {
+  const vl_convert_args *a = p;
+  vl_tensor *y = a->y;
+  const vl_tensor *x = a->x;
+  int64_t n = a->n;
   (void)c;
 #pragma omp parallel for if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) vl_k_convert(y->data, dt(y), x->data, dt(x), i);
   return VL_OK;
 }
-static vl_status cpu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b, int64_t n) {
+static vl_status cpu_axpby(vl_ctx *c, const void *p) {
+  const vl_axpby_args *a = p;
+  vl_tensor *y = a->y;
+  const vl_tensor *x = a->x;
+  int64_t n = a->n;
+  float fa = a->a, fb = a->b;
   (void)c;
 #pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) vl_k_axpby(y->data, dt(y), a, x->data, dt(x), b, i);
+  for (int64_t i = 0; i < n; i++) vl_k_axpby(y->data, dt(y), fa, x->data, dt(x), fb, i);
   return VL_OK;
 }
-static vl_status cpu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
-                               int64_t R, int64_t C) {
-  (void)c;
+static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
+  const vl_embed_fwd_args *a = p;
+  int64_t R = a->R, C = a->C;
+  VL_CNN_TRY(vl_check_ids(c, "embed_fwd", "token ids", a->tok, R));
+  vl_tensor *out = a->out;
+  const vl_tensor *wte = a->wte;
+  const int32_t *tok = a->tok ? a->tok->data : NULL;
 #pragma omp parallel for if (R * C > PAR_MIN)
   for (int64_t i = 0; i < R * C; i++) vl_k_embed_fwd(out->data, dt(out), wte->data, dt(wte), tok, C, i);
   return VL_OK;
 }
-static vl_status cpu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const int32_t *tok,
-                               int64_t R, int64_t C) {
-  (void)c;
+static vl_status cpu_embed_bwd(vl_ctx *c, const void *p) {
+  const vl_embed_bwd_args *a = p;
+  int64_t R = a->R, C = a->C;
+  VL_CNN_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
+  vl_tensor *dw = a->dwte;
+  const vl_tensor *dout = a->dout;
+  const int32_t *tok = a->tok ? a->tok->data : NULL;
 #pragma omp parallel for if (R * C > PAR_MIN)
   for (int64_t k = 0; k < C; k++) vl_k_embed_bwd_col(dw->data, dt(dw), dout->data, dt(dout), tok, R, C, k);
   return VL_OK;
 }
-static vl_status cpu_rmsnorm_fwd(vl_ctx *c, vl_tensor *out, vl_tensor *rstd, const vl_tensor *x,
-                                 const vl_tensor *w, int64_t R, int64_t C, float eps) {
+static vl_status cpu_rmsnorm_fwd(vl_ctx *c, const void *p) {
+  const vl_rmsnorm_fwd_args *a = p;
+  vl_tensor *out = a->out, *rstd = a->rstd;
+  const vl_tensor *x = a->x, *w = a->w;
+  int64_t R = a->R, C = a->C;
+  float eps = a->eps;
   (void)c;
 #pragma omp parallel for if (R * C > PAR_MIN)
   for (int64_t r = 0; r < R; r++)
     vl_k_rmsnorm_fwd_row(out->data, dt(out), rstd->data, x->data, dt(x), w->data, dt(w), C, eps, r);
   return VL_OK;
 }
-static vl_status cpu_rmsnorm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const vl_tensor *dout,
-                                 const vl_tensor *x, const vl_tensor *w, const vl_tensor *rstd,
-                                 int64_t R, int64_t C) {
+static vl_status cpu_rmsnorm_bwd(vl_ctx *c, const void *p) {
+  const vl_rmsnorm_bwd_args *a = p;
+  vl_tensor *dx = a->dx, *dw = a->dw;
+  const vl_tensor *dout = a->dout, *x = a->x, *w = a->w, *rstd = a->rstd;
+  int64_t R = a->R, C = a->C;
   (void)c;
 #pragma omp parallel for if (R * C > PAR_MIN)
   for (int64_t r = 0; r < R; r++)
@@ -146,18 +175,23 @@ static vl_status cpu_rmsnorm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const 
   }
   return VL_OK;
 }
-static vl_status cpu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                          float theta, bool inverse) {
+static vl_status cpu_rope(vl_ctx *c, const void *p) {
+  const vl_rope_args *a = p;
+  vl_tensor *x = a->x;
+  int64_t T = a->T, H = a->H, D = a->D, n = a->B * T * H * (D / 2);
+  float theta = a->theta;
+  int inverse = a->inverse;
   (void)c;
-  int64_t n = B * T * H * (D / 2);
 #pragma omp parallel for if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) vl_k_rope(x->data, dt(x), T, H, D, theta, inverse, i);
   return VL_OK;
 }
-static vl_status cpu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
-                             int64_t H, int64_t D, bool back) {
-  (void)c;
-  int64_t n = B * T * H * D, rows = B * T * H;
+static vl_status cpu_permute(vl_ctx *c, const void *p) {
+  const vl_permute_args *a = p;
+  vl_tensor *y = a->y;
+  const vl_tensor *x = a->x;
+  int64_t T = a->T, H = a->H, D = a->D, n = a->B * T * H * D, rows = a->B * T * H;
+  int back = a->back;
   if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
   /* whole rows of D contiguous elements: one copy per row, same index map as the kernel */
   size_t rb = vl_dtype_bytes(y->dtype, D);
@@ -166,44 +200,65 @@ static vl_status cpu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_
     memcpy((char *)y->data + r * rb, (const char *)x->data + vl_k_permute_src_row(T, H, back, r) * rb, rb);
   return VL_OK;
 }
-static vl_status cpu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
-                                 int64_t T, float scale) {
+static vl_status cpu_softmax_fwd(vl_ctx *c, const void *p) {
+  const vl_softmax_causal_fwd_args *a = p;
+  vl_tensor *P = a->P;
+  const vl_tensor *S = a->S;
+  int64_t rows = a->rows, T = a->T;
+  float scale = a->scale;
   (void)c;
 #pragma omp parallel for if (rows * T > PAR_MIN)
   for (int64_t r = 0; r < rows; r++) vl_k_softmax_causal_row(P->data, dt(P), S->data, dt(S), T, scale, r);
   return VL_OK;
 }
-static vl_status cpu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
-                                 int64_t rows, int64_t T, float scale) {
+static vl_status cpu_softmax_bwd(vl_ctx *c, const void *p) {
+  const vl_softmax_causal_bwd_args *a = p;
+  vl_tensor *dS = a->dS;
+  const vl_tensor *dP = a->dP, *P = a->P;
+  int64_t rows = a->rows, T = a->T;
+  float scale = a->scale;
   (void)c;
 #pragma omp parallel for if (rows * T > PAR_MIN)
   for (int64_t r = 0; r < rows; r++)
     vl_k_softmax_causal_bwd_row(dS->data, dt(dS), dP->data, dt(dP), P->data, dt(P), T, scale, r);
   return VL_OK;
 }
-static vl_status cpu_swiglu_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *g, const vl_tensor *u,
-                                int64_t n) {
+static vl_status cpu_swiglu_fwd(vl_ctx *c, const void *p) {
+  const vl_swiglu_fwd_args *a = p;
+  vl_tensor *out = a->out;
+  const vl_tensor *g = a->g, *u = a->u;
+  int64_t n = a->n;
   (void)c;
 #pragma omp parallel for if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++) vl_k_swiglu_fwd(out->data, dt(out), g->data, u->data, dt(g), i);
   return VL_OK;
 }
-static vl_status cpu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl_tensor *dout,
-                                const vl_tensor *g, const vl_tensor *u, int64_t n) {
+static vl_status cpu_swiglu_bwd(vl_ctx *c, const void *p) {
+  const vl_swiglu_bwd_args *a = p;
+  vl_tensor *dg = a->dg, *du = a->du;
+  const vl_tensor *dout = a->dout, *g = a->g, *u = a->u;
+  int64_t n = a->n;
   (void)c;
 #pragma omp parallel for if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++)
     vl_k_swiglu_bwd(dg->data, du->data, dt(dg), dout->data, dt(dout), g->data, u->data, dt(g), i);
   return VL_OK;
 }
-static vl_status cpu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
-                          int64_t R, int64_t V, float s) {
-  (void)c;
+static vl_status cpu_xent(vl_ctx *c, const void *p) {
+  const vl_xent_fused_args *a = p;
+  int64_t R = a->R, V = a->V;
+  float s = a->dloss_scale;
+  VL_CNN_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
+  vl_tensor *logits = a->logits, *loss = a->loss;
+  const int32_t *tgt = a->tgt ? a->tgt->data : NULL;
 #pragma omp parallel for if (R * V > PAR_MIN)
   for (int64_t r = 0; r < R; r++) vl_k_xent_row(logits->data, dt(logits), loss->data, tgt, V, s, r);
   return VL_OK;
 }
-static vl_status cpu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite) {
+static vl_status cpu_sumsq(vl_ctx *c, const void *p) {
+  const vl_sumsq_args *a = p;
+  const vl_tensor *x = a->x;
+  int64_t n = a->n;
   (void)c;
   /* A NaN or Inf element makes the double sum non-finite (a finite float squared cannot
    * overflow a double), so one check at the end finds it. */
@@ -216,12 +271,16 @@ static vl_status cpu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out
 #pragma omp parallel for reduction(+ : acc) if (n > PAR_MIN)
     for (int64_t i = 0; i < n; i++) { double v = vl_ld(x->data, dt(x), i); acc += v * v; }
   }
-  *nonfinite = !isfinite(acc);
-  *out = *nonfinite ? 0 : acc;
+  *a->nonfinite = !isfinite(acc);
+  *a->out = *a->nonfinite ? 0 : acc;
   return VL_OK;
 }
-static vl_status cpu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
-                           int64_t n, const vl_optim_hp *h) {
+static vl_status cpu_adamw(vl_ctx *c, const void *args) {
+  const vl_adamw_args *a = args;
+  vl_tensor *p = a->p, *m = a->m, *v = a->v;
+  const vl_tensor *g = a->g;
+  const vl_optim_hp *h = a->hp;
+  int64_t n = a->n;
   (void)c;
   float bc1 = 1.0f - powf(h->beta1, (float)h->t), bc2 = 1.0f - powf(h->beta2, (float)h->t);
 #pragma omp parallel for if (n > PAR_MIN)
@@ -230,17 +289,24 @@ static vl_status cpu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tenso
                h->weight_decay, bc1, bc2, h->grad_scale, i);
   return VL_OK;
 }
-static vl_status cpu_sgd(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *mom, int64_t n,
-                         const vl_optim_hp *h) {
+static vl_status cpu_sgd(vl_ctx *c, const void *args) {
+  const vl_sgd_args *a = args;
+  vl_tensor *p = a->p, *mom = a->mom;
+  const vl_tensor *g = a->g;
+  const vl_optim_hp *h = a->hp;
+  int64_t n = a->n;
   (void)c;
 #pragma omp parallel for if (n > PAR_MIN)
   for (int64_t i = 0; i < n; i++)
     vl_k_sgd(p->data, g->data, mom->data, h->lr, h->momentum, h->weight_decay, h->grad_scale, i);
   return VL_OK;
 }
-static vl_status cpu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
-                               vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
-                               const vl_optim_hp *h) {
+static vl_status cpu_adafactor(vl_ctx *c, const void *args) {
+  const vl_adafactor_args *a = args;
+  vl_tensor *p = a->p, *vr = a->vr, *vc = a->vc, *m = a->m;
+  const vl_tensor *g = a->g;
+  const vl_optim_hp *h = a->hp;
+  int64_t R = a->R, C = a->C;
   (void)c;
   float b2t = 1.0f - powf((float)h->t, -h->decay_pow);
   const float eps1 = 1e-30f;
@@ -276,22 +342,41 @@ const vl_backend vl_backend_cpu = {
     .name = "cpu", .device = VL_DEV_CPU,
     .init = cpu_init, .fini = cpu_fini, .sync = cpu_sync,
     .timer_start = cpu_timer_start, .timer_stop = cpu_timer_stop,
-    .gemm_ws_bytes = cpu_gemm_ws, .fixed_ws_bytes = cpu_fixed_ws,
-    .gemm = cpu_gemm, .upload = cpu_upload, .download = cpu_download,
+    .fixed_ws_bytes = cpu_fixed_ws, .upload = cpu_upload, .download = cpu_download,
     .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_async = cpu_upload,
-    .zero = cpu_zero, .convert = cpu_convert, .axpby = cpu_axpby,
-    .embed_fwd = cpu_embed_fwd, .embed_bwd = cpu_embed_bwd,
-    .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
-    .rope = cpu_rope, .permute = cpu_permute,
-    .softmax_causal_fwd = cpu_softmax_fwd, .softmax_causal_bwd = cpu_softmax_bwd,
-    .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
-    .xent_fused = cpu_xent, .sumsq = cpu_sumsq,
-    .adamw = cpu_adamw, .sgd = cpu_sgd, .adafactor = cpu_adafactor,
-    .conv_ws_bytes = vl_cpu_conv_ws, .conv_fwd = vl_cpu_conv_fwd,
-    .conv_bwd_data = vl_cpu_conv_bwd_data, .conv_bwd_weight = vl_cpu_conv_bwd_weight,
-    .bn_fwd_train = vl_cpu_bn_fwd_train, .bn_fwd_eval = vl_cpu_bn_fwd_eval,
-    .bn_bwd = vl_cpu_bn_bwd, .relu_fwd = vl_cpu_relu_fwd, .relu_bwd = vl_cpu_relu_bwd,
-    .maxpool_fwd = vl_cpu_maxpool_fwd, .maxpool_bwd = vl_cpu_maxpool_bwd,
-    .upsample2x_fwd = vl_cpu_upsample2x_fwd, .upsample2x_bwd = vl_cpu_upsample2x_bwd,
-    .chan_copy = vl_cpu_chan_copy, .xent_pix = vl_cpu_xent_pix,
+    .ops = {
+        [VL_OP_GEMM] = cpu_gemm,
+        [VL_OP_CONV_FWD] = vl_cpu_conv_fwd,
+        [VL_OP_CONV_BWD_DATA] = vl_cpu_conv_bwd_data,
+        [VL_OP_CONV_BWD_WEIGHT] = vl_cpu_conv_bwd_weight,
+        [VL_OP_ZERO] = cpu_zero,
+        [VL_OP_CONVERT] = cpu_convert,
+        [VL_OP_AXPBY] = cpu_axpby,
+        [VL_OP_EMBED_FWD] = cpu_embed_fwd,
+        [VL_OP_EMBED_BWD] = cpu_embed_bwd,
+        [VL_OP_RMSNORM_FWD] = cpu_rmsnorm_fwd,
+        [VL_OP_RMSNORM_BWD] = cpu_rmsnorm_bwd,
+        [VL_OP_ROPE] = cpu_rope,
+        [VL_OP_PERMUTE] = cpu_permute,
+        [VL_OP_SOFTMAX_CAUSAL_FWD] = cpu_softmax_fwd,
+        [VL_OP_SOFTMAX_CAUSAL_BWD] = cpu_softmax_bwd,
+        [VL_OP_SWIGLU_FWD] = cpu_swiglu_fwd,
+        [VL_OP_SWIGLU_BWD] = cpu_swiglu_bwd,
+        [VL_OP_XENT_FUSED] = cpu_xent,
+        [VL_OP_SUMSQ] = cpu_sumsq,
+        [VL_OP_ADAMW] = cpu_adamw,
+        [VL_OP_SGD] = cpu_sgd,
+        [VL_OP_ADAFACTOR] = cpu_adafactor,
+        [VL_OP_BN_FWD_TRAIN] = vl_cpu_bn_fwd_train,
+        [VL_OP_BN_FWD_EVAL] = vl_cpu_bn_fwd_eval,
+        [VL_OP_BN_BWD] = vl_cpu_bn_bwd,
+        [VL_OP_RELU_FWD] = vl_cpu_relu_fwd,
+        [VL_OP_RELU_BWD] = vl_cpu_relu_bwd,
+        [VL_OP_MAXPOOL_FWD] = vl_cpu_maxpool_fwd,
+        [VL_OP_MAXPOOL_BWD] = vl_cpu_maxpool_bwd,
+        [VL_OP_UPSAMPLE2X_FWD] = vl_cpu_upsample2x_fwd,
+        [VL_OP_UPSAMPLE2X_BWD] = vl_cpu_upsample2x_bwd,
+        [VL_OP_CHAN_COPY] = vl_cpu_chan_copy,
+        [VL_OP_XENT_PIX] = vl_cpu_xent_pix,
+    },
 };

@@ -50,7 +50,7 @@ INLINE void bn_train_chan(void *y, int ydt, const void *x, int xdt, float *mean,
   }
 }
 
-vl_status vl_cpu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_tensor *rstd,
+static vl_status cpu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_tensor *rstd,
                               vl_tensor *rmean, vl_tensor *rvar, const vl_tensor *x,
                               const vl_tensor *gamma, const vl_tensor *beta, int64_t N, int64_t C,
                               int64_t HW, float eps, float momentum) {
@@ -82,7 +82,7 @@ INLINE void bn_eval_plane(void *y, int ydt, const void *x, int xdt, const float 
   for (int64_t i = 0; i < s->HW; i++) vl_k_bn_apply(y, ydt, x, xdt, a, o + i);
 }
 
-vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *gamma,
+static vl_status cpu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *gamma,
                              const vl_tensor *beta, const vl_tensor *rmean, const vl_tensor *rvar,
                              int64_t N, int64_t C, int64_t HW, float eps) {
   int64_t n = 0;
@@ -119,7 +119,7 @@ INLINE void bn_bwd_chan(void *dx, int dxdt, const void *dy, int dydt, const void
   }
 }
 
-vl_status vl_cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tensor *dbeta,
+static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tensor *dbeta,
                         const vl_tensor *dy, const vl_tensor *x, const vl_tensor *gamma,
                         const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
                         int64_t HW) {
@@ -145,7 +145,7 @@ vl_status vl_cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tensor *
 
 /* ---- ReLU ----------------------------------------------------------------------------- */
 
-vl_status vl_cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
+static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
   VL_CNN_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
   void *py = y->data;
   const void *px = x->data;
@@ -160,7 +160,7 @@ vl_status vl_cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n
   return VL_OK;
 }
 
-vl_status vl_cpu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
+static vl_status cpu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
                           int64_t n) {
   VL_CNN_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
   void *pdx = dx->data;
@@ -188,7 +188,7 @@ INLINE void pool_fwd_row(void *y, int ydt, const void *x, int xdt, const pool_ge
                         ow);
 }
 
-vl_status vl_cpu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
+static vl_status cpu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                              int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
                              int64_t Q) {
   int64_t n = 0;
@@ -218,7 +218,7 @@ static void pool_bwd_row(void *dx, int dxdt, const void *dy, int dydt, const voi
 
 /* fp32 dx: one scatter per plane (each window's argmax found once); otherwise the gather,
  * which rounds dx once (see vl_k_maxpool_bwd_plane). Both give the CUDA gather's values. */
-vl_status vl_cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x,
+static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x,
                              int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
                              int64_t P, int64_t Q) {
   int64_t n = 0;
@@ -258,7 +258,7 @@ INLINE void up_bwd_row(void *dx, int dxdt, const void *dy, int dydt, int64_t H, 
   for (int64_t w = 0; w < W; w++) vl_k_up2_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
 }
 
-vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
+static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                 int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
   VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
@@ -275,7 +275,7 @@ vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int
   return VL_OK;
 }
 
-vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
+static vl_status cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
                                 int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
   VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
@@ -304,7 +304,7 @@ static void cc_offsets(int64_t q, int64_t nc, int64_t HW, int64_t yC, int64_t y_
 
 /* One plane at a time (N*nc of them, so a batch of 1 still spreads over the threads): a
  * memcpy when nothing converts or adds, else the element body over the plane. */
-vl_status vl_cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, const vl_tensor *x,
+static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, const vl_tensor *x,
                            int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
                            bool accumulate) {
   int64_t n = 0;
@@ -341,12 +341,13 @@ vl_status vl_cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, co
 
 /* ---- per-pixel cross-entropy ----------------------------------------------------------- */
 
-/* Targets are host memory here, so a label >= K is reported as an error before anything is
+/* Targets are in host memory here, so a label >= K is reported as an error before anything is
  * written (the CUDA backend cannot see them cheaply: its kernel gives that pixel a NaN loss). */
-vl_status vl_cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *tt,
                           int64_t N, int64_t K, int64_t HW, float dloss_scale) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, tgt, N, K, HW, dloss_scale, &n));
+  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, tt, N, K, HW, dloss_scale, &n));
+  const int32_t *tgt = tt ? tt->data : NULL;
   for (int64_t p = 0; p < n; p++)
     if (tgt[p] >= K)
       return vl_fail(c, VL_ERR_INVALID, "xent_pix: pixel %lld has target %d, only %lld classes",
@@ -357,4 +358,56 @@ vl_status vl_cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const i
 #pragma omp parallel for if (n * K > PAR_MIN)
   for (int64_t p = 0; p < n; p++) vl_k_xent_pix(pl, ldt, ploss, tgt, K, HW, dloss_scale, p);
   return VL_OK;
+}
+
+/* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
+
+vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *p) {
+  const vl_bn_fwd_train_args *a = p;
+  return cpu_bn_fwd_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma, a->beta,
+                          a->N, a->C, a->HW, a->eps, a->momentum);
+}
+vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *p) {
+  const vl_bn_fwd_eval_args *a = p;
+  return cpu_bn_fwd_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C, a->HW,
+                         a->eps);
+}
+vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *p) {
+  const vl_bn_bwd_args *a = p;
+  return cpu_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, a->N,
+                    a->C, a->HW);
+}
+vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *p) {
+  const vl_relu_fwd_args *a = p;
+  return cpu_relu_fwd(c, a->y, a->x, a->n);
+}
+vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *p) {
+  const vl_relu_bwd_args *a = p;
+  return cpu_relu_bwd(c, a->dx, a->dy, a->y, a->n);
+}
+vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *p) {
+  const vl_maxpool_fwd_args *a = p;
+  return cpu_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad, a->P, a->Q);
+}
+vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
+  const vl_maxpool_bwd_args *a = p;
+  return cpu_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
+                         a->P, a->Q);
+}
+vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
+  const vl_upsample2x_fwd_args *a = p;
+  return cpu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W);
+}
+vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
+  const vl_upsample2x_bwd_args *a = p;
+  return cpu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W);
+}
+vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
+  const vl_chan_copy_args *a = p;
+  return cpu_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
+                       a->accumulate);
+}
+vl_status vl_cpu_xent_pix(vl_ctx *c, const void *p) {
+  const vl_xent_pix_args *a = p;
+  return cpu_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale);
 }

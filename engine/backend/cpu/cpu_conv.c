@@ -280,11 +280,6 @@ size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
   return layout(cv, dir, accumulate, entry(cv, dir, false, &e, why, sizeof why) ? &e : NULL).total;
 }
 
-size_t vl_cpu_conv_ws(const vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
-  (void)c;
-  return vl_conv_ws_cpu(cv, dir, accumulate);
-}
-
 /* ---- execution ---------------------------------------------------------------------- */
 
 static void to_f32(float *dst, const void *src, int dt, int64_t n) {
@@ -384,7 +379,7 @@ static vl_status carve(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv_dir
     return vl_fail(c, VL_ERR_BACKEND, "%s: %s", op, why);
   *L = layout(cv, dir, acc, &e);
   if (ws_bytes < L->total || (L->total && !ws))
-    return vl_fail(c, VL_ERR_INVALID, "%s: workspace of %zu bytes, needs %zu (conv_ws_bytes)",
+    return vl_fail(c, VL_ERR_INVALID, "%s: workspace of %zu bytes, needs %zu (the op's workspace)",
                    op, ws_bytes, L->total);
   return VL_OK;
 }
@@ -413,25 +408,26 @@ static vl_status conv_call(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv
   return VL_OK;
 }
 
-vl_status vl_cpu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
-                          const vl_tensor *w, void *ws, size_t ws_bytes) {
-  const vl_tensor *t[NSLOT] = {x, w, y};
+vl_status vl_cpu_conv_fwd(vl_ctx *c, const void *args) {
+  const vl_conv_fwd_args *a = args;
+  const vl_tensor *t[NSLOT] = {a->x, a->w, a->y};
   const char *const nm[NSLOT] = {"x", "w", "y"};
-  return conv_call(c, "conv_fwd", cv, VL_CONV_FWD, false, t, nm, ws, ws_bytes);
+  return conv_call(c, "conv_fwd", &a->cv, VL_CONV_FWD, false, t, nm, a->ws, a->ws_bytes);
 }
 
-vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const vl_conv *cv, vl_tensor *dx, const vl_tensor *dy,
-                               const vl_tensor *w, void *ws, size_t ws_bytes) {
-  const vl_tensor *t[NSLOT] = {dy, w, dx};
+vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const void *args) {
+  const vl_conv_bwd_data_args *a = args;
+  const vl_tensor *t[NSLOT] = {a->dy, a->w, a->dx};
   const char *const nm[NSLOT] = {"dy", "w", "dx"};
-  return conv_call(c, "conv_bwd_data", cv, VL_CONV_BWD_DATA, false, t, nm, ws, ws_bytes);
+  return conv_call(c, "conv_bwd_data", &a->cv, VL_CONV_BWD_DATA, false, t, nm, a->ws, a->ws_bytes);
 }
 
-vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const vl_conv *cv, vl_tensor *dw, const vl_tensor *x,
-                                 const vl_tensor *dy, bool accumulate, void *ws, size_t ws_bytes) {
-  const vl_tensor *t[NSLOT] = {x, dy, dw};
+vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const void *args) {
+  const vl_conv_bwd_weight_args *a = args;
+  const vl_tensor *t[NSLOT] = {a->x, a->dy, a->dw};
   const char *const nm[NSLOT] = {"x", "dy", "dw"};
-  return conv_call(c, "conv_bwd_weight", cv, VL_CONV_BWD_WEIGHT, accumulate, t, nm, ws, ws_bytes);
+  return conv_call(c, "conv_bwd_weight", &a->cv, VL_CONV_BWD_WEIGHT, a->accumulate, t, nm, a->ws,
+                   a->ws_bytes);
 }
 
 const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir) {

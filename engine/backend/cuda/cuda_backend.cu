@@ -7,8 +7,8 @@
  * Device memory: the arena is ONE cudaMalloc of the cap, taken in init; the cuBLAS
  * workspace is its first block (VL_MEM_WORKSPACE), so it is counted. Outside the arena,
  * and therefore inside VL_CUDA_UNCAPPED_RESERVE, are only: the CUDA context and cuBLAS
- * handle, the reduction partial sums (VL_RED_BLOCKS doubles + ints, ~12 KiB, taken once)
- * and the token scratch (R int32 for embed/xent, grown on demand).
+ * handle and the reduction partial sums (VL_RED_BLOCKS doubles + ints, ~12 KiB, taken once).
+ * Token ids and targets are VL_I32 tensors in the arena (the batch's data block).
  *
  * Everything runs on one stream, so ops are ordered; host-visible results (sumsq,
  * download) synchronise it. Errors become VL_ERR_BACKEND statuses, never exit/abort. */
@@ -23,10 +23,14 @@
 #include "cuda_host.h"
 #include "cuda_internal.h"
 #include "cuda_gemm_k.h"
+#include "../cnn_args.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
 #include "../../kernels/rows.h"
+
+/* The operations are reached through the op table at the end (make_backend), whose entries
+ * unpack each op's argument struct (vramlab/ops.h) into the cu_* functions below. */
 
 
 
@@ -318,7 +322,6 @@ static vl_status cu_timer_stop(vl_ctx *c, double *sec) {
   return VL_OK;
 }
 
-static size_t cu_gemm_ws(const vl_ctx *c, const vl_gemm *g) { (void)c; return vl_gemm_ws_cuda(g); }
 static size_t cu_fixed_ws(const vl_ctx *c) { (void)c; return VL_CUBLAS_WORKSPACE_BYTES; }
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
@@ -355,7 +358,8 @@ static vl_status gemm_run(vl_ctx *c, cu_state *s, const vl_gemm *g, const vl_cud
   return VL_OK;
 }
 
-static vl_status cu_gemm(vl_ctx *c, const vl_gemm *g) {
+static vl_status cu_gemm(vl_ctx *c, const void *args) {
+  const vl_gemm *g = (const vl_gemm *)args;
   cu_state *s = st(c);
   vl_cuda_gemm_plan p;
   if (vl_cuda_gemm_plan_make(g, &p) != VL_OK)
@@ -438,18 +442,22 @@ static vl_status cu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, 
   return VL_OK;
 }
 
-static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const int32_t *tok,
+static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const vl_tensor *ids,
                               int64_t R, int64_t C) {
+  VL_CNN_TRY(vl_check_ids(c, "embed_fwd", "token ids", ids, R));
   if (R <= 0 || C <= 0) return VL_OK;
-  /* tok: device memory (the step's VL_MEM_DATA tensor) */
+  /* ids: device memory (the step's VL_MEM_DATA tensor) */
+  const int32_t *tok = (const int32_t *)ids->data;
   LAUNCH(c, st(c), R * C, VL_THREADS, k_embed_fwd, out->data, dt(out), wte->data, dt(wte), tok, C,
          R * C);
   return VL_OK;
 }
 
-static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const int32_t *tok,
+static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const vl_tensor *ids,
                               int64_t R, int64_t C) {
+  VL_CNN_TRY(vl_check_ids(c, "embed_bwd", "token ids", ids, R));
   if (R <= 0 || C <= 0) return VL_OK;
+  const int32_t *tok = (const int32_t *)ids->data;
   /* one thread per column, rows in order: deterministic without atomics (as on CPU) */
   LAUNCH(c, st(c), C, VL_ROW_THREADS, k_embed_bwd, dw->data, dt(dw), dout->data, dt(dout), tok, R,
          C);
@@ -525,9 +533,11 @@ static vl_status cu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl
   return VL_OK;
 }
 
-static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
                          int64_t R, int64_t V, float scale) {
+  VL_CNN_TRY(vl_check_ids(c, "xent_fused", "targets", ids, R));
   if (R <= 0) return VL_OK;
+  const int32_t *tgt = (const int32_t *)ids->data;
   LAUNCH(c, st(c), R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, tgt,
          V, scale, R);
   return VL_OK;
@@ -605,8 +615,82 @@ static vl_status cu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_te
   return VL_OK;
 }
 
+/* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
+
+#define ARGS(type) const type *a = (const type *)p
+static vl_status op_zero(vl_ctx *c, const void *p) { ARGS(vl_zero_args); return cu_zero(c, a->y); }
+static vl_status op_convert(vl_ctx *c, const void *p) {
+  ARGS(vl_convert_args);
+  return cu_convert(c, a->y, a->x, a->n);
+}
+static vl_status op_axpby(vl_ctx *c, const void *p) {
+  ARGS(vl_axpby_args);
+  return cu_axpby(c, a->y, a->a, a->x, a->b, a->n);
+}
+static vl_status op_embed_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_embed_fwd_args);
+  return cu_embed_fwd(c, a->out, a->wte, a->tok, a->R, a->C);
+}
+static vl_status op_embed_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_embed_bwd_args);
+  return cu_embed_bwd(c, a->dwte, a->dout, a->tok, a->R, a->C);
+}
+static vl_status op_rmsnorm_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_rmsnorm_fwd_args);
+  return cu_rmsnorm_fwd(c, a->out, a->rstd, a->x, a->w, a->R, a->C, a->eps);
+}
+static vl_status op_rmsnorm_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_rmsnorm_bwd_args);
+  return cu_rmsnorm_bwd(c, a->dx, a->dw, a->dout, a->x, a->w, a->rstd, a->R, a->C);
+}
+static vl_status op_rope(vl_ctx *c, const void *p) {
+  ARGS(vl_rope_args);
+  return cu_rope(c, a->x, a->B, a->T, a->H, a->D, a->theta, a->inverse);
+}
+static vl_status op_permute(vl_ctx *c, const void *p) {
+  ARGS(vl_permute_args);
+  return cu_permute(c, a->y, a->x, a->B, a->T, a->H, a->D, a->back);
+}
+static vl_status op_softmax_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_softmax_causal_fwd_args);
+  return cu_softmax_fwd(c, a->P, a->S, a->rows, a->T, a->scale);
+}
+static vl_status op_softmax_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_softmax_causal_bwd_args);
+  return cu_softmax_bwd(c, a->dS, a->dP, a->P, a->rows, a->T, a->scale);
+}
+static vl_status op_swiglu_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_swiglu_fwd_args);
+  return cu_swiglu_fwd(c, a->out, a->g, a->u, a->n);
+}
+static vl_status op_swiglu_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_swiglu_bwd_args);
+  return cu_swiglu_bwd(c, a->dg, a->du, a->dout, a->g, a->u, a->n);
+}
+static vl_status op_xent(vl_ctx *c, const void *p) {
+  ARGS(vl_xent_fused_args);
+  return cu_xent(c, a->logits, a->loss, a->tgt, a->R, a->V, a->dloss_scale);
+}
+static vl_status op_sumsq(vl_ctx *c, const void *p) {
+  ARGS(vl_sumsq_args);
+  return cu_sumsq(c, a->x, a->n, a->out, a->nonfinite);
+}
+static vl_status op_adamw(vl_ctx *c, const void *p) {
+  ARGS(vl_adamw_args);
+  return cu_adamw(c, a->p, a->g, a->m, a->v, a->n, a->hp);
+}
+static vl_status op_sgd(vl_ctx *c, const void *p) {
+  ARGS(vl_sgd_args);
+  return cu_sgd(c, a->p, a->g, a->mom, a->n, a->hp);
+}
+static vl_status op_adafactor(vl_ctx *c, const void *p) {
+  ARGS(vl_adafactor_args);
+  return cu_adafactor(c, a->p, a->g, a->vr, a->vc, a->m, a->R, a->C, a->hp);
+}
+
 /* ---- the backend ---------------------------------------------------------------------- */
 
+/* C++ has no array designators: the table is filled by index, once, at load time. */
 static vl_backend make_backend(void) {
   vl_backend b;
   memset(&b, 0, sizeof b);
@@ -620,29 +704,28 @@ static vl_backend make_backend(void) {
   b.host_alloc = cu_host_alloc;
   b.host_free = cu_host_free;
   b.upload_async = cu_upload_async;
-  b.gemm_ws_bytes = cu_gemm_ws;
   b.fixed_ws_bytes = cu_fixed_ws;
-  b.gemm = cu_gemm;
   b.upload = cu_upload;
   b.download = cu_download;
-  b.zero = cu_zero;
-  b.convert = cu_convert;
-  b.axpby = cu_axpby;
-  b.embed_fwd = cu_embed_fwd;
-  b.embed_bwd = cu_embed_bwd;
-  b.rmsnorm_fwd = cu_rmsnorm_fwd;
-  b.rmsnorm_bwd = cu_rmsnorm_bwd;
-  b.rope = cu_rope;
-  b.permute = cu_permute;
-  b.softmax_causal_fwd = cu_softmax_fwd;
-  b.softmax_causal_bwd = cu_softmax_bwd;
-  b.swiglu_fwd = cu_swiglu_fwd;
-  b.swiglu_bwd = cu_swiglu_bwd;
-  b.xent_fused = cu_xent;
-  b.sumsq = cu_sumsq;
-  b.adamw = cu_adamw;
-  b.sgd = cu_sgd;
-  b.adafactor = cu_adafactor;
+  b.ops[VL_OP_GEMM] = cu_gemm;
+  b.ops[VL_OP_ZERO] = op_zero;
+  b.ops[VL_OP_CONVERT] = op_convert;
+  b.ops[VL_OP_AXPBY] = op_axpby;
+  b.ops[VL_OP_EMBED_FWD] = op_embed_fwd;
+  b.ops[VL_OP_EMBED_BWD] = op_embed_bwd;
+  b.ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
+  b.ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
+  b.ops[VL_OP_ROPE] = op_rope;
+  b.ops[VL_OP_PERMUTE] = op_permute;
+  b.ops[VL_OP_SOFTMAX_CAUSAL_FWD] = op_softmax_fwd;
+  b.ops[VL_OP_SOFTMAX_CAUSAL_BWD] = op_softmax_bwd;
+  b.ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
+  b.ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
+  b.ops[VL_OP_XENT_FUSED] = op_xent;
+  b.ops[VL_OP_SUMSQ] = op_sumsq;
+  b.ops[VL_OP_ADAMW] = op_adamw;
+  b.ops[VL_OP_SGD] = op_sgd;
+  b.ops[VL_OP_ADAFACTOR] = op_adafactor;
   vl_cuda_cnn_ops(&b);
   vl_cuda_conv_ops(&b);
   return b;

@@ -12,7 +12,7 @@
  * it is written. The only CUDA-only code is the tree; gpu-check compares the result with
  * the CPU backend (its plane-by-plane sums) under a rounding-level limit.
  *
- * Target ids of xent_pix are device memory already (the step's VL_MEM_DATA tensor). */
+ * Target ids of xent_pix are a VL_I32 tensor in device memory (the step's data block). */
 #include "cuda_internal.h"
 #include "../cnn_args.h"
 #include "../../kernels/cnn.h"
@@ -249,26 +249,80 @@ static vl_status cu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0,
   return VL_OK;
 }
 
-static vl_status cu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const int32_t *tgt,
+static vl_status cu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
                              int64_t N, int64_t K, int64_t HW, float dloss_scale) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, tgt, N, K, HW, dloss_scale, &n));
+  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, ids, N, K, HW, dloss_scale, &n));
+  const int32_t *tgt = ids ? (const int32_t *)ids->data : NULL; /* device memory */
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_xent_pix, logits->data, dt(logits), (float *)loss->data, tgt,
            K, HW, dloss_scale, n);
   return VL_OK;
 }
 
+/* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
+
+#define ARGS(type) const type *a = (const type *)p
+static vl_status op_bn_fwd_train(vl_ctx *c, const void *p) {
+  ARGS(vl_bn_fwd_train_args);
+  return cu_bn_fwd_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma, a->beta,
+                         a->N, a->C, a->HW, a->eps, a->momentum);
+}
+static vl_status op_bn_fwd_eval(vl_ctx *c, const void *p) {
+  ARGS(vl_bn_fwd_eval_args);
+  return cu_bn_fwd_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C, a->HW,
+                        a->eps);
+}
+static vl_status op_bn_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_bn_bwd_args);
+  return cu_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, a->N,
+                   a->C, a->HW);
+}
+static vl_status op_relu_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_relu_fwd_args);
+  return cu_relu_fwd(c, a->y, a->x, a->n);
+}
+static vl_status op_relu_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_relu_bwd_args);
+  return cu_relu_bwd(c, a->dx, a->dy, a->y, a->n);
+}
+static vl_status op_maxpool_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_maxpool_fwd_args);
+  return cu_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad, a->P, a->Q);
+}
+static vl_status op_maxpool_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_maxpool_bwd_args);
+  return cu_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
+                        a->P, a->Q);
+}
+static vl_status op_up2_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_upsample2x_fwd_args);
+  return cu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W);
+}
+static vl_status op_up2_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_upsample2x_bwd_args);
+  return cu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W);
+}
+static vl_status op_chan_copy(vl_ctx *c, const void *p) {
+  ARGS(vl_chan_copy_args);
+  return cu_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
+                      a->accumulate);
+}
+static vl_status op_xent_pix(vl_ctx *c, const void *p) {
+  ARGS(vl_xent_pix_args);
+  return cu_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale);
+}
+
 void vl_cuda_cnn_ops(vl_backend *b) {
-  b->bn_fwd_train = cu_bn_fwd_train;
-  b->bn_fwd_eval = cu_bn_fwd_eval;
-  b->bn_bwd = cu_bn_bwd;
-  b->relu_fwd = cu_relu_fwd;
-  b->relu_bwd = cu_relu_bwd;
-  b->maxpool_fwd = cu_maxpool_fwd;
-  b->maxpool_bwd = cu_maxpool_bwd;
-  b->upsample2x_fwd = cu_upsample2x_fwd;
-  b->upsample2x_bwd = cu_upsample2x_bwd;
-  b->chan_copy = cu_chan_copy;
-  b->xent_pix = cu_xent_pix;
+  b->ops[VL_OP_BN_FWD_TRAIN] = op_bn_fwd_train;
+  b->ops[VL_OP_BN_FWD_EVAL] = op_bn_fwd_eval;
+  b->ops[VL_OP_BN_BWD] = op_bn_bwd;
+  b->ops[VL_OP_RELU_FWD] = op_relu_fwd;
+  b->ops[VL_OP_RELU_BWD] = op_relu_bwd;
+  b->ops[VL_OP_MAXPOOL_FWD] = op_maxpool_fwd;
+  b->ops[VL_OP_MAXPOOL_BWD] = op_maxpool_bwd;
+  b->ops[VL_OP_UPSAMPLE2X_FWD] = op_up2_fwd;
+  b->ops[VL_OP_UPSAMPLE2X_BWD] = op_up2_bwd;
+  b->ops[VL_OP_CHAN_COPY] = op_chan_copy;
+  b->ops[VL_OP_XENT_PIX] = op_xent_pix;
 }

@@ -89,7 +89,7 @@ static vl_status prep(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc, s
     return vl_fail(c, VL_ERR_INVALID, "conv: unsupported dtype (x %d, w %d, dw %d)", (int)cv->xdt,
                    (int)cv->wdt, (int)cv->gdt);
   if (ws_bytes < p->ws_total || (p->ws_total && !ws))
-    return vl_fail(c, VL_ERR_INVALID, "conv: workspace of %zu bytes, needs %zu (conv_ws_bytes)",
+    return vl_fail(c, VL_ERR_INVALID, "conv: workspace of %zu bytes, needs %zu (the op's workspace)",
                    ws_bytes, p->ws_total);
   vl_status r = handle(c, h);
   if (r == VL_OK) r = descs_make(c, cv, p->io, d);
@@ -199,16 +199,24 @@ static vl_status cu_conv_bwd_weight(vl_ctx *c, const vl_conv *cv, vl_tensor *dw,
   return r;
 }
 
-static size_t cu_conv_ws(const vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc) {
-  (void)c;
-  return vl_conv_ws_cuda(cv, dir, acc);
+/* The op table's entries: unpack the argument structs (vramlab/ops.h). */
+static vl_status op_conv_fwd(vl_ctx *c, const void *p) {
+  const vl_conv_fwd_args *a = (const vl_conv_fwd_args *)p;
+  return cu_conv_fwd(c, &a->cv, a->y, a->x, a->w, a->ws, a->ws_bytes);
+}
+static vl_status op_conv_bwd_data(vl_ctx *c, const void *p) {
+  const vl_conv_bwd_data_args *a = (const vl_conv_bwd_data_args *)p;
+  return cu_conv_bwd_data(c, &a->cv, a->dx, a->dy, a->w, a->ws, a->ws_bytes);
+}
+static vl_status op_conv_bwd_weight(vl_ctx *c, const void *p) {
+  const vl_conv_bwd_weight_args *a = (const vl_conv_bwd_weight_args *)p;
+  return cu_conv_bwd_weight(c, &a->cv, a->dw, a->x, a->dy, a->accumulate, a->ws, a->ws_bytes);
 }
 
 void vl_cuda_conv_ops(vl_backend *b) {
-  b->conv_ws_bytes = cu_conv_ws;
-  b->conv_fwd = cu_conv_fwd;
-  b->conv_bwd_data = cu_conv_bwd_data;
-  b->conv_bwd_weight = cu_conv_bwd_weight;
+  b->ops[VL_OP_CONV_FWD] = op_conv_fwd;
+  b->ops[VL_OP_CONV_BWD_DATA] = op_conv_bwd_data;
+  b->ops[VL_OP_CONV_BWD_WEIGHT] = op_conv_bwd_weight;
 }
 
 void vl_cuda_conv_fini(cu_state *s) {

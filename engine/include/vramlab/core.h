@@ -26,7 +26,9 @@ typedef enum {
 const char *vl_status_name(vl_status s);
 
 /* ---- dtypes ------------------------------------------------------------------ */
-typedef enum { VL_F32 = 0, VL_F16, VL_BF16, VL_NF4, VL_DTYPE_COUNT } vl_dtype;
+/* Float storage dtypes (fp32, fp16, bf16; nf4 for frozen weights) and VL_I32 for token
+ * ids, targets and class masks (4 bytes an element; no op computes in it). */
+typedef enum { VL_F32 = 0, VL_F16, VL_BF16, VL_NF4, VL_I32, VL_DTYPE_COUNT } vl_dtype;
 
 const char *vl_dtype_name(vl_dtype d);
 int vl_dtype_parse(const char *s, vl_dtype *out); /* 0 on success */
@@ -130,6 +132,7 @@ double vl_now(void); /* CLOCK_MONOTONIC seconds */
 
 /* ---- context ---------------------------------------------------------------------- */
 struct vl_backend;
+struct vl_op_profile;
 
 typedef struct vl_ctx {
   const struct vl_backend *be;
@@ -145,6 +148,9 @@ typedef struct vl_ctx {
   double bytes_moved;   /* bytes read+written by ops, from their shapes */
   int recomputing;      /* >0 inside a checkpoint's re-run forward */
   bool log_ops;
+  bool plan;            /* plan device: ops are counted, never computed (vl_op_run) */
+  bool profile;         /* vl_op_run fills prof (ops.h: vl_ctx_profile) */
+  struct vl_op_profile *prof; /* VL_OP_COUNT entries, made with the context */
 } vl_ctx;
 
 /* Create a context for `device` with an arena capped at `cap` bytes. */
@@ -155,6 +161,8 @@ void vl_ctx_destroy(vl_ctx *c);
 /* Record an error message (printf-style) and return `s`. */
 vl_status vl_fail(vl_ctx *c, vl_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Add to the context's counters (recompute FLOPs apart). Called by vl_op_run only: every
+ * FLOP and byte is an operation's (vramlab/ops.h). */
 void vl_count(vl_ctx *c, double flops, double bytes);
 
 /* Allocate a contiguous tensor from the context's arena. On OOM, t is left empty and the
@@ -166,6 +174,11 @@ vl_status vl_tensor_alloc2(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat,
 void vl_tensor_free(vl_ctx *c, vl_tensor *t);
 /* A view of rows [r0, r0+nr) of dim 0 of a contiguous tensor (not owned). */
 vl_tensor vl_tensor_rows(const vl_tensor *t, int64_t r0, int64_t nr);
+/* A typed view (not owned) of the block of t starting `byte_off` bytes in: dtype dt and the
+ * given shape, e.g. the VL_I32 targets stored behind the images of one data block. The
+ * caller keeps it inside t. On the plan device data stays NULL; off is always set. */
+vl_tensor vl_tensor_view(const vl_tensor *t, size_t byte_off, vl_dtype dt, int ndim,
+                         const int64_t *shape);
 /* Shape without storage (used by plan math and for views). */
 void vl_tensor_set_shape(vl_tensor *t, vl_dtype dt, int ndim, const int64_t *shape);
 

@@ -48,12 +48,25 @@ typedef struct {
    * keeps one vl_image. 0 when unknown; the bound then leaves decoded images out. With
    * masks, the bound counts max_image_bytes / 3 more per worker for the mask. */
   size_t max_image_bytes;
+  /* Optional: the loader's cfg.max_file_bytes for one worker's scratch, called on the
+   * worker's thread right after scratch_new (when it gave a scratch). A dataset that reads
+   * files must then refuse a larger file before reading it, as a corrupt sample (VL_ERR_IO):
+   * a file's size is the sharer's to choose, and reading a 40 GiB one whole would end the
+   * run with an out-of-memory status that no corrupt-sample policy skips. */
+  void (*scratch_limit)(void *self, void *scratch, uint64_t max_file_bytes);
 } vl_dataset;
 
 typedef enum { VL_CORRUPT_ERROR = 0, VL_CORRUPT_SKIP } vl_corrupt_policy;
 
+/* "skip" or "error" (case-insensitive) into *out; 0, or -1 for anything else. */
+int vl_corrupt_policy_parse(const char *s, vl_corrupt_policy *out);
+const char *vl_corrupt_policy_name(vl_corrupt_policy p);
+
 #define VL_LOADER_CROP_MAX 4096
 #define VL_LOADER_WORKERS_MAX 1024
+/* The default cap on one input file (cfg.max_file_bytes): 64 MiB, a hundred times a
+ * large photo's JPEG. */
+#define VL_LOADER_MAX_FILE_BYTES ((uint64_t)64 << 20)
 
 typedef struct {
   int64_t batch;           /* samples per batch */
@@ -71,6 +84,9 @@ typedef struct {
   uint64_t seed;
   int rank, world;         /* shard of the epoch for data parallelism (world >= 1) */
   vl_corrupt_policy on_corrupt;
+  /* Largest input file a dataset may read for one sample (>= 1; the dataset's
+   * scratch_limit): a larger one is a corrupt sample, refused before it is read. */
+  uint64_t max_file_bytes;
   size_t host_mem_cap;     /* 0: none; else loader creation fails if its bound exceeds it */
   /* Optional allocator for the batch images `x` (the bulk of a batch): pinned staging on
    * CUDA (vl_backend.host_alloc), so a batch uploads asynchronously without a bounce copy.
@@ -87,7 +103,8 @@ typedef struct {
 
 /* batch 32, workers 0, prefetch 2, not persistent, per-sample collate, no drop_last,
  * shuffle, crop 224, scale (0.08, 1), ratio (3/4, 4/3), ImageNet mean/std, seed 0,
- * rank 0 of 1, VL_CORRUPT_ERROR, no cap, no masks. */
+ * rank 0 of 1, VL_CORRUPT_ERROR, max_file_bytes VL_LOADER_MAX_FILE_BYTES, no cap, no
+ * masks. */
 void vl_loader_cfg_default(vl_loader_cfg *c);
 
 /* One delivered batch: x (n, 3, crop, crop) fp32 contiguous, labels and sample indices;
@@ -145,6 +162,9 @@ typedef struct vl_loader vl_loader;
  * delivered first), last_error is "sample <i>: <the dataset's message>", and every later
  * call in the epoch returns the same status until vl_loader_start_epoch. Any other status
  * from read() is returned the same way whatever the policy. The engine prints nothing.
+ * What is corrupt is the dataset's to say; the sets in datasets/ say it of any file they
+ * cannot decode, of one that is not a regular file (a FIFO is never waited on) and of one
+ * larger than max_file_bytes (passed to each worker's scratch with scratch_limit).
  *
  * Random draws. Sample i's transform in epoch e draws from a vl_rng seeded by
  * vl_loader_sample_seed(seed, e, i), so batches are identical for every worker count,

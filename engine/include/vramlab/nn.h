@@ -1,6 +1,6 @@
-/* Layers as explicit forward/backward functions over backend ops (llm.c style), plus the
- * parameter store and optimizers. Every op call goes through vl_op_*: it counts FLOPs and
- * bytes and skips the compute when the backend leaves the op NULL (plan). */
+/* Layers as explicit forward/backward functions over operations (llm.c style), plus the
+ * parameter store and optimizers. Every operation goes through vl_op_run (vramlab/ops.h),
+ * which counts FLOPs and bytes and, on a plan context, computes nothing. */
 #ifndef VRAMLAB_NN_H
 #define VRAMLAB_NN_H
 
@@ -15,13 +15,6 @@ extern "C" {
     vl_status vl_try_s_ = (expr);       \
     if (vl_try_s_ != VL_OK) return vl_try_s_; \
   } while (0)
-
-/* Dispatch an op that may be NULL (plan): `VL_RUN(c, rope, &t, ...)`. */
-#define VL_RUN(c, op, ...) ((c)->be->op ? (c)->be->op((c), __VA_ARGS__) : VL_OK)
-
-/* GEMM with its workspace taken from the arena (VL_MEM_WORKSPACE) for the duration of the
- * call; counts 2*M*N*K*batch FLOPs. */
-vl_status vl_op_gemm(vl_ctx *c, vl_gemm *g);
 
 /* y (R, N) = x (R, K) @ W^T, W (N, K) as PyTorch's nn.Linear; beta=1 accumulates. */
 vl_status vl_linear_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *W,

@@ -1,0 +1,339 @@
+/* The operation descriptors (name, argument size, FLOPs and bytes, workspace on a target)
+ * and the one dispatch point, vl_op_run (vramlab/ops.h).
+ *
+ * Counting rules. FLOPs are model FLOPs: the arithmetic of the forward and backward ops
+ * (a multiply-add is 2, an exp or a compare 1); the optimizer update, the gradient norm and
+ * buffer zeroing/conversion are not model FLOPs (MLPerf) and count bytes only. Bytes are
+ * what the op reads plus what it writes, each tensor once. GEMM, the convolutions, batch
+ * norm, per-pixel cross-entropy and the optimizer updates keep the byte formulas they had
+ * when the layers counted them (nn/linear.c, models/resunet.c, nn/param.c), so planned
+ * numbers did not move when counting moved here. */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "vramlab/backend.h"
+
+/* A missing tensor or a negative size counts nothing: the kernel reports the bad argument. */
+static double tb(const vl_tensor *t, int64_t n) {
+  return t && n > 0 ? (double)vl_dtype_bytes(t->dtype, n) : 0;
+}
+static double sz(const vl_tensor *t) { return t ? (double)t->bytes : 0; }
+static double db(vl_dtype d, int64_t n) { return (double)vl_dtype_bytes(d, n); }
+static vl_op_cost cost(double flops, double bytes) { return (vl_op_cost){flops, bytes}; }
+
+/* ---- GEMM and convolutions ------------------------------------------------------------ */
+
+static vl_op_cost c_gemm(const void *p) {
+  const vl_gemm *g = p;
+  double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K * (double)g->batch;
+  double bytes = (double)g->batch * (tb(g->A, g->M * g->K) + tb(g->C, g->M * g->N)) +
+                 tb(g->B, g->K * g->N);
+  return cost(flops, bytes);
+}
+static size_t w_gemm(const void *p, vl_device t) {
+  return t == VL_DEV_CPU ? vl_gemm_ws_cpu(p) : vl_gemm_ws_cuda(p);
+}
+
+/* activations of one side of a convolution, in the activation dtype */
+static double conv_act(const vl_conv *cv, bool out) {
+  return db(cv->xdt, out ? cv->N * cv->K * cv->P * cv->Q : cv->N * cv->C * cv->H * cv->W);
+}
+static vl_op_cost c_conv_fwd(const void *p) {
+  const vl_conv_fwd_args *a = p;
+  return cost(vl_conv_flops(&a->cv), conv_act(&a->cv, false) + conv_act(&a->cv, true) +
+                                         sz(a->w));
+}
+static vl_op_cost c_conv_bwd_data(const void *p) {
+  const vl_conv_bwd_data_args *a = p;
+  return cost(vl_conv_flops(&a->cv), conv_act(&a->cv, false) + conv_act(&a->cv, true) +
+                                         sz(a->w));
+}
+static vl_op_cost c_conv_bwd_weight(const void *p) {
+  const vl_conv_bwd_weight_args *a = p;
+  return cost(vl_conv_flops(&a->cv), conv_act(&a->cv, false) + conv_act(&a->cv, true) +
+                                         sz(a->dw));
+}
+static size_t conv_ws(const vl_conv *cv, vl_conv_dir dir, bool acc, vl_device t) {
+  return t == VL_DEV_CPU ? vl_conv_ws_cpu(cv, dir, acc) : vl_conv_ws_cuda(cv, dir, acc);
+}
+static size_t w_conv_fwd(const void *p, vl_device t) {
+  return conv_ws(&((const vl_conv_fwd_args *)p)->cv, VL_CONV_FWD, false, t);
+}
+static size_t w_conv_bwd_data(const void *p, vl_device t) {
+  return conv_ws(&((const vl_conv_bwd_data_args *)p)->cv, VL_CONV_BWD_DATA, false, t);
+}
+static size_t w_conv_bwd_weight(const void *p, vl_device t) {
+  const vl_conv_bwd_weight_args *a = p;
+  return conv_ws(&a->cv, VL_CONV_BWD_WEIGHT, a->accumulate, t);
+}
+
+/* ---- element-wise, row-wise --------------------------------------------------------- */
+
+static vl_op_cost c_zero(const void *p) { return cost(0, sz(((const vl_zero_args *)p)->y)); }
+static vl_op_cost c_convert(const void *p) {
+  const vl_convert_args *a = p;
+  return cost(0, tb(a->x, a->n) + tb(a->y, a->n));
+}
+static vl_op_cost c_axpby(const void *p) {
+  const vl_axpby_args *a = p; /* y read only when b != 0 */
+  return cost(3.0 * (double)a->n, tb(a->x, a->n) + tb(a->y, a->n) * (a->b != 0.0f ? 2 : 1));
+}
+static vl_op_cost c_embed_fwd(const void *p) {
+  const vl_embed_fwd_args *a = p; /* ids, R gathered rows, R written rows */
+  return cost(0, 4.0 * (double)a->R + tb(a->wte, a->R * a->C) + tb(a->out, a->R * a->C));
+}
+static vl_op_cost c_embed_bwd(const void *p) {
+  const vl_embed_bwd_args *a = p; /* R rows of dwte read and written, one add each */
+  int64_t n = a->R * a->C;
+  return cost((double)n, 4.0 * (double)a->R + tb(a->dout, n) + 2.0 * tb(a->dwte, n));
+}
+static vl_op_cost c_rmsnorm_fwd(const void *p) {
+  const vl_rmsnorm_fwd_args *a = p; /* sum of squares (2), then x * rstd * w (2) */
+  int64_t n = a->R * a->C;
+  return cost(4.0 * (double)n, tb(a->x, n) + tb(a->w, a->C) + tb(a->out, n) + 4.0 * (double)a->R);
+}
+static vl_op_cost c_rmsnorm_bwd(const void *p) {
+  const vl_rmsnorm_bwd_args *a = p;
+  int64_t n = a->R * a->C;
+  /* dx: the row's dot(dout*w, x) (3) and dx += rstd*(w*dout - x*k) (4), read + written;
+   * dw: a second pass over dout and x (3) */
+  double flops = 7.0 * (double)n + (a->dw ? 3.0 * (double)n : 0);
+  double bytes = tb(a->dout, n) + tb(a->x, n) + tb(a->w, a->C) + 4.0 * (double)a->R +
+                 2.0 * tb(a->dx, n);
+  if (a->dw) bytes += tb(a->dout, n) + tb(a->x, n) + 2.0 * tb(a->dw, a->C);
+  return cost(flops, bytes);
+}
+static vl_op_cost c_rope(const void *p) {
+  const vl_rope_args *a = p; /* per (d, d + D/2) pair: 4 multiplies, 2 adds; in place */
+  int64_t n = a->B * a->T * a->H * a->D;
+  return cost(3.0 * (double)n, 2.0 * tb(a->x, n));
+}
+static vl_op_cost c_permute(const void *p) {
+  const vl_permute_args *a = p;
+  int64_t n = a->B * a->T * a->H * a->D;
+  return cost(0, tb(a->x, n) + tb(a->y, n));
+}
+/* causal rows: row r holds r % T + 1 unmasked scores, (T + 1) / 2 on average */
+static double causal(int64_t rows, int64_t T) { return (double)rows * (double)(T + 1) / 2.0; }
+static vl_op_cost c_softmax_fwd(const void *p) {
+  const vl_softmax_causal_fwd_args *a = p; /* scale, max, exp, sum, divide */
+  int64_t n = a->rows * a->T;
+  return cost(5.0 * causal(a->rows, a->T), tb(a->S, n) + tb(a->P, n));
+}
+static vl_op_cost c_softmax_bwd(const void *p) {
+  const vl_softmax_causal_bwd_args *a = p; /* dot(dP, P) (2), scale * P * (dP - s) (3) */
+  int64_t n = a->rows * a->T;
+  return cost(5.0 * causal(a->rows, a->T), tb(a->dP, n) + tb(a->P, n) + tb(a->dS, n));
+}
+static vl_op_cost c_swiglu_fwd(const void *p) {
+  const vl_swiglu_fwd_args *a = p; /* sigmoid (exp, add, divide), two multiplies */
+  return cost(5.0 * (double)a->n, tb(a->g, a->n) + tb(a->u, a->n) + tb(a->out, a->n));
+}
+static vl_op_cost c_swiglu_bwd(const void *p) {
+  const vl_swiglu_bwd_args *a = p;
+  return cost(11.0 * (double)a->n, tb(a->dout, a->n) + tb(a->g, a->n) + tb(a->u, a->n) +
+                                        tb(a->dg, a->n) + tb(a->du, a->n));
+}
+/* Cross-entropy per logit: max, exp, sum, then scale * (p - onehot) (2): 5. Bytes: the
+ * logits read and rewritten in place, as per-pixel cross-entropy always counted. */
+static vl_op_cost c_xent_fused(const void *p) {
+  const vl_xent_fused_args *a = p;
+  int64_t n = a->R * a->V;
+  return cost(5.0 * (double)n, 2.0 * tb(a->logits, n));
+}
+static vl_op_cost c_sumsq(const void *p) {
+  const vl_sumsq_args *a = p; /* the gradient norm: not a model FLOP */
+  return cost(0, tb(a->x, a->n));
+}
+
+/* ---- optimizers: bytes only, 16 per element (what nn/param.c counted) ------------------- */
+static vl_op_cost c_adamw(const void *p) { return cost(0, 16.0 * (double)((const vl_adamw_args *)p)->n); }
+static vl_op_cost c_sgd(const void *p) { return cost(0, 16.0 * (double)((const vl_sgd_args *)p)->n); }
+static vl_op_cost c_adafactor(const void *p) {
+  const vl_adafactor_args *a = p;
+  return cost(0, 16.0 * (double)(a->R * a->C));
+}
+
+/* ---- convolutional networks ------------------------------------------------------------- */
+
+/* Batch norm keeps the bytes resunet.c counted: x and y (forward), x, dy and dx (backward). */
+static vl_op_cost c_bn_fwd_train(const void *p) {
+  const vl_bn_fwd_train_args *a = p; /* shifted sum and sum of squares (3), a*x + b (2) */
+  int64_t n = a->N * a->C * a->HW;
+  return cost(5.0 * (double)n, 2.0 * tb(a->x, n));
+}
+static vl_op_cost c_bn_fwd_eval(const void *p) {
+  const vl_bn_fwd_eval_args *a = p;
+  int64_t n = a->N * a->C * a->HW;
+  return cost(2.0 * (double)n, 2.0 * tb(a->x, n));
+}
+static vl_op_cost c_bn_bwd(const void *p) {
+  const vl_bn_bwd_args *a = p; /* two sums (4), then dx (4) */
+  int64_t n = a->N * a->C * a->HW;
+  return cost(8.0 * (double)n, 3.0 * tb(a->x, n));
+}
+static vl_op_cost c_relu_fwd(const void *p) {
+  const vl_relu_fwd_args *a = p;
+  return cost((double)a->n, tb(a->x, a->n) + tb(a->y, a->n));
+}
+static vl_op_cost c_relu_bwd(const void *p) {
+  const vl_relu_bwd_args *a = p;
+  return cost((double)a->n, tb(a->dy, a->n) + tb(a->y, a->n) + tb(a->dx, a->n));
+}
+static vl_op_cost c_maxpool_fwd(const void *p) {
+  const vl_maxpool_fwd_args *a = p; /* k*k compares per output */
+  double out = (double)(a->planes * a->P * a->Q);
+  return cost(out * a->k * a->k, tb(a->x, a->planes * a->H * a->W) + tb(a->y, a->planes * a->P * a->Q));
+}
+static vl_op_cost c_maxpool_bwd(const void *p) {
+  const vl_maxpool_bwd_args *a = p; /* the argmax recomputed, one add per output */
+  int64_t nin = a->planes * a->H * a->W, nout = a->planes * a->P * a->Q;
+  return cost((double)nout * (a->k * a->k + 1),
+              tb(a->x, nin) + tb(a->dy, nout) + tb(a->dx, nin));
+}
+static vl_op_cost c_up2_fwd(const void *p) {
+  const vl_upsample2x_fwd_args *a = p; /* 4 weighted terms per output */
+  int64_t lo = a->planes * a->H * a->W;
+  return cost(7.0 * 4.0 * (double)lo, tb(a->x, lo) + tb(a->y, 4 * lo));
+}
+static vl_op_cost c_up2_bwd(const void *p) {
+  const vl_upsample2x_bwd_args *a = p;
+  int64_t lo = a->planes * a->H * a->W;
+  return cost(7.0 * 4.0 * (double)lo, tb(a->dy, 4 * lo) + tb(a->dx, lo));
+}
+static vl_op_cost c_chan_copy(const void *p) {
+  const vl_chan_copy_args *a = p;
+  int64_t n = a->N * a->nc * a->HW;
+  return cost(a->accumulate ? (double)n : 0,
+              tb(a->x, n) + tb(a->y, n) * (a->accumulate ? 2 : 1));
+}
+static vl_op_cost c_xent_pix(const void *p) {
+  const vl_xent_pix_args *a = p;
+  int64_t n = a->N * a->K * a->HW;
+  return cost(5.0 * (double)n, 2.0 * tb(a->logits, n));
+}
+
+/* ---- the table -------------------------------------------------------------------------- */
+
+#define D(id, nm, type, cf) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0}
+#define DW(id, nm, type, cf, wf)                                                           \
+  [VL_OP_##id] = {#nm, sizeof(type), cf, wf, offsetof(type, ws), offsetof(type, ws_bytes)}
+
+static const vl_op_desc DESC[VL_OP_COUNT] = {
+    DW(GEMM, gemm, vl_gemm, c_gemm, w_gemm),
+    DW(CONV_FWD, conv_fwd, vl_conv_fwd_args, c_conv_fwd, w_conv_fwd),
+    DW(CONV_BWD_DATA, conv_bwd_data, vl_conv_bwd_data_args, c_conv_bwd_data, w_conv_bwd_data),
+    DW(CONV_BWD_WEIGHT, conv_bwd_weight, vl_conv_bwd_weight_args, c_conv_bwd_weight,
+       w_conv_bwd_weight),
+    D(ZERO, zero, vl_zero_args, c_zero),
+    D(CONVERT, convert, vl_convert_args, c_convert),
+    D(AXPBY, axpby, vl_axpby_args, c_axpby),
+    D(EMBED_FWD, embed_fwd, vl_embed_fwd_args, c_embed_fwd),
+    D(EMBED_BWD, embed_bwd, vl_embed_bwd_args, c_embed_bwd),
+    D(RMSNORM_FWD, rmsnorm_fwd, vl_rmsnorm_fwd_args, c_rmsnorm_fwd),
+    D(RMSNORM_BWD, rmsnorm_bwd, vl_rmsnorm_bwd_args, c_rmsnorm_bwd),
+    D(ROPE, rope, vl_rope_args, c_rope),
+    D(PERMUTE, permute, vl_permute_args, c_permute),
+    D(SOFTMAX_CAUSAL_FWD, softmax_causal_fwd, vl_softmax_causal_fwd_args, c_softmax_fwd),
+    D(SOFTMAX_CAUSAL_BWD, softmax_causal_bwd, vl_softmax_causal_bwd_args, c_softmax_bwd),
+    D(SWIGLU_FWD, swiglu_fwd, vl_swiglu_fwd_args, c_swiglu_fwd),
+    D(SWIGLU_BWD, swiglu_bwd, vl_swiglu_bwd_args, c_swiglu_bwd),
+    D(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused),
+    D(SUMSQ, sumsq, vl_sumsq_args, c_sumsq),
+    D(ADAMW, adamw, vl_adamw_args, c_adamw),
+    D(SGD, sgd, vl_sgd_args, c_sgd),
+    D(ADAFACTOR, adafactor, vl_adafactor_args, c_adafactor),
+    D(BN_FWD_TRAIN, bn_fwd_train, vl_bn_fwd_train_args, c_bn_fwd_train),
+    D(BN_FWD_EVAL, bn_fwd_eval, vl_bn_fwd_eval_args, c_bn_fwd_eval),
+    D(BN_BWD, bn_bwd, vl_bn_bwd_args, c_bn_bwd),
+    D(RELU_FWD, relu_fwd, vl_relu_fwd_args, c_relu_fwd),
+    D(RELU_BWD, relu_bwd, vl_relu_bwd_args, c_relu_bwd),
+    D(MAXPOOL_FWD, maxpool_fwd, vl_maxpool_fwd_args, c_maxpool_fwd),
+    D(MAXPOOL_BWD, maxpool_bwd, vl_maxpool_bwd_args, c_maxpool_bwd),
+    D(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args, c_up2_fwd),
+    D(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd),
+    D(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy),
+    D(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix),
+};
+
+/* The dispatch copies the arguments to hand the kernel its workspace: room for the largest. */
+#define ARGS_MAX 256
+#define VL_OP_FITS_(id, name, type) _Static_assert(sizeof(type) <= ARGS_MAX, #type " too big");
+VL_OPS(VL_OP_FITS_)
+#undef VL_OP_FITS_
+
+const vl_op_desc *vl_op_describe(vl_op op) {
+  return (unsigned)op < VL_OP_COUNT ? &DESC[op] : NULL;
+}
+
+const char *vl_op_name(vl_op op) { return (unsigned)op < VL_OP_COUNT ? DESC[op].name : "?"; }
+
+int vl_op_parse(const char *name, vl_op *out) {
+  for (int i = 0; i < VL_OP_COUNT; i++)
+    if (DESC[i].name && !strcasecmp(name, DESC[i].name)) { *out = (vl_op)i; return 0; }
+  return -1;
+}
+
+vl_device vl_ctx_target(const vl_ctx *c) {
+  return c->device == VL_DEV_PLAN ? c->plan_target : c->device;
+}
+
+size_t vl_op_ws_bytes(const vl_ctx *c, vl_op op, const void *args) {
+  const vl_op_desc *d = vl_op_describe(op);
+  return d && d->ws_bytes ? d->ws_bytes(args, vl_ctx_target(c)) : 0;
+}
+
+static void **ws_ptr(void *args, const vl_op_desc *d) { return (void **)((char *)args + d->ws_ptr_off); }
+static size_t *ws_len(void *args, const vl_op_desc *d) { return (size_t *)((char *)args + d->ws_len_off); }
+
+vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
+  const vl_op_desc *d = vl_op_describe(op);
+  if (!d || !args) return vl_fail(c, VL_ERR_INVALID, "vl_op_run: operation %d, args %p", (int)op, args);
+  vl_op_cost k = d->cost(args);
+  vl_count(c, k.flops, k.bytes);
+  vl_op_profile *pr = c->profile && c->prof ? &c->prof[op] : NULL;
+  if (pr) { pr->calls++; pr->flops += k.flops; pr->bytes += k.bytes; }
+
+  /* The workspace, unless the caller brought one: taken from the arena for this call. */
+  _Alignas(max_align_t) unsigned char copy[ARGS_MAX];
+  vl_tensor ws = {0};
+  if (d->ws_bytes && !*ws_ptr((void *)args, d) && !*ws_len((void *)args, d)) {
+    size_t b = d->ws_bytes(args, vl_ctx_target(c));
+    if (b) {
+      int64_t n = (int64_t)((b + 3) / 4);
+      vl_status s = vl_tensor_alloc(c, &ws, VL_F32, VL_MEM_WORKSPACE, 1, &n);
+      if (s != VL_OK) return s;
+      memcpy(copy, args, d->args_size);
+      *ws_ptr(copy, d) = ws.data;
+      *ws_len(copy, d) = b;
+      args = copy;
+    }
+  }
+  vl_status s = VL_OK;
+  if (!c->plan) {
+    vl_op_fn fn = c->be->ops[op];
+    if (!fn) {
+      s = vl_fail(c, VL_ERR_UNSUPPORTED, "operation %s is not implemented by the %s backend",
+                  d->name, c->be->name);
+    } else if (pr) {
+      /* the kernel's own time: what was queued before is finished first, and it is */
+      if (c->be->sync) s = c->be->sync(c);
+      double t0 = vl_now();
+      if (s == VL_OK) s = fn(c, args);
+      if (s == VL_OK && c->be->sync) s = c->be->sync(c);
+      pr->seconds += vl_now() - t0;
+    } else {
+      s = fn(c, args);
+    }
+  }
+  if (ws.owned) vl_tensor_free(c, &ws);
+  return s;
+}
+
+const vl_op_profile *vl_ctx_profile(const vl_ctx *c) { return c->prof; }
+
+void vl_ctx_profile_reset(vl_ctx *c) {
+  if (c->prof) memset(c->prof, 0, VL_OP_COUNT * sizeof *c->prof);
+}
