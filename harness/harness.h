@@ -77,6 +77,10 @@ cJSON *vl_env_json(const char *device);
 /* Write text atomically: temp file in the same directory, fsync, rename. */
 int vl_write_atomic(const char *path, const char *text, char *err, size_t errn);
 int vl_mkdir_p(const char *path);
+/* The whole regular file at path (NUL-terminated, *n bytes), or NULL with a message in err:
+ * not there, not a regular file (a directory, a FIFO, a device), or larger than max bytes. */
+char *vl_read_file_max(const char *path, size_t max, size_t *n, char *err, size_t errn);
+/* vl_read_file_max with a 1 GiB limit and no message. */
 char *vl_read_file(const char *path, size_t *n);
 
 /* ---- progress ---- */

@@ -294,7 +294,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   vl_interrupt_install();
 
   cJSON *res = cJSON_CreateObject();
-  cJSON_AddNumberToObject(res, "schema_version", 1);
+  cJSON_AddNumberToObject(res, "schema_version", VL_RESULTS_SCHEMA_VERSION);
   cJSON_AddStringToObject(res, "case", c->id);
   cJSON_AddItemToObject(res, "env", vl_env_json(vl_device_name(dev)));
   cJSON_AddStringToObject(res, "run_scale", scale);

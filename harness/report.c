@@ -1,12 +1,24 @@
-/* reports/<case>.md: setting, claims with verdicts, ladder tables, plots (gnuplot PNG). */
+/* reports/<case>.md: setting, claims with verdicts, ladder tables, plots (gnuplot PNG).
+ * Results files are shared between users, so everything read from one is untrusted: it is
+ * validated before anything is written, every string that reaches a gnuplot script or data
+ * file goes through vl_rep_gp_str, and every artifact is written whole or not at all. */
+#define _GNU_SOURCE
 #include "report.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
 
 const char *vl_verdict_name(vl_verdict v) {
   switch (v) {
@@ -48,29 +60,67 @@ vl_verdict vl_judge(const vl_claim *c, double before, double after) {
 }
 
 /* ---- metric lookup ------------------------------------------------------------------------ */
-static cJSON *find_rung(cJSON *res, const char *name) {
+static cJSON *find_rung(const cJSON *res, const char *name) {
   cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs"))
-    if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), name)) return r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
+    if (n && !strcmp(n, name)) return r;
+  }
   return NULL;
 }
 
-double vl_rep_num(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItem(o, k);
+double vl_rep_numv(const cJSON *v) {
   if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-  return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : NAN;
 }
+
+double vl_rep_num(const cJSON *o, const char *k) { return vl_rep_numv(cJSON_GetObjectItem(o, k)); }
 
 /* A run metric across repetitions: the mean of the repetitions' values. */
 double vl_rep_run_metric(const cJSON *rung, const char *k) {
   double s = 0;
   int n = 0;
-  const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(rung, "runs")) {
+  const cJSON *r, *runs = cJSON_GetObjectItem(rung, "runs");
+  if (!cJSON_IsArray(runs)) return NAN;
+  cJSON_ArrayForEach(r, runs) {
     double v = vl_rep_num(r, k);
     if (!isnan(v)) { s += v; n++; }
   }
   return n ? s / n : NAN;
+}
+
+/* A side plan (a rung varied by a claim's `set`) depends on the ladder only, never on the
+ * results file, and a full-scale plan costs a largest-batch search: a process that reports
+ * many files (the fuzz target, the tests) would redo the same ones for every file. They are
+ * kept by what c->plan sees: the case, the knobs and the [case] setting (one thread writes
+ * reports). A failed plan is kept as NULL. */
+#define SIDE_CACHE_N 8
+static struct { char *key; cJSON *plan; } side_cache[SIDE_CACHE_N];
+static unsigned side_next;
+
+static const cJSON *side_plan(const vl_case *c, const vl_ladder *L, const vl_knobs *k) {
+  char *key = NULL;
+  size_t kl = 0;
+  FILE *f = open_memstream(&key, &kl);
+  if (!f) return NULL;
+  fprintf(f, "%s", c->id);
+  for (int i = 0; i < k->n; i++) fprintf(f, "\n%s=%s", k->k[i].key, k->k[i].val);
+  fprintf(f, "\n[case]");
+  for (int i = 0; i < L->setting.n; i++) fprintf(f, "\n%s=%s", L->setting.k[i].key, L->setting.k[i].val);
+  bool ok = !ferror(f);
+  if (fclose(f) || !ok || !key) { free(key); return NULL; }
+  for (int i = 0; i < SIDE_CACHE_N; i++)
+    if (side_cache[i].key && !strcmp(side_cache[i].key, key)) { free(key); return side_cache[i].plan; }
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  char err[256];
+  cJSON *o = cJSON_CreateObject();
+  if (o && c->plan(&env, "full", k, o, err, sizeof err)) { cJSON_Delete(o); o = NULL; }
+  unsigned slot = side_next++ % SIDE_CACHE_N;
+  free(side_cache[slot].key);
+  cJSON_Delete(side_cache[slot].plan);
+  side_cache[slot].key = key;
+  side_cache[slot].plan = o;
+  return o;
 }
 
 static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const char *rung,
@@ -83,11 +133,7 @@ static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const cha
     vl_knobs k = L->rungs[i].knobs;
     char err[256];
     if (vl_knobs_apply_list(&k, set, err, sizeof err)) return NAN;
-    vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
-    cJSON *o = cJSON_CreateObject();
-    double v = c->plan(&env, "full", &k, o, err, sizeof err) ? NAN : vl_rep_num(o, m);
-    cJSON_Delete(o);
-    return v;
+    return vl_rep_num(side_plan(c, L, &k), m);
   }
   cJSON *r = find_rung(res, rung);
   if (!r) return NAN;
@@ -98,7 +144,7 @@ static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const cha
 }
 
 static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
-  if (isnan(v)) snprintf(b, n, "—");
+  if (!isfinite(v)) snprintf(b, n, "—");
   else if (!strcmp(unit, "bytes")) snprintf(b, n, "%.2f GB", v / 1e9);
   else if (!strcmp(unit, "share")) snprintf(b, n, "%.0f%%", 100 * v);
   else if (!strcmp(unit, "count")) snprintf(b, n, "%.0f", v);
@@ -107,164 +153,625 @@ static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
 }
 
 static const char *fmt_ratio(double r, char *b, size_t n) {
-  if (isnan(r) || isinf(r)) snprintf(b, n, "—");
+  if (!isfinite(r)) snprintf(b, n, "—");
   else snprintf(b, n, "×%.3g", r);
   return b;
 }
 
 const char *vl_rep_count(double v, char *b, size_t n) {
-  if (v >= 1e9) snprintf(b, n, "%.2fB", v / 1e9);
+  if (!isfinite(v)) snprintf(b, n, "—");
+  else if (v >= 1e9) snprintf(b, n, "%.2fB", v / 1e9);
   else if (v >= 1e6) snprintf(b, n, "%.2fM", v / 1e6);
   else if (v >= 1e3) snprintf(b, n, "%.1fk", v / 1e3);
   else snprintf(b, n, "%.0f", v);
   return b;
 }
 
-/* ---- plots -------------------------------------------------------------------------------- */
-bool vl_rep_have_gnuplot(void) { return system("command -v gnuplot >/dev/null 2>&1") == 0; }
+/* Table rows print a dozen values in one fprintf: a ring of buffers keeps each alive until
+ * the row is written (reports are written by one thread). */
+#define RING_N 32
+#define RING_LEN 256
+static char *ring_next(void) {
+  static char ring[RING_N][RING_LEN];
+  static unsigned k;
+  return ring[k++ % RING_N];
+}
 
-int vl_rep_gnuplot(const char *dir, const char *name, const char *script) {
-  char path[1024], cmd[2200];
-  snprintf(path, sizeof path, "%s/%s.gp", dir, name);
-  FILE *f = fopen(path, "w");
-  if (!f) return -1;
-  fputs(script, f);
-  fclose(f);
-  snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot '%s.gp' 2>'%s.gnuplot.log'", dir, name, name);
-  int rc = system(cmd) == 0 ? 0 : -1;
-  if (rc == 0) { /* keep the log only when it explains a failure */
-    snprintf(path, sizeof path, "%s/%s.gnuplot.log", dir, name);
-    remove(path);
+const char *vl_rep_fmt(const char *fmt, double v) {
+  if (!isfinite(v)) return "—";
+  char *b = ring_next();
+  snprintf(b, RING_LEN, fmt, v);
+  return b;
+}
+
+const char *vl_rep_str(const cJSON *o, const char *k) {
+  const char *s = cJSON_GetStringValue(cJSON_GetObjectItem(o, k));
+  if (!s) return "—";
+  char *b = ring_next();
+  size_t j = 0;
+  for (; s[j] && j < RING_LEN - 8; j++) {
+    unsigned char ch = (unsigned char)s[j];
+    b[j] = ch == '|' ? '/' : ch < 0x20 || ch == 0x7f ? ' ' : (char)ch;
   }
+  /* cut on a UTF-8 character boundary */
+  if (s[j]) while (j > 0 && ((unsigned char)b[j] & 0xc0) == 0x80) j--;
+  b[j] = 0;
+  return b;
+}
+
+/* ---- strings into gnuplot ------------------------------------------------------------------ */
+/* A whitelist, not an escape: inside gnuplot's single quotes a quote ends the string and a
+ * line break ends the command, after which `system(...)`, backquotes and @macros run; a data
+ * column with a space or a quote shifts every column after it. */
+static bool gp_safe(unsigned char ch, bool token) {
+  if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) return true;
+  if (ch == ' ') return !token;
+  return ch && strchr("_.,:;+-/()%=<>", ch) != NULL;
+}
+
+const char *vl_rep_gp_str(const char *s, bool token, char *buf, size_t n) {
+  if (!n) return "";
+  if (!s) return n > 1 ? strcpy(buf, "?") : strcpy(buf, ""); /* '?' is inert in both uses */
+  size_t max = n - 1 < VL_REP_GP_MAX ? n - 1 : VL_REP_GP_MAX, j = 0;
+  for (; s[j] && j < max; j++) buf[j] = gp_safe((unsigned char)s[j], token) ? s[j] : '_';
+  if (!j && token && max) buf[j++] = '_';
+  buf[j] = 0;
+  return buf;
+}
+
+/* ---- results schema ------------------------------------------------------------------------ */
+/* The fields the reports read, with their types. Fields not listed are not read (except as
+ * claim metrics, checked separately) and may hold anything. NUM takes null too: cJSON writes
+ * a NaN (not measured) as null. */
+typedef enum { V_NUM, V_BOOL, V_STR, V_OBJ, V_NUMS, V_PAIRS, V_NUMOBJ, V_STROBJ, V_OBJS } vtype;
+typedef struct vfield { const char *key; vtype t; const struct vfield *sub; } vfield;
+
+static const vfield env_fields[] = {
+    {"cpu", V_STR, NULL}, {"kernel", V_STR, NULL}, {"device", V_STR, NULL}, {"gpu", V_STR, NULL},
+    {"git_commit", V_STR, NULL}, {"openblas", V_STR, NULL}, {"compiler", V_STR, NULL},
+    {"time", V_STR, NULL}, {"cores", V_NUM, NULL}, {"ram_bytes", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield stats_fields[] = {
+    {"samples", V_NUMS, NULL}, {"median", V_NUM, NULL}, {"min", V_NUM, NULL}, {"max", V_NUM, NULL},
+    {"mean", V_NUM, NULL}, {"p90", V_NUM, NULL}, {"cv", V_NUM, NULL}, {"n", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield plan_fields[] = {
+    {"timeline", V_PAIRS, NULL}, {"batch_curve", V_PAIRS, NULL}, {"by_category", V_NUMOBJ, NULL},
+    {"peak_by_category", V_NUMOBJ, NULL}, {"params_by_module", V_NUMOBJ, NULL}, {"scale", V_STR, NULL},
+    {"fits", V_BOOL, NULL}, {"max_batch_at_search_limit", V_BOOL, NULL},
+    {"batch", V_NUM, NULL}, {"accum", V_NUM, NULL}, {"seq", V_NUM, NULL}, {"peak_bytes", V_NUM, NULL},
+    {"cap_bytes", V_NUM, NULL}, {"acts_bytes", V_NUM, NULL}, {"weight_bytes", V_NUM, NULL},
+    {"grads_bytes", V_NUM, NULL}, {"optim_bytes", V_NUM, NULL}, {"params_total", V_NUM, NULL},
+    {"params_trainable", V_NUM, NULL}, {"max_batch", V_NUM, NULL}, {"oom_rate", V_NUM, NULL},
+    {"oom_batches", V_NUM, NULL}, {"flops_per_step", V_NUM, NULL}, {"plan_seconds", V_NUM, NULL},
+    {"max_batch_search_seconds", V_NUM, NULL}, {"cuda_context_bytes", V_NUM, NULL},
+    {"model_bytes", V_NUM, NULL}, {"extent_overhead", V_NUM, NULL}, {"recompute_share", V_NUM, NULL},
+    {"fit_base_bytes", V_NUM, NULL}, {"fit_per_sample_bytes", V_NUM, NULL}, {"fit_r2", V_NUM, NULL},
+    {"fit_predicted_max_batch", V_NUM, NULL}, {"exact_vs_linear", V_NUM, NULL},
+    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"host_bytes_bound", V_NUM, NULL},
+    {NULL, 0, NULL}};
+static const vfield run_fields[] = {
+    {"scale", V_STR, NULL}, {"device", V_STR, NULL}, {"consumer", V_STR, NULL}, {"error", V_STR, NULL},
+    {"oom", V_BOOL, NULL}, {"plan_matches_measured", V_BOOL, NULL}, {"pin_applies", V_BOOL, NULL},
+    {"loss", V_NUMS, NULL}, {"pixel_accuracy_per_epoch", V_NUMS, NULL}, {"miou_per_epoch", V_NUMS, NULL},
+    {"step_time", V_OBJ, stats_fields}, {"measured_by_category", V_NUMOBJ, NULL}, {"epochs", V_OBJS, NULL},
+    {"batch", V_NUM, NULL}, {"accum", V_NUM, NULL}, {"tokens_per_s", V_NUM, NULL},
+    {"sec_per_token", V_NUM, NULL}, {"flops_per_s", V_NUM, NULL}, {"measured_peak_bytes", V_NUM, NULL},
+    {"planned_peak_bytes", V_NUM, NULL}, {"images_per_s", V_NUM, NULL}, {"data_wait_share", V_NUM, NULL},
+    {"sec_per_batch_data", V_NUM, NULL}, {"pixel_accuracy", V_NUM, NULL}, {"miou", V_NUM, NULL},
+    {"optimizer_steps", V_NUM, NULL}, {"interleaved_step_seconds", V_NUM, NULL},
+    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"epoch_s", V_NUM, NULL},
+    {"data_wait_frac", V_NUM, NULL}, {"accel_util", V_NUM, NULL}, {"wait_s_per_batch", V_NUM, NULL},
+    {"load_s_per_batch", V_NUM, NULL}, {"transform_s_per_batch", V_NUM, NULL}, {"cpu_util", V_NUM, NULL},
+    {"host_bytes_bound", V_NUM, NULL}, {"host_bytes_peak", V_NUM, NULL}, {"first_batch_s", V_NUM, NULL},
+    {"consumer_ms", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield rung_fields[] = {
+    {"name", V_STR, NULL}, {"label", V_STR, NULL}, {"knobs", V_STROBJ, NULL},
+    {"plan", V_OBJ, plan_fields}, {"runs", V_OBJS, run_fields}, {NULL, 0, NULL}};
+static const vfield interleaved_fields[] = {{"rounds", V_NUM, NULL}, {"batch", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield case_metrics_fields[] = {
+    {"torch_not_measured", V_STR, NULL}, {"sweep_incomplete", V_STR, NULL},
+    {"interleaved_steps", V_OBJ, interleaved_fields}, {"cores", V_NUM, NULL},
+    {"decode_images_per_s_per_core", V_NUM, NULL}, {"decode_ceiling_images_per_s", V_NUM, NULL},
+    {"images_per_s_at_cores", V_NUM, NULL}, {"share_of_decode_ceiling", V_NUM, NULL},
+    {"best_workers", V_NUM, NULL}, {"best_prefetch", V_NUM, NULL}, {"best_images_per_s", V_NUM, NULL},
+    {"torch_images_per_s", V_NUM, NULL}, {"speedup_vs_torch", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield sweep_fields[] = {
+    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"images_per_s", V_NUM, NULL},
+    {"cpu_util", V_NUM, NULL}, {NULL, 0, NULL}};
+static const vfield top_fields[] = {
+    {"env", V_OBJ, env_fields}, {"run_scale", V_STR, NULL}, {"setting", V_STROBJ, NULL},
+    {"rungs", V_OBJS, rung_fields}, {"sgemm_flops_per_s", V_NUM, NULL}, {"sgemm_samples", V_NUMS, NULL},
+    {"interrupted", V_BOOL, NULL}, {"case_metrics", V_OBJ, case_metrics_fields},
+    {"sweep", V_OBJS, sweep_fields}, {NULL, 0, NULL}};
+
+typedef struct {
+  const vl_ladder *L;
+  char *err;
+  size_t errn;
+} vcheck;
+
+static int vbad(vcheck *v, const char *path, const char *what) {
+  snprintf(v->err, v->errn, "%s: %s", path[0] ? path : "the top level", what);
+  return -1;
+}
+
+/* path + ".key" (the key made printable: it comes from the file) */
+static void path_key(char *out, size_t n, const char *path, const char *key) {
+  char k[64];
+  snprintf(out, n, "%s%s%s", path, path[0] ? "." : "", vl_rep_gp_str(key, true, k, sizeof k));
+}
+
+static bool is_num(const cJSON *x) {
+  return cJSON_IsNull(x) || (cJSON_IsNumber(x) && isfinite(x->valuedouble));
+}
+
+static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *path, bool metrics);
+
+static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *path) {
+  char p[320];
+  const cJSON *e;
+  int i = 0;
+  switch (f->t) {
+    case V_NUM: return is_num(x) ? 0 : vbad(v, path, "expected a number");
+    case V_BOOL: return cJSON_IsBool(x) ? 0 : vbad(v, path, "expected true or false");
+    case V_STR: return cJSON_IsString(x) && x->valuestring ? 0 : vbad(v, path, "expected a string");
+    case V_OBJ:
+      if (!cJSON_IsObject(x)) return vbad(v, path, "expected an object");
+      return f->sub ? check_obj(v, x, f->sub, path, f->sub == plan_fields || f->sub == case_metrics_fields) : 0;
+    case V_NUMOBJ:
+    case V_STROBJ:
+      if (!cJSON_IsObject(x)) return vbad(v, path, "expected an object");
+      cJSON_ArrayForEach(e, x) {
+        path_key(p, sizeof p, path, e->string);
+        if (f->t == V_NUMOBJ && !is_num(e)) return vbad(v, p, "expected a number");
+        if (f->t == V_STROBJ && !cJSON_IsString(e)) return vbad(v, p, "expected a string");
+      }
+      return 0;
+    case V_NUMS:
+    case V_PAIRS:
+    case V_OBJS:
+      if (!cJSON_IsArray(x)) return vbad(v, path, "expected an array");
+      cJSON_ArrayForEach(e, x) {
+        snprintf(p, sizeof p, "%s[%d]", path, i++);
+        if (f->t == V_NUMS && !is_num(e)) return vbad(v, p, "expected a number");
+        if (f->t == V_PAIRS && !(cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
+                                 cJSON_IsNumber(e->child) && isfinite(e->child->valuedouble) &&
+                                 cJSON_IsNumber(e->child->next) && isfinite(e->child->next->valuedouble)))
+          return vbad(v, p, "expected an [x, y] pair of numbers");
+        if (f->t == V_OBJS) {
+          if (!cJSON_IsObject(e)) return vbad(v, p, "expected an object");
+          if (f->sub && check_obj(v, e, f->sub, p, f->sub == run_fields)) return -1;
+        }
+      }
+      return 0;
+  }
+  return 0;
+}
+
+/* Every member of o whose key the spec lists (matched as cJSON_GetObjectItem matches keys:
+ * ignoring case, so a second "Name" cannot hide behind a checked "name"); with metrics, also
+ * the members the claims read as metrics. */
+static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *path, bool metrics) {
+  static const vfield num = {"", V_NUM, NULL};
+  const cJSON *e;
+  char p[320];
+  cJSON_ArrayForEach(e, o) {
+    if (!e->string) continue;
+    const vfield *f = NULL;
+    for (const vfield *s = spec; s->key && !f; s++)
+      if (!strcasecmp(s->key, e->string)) f = s;
+    for (int i = 0; metrics && !f && i < v->L->n_claims; i++)
+      if (!strcasecmp(v->L->claims[i].metric, e->string)) f = &num;
+    if (!f) continue;
+    path_key(p, sizeof p, path, e->string);
+    if (check_value(v, e, f, p)) return -1;
+  }
+  return 0;
+}
+
+int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, char *err, size_t errn) {
+  vcheck v = {L, err, errn};
+  char msg[400], a[VL_REP_GP_MAX + 1], p[64];
+  if (!cJSON_IsObject(res)) return vbad(&v, "", "expected an object");
+  const cJSON *sv = cJSON_GetObjectItem(res, "schema_version");
+  if (!cJSON_IsNumber(sv)) return vbad(&v, "schema_version", "expected a number");
+  if (sv->valuedouble != VL_RESULTS_SCHEMA_VERSION) {
+    snprintf(msg, sizeof msg, "%.17g is not the version this vramlab reads (%d)", sv->valuedouble,
+             VL_RESULTS_SCHEMA_VERSION);
+    return vbad(&v, "schema_version", msg);
+  }
+  const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(res, "case"));
+  if (!id) return vbad(&v, "case", "expected a string");
+  if (strcmp(id, c->id)) {
+    snprintf(msg, sizeof msg, "these are results of '%s', not of '%s'", vl_rep_gp_str(id, false, a, sizeof a), c->id);
+    return vbad(&v, "case", msg);
+  }
+  if (!cJSON_IsObject(cJSON_GetObjectItem(res, "env"))) return vbad(&v, "env", "expected an object");
+  const cJSON *rungs = cJSON_GetObjectItem(res, "rungs");
+  if (!cJSON_IsArray(rungs)) return vbad(&v, "rungs", "expected an array");
+  if (!cJSON_GetArraySize(rungs)) return vbad(&v, "rungs", "no rung in this file");
+  if (check_obj(&v, res, top_fields, "", false)) return -1;
+  /* every rung names a rung of this case's ladder, once: claims and tables look rungs up by
+   * name, and a foreign or repeated name would make them judge the wrong one */
+  bool seen[VL_MAX_RUNGS] = {false};
+  const cJSON *r;
+  int i = 0;
+  cJSON_ArrayForEach(r, rungs) {
+    snprintf(p, sizeof p, "rungs[%d].name", i++);
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
+    if (!name) return vbad(&v, p, "expected a string");
+    int k = vl_ladder_find(L, name);
+    if (k < 0) {
+      int o = snprintf(msg, sizeof msg, "'%s' is not a rung of %s (", vl_rep_gp_str(name, false, a, sizeof a), c->id);
+      for (int j = 0; j < L->n_rungs && o > 0 && (size_t)o < sizeof msg; j++)
+        o += snprintf(msg + o, sizeof msg - (size_t)o, "%s%s", j ? ", " : "", L->rungs[j].name);
+      if (o > 0 && (size_t)o < sizeof msg) snprintf(msg + o, sizeof msg - (size_t)o, ")");
+      return vbad(&v, p, msg);
+    }
+    if (seen[k]) {
+      snprintf(msg, sizeof msg, "'%s' appears twice", L->rungs[k].name);
+      return vbad(&v, p, msg);
+    }
+    seen[k] = true;
+  }
+  return 0;
+}
+
+/* ---- plots -------------------------------------------------------------------------------- */
+bool vl_rep_have_gnuplot(void) {
+  /* VRAMLAB_NO_GNUPLOT=1: scripts and data are still written, nothing is rendered (the fuzz
+   * target; a machine where gnuplot is broken) */
+  const char *off = getenv("VRAMLAB_NO_GNUPLOT");
+  if (off && off[0] && strcmp(off, "0")) return false;
+  return system("command -v gnuplot >/dev/null 2>&1") == 0;
+}
+
+static bool plot_name_ok(const char *name) {
+  if (!name[0] || strlen(name) > 64) return false;
+  for (const char *p = name; *p; p++)
+    if (!gp_safe((unsigned char)*p, true) || strchr(".,:;+/()%=<>", *p)) return false;
+  return true;
+}
+
+static int write_script(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
+  if (!plot_name_ok(name)) { snprintf(why, whyn, "'%s' is not a plot name", name); return -1; }
+  char path[1200], err[1400];
+  if (snprintf(path, sizeof path, "%s/%s.gp", dir, name) >= (int)sizeof path) {
+    snprintf(why, whyn, "the report folder's path is too long");
+    return -1;
+  }
+  /* vl_png names the output: the report renders into a temp file, `gnuplot name.gp` by hand
+   * into name.png */
+  char *text = NULL;
+  if (asprintf(&text, "# vramlab report: gnuplot %s.gp in this folder re-renders %s.png\n"
+                      "if (!exists(\"vl_png\")) vl_png = '%s.png'\n%s", name, name, name, script) < 0) {
+    snprintf(why, whyn, "out of memory");
+    return -1;
+  }
+  int rc = vl_write_atomic(path, text, err, sizeof err);
+  free(text);
+  if (rc) snprintf(why, whyn, "cannot write %s.gp: %s", name, err);
+  return rc;
+}
+
+/* A PNG that gnuplot finished: signature first, the IEND chunk last. gnuplot does not check
+ * its writes, so on a full disk it exits 0 with half a PNG. Synced before it is renamed. */
+static bool png_whole(const char *path) {
+  static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+  unsigned char head[8], tail[12];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= 20 &&
+            pread(fd, head, 8, 0) == 8 && pread(fd, tail, 12, st.st_size - 12) == 12 &&
+            !memcmp(head, sig, 8) && !memcmp(tail, iend, 12) && !fsync(fd);
+  close(fd);
+  return ok;
+}
+
+/* gnuplot runs with no shell in between (the folder's name is never parsed), in dir, stdin
+ * from /dev/null (a stray `pause` cannot wait), stderr into name.gnuplot.log. */
+static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
+  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100], log[100];
+  snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
+  snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
+  snprintf(gp, sizeof gp, "%s.gp", name);
+  snprintf(log, sizeof log, "%s.gnuplot.log", name);
+  snprintf(final, sizeof final, "%s/%s.png", dir, name);
+  snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
+  snprintf(log_path, sizeof log_path, "%s/%s", dir, log);
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa)) { snprintf(why, whyn, "out of memory"); return -1; }
+  posix_spawn_file_actions_addchdir_np(&fa, dir);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  char *argv[] = {"gnuplot", "-e", setvar, gp, NULL};
+  pid_t pid;
+  int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
+  posix_spawn_file_actions_destroy(&fa);
+  if (e) {
+    snprintf(why, whyn, "cannot start gnuplot: %s", strerror(e));
+    return -1;
+  }
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) { st = -1; break; }
+  int rc = -1;
+  if (st == -1) snprintf(why, whyn, "lost track of gnuplot: %s", strerror(errno));
+  else if (WIFSIGNALED(st)) snprintf(why, whyn, "gnuplot was killed by signal %d (see %s)", WTERMSIG(st), log_shown);
+  else if (WEXITSTATUS(st) == 127) snprintf(why, whyn, "gnuplot could not be started (see %s)", log_shown);
+  else if (WEXITSTATUS(st)) snprintf(why, whyn, "gnuplot failed with status %d (see %s)", WEXITSTATUS(st), log_shown);
+  else if (!png_whole(tmp_path)) snprintf(why, whyn, "gnuplot wrote an incomplete PNG (a full disk?)");
+  else if (rename(tmp_path, final)) snprintf(why, whyn, "rename to %s.png: %s", name, strerror(errno));
+  else rc = 0;
+  if (rc) unlink(tmp_path);
+  else unlink(log_path); /* keep the log only when it explains a failure */
+  return rc;
+}
+
+int vl_rep_gnuplot(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
+  char log_shown[1200];
+  snprintf(log_shown, sizeof log_shown, "%s/%s.gnuplot.log", dir, name);
+  return write_script(dir, name, script, why, whyn) ? -1 : render(dir, name, log_shown, why, whyn);
+}
+
+void vl_rep_plot_missing(FILE *md, const char *dir, const char *name, const char *why) {
+  /* a PNG from an earlier results file beside this report would be a silently wrong plot */
+  char png[1200];
+  snprintf(png, sizeof png, "%s/%s.png", dir, name);
+  unlink(png);
+  fprintf(md, "_Plot `%s` is missing: %s._\n\n", name, why);
+}
+
+int vl_rep_plot(FILE *md, const char *dir, const char *case_id, bool gnuplot, const char *name,
+                const char *alt, const char *script) {
+  char why[1600] = "", log_shown[256];
+  snprintf(log_shown, sizeof log_shown, "`%s/%s.gnuplot.log`", case_id, name);
+  int rc = write_script(dir, name, script, why, sizeof why);
+  if (!rc && !gnuplot) { /* the report says once that nothing is rendered */
+    char png[1200];
+    snprintf(png, sizeof png, "%s/%s.png", dir, name);
+    unlink(png);
+    return -1;
+  }
+  if (!rc) rc = render(dir, name, log_shown, why, sizeof why);
+  if (rc) vl_rep_plot_missing(md, dir, name, why);
+  else fprintf(md, "![%s](%s/%s.png)\n\n", alt, case_id, name);
+  return rc;
+}
+
+int vl_rep_dat_open(vl_rep_dat *d) {
+  d->buf = NULL;
+  d->len = 0;
+  d->f = open_memstream(&d->buf, &d->len);
+  return d->f ? 0 : -1;
+}
+
+int vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, char *why, size_t whyn) {
+  bool ok = d->f && !ferror(d->f);
+  if (d->f && fclose(d->f)) ok = false;
+  d->f = NULL;
+  char path[1200], err[1400];
+  int rc = -1;
+  if (!ok || !d->buf) snprintf(why, whyn, "cannot build %s: out of memory", name);
+  else if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+    snprintf(why, whyn, "the report folder's path is too long");
+  else if (vl_write_atomic(path, d->buf, err, sizeof err)) snprintf(why, whyn, "cannot write %s: %s", name, err);
+  else rc = 0;
+  free(d->buf);
+  d->buf = NULL;
   return rc;
 }
 
 /* ---- the report --------------------------------------------------------------------------- */
+static int report_fail(char *err, size_t errn, cJSON *res, char *text, const char *fmt, const char *a,
+                       const char *b) {
+  snprintf(err, errn, fmt, a, b);
+  cJSON_Delete(res);
+  free(text);
+  return -1;
+}
+
 int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
                     const char *md_path, char *err, size_t errn) {
-  size_t n;
-  char *text = vl_read_file(results_path, &n);
-  if (!text) { snprintf(err, errn, "cannot read %s (run `vramlab run %s` first)", results_path, c->id); return -1; }
-  cJSON *res = cJSON_Parse(text);
-  if (!res || !cJSON_IsArray(cJSON_GetObjectItem(res, "rungs"))) {
-    snprintf(err, errn, "%s is not a vramlab results file (truncated or corrupt?)", results_path);
-    cJSON_Delete(res);
-    free(text);
-    return -1;
-  }
+  size_t n = 0;
+  char rerr[1200], verr[600];
+  if (errn) err[0] = 0;
+  errno = 0;
+  char *text = vl_read_file_max(results_path, VL_RESULTS_MAX_BYTES, &n, rerr, sizeof rerr);
+  if (!text && errno == ENOENT)
+    return report_fail(err, errn, NULL, NULL, "cannot read %s (run `vramlab run %s` first)", results_path, c->id);
+  if (!text) return report_fail(err, errn, NULL, NULL, "cannot read %s%s", rerr, "");
+  if (memchr(text, 0, n))
+    return report_fail(err, errn, NULL, text, "%s holds a NUL byte: not a vramlab results file%s",
+                       results_path, "");
+  /* the whole file is one JSON value: trailing bytes mean it was cut or glued together */
+  cJSON *res = cJSON_ParseWithOpts(text, NULL, 1);
+  if (!res)
+    return report_fail(err, errn, NULL, text, "%s is not a vramlab results file (truncated or corrupt?)%s",
+                       results_path, "");
+  if (vl_results_validate(res, c, L, verr, sizeof verr))
+    return report_fail(err, errn, res, text, "%s is not a results file `vramlab report` can read: %s",
+                       results_path, verr);
   /* The report's own folder keeps the results it was made from, so it stands on its own. */
   char dir[1024], copy[1100];
-  snprintf(dir, sizeof dir, "%.*s/%s", (int)(strrchr(md_path, '/') - md_path), md_path, c->id);
-  snprintf(copy, sizeof copy, "%s/results.json", dir);
-  int wrc = vl_mkdir_p(dir) ? -1 : vl_write_atomic(copy, text, err, errn);
+  const char *slash = strrchr(md_path, '/');
+  int dn = slash ? snprintf(dir, sizeof dir, "%.*s/%s", (int)(slash - md_path), md_path, c->id)
+                 : snprintf(dir, sizeof dir, "%s", c->id);
+  if (dn < 0 || (size_t)dn >= sizeof dir || snprintf(copy, sizeof copy, "%s/results.json", dir) >= (int)sizeof copy)
+    return report_fail(err, errn, res, text, "the report path %s is too long%s", md_path, "");
+  if (vl_mkdir_p(dir)) return report_fail(err, errn, res, text, "cannot create %s: %s", dir, strerror(errno));
+  int wrc = vl_write_atomic(copy, text, err, errn);
   free(text);
   if (wrc) {
-    if (!err[0]) snprintf(err, errn, "cannot create %s", dir);
     cJSON_Delete(res);
     return -1;
   }
   char *buf = NULL;
   size_t blen = 0;
   FILE *md = open_memstream(&buf, &blen);
+  if (!md) return report_fail(err, errn, res, NULL, "cannot build the report: %s%s", strerror(errno), "");
   cJSON *env = cJSON_GetObjectItem(res, "env");
-  const char *scale = cJSON_GetStringValue(cJSON_GetObjectItem(res, "run_scale"));
+  const char *scale = vl_rep_str(res, "run_scale");
   fprintf(md, "# %s — %s\n\n", c->id, vl_knob_get(&L->setting, "title") ? vl_knob_get(&L->setting, "title") : c->summary);
   fprintf(md, "_Generated by `vramlab report %s` from `%s` (copied to `%s/results.json`). Device: %s; "
-              "CPU: %s (%g cores); GPU: %s; commit %s; %s._\n\n",
-          c->id, results_path, c->id, cJSON_GetStringValue(cJSON_GetObjectItem(env, "device")),
-          cJSON_GetStringValue(cJSON_GetObjectItem(env, "cpu")), vl_rep_num(env, "cores"),
-          cJSON_GetStringValue(cJSON_GetObjectItem(env, "gpu")),
-          cJSON_GetStringValue(cJSON_GetObjectItem(env, "git_commit")),
-          cJSON_GetStringValue(cJSON_GetObjectItem(env, "time")));
+              "CPU: %s (%s cores); GPU: %s; commit %s; %s._\n\n",
+          c->id, results_path, c->id, vl_rep_str(env, "device"), vl_rep_str(env, "cpu"),
+          vl_rep_fmt("%g", vl_rep_num(env, "cores")), vl_rep_str(env, "gpu"), vl_rep_str(env, "git_commit"),
+          vl_rep_str(env, "time"));
   if (cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted")))
     fprintf(md, "**This run was interrupted: the tables hold what finished.**\n\n");
   fprintf(md, "## Setting\n\n");
   if (c->method) fprintf(md, "%s\n\n", c->method);
   fprintf(md, "Runs were measured at the **`%s` scale on `%s`**; timings are compared only as ratios "
               "within this run.\n\n",
-          scale ? scale : "?", cJSON_GetStringValue(cJSON_GetObjectItem(env, "device")));
+          scale, vl_rep_str(env, "device"));
   fprintf(md, "Case settings:");
   for (int i = 0; i < L->setting.n; i++) fprintf(md, " `%s=%s`", L->setting.k[i].key, L->setting.k[i].val);
   fprintf(md, "\n\n");
 
   fprintf(md, "## Claims\n\n| claim | source | article before → after | measured before → after | verdict | note |\n|---|---|---|---|---|---|\n");
-  int counts[4] = {0};
+  int counts[4] = {0}, n_missing = 0;
+  const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(env, "device"));
+  bool interrupted = cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted"));
+  char *miss = NULL;
+  size_t miss_len = 0;
+  FILE *missf = open_memstream(&miss, &miss_len);
   for (int i = 0; i < L->n_claims; i++) {
     const vl_claim *cl = &L->claims[i];
     double b = metric(c, L, res, cl->before, cl->before_set, cl->metric);
     double a = metric(c, L, res, cl->after, cl->after_set, cl->metric);
     vl_verdict v = vl_judge(cl, b, a);
-    const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(env, "device"));
-    if (cl->needs[0] && (!dev || strcmp(dev, cl->needs))) v = VL_NOT_MEASURABLE;
+    bool other_device = cl->needs[0] && (!dev || strcmp(dev, cl->needs));
+    if (other_device) v = VL_NOT_MEASURABLE;
     counts[v]++;
+    /* An interrupted run judges nothing it did not measure: say which claim lost what. */
+    const char *vname = vl_verdict_name(v);
+    if (interrupted && v == VL_NOT_MEASURABLE && !other_device) {
+      vname = "not measured: run interrupted";
+      if (missf) fprintf(missf, "%s`%s` (%s)", n_missing ? ", " : "", cl->metric, cl->id);
+      n_missing++;
+    }
     char x1[32], x2[32], y1[32], y2[32];
     if (!strcmp(cl->kind, "range"))
       fprintf(md, "| %s | %s | %g–%g | %s (rung %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
-              cl->hi, fmt_val(a, cl->unit, y2, sizeof y2), cl->after, vl_verdict_name(v), cl->note);
+              cl->hi, fmt_val(a, cl->unit, y2, sizeof y2), cl->after, vname, cl->note);
     else if (!strcmp(cl->kind, "ratio_range"))
       fprintf(md, "| %s | %s | ×%g–%g | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
-              cl->hi, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vl_verdict_name(v), cl->note);
+              cl->hi, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vname, cl->note);
     else if (!strcmp(cl->kind, "ratio"))
-      fprintf(md, "| %s | %s | ×%.3g | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
-              cl->article_after / cl->article_before, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vl_verdict_name(v), cl->note);
+      fprintf(md, "| %s | %s | %s | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
+              fmt_ratio(cl->article_after / cl->article_before, x1, sizeof x1), fmt_ratio(a / b, y1, sizeof y1),
+              cl->before, cl->after, vname, cl->note);
     else
       fprintf(md, "| %s | %s | %s → %s | %s → %s | **%s** | %s |\n", cl->text, cl->source,
               fmt_val(cl->article_before, cl->unit, x1, sizeof x1), fmt_val(cl->article_after, cl->unit, x2, sizeof x2),
-              fmt_val(b, cl->unit, y1, sizeof y1), fmt_val(a, cl->unit, y2, sizeof y2), vl_verdict_name(v), cl->note);
+              fmt_val(b, cl->unit, y1, sizeof y1), fmt_val(a, cl->unit, y2, sizeof y2), vname, cl->note);
   }
   fprintf(md, "\n%d hold, %d hold in direction only, %d do not hold, %d not measurable here.\n\n",
           counts[0], counts[1], counts[2], counts[3]);
+  if (missf) fclose(missf);
+  if (n_missing)
+    fprintf(md, "**Missing because the run was interrupted** (%d claim%s not judged): %s.\n\n", n_missing,
+            n_missing == 1 ? "" : "s", miss ? miss : "");
+  free(miss);
 
   bool gp = vl_rep_have_gnuplot();
   if (c->report) c->report(res, md, dir, c->id, gp);
-  if (!gp) fprintf(md, "Plots are missing: gnuplot is not installed (`apt-get install gnuplot-nox`).\n\n");
-  fclose(md);
+  if (!gp) {
+    const char *off = getenv("VRAMLAB_NO_GNUPLOT");
+    if (off && off[0] && strcmp(off, "0"))
+      fprintf(md, "Plots are missing: rendering is off (VRAMLAB_NO_GNUPLOT); the gnuplot scripts and data are "
+                  "in `%s/`.\n\n", c->id);
+    else
+      fprintf(md, "Plots are missing: gnuplot is not installed (`apt-get install gnuplot-nox`).\n\n");
+  }
+  bool ok = !ferror(md);
+  if (fclose(md)) ok = false;
   cJSON_Delete(res);
-  int rc = vl_write_atomic(md_path, buf, err, errn);
+  int rc = -1;
+  if (!ok || !buf) snprintf(err, errn, "cannot build the report: out of memory");
+  else rc = vl_write_atomic(md_path, buf, err, errn);
   free(buf);
   return rc;
 }
 
 /* ---- shared plot data -------------------------------------------------------------------- */
 
-int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (!f) return -1;
-  const cJSON *pt;
-  cJSON_ArrayForEach(pt, pairs)
-    fprintf(f, "%g %.4f\n", cJSON_GetArrayItem(pt, 0)->valuedouble, cJSON_GetArrayItem(pt, 1)->valuedouble / 1e9);
-  fclose(f);
-  return 0;
+/* NaN where a value is missing: gnuplot leaves it out, where a 0 would plot a wrong bar. */
+static void dat_num(FILE *f, const char *fmt, double v) {
+  if (isfinite(v)) fprintf(f, fmt, v);
+  else fputs(" NaN", f);
 }
 
-int vl_rep_mem_by_category(cJSON *res, const char *dir, const char *title, char *script, size_t n) {
+int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, char *why, size_t whyn) {
+  vl_rep_dat d;
+  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build %s: out of memory", name); return -1; }
+  const cJSON *pt;
+  if (cJSON_IsArray(pairs))
+    cJSON_ArrayForEach(pt, pairs) {
+      double x = cJSON_GetArraySize(pt) == 2 ? vl_rep_numv(cJSON_GetArrayItem(pt, 0)) : NAN;
+      double y = cJSON_GetArraySize(pt) == 2 ? vl_rep_numv(cJSON_GetArrayItem(pt, 1)) : NAN;
+      if (cJSON_IsArray(pt) && !isnan(x) && !isnan(y)) fprintf(d.f, "%g %.4f\n", x, y / 1e9);
+    }
+  return vl_rep_dat_commit(&d, dir, name, why, whyn);
+}
+
+int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
+                           char *why, size_t whyn) {
   static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
-  char path[1024];
-  snprintf(path, sizeof path, "%s/mem_by_category.dat", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) return -1;
-  fprintf(f, "index rung");
-  for (int i = 0; i < 9; i++) fprintf(f, " %s", cats[i]);
-  fprintf(f, " cap\n");
-  cJSON *r;
+  static const char *col[] = {"#7b3294", "#1b9e77", "#80b1d3", "#e6ab02", "#f0e442",
+                              "#377eb8", "#e41a1c", "#333333", "#a65628"};
+  /* gnuplot refuses a histogram column without one valid point: plot only the categories
+   * (and the cap) that some rung has */
+  bool has[10] = {false};
+  const cJSON *r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
+    for (int i = 0; i < 9; i++) has[i] |= !isnan(vl_rep_num(bc, cats[i]));
+    has[9] |= !isnan(vl_rep_num(p, "cap_bytes"));
+  }
+  int ncat = 0;
+  for (int i = 0; i < 9; i++) ncat += has[i];
+  if (!ncat) { snprintf(why, whyn, "the results hold no plan memory by category"); return -1; }
+  vl_rep_dat d;
+  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build mem_by_category.dat: out of memory"); return -1; }
+  fprintf(d.f, "index rung");
+  for (int i = 0; i < 9; i++) fprintf(d.f, " %s", cats[i]);
+  fprintf(d.f, " cap\n");
   int idx = 0;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
-    fprintf(f, "%d %s", idx++, cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")));
-    for (int i = 0; i < 9; i++) fprintf(f, " %.4f", vl_rep_num(bc, cats[i]) / 1e9);
-    fprintf(f, " %.4f\n", vl_rep_num(p, "cap_bytes") / 1e9);
+    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
+    char name[64];
+    /* one token: the xtic(2) column; a space would shift the columns after it */
+    const char *rn = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
+    fprintf(d.f, "%d %s", idx++, vl_rep_gp_str(rn, true, name, sizeof name));
+    for (int i = 0; i < 9; i++) dat_num(d.f, " %.4f", vl_rep_num(bc, cats[i]) / 1e9);
+    dat_num(d.f, " %.4f", vl_rep_num(p, "cap_bytes") / 1e9);
+    fputc('\n', d.f);
   }
-  fclose(f);
-  snprintf(script, n,
-           "set terminal png size 1000,560 noenhanced\nset output 'mem_by_category.png'\n"
-           "set title '%s'\n"
-           "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.85 border -1\n"
-           "set boxwidth 0.7\nset ylabel 'GB'\nset key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
-           "array col[9] = ['#7b3294', '#1b9e77', '#80b1d3', '#e6ab02', '#f0e442', '#377eb8', '#e41a1c', '#333333', '#a65628']\n"
-           "plot for [i=3:11] 'mem_by_category.dat' using i:xtic(2) title columnheader(i) lc rgb col[i-2], "
-           "'' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'\n",
-           title);
+  if (vl_rep_dat_commit(&d, dir, "mem_by_category.dat", why, whyn)) return -1;
+  char t[VL_REP_GP_MAX + 1];
+  int sn = snprintf(script, n,
+                    "set terminal png size 1000,560 noenhanced\nset output vl_png\n"
+                    "set title '%s'\n"
+                    "set style data histograms\nset style histogram rowstacked\n"
+                    "set style fill solid 0.85 border -1\nset boxwidth 0.7\nset ylabel 'GB'\n"
+                    "set key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
+                    "plot",
+                    vl_rep_gp_str(title, false, t, sizeof t));
+  bool first = true;
+  for (int i = 0; i < 9 && sn > 0 && (size_t)sn < n; i++) {
+    if (!has[i]) continue;
+    sn += snprintf(script + sn, n - (size_t)sn, "%s '%s' using %d%s title columnheader(%d) lc rgb '%s'",
+                   first ? "" : ",", first ? "mem_by_category.dat" : "", i + 3, first ? ":xtic(2)" : "", i + 3, col[i]);
+    first = false;
+  }
+  if (has[9] && sn > 0 && (size_t)sn < n)
+    sn += snprintf(script + sn, n - (size_t)sn, ", '' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'");
+  if (sn > 0 && (size_t)sn < n) sn += snprintf(script + sn, n - (size_t)sn, "\n");
+  if (sn < 0 || (size_t)sn >= n) {
+    snprintf(why, whyn, "the mem_by_category script does not fit its buffer");
+    return -1;
+  }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "case.h"
+#include "report.h"
 #include "interrupt.h"
 #include "proc.h"
 #include "testutil.h"
@@ -114,6 +115,34 @@ static void test_interrupted_run_exits_nonzero(void **state) {
   assert_non_null(res);
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted")));
   cJSON_Delete(res);
+
+  /* Its report judges nothing it did not measure and names what is missing: the sweep's
+   * best setting never ran (before the fix: judged from zeros, "does not hold"). */
+  const vl_case *c = vl_case_find("dataloader");
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[512] = "", md[600];
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  tu_join(md, sizeof md, tu_tmp, "reports/dataloader.md");
+  char rdir[600];
+  tu_join(rdir, sizeof rdir, tu_tmp, "reports");
+  assert_int_equal(vl_mkdir_p(rdir), 0);
+  setenv("VRAMLAB_NO_GNUPLOT", "1", 1);
+  if (vl_report_write(c, L, latest, md, err, sizeof err)) fail_msg("report: %s", err);
+  free(L);
+  n = tu_slurp(md, &text);
+  char *rep = strndup((const char *)text, n);
+  free(text);
+  assert_non_null(strstr(rep, "**Missing because the run was interrupted**"));
+  assert_non_null(strstr(rep, "`best_workers_share` (workers_share)"));
+  /* the workers-share claim's row (a range over the sweep's best setting) */
+  const char *row = strstr(rep, "| best num_workers is 70-80% of the cores |");
+  assert_non_null(row);
+  const char *eol = strchr(row, '\n');
+  char line[1024];
+  snprintf(line, sizeof line, "%.*s", (int)(eol ? eol - row : (long)strlen(row)), row);
+  if (!strstr(line, "**not measured: run interrupted**")) fail_msg("row judged: %s", line);
+  free(rep);
 }
 
 /* Interrupted before the sweep: the decode ceiling (measured) is kept, and nothing derived
