@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include "synth.h"
 
+#include "vramlab/fileio.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -39,172 +41,27 @@ const char *vl_synth_join(char *buf, size_t n, const char *dir, const char *name
 
 /* ==================================== files ========================================== */
 
-int vl_synth_mkdir_p(const char *dir, char *err, size_t errn) {
-  size_t len = strlen(dir);
-  if (len == 0) {
-    setf(err, errn, "empty output directory name");
-    return -1;
-  }
-  char *p = strdup(dir);
-  if (!p) {
-    setf(err, errn, "out of memory");
-    return -1;
-  }
-  char eb[128];
-  for (size_t i = 1; i <= len; i++) {
-    if (p[i] != '/' && p[i] != '\0') continue;
-    char c = p[i];
-    p[i] = '\0';
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-      setf(err, errn, "cannot create directory %s: %s", p, errstr(errno, eb, sizeof eb));
-      free(p);
-      return -1;
-    }
-    p[i] = c;
-  }
-  free(p);
-  struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    setf(err, errn, "%s exists and is not a directory", dir);
-    return -1;
-  }
-  return 0;
-}
-
-static int write_all(int fd, const void *data, size_t len) {
-  const uint8_t *q = data;
-  while (len) {
-    ssize_t k = write(fd, q, len);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    q += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+/* The files themselves are the engine's (vramlab/fileio.h): one copy for harness, cases and
+ * data sets. */
+int vl_synth_mkdir_p(const char *dir, char *err, size_t errn) { return vl_file_mkdir_p(dir, err, errn); }
 
 int vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
                           char *err, size_t errn) {
-  char path[PATH_MAX], tmp[PATH_MAX], eb[128];
-  if (!vl_synth_join(path, sizeof path, dir, name, NULL, 0) ||
-      snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, name, (long)getpid()) >= (int)sizeof tmp) {
-    setf(err, errn, "path too long: %s/%s", dir, name);
-    return -1;
-  }
-  /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
-   * that would block the open, a link) is removed, not followed. */
-  (void)unlink(tmp);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    setf(err, errn, "cannot create %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    return -1;
-  }
-  if (write_all(fd, data, len) != 0) {
-    setf(err, errn, "cannot write %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    close(fd);
-    unlink(tmp);
-    return -1;
-  }
-  if (fsync(fd) != 0) {
-    setf(err, errn, "fsync %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    close(fd);
-    unlink(tmp);
-    return -1;
-  }
-  if (close(fd) != 0) {
-    setf(err, errn, "close %s: %s", tmp, errstr(errno, eb, sizeof eb));
-    unlink(tmp);
-    return -1;
-  }
-  if (rename(tmp, path) != 0) {
-    setf(err, errn, "cannot rename %s to %s: %s", tmp, path, errstr(errno, eb, sizeof eb));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
+  char path[PATH_MAX];
+  if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
+  return vl_file_write_atomic(path, data, len, err, errn);
 }
 
-void vl_synth_fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-}
-
-/* What fstat says a file that is not a regular one is, for messages. */
-static const char *file_kind(mode_t m) {
-  return S_ISFIFO(m)   ? "fifo"
-         : S_ISDIR(m)  ? "directory"
-         : S_ISCHR(m)  ? "character device"
-         : S_ISBLK(m)  ? "block device"
-         : S_ISSOCK(m) ? "socket"
-                       : "unknown file type";
-}
+void vl_synth_fsync_dir(const char *dir) { vl_file_fsync_dir(dir); }
 
 vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *cap,
                              size_t *len, char *err, size_t errn) {
-  char eb[128];
-  /* O_NONBLOCK: opening a FIFO for reading waits for a writer, maybe forever (a hung run);
-   * with it the open returns at once and fstat says what the file is. A regular file reads
-   * the same either way. */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    setf(err, errn, "%s: cannot open: %s", path, errstr(errno, eb, sizeof eb));
-    return VL_ERR_IO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    setf(err, errn, "%s: cannot stat: %s", path, errstr(errno, eb, sizeof eb));
-    close(fd);
-    return VL_ERR_IO;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    setf(err, errn, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
-    close(fd);
-    return VL_ERR_IO;
-  }
-  /* The size before any byte: a 40 GiB file is refused here, not after an attempt to hold
-   * it in memory (whose failure no corrupt-sample policy would skip). */
-  if ((uint64_t)st.st_size > max_bytes) {
-    setf(err, errn, "%s: file of %lld bytes exceeds max_file_bytes (%llu)", path,
-         (long long)st.st_size, (unsigned long long)max_bytes);
-    close(fd);
-    return VL_ERR_IO;
-  }
-  size_t size = (size_t)st.st_size;
-  if (size == 0) {
+  vl_status s = vl_file_read(path, max_bytes, "max_file_bytes", buf, cap, len, err, errn);
+  if (s == VL_OK && *len == 0) {
     setf(err, errn, "%s: empty file (0 bytes)", path);
-    close(fd);
     return VL_ERR_IO;
   }
-  if (size > *cap) {
-    uint8_t *nb = realloc(*buf, size);
-    if (!nb) {
-      setf(err, errn, "%s: out of memory for a %zu-byte file buffer", path, size);
-      close(fd);
-      return VL_ERR_OOM;
-    }
-    *buf = nb;
-    *cap = size;
-  }
-  size_t got = 0;
-  while (got < size) {
-    ssize_t k = read(fd, *buf + got, size - got);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      setf(err, errn, "%s: read error: %s", path, errstr(errno, eb, sizeof eb));
-      close(fd);
-      return VL_ERR_IO;
-    }
-    if (k == 0) break; /* shrank under us: decode what is there */
-    got += (size_t)k;
-  }
-  close(fd);
-  *len = got;
-  return VL_OK;
+  return s;
 }
 
 int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t salt,

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "vramlab/fileio.h"
 
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -85,116 +86,18 @@ cJSON *vl_env_json(const char *device) {
   return e;
 }
 
-int vl_mkdir_p(const char *path) {
-  char tmp[PATH_MAX];
-  size_t len = strlen(path);
-  if (len == 0 || len >= sizeof tmp) { errno = len ? ENAMETOOLONG : ENOENT; return -1; }
-  memcpy(tmp, path, len + 1);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
-  if (mkdir(tmp, 0755) == 0) return 0;
-  /* an existing directory is fine; an existing file of that name is not */
-  struct stat st;
-  if (errno == EEXIST && stat(tmp, &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return 0;
-    errno = ENOTDIR;
-  }
-  return -1;
-}
+/* The harness's names for the engine's file functions (vramlab/fileio.h). */
+int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL, 0); }
 
 int vl_write_atomic(const char *path, const char *text, char *err, size_t errn) {
-  char tmp[PATH_MAX];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
-    snprintf(err, errn, "path too long: %.200s... (limit %d)", path, PATH_MAX - 16);
-    return -1;
-  }
-  /* a fresh file: never through a leftover FIFO or a symlink planted under the temp name */
-  unlink(tmp);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) { snprintf(err, errn, "cannot create %s: %s", tmp, strerror(errno)); return -1; }
-  size_t n = strlen(text), off = 0;
-  while (off < n) {
-    ssize_t w = write(fd, text + off, n - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      snprintf(err, errn, "write %s: %s", tmp, strerror(errno));
-      close(fd); unlink(tmp);
-      return -1;
-    }
-    off += (size_t)w;
-  }
-  if (fsync(fd) || close(fd)) {
-    snprintf(err, errn, "fsync %s: %s", tmp, strerror(errno));
-    unlink(tmp);
-    return -1;
-  }
-  if (rename(tmp, path)) {
-    snprintf(err, errn, "rename to %s: %s", path, strerror(errno));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
+  return vl_file_write_atomic(path, text, strlen(text), err, errn);
 }
 
-/* Results files come from users: a directory (where ftell says LONG_MAX), a FIFO (where a
- * read waits for a writer forever) or a huge file must give an error, not a 2^63-byte
- * allocation or a hang. O_NONBLOCK makes opening a FIFO return at once and changes nothing
- * for a regular file; fstat then refuses everything that is not one. */
+/* A results file, a ladder or a report path given by a user may name a FIFO (whose open
+ * waits for a writer forever) or a huge file: an error, never a hang or a 2^63-byte
+ * allocation. */
 char *vl_read_file_max(const char *path, size_t max, size_t *n, char *err, size_t errn) {
-  char none[1];
-  if (!err || !errn) { err = none; errn = sizeof none; }
-  if (max > (size_t)-1 / 4) max = (size_t)-1 / 4; /* so that max + 1 and 2 * cap cannot wrap */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    snprintf(err, errn, "%s: %s", path, strerror(e));
-    errno = e;
-    return NULL;
-  }
-  struct stat st;
-  int e = 0;
-  if (fstat(fd, &st)) {
-    e = errno;
-    snprintf(err, errn, "%s: %s", path, strerror(e));
-  } else if (!S_ISREG(st.st_mode)) {
-    e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
-    snprintf(err, errn, "%s: not a regular file (%s)", path,
-             S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-             : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a socket or special file");
-  } else if ((unsigned long long)st.st_size > max) {
-    e = EFBIG;
-    snprintf(err, errn, "%s: %lld bytes, more than the %zu this reads", path, (long long)st.st_size, max);
-  }
-  if (e) { close(fd); errno = e; return NULL; }
-  /* read to the end, not st_size bytes: the file may change under us; cap + 1 spare byte
-   * tells a file that grew from one that did not */
-  size_t cap = (size_t)st.st_size + 1, len = 0;
-  char *b = malloc(cap + 1);
-  while (b) {
-    if (len == cap) {
-      if (cap > max) { e = EFBIG; snprintf(err, errn, "%s: more than the %zu bytes this reads", path, max); break; }
-      size_t nc = cap <= max / 2 ? 2 * cap : max + 1;
-      char *nb = realloc(b, nc + 1);
-      if (!nb) break;
-      b = nb;
-      cap = nc;
-    }
-    ssize_t r = read(fd, b + len, cap - len);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) { e = errno; snprintf(err, errn, "read %s: %s", path, strerror(e)); break; }
-    if (r == 0) {
-      close(fd);
-      b[len] = 0;
-      if (n) *n = len;
-      return b;
-    }
-    len += (size_t)r;
-  }
-  if (!b || !e) { e = ENOMEM; snprintf(err, errn, "%s: out of memory", path); }
-  free(b);
-  close(fd);
-  errno = e;
-  return NULL;
+  return vl_file_read_text(path, max, NULL, n, err, errn);
 }
 
 char *vl_read_file(const char *path, size_t *n) {

@@ -748,7 +748,7 @@ static void test_read_file_max(void **state) {
   assert_int_equal(n, 8);
   free(t);
   assert_null(vl_read_file_max(f, 7, &n, err, sizeof err));
-  assert_non_null(strstr(err, "more than the 7"));
+  assert_non_null(strstr(err, "exceeds the limit (7)"));
   assert_int_equal(errno, EFBIG);
   t = vl_read_file_max(f, 8, &n, err, sizeof err); /* exactly the limit */
   assert_non_null(t);
@@ -764,15 +764,15 @@ static void test_read_file_max(void **state) {
   assert_string_equal(t, "");
   free(t);
   assert_null(vl_read_file_max(dir, 100, &n, err, sizeof err));
-  assert_non_null(strstr(err, "not a regular file (a directory)"));
+  assert_non_null(strstr(err, "not a regular file (directory)"));
   assert_int_equal(errno, EISDIR);
   assert_null(vl_read_file(dir, &n));
   tu_join(fifo, sizeof fifo, dir, "fifo");
   assert_int_equal(mkfifo(fifo, 0644), 0);
   assert_null(vl_read_file_max(fifo, 100, &n, err, sizeof err)); /* at once, no writer needed */
-  assert_non_null(strstr(err, "a FIFO"));
+  assert_non_null(strstr(err, "not a regular file (fifo)"));
   assert_null(vl_read_file_max("/dev/zero", 100, &n, err, sizeof err));
-  assert_non_null(strstr(err, "a device"));
+  assert_non_null(strstr(err, "not a regular file (character device)"));
   tu_join(f, sizeof f, dir, "nosuch.json");
   assert_null(vl_read_file_max(f, 100, &n, err, sizeof err));
   assert_int_equal(errno, ENOENT);

@@ -1,0 +1,199 @@
+/* Files: reads that never block or balloon, atomic writes (see vramlab/fileio.h). */
+#define _GNU_SOURCE
+#include "vramlab/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int failf(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(char *err, size_t errn, const char *fmt, ...) {
+  if (err && errn) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errn, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* What fstat says a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m)   ? "fifo"
+         : S_ISDIR(m)  ? "directory"
+         : S_ISCHR(m)  ? "character device"
+         : S_ISBLK(m)  ? "block device"
+         : S_ISSOCK(m) ? "socket"
+                       : "unknown file type";
+}
+
+/* An fd on a regular file of at most max bytes, its size in *size; -1 with a message.
+ * O_NONBLOCK: opening a FIFO for reading waits for a writer, maybe forever (a hung run);
+ * with it the open returns at once and fstat says what the file is. A regular file reads
+ * the same either way. The size is checked before any byte: a 40 GiB file is refused
+ * here, not after an attempt to hold it in memory. */
+static int open_regular(const char *path, uint64_t max, const char *limit_name, size_t *size,
+                        char *err, size_t errn) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return failf(err, errn, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  int e = 0;
+  if (fstat(fd, &st) != 0) {
+    e = errno;
+    failf(err, errn, "%s: cannot stat: %s", path, strerror(e));
+  } else if (!S_ISREG(st.st_mode)) {
+    e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+    failf(err, errn, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+  } else if ((uint64_t)st.st_size > max || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
+    e = EFBIG;
+    failf(err, errn, "%s: file of %lld bytes exceeds %s (%llu)", path, (long long)st.st_size,
+          limit_name ? limit_name : "the limit", (unsigned long long)max);
+  }
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  *size = (size_t)st.st_size;
+  return fd;
+}
+
+vl_status vl_file_read(const char *path, uint64_t max, const char *limit_name, uint8_t **buf,
+                       size_t *cap, size_t *len, char *err, size_t errn) {
+  size_t size = 0;
+  int fd = open_regular(path, max, limit_name, &size, err, errn);
+  if (fd < 0) return VL_ERR_IO;
+  if (size > *cap) {
+    uint8_t *nb = realloc(*buf, size);
+    if (!nb) {
+      close(fd);
+      failf(err, errn, "%s: out of memory for a %zu-byte file buffer", path, size);
+      return VL_ERR_OOM;
+    }
+    *buf = nb;
+    *cap = size;
+  }
+  /* st_size bytes at most: a file that grows while it is read cannot pass the limit */
+  size_t got = 0;
+  while (got < size) {
+    ssize_t k = read(fd, *buf + got, size - got);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      failf(err, errn, "%s: read error: %s", path, strerror(errno));
+      close(fd);
+      return VL_ERR_IO;
+    }
+    if (k == 0) break; /* shrank under us: what is there */
+    got += (size_t)k;
+  }
+  close(fd);
+  *len = got;
+  return VL_OK;
+}
+
+char *vl_file_read_text(const char *path, uint64_t max, const char *limit_name, size_t *n,
+                        char *err, size_t errn) {
+  uint8_t *buf = NULL;
+  size_t cap = 0, len = 0;
+  if (vl_file_read(path, max, limit_name, &buf, &cap, &len, err, errn) != VL_OK) {
+    free(buf);
+    return NULL;
+  }
+  char *t = realloc(buf, len + 1); /* buf may be NULL for an empty file */
+  if (!t) {
+    free(buf);
+    failf(err, errn, "%s: out of memory", path);
+    return NULL;
+  }
+  t[len] = 0;
+  if (n) *n = len;
+  return (char *)t;
+}
+
+int vl_file_mkdir_p(const char *dir, char *err, size_t errn) {
+  char p[PATH_MAX];
+  size_t len = strlen(dir);
+  if (len == 0) return failf(err, errn, "empty directory name");
+  if (len >= sizeof p) return failf(err, errn, "path too long: %.200s... (limit %d)", dir, PATH_MAX - 1);
+  memcpy(p, dir, len + 1);
+  for (size_t i = 1; i <= len; i++) {
+    if (p[i] != '/' && p[i] != '\0') continue;
+    char c = p[i];
+    p[i] = '\0';
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+      return failf(err, errn, "cannot create directory %s: %s", p, strerror(errno));
+    p[i] = c;
+  }
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    errno = ENOTDIR;
+    return failf(err, errn, "%s exists and is not a directory", dir);
+  }
+  return 0;
+}
+
+void vl_file_fsync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)fsync(fd);
+    close(fd);
+  }
+}
+
+static int write_all(int fd, const void *data, size_t len) {
+  const uint8_t *q = data;
+  while (len) {
+    ssize_t k = write(fd, q, len);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    q += k;
+    len -= (size_t)k;
+  }
+  return 0;
+}
+
+int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
+  /* the temporary file: ".<name>.tmp.<pid>" in the same folder (rename is atomic only
+   * within one file system) */
+  char dir[PATH_MAX], tmp[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  int dn = !slash ? snprintf(dir, sizeof dir, ".")
+           : slash == path ? snprintf(dir, sizeof dir, "/")
+                           : snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  int tn = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, base, (long)getpid());
+  if (!*base || dn < 0 || (size_t)dn >= sizeof dir || tn < 0 || (size_t)tn >= sizeof tmp)
+    return failf(err, errn, "path too long or not a file name: %.200s (limit %d)", path, PATH_MAX - 32);
+  /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
+   * that would block the open, a link) is removed, not followed. */
+  (void)unlink(tmp);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return failf(err, errn, "cannot create %s: %s", tmp, strerror(errno));
+  const char *what = write_all(fd, data, len) ? "write" : fsync(fd) ? "fsync" : NULL;
+  if (what) {
+    failf(err, errn, "%s %s: %s", what, tmp, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return -1;
+  }
+  if (close(fd) != 0) {
+    failf(err, errn, "close %s: %s", tmp, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  if (rename(tmp, path) != 0) {
+    failf(err, errn, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  vl_file_fsync_dir(dir);
+  return 0;
+}

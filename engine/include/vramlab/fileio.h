@@ -1,0 +1,39 @@
+/* Files the suite reads from users and writes for them, in one copy below everything that
+ * uses them (harness, datasets, cases): reads that never block or balloon, atomic writes.
+ * Functions that fail put a message naming the path in err (which may be NULL). */
+#ifndef VRAMLAB_FILEIO_H
+#define VRAMLAB_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vramlab/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The bytes of the regular file at path into *buf (grown with realloc to *cap as needed;
+ * reusable across calls), *len bytes. Opened with O_NONBLOCK and checked with fstat before
+ * any byte is read: a FIFO, directory or device is refused ("not a regular file (fifo)"),
+ * so is a file larger than max bytes ("file of N bytes exceeds <limit_name> (max)";
+ * limit_name NULL: "the limit"). VL_ERR_IO, VL_ERR_OOM, or VL_OK. A file that shrinks
+ * while it is read gives what was there. */
+vl_status vl_file_read(const char *path, uint64_t max, const char *limit_name, uint8_t **buf,
+                       size_t *cap, size_t *len, char *err, size_t errn);
+/* The same for text: a malloc'd NUL-terminated copy (*n bytes, n may be NULL), or NULL. */
+char *vl_file_read_text(const char *path, uint64_t max, const char *limit_name, size_t *n,
+                        char *err, size_t errn);
+/* mkdir -p; 0, or -1 (also when the path exists and is not a directory). */
+int vl_file_mkdir_p(const char *dir, char *err, size_t errn);
+/* Write len bytes to path atomically: a fresh temporary file beside it (never through a
+ * leftover FIFO or a planted link), fsync, rename over path, fsync of the folder. 0 or -1;
+ * on failure path is untouched and no temporary file is left. */
+int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn);
+/* fsync a folder, so a rename in it survives a crash (best effort). */
+void vl_file_fsync_dir(const char *dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
