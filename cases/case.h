@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "harness.h"
-#include "vramlab/core.h"
+#include "vramlab/run.h"
 
 typedef struct {
   const char *scale;       /* run scale: tiny | small | full */
@@ -67,12 +67,32 @@ void *vl_case_pinned_alloc(void *user, size_t n);
 void vl_case_pinned_free(void *user, void *p);
 /* Data-generation progress on the harness's progress line (every `every` items). */
 void vl_case_gen_progress(int64_t done, int64_t total, void *user);
-/* Largest b in [lo, limit] with fits(b) true, for a predicate monotone in b (true up to a
- * point): doubling from lo, then bisection. 0 when fits(lo) is false; `limit` means "at
- * least that many". */
-int64_t vl_case_max_true(bool (*fits)(void *user, int64_t b), void *user, int64_t lo, int64_t limit);
 /* Least squares y = a + b x over n points, with R^2. */
 void vl_case_linfit(const double *x, const double *y, int n, double *a, double *b, double *r2);
+
+/* ---- the engine's training scaffolding (vramlab/run.h) as results JSON (case_run.c) ---- */
+/* The card a rung plans for: card and cuda_context (setting), cap_fraction (rung). The
+ * arena gets fraction x card, at most card - context (the CUDA context sits outside the cap
+ * set_per_process_memory_fraction sets). */
+typedef struct {
+  size_t card, context, cap;
+  double cap_fraction;
+} vl_case_card;
+int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn);
+/* A planned step's common keys: scale, parameters, batch/accum, peak and categories, FLOPs. */
+void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, int64_t B, int64_t accum);
+/* The card and the search: card/cap/context bytes, fits, max_batch, the planner's seconds. */
+void vl_case_fit_json(cJSON *out, const vl_case_card *card, bool fits, int64_t max_batch, double t_plan,
+                      double t_search);
+/* A run's common keys: scale, device, batch/accum, step_time, FLOPs, losses, loss scale,
+ * the measured peak; its step-time statistics into *st. */
+void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *L, const vl_mem_stats *ms,
+                      int64_t B, int64_t accum, vl_stats *st);
+/* On the CPU: planned_peak_bytes and plan_matches_measured for the step spec. */
+void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_spec *s, size_t measured_peak);
+/* OOM triage of a run's status: 1 ran; 0 out of memory (a result: oom + error in out);
+ * -1 failed (error in out and err, interrupted when so). msg: the context's message. */
+int vl_case_triage(const vl_case_env *env, vl_status s, const char *msg, cJSON *out, char *err, size_t errn);
 
 /* sgemm FLOP/s of this machine's CPU backend (square n, reps), for utilisation shares. */
 double vl_bench_sgemm(int n, int reps);

@@ -175,22 +175,6 @@ void vl_case_gen_progress(int64_t done, int64_t total, void *user) {
     vl_progress("  data gen %lld/%lld", (long long)done, (long long)total);
 }
 
-int64_t vl_case_max_true(bool (*fits)(void *user, int64_t b), void *user, int64_t lo, int64_t limit) {
-  if (!fits(user, lo)) return 0;
-  int64_t hi = 2 * lo;
-  while (hi <= limit && fits(user, hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  if (hi > limit) return lo;
-  while (hi - lo > 1) {
-    int64_t mid = (lo + hi) / 2;
-    if (fits(user, mid)) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
 void vl_case_linfit(const double *x, const double *y, int n, double *a, double *b, double *r2) {
   double sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (int i = 0; i < n; i++) { sx += x[i]; sy += y[i]; sxx += x[i] * x[i]; sxy += x[i] * y[i]; }

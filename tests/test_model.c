@@ -14,12 +14,12 @@ static vl_mistral_cfg micro_cfg(void) {
   return c;
 }
 
-typedef struct { int32_t tok[4 * 8], tgt[4 * 8]; vl_batch b; } batch_buf;
+typedef struct { int32_t tok[4 * 8], tgt[4 * 8]; vl_mistral_batch b; } batch_buf;
 
 static void make_batch(batch_buf *bb, int64_t B, int64_t vocab, int64_t seq, uint64_t seed) {
   vl_dialogue_gen g;
   vl_dialogue_init(&g, vocab, seq, seed);
-  bb->b = (vl_batch){B, 0, bb->tok, bb->tgt};
+  bb->b = (vl_mistral_batch){B, 0, bb->tok, bb->tgt};
   bb->b.T = vl_dialogue_batch(&g, B, seq, bb->tok, bb->tgt);
 }
 
@@ -32,16 +32,16 @@ static vl_mistral *make(vl_ctx **c, const vl_mistral_cfg *mc, const vl_train_cfg
 
 /* A right-padded batch of B dialogues from the tiny preset's distribution (buffers hold
  * B*32 tokens). */
-static vl_batch tiny_batch(int32_t *tok, int32_t *tgt, int64_t B, uint64_t seed) {
+static vl_mistral_batch tiny_batch(int32_t *tok, int32_t *tgt, int64_t B, uint64_t seed) {
   vl_dialogue_gen g;
   vl_dialogue_init(&g, 256, 32, seed);
-  vl_batch b = {B, 0, tok, tgt};
+  vl_mistral_batch b = {B, 0, tok, tgt};
   b.T = vl_dialogue_batch(&g, B, 0, tok, tgt);
   return b;
 }
 
-static double loss_of(vl_mistral *m, const vl_batch *b, int n) {
-  vl_step_info info;
+static double loss_of(vl_mistral *m, const vl_mistral_batch *b, int n) {
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_fwd_bwd(m, b, n, &info), VL_OK);
   assert_int_equal(vl_mistral_zero_grads(m), VL_OK);
   return info.loss;
@@ -57,7 +57,7 @@ static void test_fd_whole_model(void **state) {
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
   batch_buf bb;
   make_batch(&bb, 2, mc.vocab, mc.seq, 5);
-  vl_step_info info;
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_fwd_bwd(m, &bb.b, 1, &info), VL_OK);
   int np;
   vl_param *ps = vl_mistral_params(m, &np);
@@ -116,12 +116,12 @@ static float *all_grads(vl_ctx *c, vl_mistral *m, int64_t *n_out) {
   return out;
 }
 
-static void grads_for(vl_train_cfg tc, const vl_batch *b, int nb, double *loss, float **g, int64_t *n) {
+static void grads_for(vl_train_cfg tc, const vl_mistral_batch *b, int nb, double *loss, float **g, int64_t *n) {
   vl_mistral_cfg mc;
   vl_mistral_preset("tiny", &mc);
   vl_ctx *c;
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
-  vl_step_info info;
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_fwd_bwd(m, b, nb, &info), VL_OK);
   *loss = info.loss;
   *g = all_grads(c, m, n);
@@ -134,7 +134,7 @@ static void test_checkpoint_equivalence(void **state) {
   vl_mistral_cfg mc;
   vl_mistral_preset("tiny", &mc);
   int32_t tok[4 * 32], tgt[4 * 32];
-  vl_batch b = tiny_batch(tok, tgt, 4, 3);
+  vl_mistral_batch b = tiny_batch(tok, tgt, 4, 3);
   for (int lora = 0; lora < 2; lora++) {
     vl_train_cfg tc;
     vl_train_cfg_default(&tc);
@@ -167,8 +167,8 @@ static void test_accumulation_equivalence(void **state) {
   vl_dialogue_init(&g, mc.vocab, T, 9);
   vl_dialogue_batch(&g, 4 * b, T, tok, tgt);
   for (int i = 0; i < 4 * b * T; i += 7) tgt[i] = -1; /* uneven valid counts per micro-batch */
-  vl_batch big = {4 * b, T, tok, tgt}, mb[4];
-  for (int i = 0; i < 4; i++) mb[i] = (vl_batch){b, T, tok + i * b * T, tgt + i * b * T};
+  vl_mistral_batch big = {4 * b, T, tok, tgt}, mb[4];
+  for (int i = 0; i < 4; i++) mb[i] = (vl_mistral_batch){b, T, tok + i * b * T, tgt + i * b * T};
   vl_train_cfg tc;
   vl_train_cfg_default(&tc);
   double l1, l2;
@@ -257,7 +257,7 @@ static void test_fp16_overflow_skips(void **state) {
   batch_buf bb;
   int32_t tok[2 * 32], tgt[2 * 32];
   bb.b = tiny_batch(tok, tgt, 2, 4);
-  vl_step_info info;
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_step(m, &bb.b, 1, &info), VL_OK);
   assert_true(info.skipped);
   assert_true(info.loss_scale == 1e30f);
@@ -300,24 +300,24 @@ static void test_plan_equals_measured(void **state) {
     tc.checkpoint = rungs[r].ck;
     int na = rungs[r].accum;
     int32_t tok[3 * 3 * 32], tgt[3 * 3 * 32];
-    vl_batch mb[3];
+    vl_mistral_batch mb[3];
     for (int i = 0; i < na; i++) {
       vl_dialogue_gen g;
       vl_dialogue_init(&g, mc.vocab, mc.seq, 20 + (uint64_t)i);
-      mb[i] = (vl_batch){3, 0, tok + i * 96, tgt + i * 96};
+      mb[i] = (vl_mistral_batch){3, 0, tok + i * 96, tgt + i * 96};
       mb[i].T = vl_dialogue_batch(&g, 3, 20, tok + i * 96, tgt + i * 96);
     }
     vl_ctx *c, *p;
     vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
-    vl_step_info info;
+    vl_mistral_step_info info;
     assert_int_equal(vl_mistral_step(m, mb, na, &info), VL_OK);
     vl_mem_stats sm, sp;
     vl_arena_stats(c->arena, &sm);
     assert_int_equal(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU), VL_OK);
     vl_mistral *pm = NULL;
     assert_int_equal(vl_mistral_create(p, &mc, &tc, 11, &pm), VL_OK);
-    vl_batch pb[3];
-    for (int i = 0; i < na; i++) pb[i] = (vl_batch){3, mb[i].T, NULL, NULL};
+    vl_mistral_batch pb[3];
+    for (int i = 0; i < na; i++) pb[i] = (vl_mistral_batch){3, mb[i].T, NULL, NULL};
     assert_int_equal(vl_mistral_step(pm, pb, na, &info), VL_OK);
     vl_arena_stats(p->arena, &sp);
     assert_int_equal(sm.peak_total, sp.peak_total);
@@ -371,7 +371,7 @@ static void test_profile(void **state) {
   tc.compute = VL_BF16;
   tc.checkpoint = true;
   int32_t tok[2 * 32], tgt[2 * 32];
-  vl_batch b = tiny_batch(tok, tgt, 2, 3), pb = {2, b.T, NULL, NULL};
+  vl_mistral_batch b = tiny_batch(tok, tgt, 2, 3), pb = {2, b.T, NULL, NULL};
   vl_ctx *c, *p;
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP), *pm = NULL;
   assert_int_equal(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU), VL_OK);
@@ -382,7 +382,7 @@ static void test_profile(void **state) {
     vl_ctx_profile_reset(both[i]);
     both[i]->profile = true;
   }
-  vl_step_info info;
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_OK);
   assert_int_equal(vl_mistral_step(pm, &pb, 1, &info), VL_OK);
   assert_true(c->flops_recompute > 0);
@@ -424,14 +424,14 @@ static void test_oom_recovers(void **state) {
   int32_t tok[16 * 32], tgt[16 * 32];
   vl_dialogue_gen g;
   vl_dialogue_init(&g, mc.vocab, mc.seq, 1);
-  vl_batch big = {16, 32, tok, tgt};
+  vl_mistral_batch big = {16, 32, tok, tgt};
   vl_dialogue_batch(&g, 16, 32, tok, tgt);
-  vl_step_info info;
+  vl_mistral_step_info info;
   size_t live = vl_arena_live_blocks(c->arena);
   assert_int_equal(vl_mistral_step(m, &big, 1, &info), VL_ERR_OOM);
   assert_non_null(strstr(c->err, "out of memory"));
   assert_int_equal(vl_arena_live_blocks(c->arena), live);
-  vl_batch small = {1, 8, tok, tgt};
+  vl_mistral_batch small = {1, 8, tok, tgt};
   vl_dialogue_batch(&g, 1, 8, tok, tgt);
   assert_int_equal(vl_mistral_step(m, &small, 1, &info), VL_OK);
   assert_true(isfinite(info.loss));
@@ -459,11 +459,11 @@ static void test_bad_config(void **state) {
   vl_train_cfg_default(&tc);
   assert_int_equal(vl_mistral_create(c, &mc, &tc, 1, &m), VL_OK);
   int32_t tok[4] = {1, 2, 999, 3}, tgt[4] = {2, 3, 4, -1};
-  vl_batch b = {1, 4, tok, tgt};
-  vl_step_info info;
+  vl_mistral_batch b = {1, 4, tok, tgt};
+  vl_mistral_step_info info;
   assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_ERR_INVALID);
   assert_non_null(strstr(c->err, "vocabulary"));
-  vl_batch toolong = {1, mc.seq + 1, tok, tgt};
+  vl_mistral_batch toolong = {1, mc.seq + 1, tok, tgt};
   assert_int_equal(vl_mistral_step(m, &toolong, 1, &info), VL_ERR_INVALID);
   vl_mistral_destroy(m);
   vl_ctx_destroy(c);
@@ -482,8 +482,8 @@ static void test_loss_decreases(void **state) {
   int32_t tok[8 * 32], tgt[8 * 32];
   double first = 0, last = 0;
   for (int i = 0; i < 60; i++) {
-    vl_batch b = tiny_batch(tok, tgt, 8, 2 + (uint64_t)i);
-    vl_step_info info;
+    vl_mistral_batch b = tiny_batch(tok, tgt, 8, 2 + (uint64_t)i);
+    vl_mistral_step_info info;
     assert_int_equal(vl_mistral_step(m, &b, 1, &info), VL_OK);
     if (i < 5) first += info.loss / 5;
     if (i >= 55) last += info.loss / 5;

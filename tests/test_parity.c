@@ -184,8 +184,8 @@ static void model_destroy(vl_ctx *c, vl_mistral *m) {
 }
 
 static double run_step(const fixture *f, vl_ctx *c, vl_mistral *m) {
-  vl_batch b = {.B = f->B, .T = f->T, .tokens = f->tokens, .targets = f->targets};
-  vl_step_info info;
+  vl_mistral_batch b = {.B = f->B, .T = f->T, .tokens = f->tokens, .targets = f->targets};
+  vl_mistral_step_info info;
   vl_status s = vl_mistral_fwd_bwd(m, &b, 1, &info);
   if (s != VL_OK) fail_msg("vl_mistral_fwd_bwd: %s: %s", vl_status_name(s), c->err);
   int64_t nvalid = 0;

@@ -1,9 +1,9 @@
 /* llm-lora: Mistral-7B fine-tuning memory on a 24 GB card (CASES.md §1).
  * Memory, FLOPs, fit, largest batch and OOM rate come from the plan backend at the scale
  * asked (full = the article's 7B); step time, tokens/s and loss from a real run at the
- * scale this device can run. */
-#include <math.h>
-#include <signal.h>
+ * scale this device can run. The scaffolding (plan, search, timed loop, OOM triage,
+ * planned-equals-measured) is the engine's (vramlab/run.h); this file maps knobs to a
+ * Mistral config and dialogue batches, and adds its own metrics. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,15 +19,12 @@ static const char *const knobs[] = {"compute", "frozen", "lora_rank", "lora_alph
                                     "lr", "batch", "accum", "clip", "weight_decay", NULL};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
-
 typedef struct {
-  vl_mistral_cfg mc;
-  vl_train_cfg tc;
+  vl_mistral_model_cfg model;
   long batch;       /* micro-batch rows; 0 = "max" */
   long accum;
-  double cap_fraction;
-  size_t card, cap, context; /* card bytes, arena cap, CUDA context outside the arena */
-  size_t run_cap;            /* arena cap of the timed runs (VL_NO_CAP: uncapped) */
+  vl_case_card card;
+  size_t run_cap;   /* arena cap of the timed runs (VL_NO_CAP: uncapped) */
   long seed, steps, warmup, oom_batches;
 } rung_cfg;
 
@@ -44,55 +41,46 @@ static int parse_dtype(const vl_knobs *k, const char *key, const char *def, vl_d
 static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs *k, rung_cfg *r,
                       char *err, size_t errn) {
   memset(r, 0, sizeof *r);
-  if (vl_mistral_preset(scale, &r->mc))
-    return FAIL("unknown scale '%s' (tiny, small, full)", scale);
-  vl_train_cfg_default(&r->tc);
+  vl_mistral_cfg *mc = &r->model.mc;
+  vl_train_cfg *tc = &r->model.tc;
+  if (vl_mistral_preset(scale, mc)) return FAIL("unknown scale '%s' (tiny, small, full)", scale);
+  vl_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long seq;
   if (vl_knob_int(s, "seq", 512, 1, 1 << 20, &seq, err, errn)) return -1;
   /* The article's sequence length applies at full scale; reduced scales keep their own. */
-  if (!strcasecmp(scale, "full")) r->mc.seq = seq;
-  if (vl_knob_bytes(s, "card", "24GiB", &r->card, err, errn)) return -1;
-  /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
-   * measured here: no GPU. A GPU run can measure it and set cuda_context. */
-  if (vl_knob_bytes(s, "cuda_context", "512MiB", &r->context, err, errn)) return -1;
+  if (!strcasecmp(scale, "full")) mc->seq = seq;
+  if (vl_case_card_parse(env, k, &r->card, err, errn)) return -1;
   if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &r->seed, err, errn)) return -1;
   if (vl_knob_int(s, "steps", 12, 1, 100000, &r->steps, err, errn)) return -1;
   if (vl_knob_int(s, "warmup", 2, 0, 1000, &r->warmup, err, errn)) return -1;
   if (vl_knob_int(s, "oom_batches", 200, 1, 1000000, &r->oom_batches, err, errn)) return -1;
-  if (parse_dtype(k, "compute", "fp32", &r->tc.compute, err, errn)) return -1;
-  if (r->tc.compute == VL_NF4) return FAIL("compute = nf4: nf4 is a storage format for frozen weights");
-  if (parse_dtype(k, "frozen", "fp32", &r->tc.frozen, err, errn)) return -1;
+  if (parse_dtype(k, "compute", "fp32", &tc->compute, err, errn)) return -1;
+  if (tc->compute == VL_NF4) return FAIL("compute = nf4: nf4 is a storage format for frozen weights");
+  if (parse_dtype(k, "frozen", "fp32", &tc->frozen, err, errn)) return -1;
   long v;
   if (vl_knob_int(k, "lora_rank", 0, 0, 4096, &v, err, errn)) return -1;
-  r->tc.lora_rank = (int)v;
+  tc->lora_rank = (int)v;
   double d;
   if (vl_knob_double(k, "lora_alpha", 16, 1e-6, 1e6, &d, err, errn)) return -1;
-  r->tc.lora_alpha = (float)d;
+  tc->lora_alpha = (float)d;
   const char *t = vl_knob_get(k, "lora_targets");
-  if (t && !strcasecmp(t, "all")) r->tc.lora_targets = VL_LORA_ALL;
-  else if (!t || !strcasecmp(t, "qkvo")) r->tc.lora_targets = VL_LORA_QKVO;
+  if (t && !strcasecmp(t, "all")) tc->lora_targets = VL_LORA_ALL;
+  else if (!t || !strcasecmp(t, "qkvo")) tc->lora_targets = VL_LORA_QKVO;
   else return FAIL("lora_targets = '%s': expected qkvo or all", t);
   const char *o = vl_knob_get(k, "optimizer");
-  if (o && vl_optimizer_parse(o, &r->tc.optim.opt))
-    return FAIL("optimizer = '%s': expected adamw, adafactor or sgd", o);
+  if (o && vl_optimizer_parse(o, &tc->optim.opt)) return FAIL("optimizer = '%s': expected adamw, adafactor or sgd", o);
   int b;
   if (vl_knob_bool(k, "adafactor_beta1", 0, &b, err, errn)) return -1;
-  r->tc.optim.adafactor_beta1 = b;
+  tc->optim.adafactor_beta1 = b;
   if (vl_knob_bool(k, "checkpoint", 0, &b, err, errn)) return -1;
-  r->tc.checkpoint = b;
-  if (vl_knob_double(k, "cap_fraction", 1.0, 1e-6, 1.0, &r->cap_fraction, err, errn)) return -1;
-  /* set_per_process_memory_fraction caps the allocator at fraction x card; the context
-   * sits outside that cap, so the arena gets at most card - context. */
-  r->cap = (size_t)((double)r->card * r->cap_fraction);
-  if (r->context >= r->card) return FAIL("cuda_context must be smaller than the card");
-  if (r->cap > r->card - r->context) r->cap = r->card - r->context;
+  tc->checkpoint = b;
   if (vl_knob_double(k, "lr", 1e-4, 1e-12, 10, &d, err, errn)) return -1;
-  r->tc.optim.hp.lr = (float)d;
+  tc->optim.hp.lr = (float)d;
   if (vl_knob_double(k, "clip", 1.0, 0, 1e9, &d, err, errn)) return -1;
-  r->tc.clip = (float)d;
+  tc->clip = (float)d;
   if (vl_knob_double(k, "weight_decay", 0, 0, 10, &d, err, errn)) return -1;
-  r->tc.optim.hp.weight_decay = (float)d;
+  tc->optim.hp.weight_decay = (float)d;
   const char *bs = vl_knob_get(k, "batch");
   if (!bs) bs = vl_knob_get(s, "batch");
   if (bs && !strcasecmp(bs, "max")) r->batch = 0;
@@ -110,119 +98,57 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   return 0;
 }
 
+/* One micro-batch: tokens (B, T) and targets (B, T), i32; NULL data when planning. */
+static vl_batch token_batch(int64_t B, int64_t T, const int32_t *tok, const int32_t *tgt) {
+  vl_batch b = {0};
+  int64_t bt[2] = {B, T};
+  vl_batch_add(&b, "tokens", VL_I32, 2, bt, tok);
+  vl_batch_add(&b, "targets", VL_I32, 2, bt, tgt);
+  return b;
+}
+
+/* A step of accum micro-batches of B x T. */
+static vl_step_spec step_spec(const rung_cfg *r, int64_t B, int64_t T) {
+  return (vl_step_spec){&vl_model_mistral, &r->model, (uint64_t)r->seed, token_batch(B, T, NULL, NULL), r->accum};
+}
+
 /* ---- planning ---------------------------------------------------------------------------- */
-typedef struct {
-  vl_status st;
-  vl_mem_stats mem;
-  double flops, flops_re, bytes;
-  int64_t ptot, ptrain;
-  char err[256];
-} plan_res;
-
-/* A step of accum micro-batches is planned with at most PLAN_MICRO_MAX of them. Every
- * micro-batch after the first allocates and frees the same tensors in the same order, so
- * the arena is in its steady state from the second on and a longer step has the same peak
- * (planned in full, accum 3 to 200 give identical memory at every rung); FLOPs and bytes of
- * the micro-batches not planned are the last planned one's, added. Planning all of them
- * took minutes at accum=4096: the batch search plans dozens of steps. */
-#define PLAN_MICRO_MAX 64
-
-/* Plan one full training step (accum micro-batches of B x T) from a fresh arena. With
- * `timeline`, the arena's event log of the step is appended as [seq, live bytes] pairs
- * (of the planned micro-batches). */
-static void plan_step(const rung_cfg *r, int64_t B, int64_t T, size_t cap, vl_device target,
-                      cJSON *timeline, plan_res *out) {
-  memset(out, 0, sizeof *out);
-  vl_ctx *c;
-  out->st = vl_ctx_create_ex(&c, VL_DEV_PLAN, cap, target);
-  if (out->st != VL_OK) return;
-  vl_mistral *m = NULL;
-  out->st = vl_mistral_create(c, &r->mc, &r->tc, (uint64_t)r->seed, &m);
-  if (out->st == VL_OK) {
-    out->ptot = vl_mistral_n_params(m, false);
-    out->ptrain = vl_mistral_n_params(m, true);
-    int n = r->accum < PLAN_MICRO_MAX ? (int)r->accum : PLAN_MICRO_MAX;
-    vl_batch *mb = calloc((size_t)n, sizeof *mb);
-    if (!mb) { out->st = VL_ERR_OOM; snprintf(out->err, sizeof out->err, "host memory"); vl_mistral_destroy(m); vl_ctx_destroy(c); return; }
-    for (int i = 0; i < n; i++) mb[i] = (vl_batch){B, T, NULL, NULL};
-    c->flops = c->flops_recompute = c->bytes_moved = 0;
-    vl_arena_log_enable(c->arena, timeline != NULL);
-    vl_step_info info;
-    double more_f = 0, more_r = 0, more_b = 0; /* what the micro-batches not planned add */
-    if (n == r->accum) {
-      out->st = vl_mistral_step(m, mb, n, &info);
-    } else {
-      /* n - 1 micro-batches, then the last alone (the same allocations as all n at once)
-       * to read what one micro-batch adds, then the optimizer update */
-      out->st = vl_mistral_fwd_bwd(m, mb, n - 1, &info);
-      double f0 = c->flops, r0 = c->flops_recompute, b0 = c->bytes_moved;
-      if (out->st == VL_OK) out->st = vl_mistral_fwd_bwd(m, mb + n - 1, 1, &info);
-      double rest = (double)(r->accum - n);
-      more_f = rest * (c->flops - f0);
-      more_r = rest * (c->flops_recompute - r0);
-      more_b = rest * (c->bytes_moved - b0);
-      if (out->st == VL_OK && !info.skipped) out->st = vl_mistral_apply(m, &info);
-    }
-    free(mb);
-    out->flops = c->flops + more_f;
-    out->flops_re = c->flops_recompute + more_r;
-    out->bytes = c->bytes_moved + more_b;
-    if (timeline) {
-      size_t ne;
-      const vl_mem_event *ev = vl_arena_log(c->arena, &ne);
-      /* keep at most ~800 points, each the max of its window, so the peak survives */
-      size_t stride = ne / 800 + 1;
-      for (size_t i = 0; i < ne; i += stride) {
-        size_t mx = ev[i].total;
-        for (size_t j = i; j < i + stride && j < ne; j++) if (ev[j].total > mx) mx = ev[j].total;
-        cJSON *pt = cJSON_CreateArray();
-        cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)ev[i].seq));
-        cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)mx));
-        cJSON_AddItemToArray(timeline, pt);
-      }
-    }
-  }
-  if (out->st != VL_OK) snprintf(out->err, sizeof out->err, "%s", c->err);
-  vl_arena_stats(c->arena, &out->mem);
-  vl_mistral_destroy(m);
-  vl_ctx_destroy(c);
-}
-
-static bool fits(const rung_cfg *r, int64_t B, int64_t T) {
-  plan_res p;
-  plan_step(r, B, T, r->cap, VL_DEV_CUDA, NULL, &p);
-  return p.st == VL_OK;
-}
-
-#define MAX_BATCH_SEARCH 65536
-
-static bool fits_full_len(void *user, int64_t b) {
-  const rung_cfg *r = user;
-  return fits(r, b, r->mc.seq);
-}
-
-/* Largest micro-batch whose worst-case step (T = seq) fits under the cap (peak is monotone
- * in B). 0 when not even one row fits; MAX_BATCH_SEARCH means "at least that many". */
+/* Largest micro-batch whose worst-case step (T = seq) fits under the cap, the model's
+ * planned batch (peak is monotone in B). */
 static int64_t max_batch(const rung_cfg *r) {
-  return vl_case_max_true(fits_full_len, (void *)r, 1, MAX_BATCH_SEARCH);
+  vl_step_spec s = step_spec(r, 1, r->model.mc.seq);
+  return vl_run_max_batch(&s, r->card.cap, 1);
 }
 
 /* Longest padded length that fits for batch B (0 if none). */
 static int64_t max_len(const rung_cfg *r, int64_t B) {
-  if (fits(r, B, r->mc.seq)) return r->mc.seq;
-  if (!fits(r, B, 1)) return 0;
-  int64_t lo = 1, hi = r->mc.seq;
+  int64_t lo = 1, hi = r->model.mc.seq;
+  vl_step_spec s = step_spec(r, B, hi);
+  if (vl_run_fits(&s, r->card.cap)) return hi;
+  if (s = step_spec(r, B, 1), !vl_run_fits(&s, r->card.cap)) return 0;
   while (hi - lo > 1) {
     int64_t mid = (lo + hi) / 2;
-    if (fits(r, B, mid)) lo = mid; else hi = mid;
+    s = step_spec(r, B, mid);
+    if (vl_run_fits(&s, r->card.cap)) lo = mid; else hi = mid;
   }
   return lo;
 }
 
-static int resolve_batch(rung_cfg *r, int64_t *mb) {
-  *mb = max_batch(r);
-  if (r->batch == 0) r->batch = *mb > 0 ? *mb : 1;
-  return 0;
+/* OOM rate over variable-length batches: a step fails when its padded length exceeds the
+ * longest that fits at this batch size. */
+static void oom_rate_json(const rung_cfg *r, int64_t B, cJSON *out) {
+  int64_t tmax = max_len(r, B);
+  vl_dialogue_gen g;
+  vl_dialogue_init(&g, r->model.mc.vocab, r->model.mc.seq, (uint64_t)r->seed + 17);
+  long oom = 0;
+  for (long i = 0; i < r->oom_batches; i++) {
+    int64_t tb = 0;
+    for (int64_t b = 0; b < B; b++) { int64_t l = vl_dialogue_len(&g); if (l > tb) tb = l; }
+    oom += tb > tmax;
+  }
+  cJSON_AddNumberToObject(out, "oom_rate", (double)oom / (double)r->oom_batches);
+  cJSON_AddNumberToObject(out, "max_len_fit", (double)tmax);
+  cJSON_AddNumberToObject(out, "oom_batches", (double)r->oom_batches);
 }
 
 static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out,
@@ -230,183 +156,132 @@ static int llm_plan(const vl_case_env *env, const char *scale, const vl_knobs *k
   rung_cfg r;
   if (parse_rung(env, scale, k, &r, err, errn)) return -1;
   double t0 = vl_now();
-  int64_t mb;
-  resolve_batch(&r, &mb);
+  int64_t mb = max_batch(&r);
+  if (r.batch == 0) r.batch = mb > 0 ? mb : 1;
   double t_search = vl_now() - t0;
-  int64_t B = r.batch, T = r.mc.seq;
-  plan_res p;
+  int64_t B = r.batch, T = r.model.mc.seq;
+  vl_step_spec spec = step_spec(&r, B, T);
+  vl_plan_result p;
   double t1 = vl_now();
-  cJSON *timeline = cJSON_CreateArray();
-  plan_step(&r, B, T, VL_NO_CAP, VL_DEV_CUDA, timeline, &p);
+  vl_run_plan(&spec, VL_NO_CAP, VL_DEV_CUDA, true, &p);
   double t_plan = vl_now() - t1;
-  if (p.st != VL_OK) {
-    cJSON_Delete(timeline);
+  if (p.status != VL_OK) {
+    vl_plan_result_free(&p);
     return FAIL("planning failed: %s", p.err);
   }
-  bool fit = fits(&r, B, T);
-  cJSON_AddStringToObject(out, "scale", scale);
-  cJSON_AddNumberToObject(out, "params_total", (double)p.ptot);
-  cJSON_AddNumberToObject(out, "params_trainable", (double)p.ptrain);
-  cJSON_AddNumberToObject(out, "batch", (double)B);
-  cJSON_AddNumberToObject(out, "accum", (double)r.accum);
-  cJSON_AddNumberToObject(out, "effective_batch", (double)(B * r.accum));
+  const size_t *at = p.mem.at_peak;
+  vl_case_plan_json(out, scale, &p, B, r.accum);
   cJSON_AddNumberToObject(out, "seq", (double)T);
-  cJSON_AddNumberToObject(out, "peak_bytes", (double)p.mem.peak_total);
-  cJSON_AddItemToObject(out, "by_category", vl_case_cats_json(p.mem.at_peak));
-  cJSON_AddItemToObject(out, "peak_by_category", vl_case_cats_json(p.mem.peak));
-  cJSON_AddNumberToObject(out, "reserved_bytes", (double)p.mem.reserved);
-  cJSON_AddNumberToObject(out, "weight_bytes", (double)(p.mem.at_peak[VL_MEM_FROZEN] + p.mem.at_peak[VL_MEM_PARAMS]));
-  cJSON_AddNumberToObject(out, "optim_bytes", (double)p.mem.at_peak[VL_MEM_OPTIM]);
-  cJSON_AddNumberToObject(out, "grads_bytes", (double)p.mem.at_peak[VL_MEM_GRADS]);
-  cJSON_AddNumberToObject(out, "acts_bytes", (double)p.mem.peak[VL_MEM_ACTS]);
+  cJSON_AddNumberToObject(out, "optim_bytes", (double)at[VL_MEM_OPTIM]);
+  cJSON_AddNumberToObject(out, "grads_bytes", (double)at[VL_MEM_GRADS]);
   cJSON_AddNumberToObject(out, "optim_per_param",
-                          p.ptrain ? (double)p.mem.at_peak[VL_MEM_OPTIM] / (4.0 * (double)p.ptrain) : 0);
-  cJSON_AddNumberToObject(out, "flops_per_step", p.flops);
-  cJSON_AddNumberToObject(out, "flops_recompute", p.flops_re);
-  cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes);
-  cJSON_AddNumberToObject(out, "card_bytes", (double)r.card);
-  cJSON_AddNumberToObject(out, "cap_bytes", (double)r.cap);
-  cJSON_AddNumberToObject(out, "usable_fraction", (double)r.cap / (double)r.card);
-  cJSON_AddBoolToObject(out, "fits", fit);
-  cJSON_AddNumberToObject(out, "max_batch", (double)mb);
-  cJSON_AddBoolToObject(out, "max_batch_at_search_limit", mb >= MAX_BATCH_SEARCH);
-  cJSON_AddNumberToObject(out, "cuda_context_bytes", (double)r.context);
-  cJSON_AddNumberToObject(out, "plan_seconds", t_plan);
-  cJSON_AddNumberToObject(out, "max_batch_search_seconds", t_search);
-  /* OOM rate over variable-length batches: a step fails when its padded length exceeds
-   * the longest that fits at this batch size. */
-  int64_t tmax = max_len(&r, B);
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, r.mc.vocab, T, (uint64_t)r.seed + 17);
-  long oom = 0;
-  for (long i = 0; i < r.oom_batches; i++) {
-    int64_t tb = 0;
-    for (int64_t b = 0; b < B; b++) { int64_t l = vl_dialogue_len(&g); if (l > tb) tb = l; }
-    oom += tb > tmax;
+                          p.params.trainable ? (double)at[VL_MEM_OPTIM] / (4.0 * (double)p.params.trainable) : 0);
+  cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes_moved);
+  cJSON_AddNumberToObject(out, "usable_fraction", (double)r.card.cap / (double)r.card.card);
+  vl_case_fit_json(out, &r.card, vl_run_fits(&spec, r.card.cap), mb, t_plan, t_search);
+  oom_rate_json(&r, B, out);
+  cJSON *timeline = cJSON_AddArrayToObject(out, "timeline");
+  for (size_t i = 0; i < p.n_timeline; i++) {
+    double pt[2] = {(double)p.timeline[i].seq, (double)p.timeline[i].bytes};
+    cJSON_AddItemToArray(timeline, cJSON_CreateDoubleArray(pt, 2));
   }
-  cJSON_AddNumberToObject(out, "oom_rate", (double)oom / (double)r.oom_batches);
-  cJSON_AddNumberToObject(out, "max_len_fit", (double)tmax);
-  cJSON_AddNumberToObject(out, "oom_batches", (double)r.oom_batches);
-  cJSON_AddItemToObject(out, "timeline", timeline);
+  vl_plan_result_free(&p);
   /* peak vs batch at the worst-case length, for the batch plot */
-  cJSON *curve = cJSON_CreateArray();
+  cJSON *curve = cJSON_AddArrayToObject(out, "batch_curve");
   int64_t top = mb + mb / 4 + 2 > 8 ? mb + mb / 4 + 2 : 8; /* past the cap crossing */
-  int64_t step = top / 64 + 1;
-  for (int64_t b = 1; b <= top; b += step) {
-    plan_res q;
-    plan_step(&r, b, T, VL_NO_CAP, VL_DEV_CUDA, NULL, &q);
-    if (q.st != VL_OK) break; /* uncapped, so only a host failure ends the curve */
-    cJSON *pt = cJSON_CreateArray();
-    cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)b));
-    cJSON_AddItemToArray(pt, cJSON_CreateNumber((double)q.mem.peak_total));
-    cJSON_AddItemToArray(curve, pt);
+  for (int64_t b = 1; b <= top; b += top / 64 + 1) {
+    vl_plan_result q;
+    vl_step_spec s = step_spec(&r, b, T);
+    if (vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &q) != VL_OK) break; /* uncapped: a host failure */
+    double pt[2] = {(double)b, (double)q.mem.peak_total};
+    cJSON_AddItemToArray(curve, cJSON_CreateDoubleArray(pt, 2));
   }
-  cJSON_AddItemToObject(out, "batch_curve", curve);
   return 0;
 }
 
 /* ---- running ---------------------------------------------------------------------------- */
+typedef struct {
+  const vl_case_env *env;
+  const rung_cfg *r;
+  vl_dialogue_gen gen;
+  int32_t *tok, *tgt; /* (accum, B, T) host */
+  vl_batch *mb;       /* accum micro-batches, each (B, T_j) of its padded length */
+  int64_t maxT;       /* longest micro-batch of the timed steps */
+} llm_loop;
+
+static vl_status llm_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
+  llm_loop *L = user;
+  int64_t B = L->r->batch, T = L->r->model.mc.seq;
+  for (int64_t j = 0; j < L->r->accum; j++) {
+    int32_t *tok = L->tok + j * B * T, *tgt = L->tgt + j * B * T;
+    int64_t Tj = vl_dialogue_batch(&L->gen, B, 0, tok, tgt);
+    L->mb[j] = token_batch(B, Tj, tok, tgt);
+  }
+  *mb = L->mb;
+  *n = (int)L->r->accum;
+  return VL_OK;
+}
+
+static void llm_after(void *user, long step, bool timed, const vl_step_info *info, double dt, double wait) {
+  llm_loop *L = user;
+  for (int64_t j = 0; timed && j < L->r->accum; j++)
+    if (L->mb[j].t[0].shape[1] > L->maxT) L->maxT = L->mb[j].t[0].shape[1];
+  long total = L->r->warmup + L->r->steps;
+  if (!L->env->quiet && (step + 1) % 5 == 0)
+    vl_progress("  step %ld/%ld  loss %.4f  %.3f s", step + 1, total, info->loss, dt);
+}
+
 static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out, char *err,
                    size_t errn) {
   rung_cfg r;
   if (parse_rung(env, env->scale, k, &r, err, errn)) return -1;
   if (env->device == VL_DEV_PLAN) return FAIL("run needs a compute device (cpu or cuda), not plan");
-  if (r.batch == 0) {
-    /* "max": the largest batch at the article's (full) scale, as the planner found it */
+  if (r.batch == 0) { /* "max": the largest batch at the article's (full) scale, as planned */
     rung_cfg full;
     if (parse_rung(env, "full", k, &full, err, errn)) return -1;
-    int64_t mb;
-    resolve_batch(&full, &mb);
-    r.batch = full.batch;
+    int64_t mb = max_batch(&full);
+    r.batch = mb > 0 ? mb : 1;
   }
   if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
     return FAIL("a full-scale (7B) step does not run on the CPU here: use --scale small or tiny, or --device plan");
   vl_ctx *c;
   vl_status s = vl_ctx_create(&c, env->device, r.run_cap);
   if (s != VL_OK) return FAIL("cannot create a %s context: %s", vl_device_name(env->device), vl_status_name(s));
-  vl_mistral *m = NULL;
-  s = vl_mistral_create(c, &r.mc, &r.tc, (uint64_t)r.seed, &m);
-  int64_t B = r.batch, T = r.mc.seq, nmb = r.accum;
-  int32_t *tok = malloc((size_t)(B * T * nmb) * sizeof(int32_t));
-  int32_t *tgt = malloc((size_t)(B * T * nmb) * sizeof(int32_t));
-  vl_batch *mb = calloc((size_t)nmb, sizeof *mb);
-  double *times = calloc((size_t)r.steps, sizeof(double));
-  double *losses = calloc((size_t)(r.steps + r.warmup), sizeof(double));
-  if (!tok || !tgt || !mb || !times || !losses) s = VL_ERR_OOM;
-  vl_dialogue_gen g;
-  vl_dialogue_init(&g, r.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
-  int64_t maxT = 0, tokens = 0, skipped = 0;
-  double flops = 0;
-  float scale_end = 0;
-  for (long i = 0; s == VL_OK && i < r.warmup + r.steps; i++) {
-    if (vl_interrupted) { s = VL_ERR_INTERRUPTED; snprintf(c->err, sizeof c->err, "interrupted"); break; }
-    for (int64_t j = 0; j < nmb; j++) {
-      mb[j] = (vl_batch){B, 0, tok + j * B * T, tgt + j * B * T};
-      mb[j].T = vl_dialogue_batch(&g, B, 0, (int32_t *)mb[j].tokens, (int32_t *)mb[j].targets);
-    }
-    if (i == r.warmup) { vl_arena_reset_peaks(c->arena); c->flops = 0; }
-    vl_step_info info;
-    double dt = 0;
-    s = c->be->timer_start(c);
-    if (s == VL_OK) s = vl_mistral_step(m, mb, (int)nmb, &info);
-    if (s == VL_OK) s = c->be->timer_stop(c, &dt);
-    if (s != VL_OK) break;
-    losses[i] = info.loss;
-    scale_end = info.loss_scale;
-    if (i >= r.warmup) {
-      times[i - r.warmup] = dt;
-      tokens += info.n_tokens;
-      skipped += info.skipped;
-      for (int64_t j = 0; j < nmb; j++) if (mb[j].T > maxT) maxT = mb[j].T;
-    }
-    if (!env->quiet && (i + 1) % 5 == 0)
-      vl_progress("  step %ld/%ld  loss %.4f  %.3f s", i + 1, r.warmup + r.steps, info.loss, dt);
-  }
-  flops = c->flops;
-  int rc = 0;
-  if (s == VL_ERR_OOM) {
-    /* A rung that does not fit this device is a result, not a failure of the run (the
-     * fp32 7B baseline on any single GPU): recorded, and the ladder goes on. */
-    cJSON_AddBoolToObject(out, "oom", 1);
-    cJSON_AddStringToObject(out, "error", c->err);
-    if (!env->quiet) vl_progress("  out of memory on %s: %s", vl_device_name(env->device), c->err);
-  } else if (s != VL_OK) {
-    rc = FAIL("%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), c->err);
-    cJSON_AddStringToObject(out, "error", err);
-    if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
-  } else {
+  vl_model *m = NULL;
+  s = vl_model_create(c, &vl_model_mistral, &r.model, (uint64_t)r.seed, &m);
+  int64_t B = r.batch, T = r.model.mc.seq;
+  llm_loop L = {env, &r, .tok = malloc((size_t)(B * T * r.accum) * sizeof(int32_t)),
+                .tgt = malloc((size_t)(B * T * r.accum) * sizeof(int32_t)),
+                .mb = calloc((size_t)r.accum, sizeof(vl_batch))};
+  if (!L.tok || !L.tgt || !L.mb) s = VL_ERR_OOM;
+  vl_dialogue_init(&L.gen, r.model.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
+  vl_loop_cfg lc = {.warmup = r.warmup, .total = r.warmup + r.steps, .reset_peaks_after_warmup = true,
+                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted};
+  vl_loop_result res = {0};
+  if (s == VL_OK) s = vl_run_loop(m, &lc, &res);
+  int rc = vl_case_triage(env, s, c->err, out, err, errn);
+  if (rc > 0) {
+    rc = 0;
     vl_mem_stats ms;
     vl_arena_stats(c->arena, &ms);
     vl_stats st;
-    vl_stats_compute(times, (int)r.steps, &st);
-    cJSON_AddStringToObject(out, "scale", env->scale);
-    cJSON_AddStringToObject(out, "device", vl_device_name(env->device));
-    cJSON_AddNumberToObject(out, "batch", (double)B);
-    cJSON_AddNumberToObject(out, "accum", (double)nmb);
-    cJSON_AddItemToObject(out, "step_time", vl_stats_json(&st, times, (int)r.steps));
-    double tps = (double)tokens / (double)r.steps / st.median;
+    vl_case_run_json(out, env, &res, &ms, B, r.accum, &st);
+    double tps = (double)res.targets / (double)res.timed / st.median;
     cJSON_AddNumberToObject(out, "tokens_per_s", tps);
     cJSON_AddNumberToObject(out, "sec_per_token", 1.0 / tps);
-    cJSON_AddNumberToObject(out, "model_flops_per_step", flops / (double)r.steps);
-    cJSON_AddNumberToObject(out, "flops_per_s", flops / (double)r.steps / st.median);
-    cJSON_AddItemToObject(out, "loss", cJSON_CreateDoubleArray(losses, (int)(r.warmup + r.steps)));
-    cJSON_AddNumberToObject(out, "skipped_steps", (double)skipped);
-    cJSON_AddNumberToObject(out, "loss_scale_end", scale_end);
-    cJSON_AddNumberToObject(out, "params_total", (double)vl_mistral_n_params(m, false));
-    cJSON_AddNumberToObject(out, "params_trainable", (double)vl_mistral_n_params(m, true));
-    cJSON_AddNumberToObject(out, "measured_peak_bytes", (double)ms.peak_total);
-    cJSON_AddItemToObject(out, "measured_by_category", vl_case_cats_json(ms.at_peak));
+    cJSON_AddNumberToObject(out, "skipped_steps", (double)res.skipped_timed);
+    vl_param_counts pc;
+    vl_model_params(m, &pc);
+    cJSON_AddNumberToObject(out, "params_total", (double)pc.total);
+    cJSON_AddNumberToObject(out, "params_trainable", (double)pc.trainable);
     /* The planner, following this device's workspace rules, for the longest step seen. */
-    if (env->device == VL_DEV_CPU) {
-      plan_res p;
-      plan_step(&r, B, maxT, VL_NO_CAP, VL_DEV_CPU, NULL, &p);
-      cJSON_AddNumberToObject(out, "planned_peak_bytes", (double)p.mem.peak_total);
-      cJSON_AddBoolToObject(out, "plan_matches_measured", p.st == VL_OK && p.mem.peak_total == ms.peak_total);
-    }
+    vl_step_spec spec = step_spec(&r, B, L.maxT);
+    vl_case_plan_check_json(out, env, &spec, ms.peak_total);
   }
-  vl_mistral_destroy(m);
+  vl_loop_result_free(&res);
+  vl_model_destroy(m);
   vl_ctx_destroy(c);
-  free(tok); free(tgt); free(mb); free(times); free(losses);
+  free(L.tok); free(L.tgt); free(L.mb);
   return rc;
 }
 

@@ -455,7 +455,7 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
 }
 
 /* ---- one micro-batch ------------------------------------------------------------------------ */
-static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_scale, double *loss_sum) {
+static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float dloss_scale, double *loss_sum) {
   vl_ctx *c = m->c;
   const vl_mistral_cfg *mc = &m->mc;
   step_tmp *st = &m->st;
@@ -531,19 +531,19 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_batch *b, float dloss_sca
 }
 
 /* GradScaler's response to an overflow: no update, scale halved, gradients dropped. */
-static vl_status skip_step(vl_mistral *m, vl_step_info *info) {
+static vl_status skip_step(vl_mistral *m, vl_mistral_step_info *info) {
   info->skipped = true;
   return vl_scaler_skip(m->c, m->params, m->n_params, &m->sc);
 }
 
-static int64_t valid_tokens(const vl_batch *b) {
+static int64_t valid_tokens(const vl_mistral_batch *b) {
   if (!b->targets) return b->B * b->T;
   int64_t n = 0;
   for (int64_t i = 0; i < b->B * b->T; i++) n += b->targets[i] >= 0;
   return n;
 }
 
-vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {
+vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_mistral_batch *mb, int n_micro, vl_mistral_step_info *info) {
   vl_ctx *c = m->c;
   memset(info, 0, sizeof *info);
   if (n_micro < 1) return vl_fail(c, VL_ERR_INVALID, "need at least one micro-batch");
@@ -586,13 +586,13 @@ vl_status vl_mistral_zero_grads(vl_mistral *m) {
   return vl_params_zero_grads(m->c, m->params, m->n_params);
 }
 
-vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info) {
+vl_status vl_mistral_apply(vl_mistral *m, vl_mistral_step_info *info) {
   info->loss_scale = m->sc.scale;
   return vl_params_apply(m->c, m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc,
                          &info->skipped, &info->grad_norm);
 }
 
-vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info) {
+vl_status vl_mistral_step(vl_mistral *m, const vl_mistral_batch *mb, int n_micro, vl_mistral_step_info *info) {
   VL_TRY(vl_mistral_fwd_bwd(m, mb, n_micro, info));
   if (info->skipped) return VL_OK;
   return vl_mistral_apply(m, info);
@@ -600,6 +600,7 @@ vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_ste
 
 vl_param *vl_mistral_params(vl_mistral *m, int *n) { *n = m->n_params; return m->params; }
 const vl_mistral_cfg *vl_mistral_config(const vl_mistral *m) { return &m->mc; }
+vl_ctx *vl_mistral_ctx(const vl_mistral *m) { return m->c; }
 const vl_train_cfg *vl_mistral_train_config(const vl_mistral *m) { return &m->tc; }
 
 int64_t vl_mistral_n_params(const vl_mistral *m, bool trainable_only) {

@@ -847,3 +847,4 @@ vl_status vl_resunet_bn_running(vl_resunet *m, int gi, float *mean, float *var) 
 }
 
 const vl_resunet_cfg *vl_resunet_config(const vl_resunet *m) { return &m->mc; }
+vl_ctx *vl_resunet_ctx(const vl_resunet *m) { return m->c; }

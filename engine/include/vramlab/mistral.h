@@ -5,7 +5,7 @@
 #ifndef VRAMLAB_MISTRAL_H
 #define VRAMLAB_MISTRAL_H
 
-#include "vramlab/nn.h"
+#include "vramlab/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,7 +41,7 @@ void vl_train_cfg_default(vl_train_cfg *t);
 typedef struct {
   int64_t B, T;
   const int32_t *tokens, *targets;
-} vl_batch;
+} vl_mistral_batch;
 
 typedef struct {
   double loss;        /* mean over valid target tokens of the whole step */
@@ -49,7 +49,7 @@ typedef struct {
   bool skipped;       /* fp16 overflow: step skipped, scale halved */
   float loss_scale;   /* scale used in this step */
   double grad_norm;   /* global norm of the unscaled gradients */
-} vl_step_info;
+} vl_mistral_step_info;
 
 typedef struct vl_mistral vl_mistral;
 
@@ -58,17 +58,29 @@ vl_status vl_mistral_create(vl_ctx *c, const vl_mistral_cfg *mc, const vl_train_
 void vl_mistral_destroy(vl_mistral *m);
 /* Forward + backward over n_micro micro-batches, gradients summed; the loss of every
  * micro-batch is normalised by the valid tokens of all of them, so 4 x b == one 4b batch. */
-vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info);
+vl_status vl_mistral_fwd_bwd(vl_mistral *m, const vl_mistral_batch *mb, int n_micro, vl_mistral_step_info *info);
 /* Unscale, check overflow (fp16), clip, update, zero gradients. */
-vl_status vl_mistral_apply(vl_mistral *m, vl_step_info *info);
+vl_status vl_mistral_apply(vl_mistral *m, vl_mistral_step_info *info);
 /* fwd_bwd then apply. */
-vl_status vl_mistral_step(vl_mistral *m, const vl_batch *mb, int n_micro, vl_step_info *info);
+vl_status vl_mistral_step(vl_mistral *m, const vl_mistral_batch *mb, int n_micro, vl_mistral_step_info *info);
 vl_status vl_mistral_zero_grads(vl_mistral *m);
 
 vl_param *vl_mistral_params(vl_mistral *m, int *n);
 int64_t vl_mistral_n_params(const vl_mistral *m, bool trainable_only);
 const vl_mistral_cfg *vl_mistral_config(const vl_mistral *m);
+vl_ctx *vl_mistral_ctx(const vl_mistral *m);
 const vl_train_cfg *vl_mistral_train_config(const vl_mistral *m);
+/* ---- as a vl_model (mistral_model.c) ----------------------------------------------------- */
+/* The config behind vl_model_mistral's void *cfg. Its batches: "tokens" (B, T) and
+ * "targets" (B, T), VL_I32, right-padded, targets -1 ignored, T <= mc.seq. */
+typedef struct {
+  vl_mistral_cfg mc;
+  vl_train_cfg tc;
+} vl_mistral_model_cfg;
+
+/* No predict (it has no forward-only path): vl_model_predict returns VL_ERR_UNSUPPORTED. */
+extern const vl_model_type vl_model_mistral;
+
 /* Merge LoRA adapters into the base weights on the host for checks: returns, for a
  * parameter index of a base linear, W + alpha/r * B A in fp32 (rows*cols floats). */
 vl_status vl_mistral_merged_weight(vl_mistral *m, int param_index, float *out);

@@ -16,7 +16,7 @@
 #ifndef VRAMLAB_RESUNET_H
 #define VRAMLAB_RESUNET_H
 
-#include "vramlab/nn.h"
+#include "vramlab/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -93,6 +93,18 @@ int64_t vl_resunet_n_params(const vl_resunet *m, int module); /* module -1: all 
 /* Running statistics (fp32, C each) of the BN after parameter `gamma_index` (its gamma). */
 vl_status vl_resunet_bn_running(vl_resunet *m, int gamma_index, float *mean, float *var);
 const vl_resunet_cfg *vl_resunet_config(const vl_resunet *m);
+vl_ctx *vl_resunet_ctx(const vl_resunet *m);
+/* ---- as a vl_model (resunet_model.c) ----------------------------------------------------- */
+/* The config behind vl_model_resunet's void *cfg. Its batches: "images" (B, 3, H, W) VL_F32
+ * normalised and "masks" (B, H, W) VL_I32 class ids (-1 ignored); predict reads "images"
+ * and writes per-pixel classes (B, H, W). Parameters by module: encoder, decoder, head. */
+typedef struct {
+  vl_resunet_cfg mc;
+  vl_seg_train_cfg tc;
+} vl_resunet_model_cfg;
+
+extern const vl_model_type vl_model_resunet;
+
 /* For tests: turn batch norm into the identity-affine of fixed statistics (no batch
  * statistics) so that accumulation can be compared with one large batch exactly. */
 void vl_resunet_set_bn_frozen(vl_resunet *m, bool frozen);

@@ -1,0 +1,89 @@
+/* The engine's training scaffolding (vramlab/run.h) as results JSON: the keys every model
+ * case writes the same way, so each case.c adds only its own. */
+#include <stdio.h>
+
+#include "case.h"
+
+int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn) {
+  const vl_knobs *s = env->setting;
+  if (vl_knob_bytes(s, "card", "24GiB", &out->card, err, errn)) return -1;
+  /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
+   * measured here: no GPU. A GPU run can measure it and set cuda_context. */
+  if (vl_knob_bytes(s, "cuda_context", "512MiB", &out->context, err, errn)) return -1;
+  if (vl_knob_double(k, "cap_fraction", 1.0, 1e-6, 1.0, &out->cap_fraction, err, errn)) return -1;
+  out->cap = (size_t)((double)out->card * out->cap_fraction);
+  if (out->context >= out->card) return snprintf(err, errn, "cuda_context must be smaller than the card"), -1;
+  if (out->cap > out->card - out->context) out->cap = out->card - out->context;
+  return 0;
+}
+
+void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, int64_t B, int64_t accum) {
+  const vl_mem_stats *ms = &p->mem;
+  cJSON_AddStringToObject(out, "scale", scale);
+  cJSON_AddNumberToObject(out, "params_total", (double)p->params.total);
+  cJSON_AddNumberToObject(out, "params_trainable", (double)p->params.trainable);
+  cJSON_AddNumberToObject(out, "batch", (double)B);
+  cJSON_AddNumberToObject(out, "accum", (double)accum);
+  cJSON_AddNumberToObject(out, "effective_batch", (double)(B * accum));
+  cJSON_AddNumberToObject(out, "peak_bytes", (double)ms->peak_total);
+  cJSON_AddItemToObject(out, "by_category", vl_case_cats_json(ms->at_peak));
+  cJSON_AddItemToObject(out, "peak_by_category", vl_case_cats_json(ms->peak));
+  cJSON_AddNumberToObject(out, "reserved_bytes", (double)ms->reserved);
+  cJSON_AddNumberToObject(out, "weight_bytes", (double)(ms->at_peak[VL_MEM_FROZEN] + ms->at_peak[VL_MEM_PARAMS]));
+  cJSON_AddNumberToObject(out, "acts_bytes", (double)ms->peak[VL_MEM_ACTS]);
+  cJSON_AddNumberToObject(out, "flops_per_step", p->flops);
+  cJSON_AddNumberToObject(out, "flops_recompute", p->flops_recompute);
+}
+
+void vl_case_fit_json(cJSON *out, const vl_case_card *card, bool fits, int64_t max_batch, double t_plan,
+                      double t_search) {
+  cJSON_AddNumberToObject(out, "card_bytes", (double)card->card);
+  cJSON_AddNumberToObject(out, "cap_bytes", (double)card->cap);
+  cJSON_AddNumberToObject(out, "cuda_context_bytes", (double)card->context);
+  cJSON_AddBoolToObject(out, "fits", fits);
+  cJSON_AddNumberToObject(out, "max_batch", (double)max_batch);
+  cJSON_AddBoolToObject(out, "max_batch_at_search_limit", max_batch >= VL_MAX_BATCH_SEARCH);
+  cJSON_AddNumberToObject(out, "plan_seconds", t_plan);
+  cJSON_AddNumberToObject(out, "max_batch_search_seconds", t_search);
+}
+
+void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *L, const vl_mem_stats *ms,
+                      int64_t B, int64_t accum, vl_stats *st) {
+  vl_stats_compute(L->times, (int)L->timed, st);
+  cJSON_AddStringToObject(out, "scale", env->scale);
+  cJSON_AddStringToObject(out, "device", vl_device_name(env->device));
+  cJSON_AddNumberToObject(out, "batch", (double)B);
+  cJSON_AddNumberToObject(out, "accum", (double)accum);
+  cJSON_AddItemToObject(out, "step_time", vl_stats_json(st, L->times, (int)L->timed));
+  cJSON_AddNumberToObject(out, "model_flops_per_step", L->flops / (double)L->timed);
+  cJSON_AddNumberToObject(out, "flops_per_s", L->flops / (double)L->timed / st->median);
+  cJSON_AddItemToObject(out, "loss", cJSON_CreateDoubleArray(L->losses, (int)L->steps));
+  cJSON_AddNumberToObject(out, "loss_scale_end", L->loss_scale_end);
+  cJSON_AddNumberToObject(out, "measured_peak_bytes", (double)ms->peak_total);
+  cJSON_AddItemToObject(out, "measured_by_category", vl_case_cats_json(ms->at_peak));
+}
+
+void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_spec *s, size_t measured_peak) {
+  if (env->device != VL_DEV_CPU) return; /* on CUDA the context outside the arena differs */
+  size_t planned;
+  bool match;
+  vl_run_plan_check(s, measured_peak, &planned, &match);
+  cJSON_AddNumberToObject(out, "planned_peak_bytes", (double)planned);
+  cJSON_AddBoolToObject(out, "plan_matches_measured", match);
+}
+
+int vl_case_triage(const vl_case_env *env, vl_status s, const char *msg, cJSON *out, char *err, size_t errn) {
+  if (s == VL_OK) return 1;
+  if (vl_run_is_oom(s)) {
+    /* A rung that does not fit this device is a result, not a failure of the run (the
+     * fp32 7B baseline on any single GPU): recorded, and the ladder goes on. */
+    cJSON_AddBoolToObject(out, "oom", 1);
+    cJSON_AddStringToObject(out, "error", msg);
+    if (!env->quiet) vl_progress("  out of memory on %s: %s", vl_device_name(env->device), msg);
+    return 0;
+  }
+  snprintf(err, errn, "%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), msg);
+  cJSON_AddStringToObject(out, "error", err);
+  if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
+  return -1;
+}

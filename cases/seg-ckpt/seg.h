@@ -1,0 +1,54 @@
+/* seg-ckpt's own pieces shared by its files: a rung's settings (case.c) and its data, the
+ * synthetic segmentation splits fed through the engine's loader, and held-out evaluation
+ * (data.c). */
+#ifndef VRAMLAB_SEG_CKPT_H
+#define VRAMLAB_SEG_CKPT_H
+
+#include "case.h"
+#include "datasets/segset.h"
+#include "vramlab/data.h"
+#include "vramlab/resunet.h"
+
+typedef struct {
+  vl_resunet_model_cfg model;
+  long batch;            /* micro-batch; 0 = "max" */
+  long accum, workers, prefetch;
+  int pinned;
+  vl_corrupt_policy corrupt;
+  size_t max_file_bytes;
+  vl_case_card card;
+  long seed, epochs, train_images, eval_images, curve_points;
+  char data_dir[VL_KNOB_VAL_LEN]; /* the data_dir knob (its length checked by vl_knob_set) */
+} vl_seg_rung;
+
+/* Every knob of a rung and the setting into r (case.c); 0, or -1 with a message naming the knob. */
+int vl_seg_parse_rung(const vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r, char *err,
+                      size_t errn);
+
+/* The train or eval split at this scale's image size, made on first use (seeded). */
+int vl_seg_open_split(const vl_seg_rung *r, bool eval, vl_segset **out, char *err, size_t errn);
+/* The loader of a split: batches of B, training (shuffled, workers) or evaluation. */
+void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c);
+/* Pixel accuracy and mean IoU (over classes present in the labels or predictions) on the
+ * held-out split, BN in evaluation mode. */
+vl_status vl_seg_evaluate(vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc, double *miou,
+                          char *err, size_t errn);
+
+/* The training loop's data (vl_loop_cfg.next): a step's accum micro-batches from the loader. */
+typedef struct {
+  const vl_case_env *env;
+  const vl_seg_rung *r;
+  vl_loader *l;
+  vl_batch_buf **held;
+  vl_batch *mb;  /* accum micro-batches: images (B, 3, H, W), masks (B, H, W) */
+  float *xs;     /* (accum, B, 3, H, W) */
+  int32_t *ys;   /* (accum, B, H, W) */
+  long max_steps;
+} vl_seg_feed;
+vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait);
+
+/* The cost of checkpointing and in-place ReLU off, the three rungs' models stepped in turn
+ * (interleaved.c): case_metrics.interleaved_steps and each rung's interleaved_step_seconds. */
+int vl_seg_interleaved(const vl_case_env *env, cJSON *res, char *err, size_t errn);
+
+#endif
