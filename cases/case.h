@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "harness.h"
+#include "knobs.h"
 #include "vramlab/run.h"
 
 typedef struct {
@@ -15,12 +16,16 @@ typedef struct {
   vl_device device;        /* where `run` executes */
   const vl_knobs *setting; /* the [case] section (after --set) */
   int quiet;
+  bool profile;            /* --profile: model cases time every operation of the timed steps */
 } vl_case_env;
 
 typedef struct vl_case {
   const char *id;
   const char *summary;
-  const char *const *knobs;   /* every knob a rung may set, NULL-terminated */
+  /* Every knob a rung may set and every [case] setting the case reads, with its default
+   * and help, {NULL}-terminated: the one place a default is written (knobs.h). The
+   * harness's own settings (title, reps) are vl_harness_settings. */
+  const vl_knob_decl *knobs;
   const char *const *scales;  /* valid scales, NULL-terminated */
   /* Every metric its plan, run and extra write (numbers a claim can judge), NULL-terminated:
    * a claim naming anything else is refused when the claims file is loaded. */
@@ -46,17 +51,16 @@ typedef struct vl_case {
 
 const vl_case *vl_case_find(const char *id);
 const vl_case *const *vl_case_all(int *n);
-/* Check a rung's knobs against the case's list: unknown knob -> error naming the known. */
+/* The declaration of name in the case's table (or, for a setting, the harness's) when it
+ * may be set `where` (VL_KNOB_RUNG, VL_KNOB_SETTING); NULL otherwise. */
+const vl_knob_decl *vl_case_knob(const vl_case *c, const char *name, unsigned where);
+/* Check a rung's knobs against the case's declarations: unknown knob -> error naming the known. */
 int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, char *err, size_t errn);
-
-/* Knob parsing helpers: return 0 or -1 with a message naming the knob and value. */
-int vl_knob_int(const vl_knobs *k, const char *key, long def, long lo, long hi, long *out, char *err, size_t errn);
-int vl_knob_double(const vl_knobs *k, const char *key, double def, double lo, double hi, double *out, char *err, size_t errn);
-int vl_knob_bool(const vl_knobs *k, const char *key, int def, int *out, char *err, size_t errn);
-int vl_knob_bytes(const vl_knobs *k, const char *key, const char *def, size_t *out, char *err, size_t errn);
-/* Comma-separated integers in [lo, hi] ("0,1,2,4"), at most max of them, into out[0 .. *n). */
-int vl_knob_int_list(const vl_knobs *k, const char *key, const char *def, long lo, long hi, long *out, int max,
-                     int *n, char *err, size_t errn);
+/* The names declared with `where` (the case's, then for settings the harness's), ", "-separated
+ * into buf (cut at n, for messages). */
+void vl_case_known_names(const vl_case *c, unsigned where, char *buf, size_t n);
+/* The same for one [case] setting key. */
+int vl_case_check_setting(const vl_case *c, const char *key, char *err, size_t errn);
 
 /* Shared pieces of the cases (cases/registry.c). */
 /* A JSON object {category: bytes} of the arena's categories. */
@@ -78,6 +82,14 @@ typedef struct {
   size_t card, context, cap;
   double cap_fraction;
 } vl_case_card;
+/* The declarations vl_case_card_parse reads, for a case's knob table (one definition of
+ * their defaults, shared by every case that plans for a card). */
+#define VL_CASE_CARD_KNOBS                                                                       \
+  {"card", "24GiB", "the card's memory the plan fits under (--vram sets it)", VL_KNOB_SETTING},  \
+  {"cuda_context", "512MiB", "CUDA context and libraries outside the allocator's cap",          \
+   VL_KNOB_SETTING},                                                                             \
+  {"cap_fraction", "1.0", "the allocator's cap as a share of the card "                         \
+   "(set_per_process_memory_fraction)", VL_KNOB_RUNG}
 int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn);
 /* A planned step's common keys: scale, parameters, batch/accum, peak and categories, FLOPs. */
 void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, int64_t B, int64_t accum);
@@ -88,14 +100,17 @@ void vl_case_fit_json(cJSON *out, const vl_case_card *card, bool fits, int64_t m
  * the measured peak; its step-time statistics into *st. */
 void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *L, const vl_mem_stats *ms,
                       int64_t B, int64_t accum, vl_stats *st);
+/* With a profiled loop (vl_loop_cfg.profile), called by vl_case_run_json: `profile`, one
+ * entry per operation kind that ran, slowest first {op, calls, seconds, flops, bytes,
+ * flops_per_s, share}, totals over the timed steps, share = seconds / profile_seconds; and
+ * profile_steps, profile_seconds (the timed steps' time), profile_other_seconds (step time
+ * inside no operation: the model's glue, allocation, sync), profile_recompute_flops. */
+void vl_case_profile_json(cJSON *out, const vl_loop_result *L);
 /* On the CPU: planned_peak_bytes and plan_matches_measured for the step spec. */
 void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_spec *s, size_t measured_peak);
 /* OOM triage of a run's status: 1 ran; 0 out of memory (a result: oom + error in out);
  * -1 failed (error in out and err, interrupted when so). msg: the context's message. */
 int vl_case_triage(const vl_case_env *env, vl_status s, const char *msg, cJSON *out, char *err, size_t errn);
-
-/* sgemm FLOP/s of this machine's CPU backend (square n, reps), for utilisation shares. */
-double vl_bench_sgemm(int n, int reps);
 
 extern const vl_case vl_case_llm_lora;
 extern const vl_case vl_case_dataloader;

@@ -1,16 +1,19 @@
 /* The engine's training scaffolding (vramlab/run.h) as results JSON: the keys every model
  * case writes the same way, so each case.c adds only its own. */
+#include <math.h>
 #include <stdio.h>
 
 #include "case.h"
 
+static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL, 0}};
+
 int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn) {
   const vl_knobs *s = env->setting;
-  if (vl_knob_bytes(s, "card", "24GiB", &out->card, err, errn)) return -1;
+  if (vl_knob_bytes(s, "card", card_knobs, &out->card, err, errn)) return -1;
   /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
    * measured here: no GPU. A GPU run can measure it and set cuda_context. */
-  if (vl_knob_bytes(s, "cuda_context", "512MiB", &out->context, err, errn)) return -1;
-  if (vl_knob_double(k, "cap_fraction", 1.0, 1e-6, 1.0, &out->cap_fraction, err, errn)) return -1;
+  if (vl_knob_bytes(s, "cuda_context", card_knobs, &out->context, err, errn)) return -1;
+  if (vl_knob_double(k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction, err, errn)) return -1;
   out->cap = (size_t)((double)out->card * out->cap_fraction);
   if (out->context >= out->card) return snprintf(err, errn, "cuda_context must be smaller than the card"), -1;
   if (out->cap > out->card - out->context) out->cap = out->card - out->context;
@@ -61,6 +64,39 @@ void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *
   cJSON_AddNumberToObject(out, "loss_scale_end", L->loss_scale_end);
   cJSON_AddNumberToObject(out, "measured_peak_bytes", (double)ms->peak_total);
   cJSON_AddItemToObject(out, "measured_by_category", vl_case_cats_json(ms->at_peak));
+  if (L->profiled) vl_case_profile_json(out, L);
+}
+
+void vl_case_profile_json(cJSON *out, const vl_loop_result *L) {
+  double total = 0, in_ops = 0;
+  for (long i = 0; i < L->timed; i++) total += L->times[i];
+  /* slowest first: the order the report reads them in (ties: the enum's order) */
+  int order[VL_OP_COUNT], n = 0;
+  for (int i = 0; i < VL_OP_COUNT; i++) {
+    if (!L->profile[i].calls) continue;
+    int j = n++;
+    for (; j > 0 && L->profile[order[j - 1]].seconds < L->profile[i].seconds; j--) order[j] = order[j - 1];
+    order[j] = i;
+  }
+  cJSON *arr = cJSON_AddArrayToObject(out, "profile");
+  for (int k = 0; k < n; k++) {
+    const vl_op_profile *p = &L->profile[order[k]];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "op", vl_op_name((vl_op)order[k]));
+    cJSON_AddNumberToObject(e, "calls", (double)p->calls);
+    cJSON_AddNumberToObject(e, "seconds", p->seconds);
+    cJSON_AddNumberToObject(e, "flops", p->flops);
+    cJSON_AddNumberToObject(e, "bytes", p->bytes);
+    /* NaN (written as null) where nothing was timed: "not measured", never a division by 0 */
+    cJSON_AddNumberToObject(e, "flops_per_s", p->seconds > 0 ? p->flops / p->seconds : NAN);
+    cJSON_AddNumberToObject(e, "share", total > 0 ? p->seconds / total : NAN);
+    cJSON_AddItemToArray(arr, e);
+    in_ops += p->seconds;
+  }
+  cJSON_AddNumberToObject(out, "profile_steps", (double)L->timed);
+  cJSON_AddNumberToObject(out, "profile_seconds", total);
+  cJSON_AddNumberToObject(out, "profile_other_seconds", total - in_ops);
+  cJSON_AddNumberToObject(out, "profile_recompute_flops", L->flops_recompute);
 }
 
 void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_spec *s, size_t measured_peak) {

@@ -364,8 +364,7 @@ static vl_status read_image(void *set, vl_synth_reader *r, int64_t i, vl_image *
     return VL_ERR_IO;
   }
   const vl_synth_jpeg_want want = want_of(it);
-  vl_status st = vl_synth_read_jpeg(r, path, &want, out, err, errn);
-  if (st != VL_OK) return st;
+  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err, errn));
   out->w = it->w;
   out->h = it->h;
   out->c = 3;
@@ -385,6 +384,12 @@ static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, ch
                           err, errn);
 }
 
+void vl_jpegset_gen_bound(size_t *scratch_bytes, size_t *max_image_bytes) {
+  /* the generator's 4:2:0 subsampling (synth.c), as its own output buffer is sized */
+  *scratch_bytes = vl_synth_reader_bytes((size_t)tjBufSize(W_MAX, H_MAX, TJSAMP_420), 0, W_MAX);
+  *max_image_bytes = (size_t)W_MAX * H_MAX * 3;
+}
+
 vl_dataset vl_jpegset_dataset(vl_jpegset *s) {
   vl_dataset d = vl_synth_dataset(s, ds_len, ds_scratch_new, ds_read);
   d.scratch_bytes = vl_synth_reader_bytes((size_t)s->info.max_bytes, 0, s->info.max_w);
@@ -393,25 +398,7 @@ vl_dataset vl_jpegset_dataset(vl_jpegset *s) {
   return d;
 }
 
-/* ================================ damage, ceiling ===================================== */
-
-int vl_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t errn) {
-  if (mode < 0 || mode > 2) {
-    setf(err, errn, "jpegset: unknown corrupt mode %d (0 truncate, 1 garbage, 2 not a JPEG)", mode);
-    return -1;
-  }
-  vl_jpegset *s = NULL;
-  if (vl_jpegset_open(&s, dir, err, errn) != 0) return -1;
-  char path[PATH_MAX];
-  if (!vl_jpegset_path(s, i, path, sizeof path)) {
-    setf(err, errn, "jpegset: image %lld is not in the set (n = %lld)", (long long)i, (long long)s->n);
-    vl_jpegset_close(s);
-    return -1;
-  }
-  int rc = vl_synth_damage_jpeg(dir, s->names + s->name_off[i], mode, (uint64_t)i, err, errn);
-  vl_jpegset_close(s);
-  return rc;
-}
+/* ================================ decode ceiling ====================================== */
 
 double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t errn) {
   if (!s || n_images < 1) {
@@ -442,8 +429,8 @@ double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t
     double t0 = vl_now();
     for (int64_t i = 0; i < m; i++)
       if (decode_at(s, i, bufs[i], lens[i], &img, err, errn) != VL_OK) goto done;
-    double dt = vl_now() - t0;
-    if (dt < best) best = dt;
+    double pass_seconds = vl_now() - t0;
+    if (pass_seconds < best) best = pass_seconds;
   }
   rate = (double)m / (best > 1e-9 ? best : 1e-9);
 done:

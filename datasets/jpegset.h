@@ -110,13 +110,11 @@ const char *vl_jpegset_path(const vl_jpegset *s, int64_t i, char *buf, size_t n)
  * with a message naming the file (and TurboJPEG's words); a failed allocation gives
  * VL_ERR_OOM. The set must outlive the dataset. */
 vl_dataset vl_jpegset_dataset(vl_jpegset *s);
-
-/* Damage image i in place (tests, benchmarks): mode 0 truncates it to half its size,
- * mode 1 overwrites bytes in the middle of its entropy-coded data with garbage (which
- * always includes a stray marker, so the decoder must notice), mode 2 replaces it with a
- * file that is not a JPEG. Returns 0, or -1 with a message. */
-enum { VL_JPEGSET_TRUNCATE = 0, VL_JPEGSET_GARBAGE = 1, VL_JPEGSET_NOT_JPEG = 2 };
-int vl_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t errn);
+/* vl_dataset's scratch_bytes and max_image_bytes for any set vl_jpegset_generate_ex makes,
+ * without the set: the largest image it draws and a reader for the largest JPEG TurboJPEG
+ * can write at that size. A bound for planning a loader before the set exists; a case that
+ * feeds its loader this description gets the bound its plan printed. */
+void vl_jpegset_gen_bound(size_t *scratch_bytes, size_t *max_image_bytes);
 
 /* Decode-only ceiling on the calling thread: the first n_images files (fewer if the set
  * is smaller) are read into memory first, one is decoded to warm up, then all are decoded

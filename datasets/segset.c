@@ -1,5 +1,5 @@
 /* Synthetic segmentation set: what is its own (class styles, shapes with exact masks, the
- * PGM mask files, the manifest's columns, mask decoding and damage); the generation
+ * PGM mask files, the manifest's columns, mask decoding); the generation
  * driver, manifest parsing and JPEG reading are shared with the jpegset (synth.h). See
  * segset.h for the content and the layout. */
 #define _GNU_SOURCE
@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #define setf vl_synth_setf
-#define errstr vl_synth_errstr
 /* Short local names for the shared synthesis helpers (synth.h). */
 #define clamp255 vl_synth_clamp255
 #define rnd_in vl_synth_rnd_in
@@ -215,7 +214,7 @@ int64_t vl_segset_len(const vl_segset *s) { return s ? s->n : 0; }
 
 void vl_segset_info_get(const vl_segset *s, vl_segset_info *out) { *out = s->info; }
 
-static const char *item_path(const vl_segset *s, int64_t i, int mask, char *buf, size_t n) {
+const char *vl_segset_path(const vl_segset *s, int64_t i, bool mask, char *buf, size_t n) {
   if (!s || i < 0 || i >= s->n) return NULL;
   const char *name = s->names + (mask ? s->it[i].mask_off : s->it[i].img_off);
   return vl_synth_join(buf, n, s->dir, name, NULL, 0);
@@ -455,15 +454,13 @@ static vl_status read_mask(const vl_segset *s, vl_synth_reader *r, int64_t i, vl
   const int size = s->info.size;
   char path[PATH_MAX];
   size_t len = 0;
-  if (!item_path(s, i, 1, path, sizeof path)) {
+  if (!vl_segset_path(s, i, true, path, sizeof path)) {
     setf(err, errn, "segset: path of mask %lld too long", (long long)i);
     return VL_ERR_IO;
   }
-  vl_status st = vl_synth_read_file(path, r->max_file, &r->aux, &r->aux_cap, &len, err, errn);
-  if (st != VL_OK) return st;
-  st = vl_synth_grow(&out->mask, &out->mask_cap, (size_t)size * size, path, "mask", size, size,
-                     err, errn);
-  if (st != VL_OK) return st;
+  VL_TRY(vl_synth_read_file(path, r->max_file, &r->aux, &r->aux_cap, &len, err, errn));
+  VL_TRY(vl_synth_grow(&out->mask, &out->mask_cap, (size_t)size * size, path, "mask", size, size,
+                       err, errn));
   return vl_segset_decode_mask(path, r->aux, len, size, s->info.num_classes, out->mask, err, errn);
 }
 
@@ -473,14 +470,13 @@ static vl_status read_sample(void *set, vl_synth_reader *r, int64_t i, vl_image 
   const vl_segset *s = set;
   const int size = s->info.size;
   char path[PATH_MAX];
-  if (!item_path(s, i, 0, path, sizeof path)) {
+  if (!vl_segset_path(s, i, false, path, sizeof path)) {
     setf(err, errn, "segset: path of image %lld too long", (long long)i);
     return VL_ERR_IO;
   }
   const vl_synth_jpeg_want want = {size, size, s->it[i].bytes, "the set's size is"};
-  vl_status st = vl_synth_read_jpeg(r, path, &want, out, err, errn);
-  if (st == VL_OK) st = read_mask(s, r, i, out, err, errn);
-  if (st != VL_OK) return st;
+  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err, errn));
+  VL_TRY(read_mask(s, r, i, out, err, errn));
   out->w = size;
   out->h = size;
   out->c = 3;
@@ -507,82 +503,4 @@ vl_dataset vl_segset_dataset(vl_segset *s) {
   d.scratch_bytes = vl_synth_reader_bytes((size_t)s->info.max_bytes, mask_file_bytes(s), s->info.size);
   d.max_image_bytes = (size_t)s->info.size * s->info.size * 3;
   return d;
-}
-
-/* ================================ damage ============================================== */
-
-static int rewrite_mask(const char *dir, const char *name, int what, int size, int num_classes,
-                        char *err, size_t errn) {
-  char path[PATH_MAX], eb[128];
-  if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
-  uint8_t *buf = NULL;
-  size_t cap = 0, len = 0;
-  if (vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &buf, &cap, &len, err, errn) != VL_OK) {
-    free(buf);
-    return -1;
-  }
-  int rc = -1;
-  if (what == VL_SEGSET_MASK_TRUNCATE) {
-    if (truncate(path, (off_t)(len / 2)) != 0)
-      setf(err, errn, "%s: cannot truncate: %s", path, errstr(errno, eb, sizeof eb));
-    else
-      rc = 0;
-  } else if (what == VL_SEGSET_MASK_WRONG_SIZE) {
-    /* A well-formed PGM of (size/2) x size: the first half of every row. */
-    const int w2 = size / 2;
-    uint8_t *o = malloc(PGM_HDR_MAX + (size_t)w2 * size);
-    size_t h = o ? pgm_header((char *)o, PGM_HDR_MAX, w2, size) : 0;
-    const size_t pix0 = len - (size_t)size * size; /* the generator's header length */
-    if (!o || len < (size_t)size * size) {
-      setf(err, errn, "%s: %s", path, o ? "too short to resize (already damaged?)" : "out of memory");
-    } else {
-      for (int y = 0; y < size; y++) memcpy(o + h + (size_t)y * w2, buf + pix0 + (size_t)y * size, (size_t)w2);
-      rc = vl_synth_write_atomic(dir, name, o, h + (size_t)w2 * size, err, errn);
-    }
-    free(o);
-  } else if (what == VL_SEGSET_MASK_BAD_CLASS) {
-    if (len < (size_t)size * size) {
-      setf(err, errn, "%s: too short to damage (already damaged?)", path);
-    } else {
-      size_t at = len - (size_t)size * size + (size_t)(size / 2) * size + size / 3;
-      buf[at] = (uint8_t)(num_classes < 256 ? num_classes : 255);
-      rc = vl_synth_write_atomic(dir, name, buf, len, err, errn);
-    }
-  } else { /* VL_SEGSET_MASK_BAD_HEADER: an ASCII PGM magic on binary data */
-    buf[0] = 'P';
-    if (len > 1) buf[1] = '2';
-    rc = vl_synth_write_atomic(dir, name, buf, len, err, errn);
-  }
-  free(buf);
-  return rc;
-}
-
-int vl_segset_corrupt(const char *dir, int64_t i, int what, char *err, size_t errn) {
-  if (what < VL_SEGSET_IMG_TRUNCATE || what > VL_SEGSET_MASK_MISSING) {
-    setf(err, errn, "segset: unknown corrupt mode %d (0..2: image truncate, garbage, not a JPEG; "
-                    "3..6: mask truncate, wrong size, bad class, bad header; 7, 8: delete the "
-                    "image, the mask)", what);
-    return -1;
-  }
-  vl_segset *s = NULL;
-  if (vl_segset_open(&s, dir, err, errn) != 0) return -1;
-  if (i < 0 || i >= s->n) {
-    setf(err, errn, "segset: sample %lld is not in the set (n = %lld)", (long long)i, (long long)s->n);
-    vl_segset_close(s);
-    return -1;
-  }
-  const char *iname = s->names + s->it[i].img_off, *mname = s->names + s->it[i].mask_off;
-  int rc = -1;
-  if (what <= VL_SEGSET_IMG_NOT_JPEG) {
-    rc = vl_synth_damage_jpeg(dir, iname, what, (uint64_t)i, err, errn);
-  } else if (what == VL_SEGSET_IMG_MISSING || what == VL_SEGSET_MASK_MISSING) {
-    char path[PATH_MAX], eb[128];
-    snprintf(path, sizeof path, "%s/%s", dir, what == VL_SEGSET_IMG_MISSING ? iname : mname);
-    if (unlink(path) != 0) setf(err, errn, "cannot delete %s: %s", path, errstr(errno, eb, sizeof eb));
-    else rc = 0;
-  } else {
-    rc = rewrite_mask(dir, mname, what, s->info.size, s->info.num_classes, err, errn);
-  }
-  vl_segset_close(s);
-  return rc;
 }

@@ -100,6 +100,9 @@ typedef struct {
 } vl_segset_info;
 
 void vl_segset_info_get(const vl_segset *s, vl_segset_info *out);
+/* "dir/img_0000042.jpg" (mask false) or "dir/mask_0000042.pgm" (mask true) of sample i into
+ * buf; NULL when i is out of range or buf is too small. */
+const char *vl_segset_path(const vl_segset *s, int64_t i, bool mask, char *buf, size_t n);
 
 /* The nominal colour of class `cls` (1..num_classes-1) in a set of num_classes classes:
  * the centre of its colour family (shapes jitter around it). Background (0) has no colour
@@ -127,20 +130,6 @@ vl_dataset vl_segset_dataset(vl_segset *s);
  * message naming path. What read() runs on each mask (exposed for the fuzz target). */
 vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
                                 int num_classes, uint8_t *dst, char *err, size_t errn);
-
-/* Damage sample i in place (tests, benchmarks). Returns 0, or -1 with a message. */
-enum {
-  VL_SEGSET_IMG_TRUNCATE = 0,   /* the JPEG cut to half its size */
-  VL_SEGSET_IMG_GARBAGE = 1,    /* garbage (with a stray marker) in its entropy-coded data */
-  VL_SEGSET_IMG_NOT_JPEG = 2,   /* replaced by a text file */
-  VL_SEGSET_MASK_TRUNCATE = 3,  /* the mask cut to half its size */
-  VL_SEGSET_MASK_WRONG_SIZE = 4,/* a valid PGM of (size/2) x size */
-  VL_SEGSET_MASK_BAD_CLASS = 5, /* one pixel set to num_classes */
-  VL_SEGSET_MASK_BAD_HEADER = 6,/* the magic "P5" replaced with "P2" */
-  VL_SEGSET_IMG_MISSING = 7,    /* the JPEG deleted */
-  VL_SEGSET_MASK_MISSING = 8    /* the mask deleted */
-};
-int vl_segset_corrupt(const char *dir, int64_t i, int what, char *err, size_t errn);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* Shared helpers of the synthetic image sets: files (atomic writes, reads, JPEG damage),
+/* Shared helpers of the synthetic image sets: files (atomic writes, reads),
  * integer pixel synthesis (textured backgrounds, shapes, sensor noise), the generation
  * driver, the read side of a dataset and manifest parsing. See synth.h. */
 #define _GNU_SOURCE
@@ -62,62 +62,6 @@ vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf
     return VL_ERR_IO;
   }
   return s;
-}
-
-int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t salt,
-                         char *err, size_t errn) {
-  char path[PATH_MAX], eb[128];
-  if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
-  if (mode == 2) {
-    static const char junk[] =
-        "This is not a JPEG file: vramlab replaced the image to test corrupt-file handling.\n";
-    return vl_synth_write_atomic(dir, name, junk, sizeof junk - 1, err, errn);
-  }
-  int rc = -1;
-  uint8_t *buf = NULL;
-  size_t cap = 0, len = 0;
-  if (vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &buf, &cap, &len, err, errn) == VL_OK) {
-    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-      setf(err, errn, "%s: cannot open for writing: %s", path, errstr(errno, eb, sizeof eb));
-    } else if (mode == 0) {
-      if (ftruncate(fd, (off_t)(len / 2)) != 0 || fsync(fd) != 0)
-        setf(err, errn, "%s: cannot truncate: %s", path, errstr(errno, eb, sizeof eb));
-      else
-        rc = 0;
-    } else {
-      /* Entropy-coded data: after the SOS segment, up to the EOI marker. */
-      size_t sos = 0;
-      for (size_t k = 2; k + 3 < len; k++)
-        if (buf[k] == 0xFF && buf[k + 1] == 0xDA) {
-          sos = k;
-          break;
-        }
-      size_t start = sos ? sos + 2 + ((size_t)buf[sos + 2] << 8 | buf[sos + 3]) : 0;
-      size_t end = len >= 2 ? len - 2 : 0;
-      enum { G = 64 };
-      if (!sos || start + 4 * G > end) {
-        setf(err, errn, "%s: no entropy-coded data long enough to damage (is it a JPEG?)", path);
-      } else {
-        uint8_t g[G];
-        vl_rng r;
-        vl_rng_seed(&r, vl_mix64(salt ^ 0xBADBADull));
-        for (int k = 0; k < G; k++) g[k] = (uint8_t)vl_rng_u64(&r);
-        /* A stray EOI marker: the decoder runs out of data mid-scan, which libjpeg reports
-         * (random bytes alone can decode into wrong pixels without a word). */
-        g[G / 2] = 0xFF;
-        g[G / 2 + 1] = 0xD9;
-        off_t at = (off_t)(start + (end - start) / 2 - G / 2);
-        if (pwrite(fd, g, G, at) != G || fsync(fd) != 0)
-          setf(err, errn, "%s: cannot write: %s", path, errstr(errno, eb, sizeof eb));
-        else
-          rc = 0;
-      }
-    }
-    if (fd >= 0) close(fd);
-  }
-  free(buf);
-  return rc;
 }
 
 /* ============================== pixel synthesis ======================================= */
@@ -660,16 +604,15 @@ vl_status vl_synth_decode_jpeg(const char *path, const uint8_t *buf, size_t len,
     setf(err, errn, "%s: cannot create a TurboJPEG decompressor: %s", path, tjGetErrorStr2(NULL));
     return VL_ERR_OOM;
   }
-  vl_status st = decode_with(tj, path, buf, len, want, out, err, errn);
+  vl_status status = decode_with(tj, path, buf, len, want, out, err, errn);
   tjDestroy(tj);
-  return st;
+  return status;
 }
 
 vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
                              vl_image *out, char *err, size_t errn) {
   size_t len = 0;
-  vl_status st = vl_synth_read_file(path, r->max_file, &r->buf, &r->cap, &len, err, errn);
-  if (st != VL_OK) return st;
+  VL_TRY(vl_synth_read_file(path, r->max_file, &r->buf, &r->cap, &len, err, errn));
   return vl_synth_decode_jpeg(path, r->buf, len, want, out, err, errn);
 }
 
@@ -681,9 +624,9 @@ vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch
   }
   vl_synth_reader local = {.max_file = VL_LOADER_MAX_FILE_BYTES};
   vl_synth_reader *r = scratch ? scratch : &local;
-  vl_status st = read_fn(set, r, i, out, err, errn);
+  vl_status status = read_fn(set, r, i, out, err, errn);
   if (r == &local) reader_clear(&local);
-  return st;
+  return status;
 }
 
 vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),

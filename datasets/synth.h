@@ -1,9 +1,8 @@
 /* Internal helpers shared by the synthetic image sets (jpegset, segset): atomic file
- * writes, whole-file reads, JPEG damage for tests, the generation driver (threads,
- * progress, first error, the manifest written last), manifest parsing, the first-use
- * check of a set directory, the read side of a vl_dataset (per-worker file buffers,
- * decoding with checks against the manifest),
- * and the integer pixel synthesis of a photo-like textured background (gradients +
+ * writes, whole-file reads, the generation driver (threads, progress, first error, the
+ * manifest written last), manifest parsing, the first-use check of a set directory, the
+ * read side of a vl_dataset (per-worker file buffers, decoding with checks against the
+ * manifest), and the integer pixel synthesis of a photo-like textured background (gradients +
  * multi-octave value noise), of shapes over it and of per-pixel sensor noise. Not a public
  * interface: names carry the vl_synth_ prefix only because the sets are linked into one
  * library. Each set keeps only what is its own: its content, its file layout, its manifest
@@ -45,13 +44,6 @@ void vl_synth_fsync_dir(const char *dir);
  * VL_ERR_OOM. */
 vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *cap,
                              size_t *len, char *err, size_t errn);
-
-/* Damage the JPEG dir/name in place: mode 0 truncates it to half its size, mode 1
- * overwrites 64 bytes in the middle of its entropy-coded data with garbage seeded by
- * `salt` (always including a stray EOI marker, so the decoder must notice), mode 2
- * replaces it with a text file. 0, or -1 with a message. */
-int vl_synth_damage_jpeg(const char *dir, const char *name, int mode, uint64_t salt,
-                         char *err, size_t errn);
 
 /* ---- pixel synthesis ---------------------------------------------------------------- */
 

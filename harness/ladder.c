@@ -279,6 +279,10 @@ static int on_ladder(void *user, const char *section, const char *name, const ch
   if (!check_key(c, section, name, value)) return 0;
   char e2[256];
   if (!strcmp(section, "case")) {
+    /* a registered case reads only the settings it declares: a typo is an error, not a
+     * setting that silently does nothing */
+    char e3[1200];
+    if (c->vc && vl_case_check_setting(c->vc, name, e3, sizeof e3)) return fail_at(c, c->line, "%s", e3);
     if (vl_knob_set_err(&L->setting, name, value, e2, sizeof e2)) return fail_at(c, c->line, "[case]: %s", e2);
     return 1;
   }
@@ -341,7 +345,7 @@ static int check_set(load_ctx *c, const vl_claim *cl, const char *name, const ch
   int ok = 1;
   if (vl_knobs_apply_list(k, value, e2, sizeof e2)) ok = fail_at(c, c->line, "claim [%s]: %s: %s", cl->id, name, e2);
   for (int i = 0; ok && c->vc && i < k->n; i++)
-    if (!case_has(c->vc->knobs, k->k[i].key))
+    if (!vl_case_knob(c->vc, k->k[i].key, VL_KNOB_RUNG))
       ok = fail_at(c, c->line, "claim [%s]: %s: '%s' is not a knob of %s", cl->id, name, k->k[i].key, c->vc->id);
   free(k);
   return ok;
@@ -539,8 +543,20 @@ int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
   /* checked once up front, so a refused value changes no rung */
   if (knob_check(k, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
   if (!dot) {
-    /* a case setting, or a knob for every rung */
-    if (vl_knob_get(&L->setting, key)) {
+    /* a case setting (one the ladder sets, or one a registered case declares as a setting
+     * and not as a rung knob), or a knob for every rung; for a registered case, a name it
+     * declares neither way is refused here, as a typo in ladder.ini is */
+    const vl_case *vc = vl_case_find(L->case_id);
+    bool rung_knob = vc && vl_case_knob(vc, key, VL_KNOB_RUNG);
+    if (vc && !rung_knob && !vl_case_knob(vc, key, VL_KNOB_SETTING)) {
+      char kn[1024], st[1024];
+      vl_case_known_names(vc, VL_KNOB_RUNG, kn, sizeof kn);
+      vl_case_known_names(vc, VL_KNOB_SETTING, st, sizeof st);
+      snprintf(err, errn, "--set: '%s' is neither a knob nor a setting of %s (knobs: %s; settings: %s)", key,
+               vc->id, kn, st);
+      return -1;
+    }
+    if (vl_knob_get(&L->setting, key) || (vc && !rung_knob)) {
       if (vl_knob_set_err(&L->setting, key, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
       return 0;
     }

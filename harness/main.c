@@ -10,11 +10,14 @@
 #include <time.h>
 
 #include "case.h"
+#include "datagen.h"
 #include "interrupt.h"
+#include "list.h"
 #include "parse.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "report.h"
+#include "sgemm.h"
 #include "vramlab/backend.h"
 
 /* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
@@ -27,7 +30,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: vramlab <command> [options]\n"
-          "  list                               cases, scales and rungs\n"
+          "  list [CASE] [--json]               cases, scales and rungs (CASE: its knobs and\n"
+          "                                     settings too; --json: all of it, with defaults)\n"
           "  plan CASE [--step RUNG]            memory/FLOPs of a step without running it\n"
           "  run CASE [--step RUNG]             run the ladder (plan at full scale + timed run)\n"
           "  report CASE [--results FILE]       write reports/CASE.md and plots from results\n"
@@ -45,14 +49,16 @@ static void usage(FILE *f) {
           "  --step RUNG                        one rung only\n"
           "  --set key=value | rung.key=value   override the ladder (repeatable)\n"
           "  --vram SIZE                        card memory for plan (e.g. 24GiB)\n"
-          "  --json                             machine-readable output (plan)\n"
-          "  --out DIR                          results directory (default results)\n");
+          "  --json                             machine-readable output (plan, list)\n"
+          "  --out DIR                          results directory (default results)\n"
+          "  --profile                          run/bench: time every operation of the timed\n"
+          "                                     steps (a per-operation table in results+report)\n");
 }
 
 typedef struct {
   const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind;
   const char *sets[32];
-  int nsets, json, n, quiet, quality, size, classes;
+  int nsets, json, n, quiet, quality, size, classes, profile;
   int64_t seed;
   int out_given;
 } args;
@@ -98,6 +104,7 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (!strcmp(s, "--json")) { a->json = 1; continue; }
     if (!strcmp(s, "--quiet")) { a->quiet = 1; continue; }
+    if (!strcmp(s, "--profile")) { a->profile = 1; continue; }
     /* the type's range here; a command narrows it (bench gemm: --n in [16, 16384]) */
     int64_t v;
 #define NUM(name, field, lo, hi) \
@@ -157,6 +164,10 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
     fprintf(stderr, "vramlab: --vram: %s\n", err);
     return NULL;
   }
+  if (a->vram && vl_case_check_setting(c, "card", err, sizeof err)) {
+    fprintf(stderr, "vramlab: --vram: %s plans no card memory\n", c->id);
+    return NULL;
+  }
   if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
   vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   /* the setting alone first (a rung without knobs), so its errors do not name a rung */
@@ -179,23 +190,6 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
     return NULL;
   }
   return c;
-}
-
-static int cmd_list(void) {
-  int n;
-  const vl_case *const *all = vl_case_all(&n);
-  for (int i = 0; i < n; i++) {
-    printf("%-12s %s\n", all[i]->id, all[i]->summary);
-    vl_ladder L;
-    char err[256];
-    if (vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, all[i]->id, err, sizeof err)) { printf("  (ladder: %s)\n", err); continue; }
-    printf("  scales:");
-    for (int j = 0; all[i]->scales[j]; j++) printf(" %s", all[i]->scales[j]);
-    printf("\n  steps:\n");
-    for (int j = 0; j < L.n_rungs; j++) printf("    %-10s %s\n", L.rungs[j].name, L.rungs[j].label);
-  }
-  printf("devices: cpu, plan%s\n", vl_cuda_available() ? ", cuda" : " (cuda: no GPU visible)");
-  return 0;
 }
 
 static int cmd_plan(const args *a) {
@@ -287,10 +281,11 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   vl_device dev;
   if (parse_device(a->device, &dev)) return 2;
   const char *scale = a->scale ? a->scale : (dev == VL_DEV_CUDA ? "full" : "small");
-  vl_case_env env = {.scale = scale, .device = dev, .setting = &L.setting, .quiet = a->quiet};
+  vl_case_env env = {.scale = scale, .device = dev, .setting = &L.setting, .quiet = a->quiet,
+                     .profile = a->profile != 0};
   char err[512];
   long reps;
-  if (vl_knob_int(&L.setting, "reps", 2, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
+  if (vl_knob_int(&L.setting, "reps", vl_harness_settings, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
   vl_interrupt_install();
 
   cJSON *res = cJSON_CreateObject();
@@ -386,85 +381,37 @@ static int cmd_report(const args *a, const char *path) {
   return 0;
 }
 
-static void data_gen_progress(int64_t done, int64_t total, void *user) {
-  int *last = user; /* every 10% and at the end */
-  int pct = (int)(100 * done / total);
-  if (pct / 10 != *last / 10 || done == total) {
-    *last = pct;
-    vl_progress("data gen: %lld/%lld images", (long long)done, (long long)total);
-  }
-}
-
-static int cmd_data_gen_seg(const args *a) {
-  if (a->size < VL_SEGSET_SIZE_MIN || a->size > VL_SEGSET_SIZE_MAX ||
-      a->classes < 2 || a->classes > VL_SEGSET_CLASSES_MAX) {
-    fprintf(stderr, "vramlab: data gen --kind seg: --size in %d..%d, --classes in 2..%d (background included)\n",
-            VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX, VL_SEGSET_CLASSES_MAX);
-    return 2;
-  }
-  int last = 0;
-  vl_segset_gen_cfg g;
-  vl_segset_gen_cfg_default(&g);
-  g.n = a->n;
-  g.seed = (uint64_t)a->seed;
-  g.quality = a->quality;
-  g.size = a->size;
-  g.num_classes = a->classes;
-  g.progress = data_gen_progress;
-  g.user = &last;
-  char err[512];
-  double t0 = vl_now();
-  if (vl_segset_generate(a->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
-  double dt = vl_now() - t0;
-  vl_segset *s;
-  if (vl_segset_open(&s, a->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
-  vl_segset_info in;
-  vl_segset_info_get(s, &in);
-  printf("%s: %lld %dx%d images + masks, %d classes, %.1f KB JPEG average, %.1f s (%.0f images/s)\n",
-         a->out, (long long)in.n, in.size, in.size, in.num_classes,
-         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
-  vl_segset_close(s);
-  return 0;
-}
-
+/* Through the data set registry (datagen.h): one row per --kind. */
 static int cmd_data_gen(const args *a) {
   if (!a->out_given) { fprintf(stderr, "vramlab: data gen needs --out DIR\n"); return 2; }
   if (a->n < 1 || a->quality < 1 || a->quality > 100 || a->seed < 0) {
     fprintf(stderr, "vramlab: data gen: --n >= 1, --quality in 1..100, --seed >= 0\n");
     return 2;
   }
-  if (!strcmp(a->kind, "seg")) return cmd_data_gen_seg(a);
-  if (strcmp(a->kind, "jpeg")) {
-    fprintf(stderr, "vramlab: data gen: unknown --kind '%s' (jpeg, seg)\n", a->kind);
+  const vl_dataset_kind *k = vl_dataset_kind_find(a->kind);
+  if (!k) {
+    int n;
+    const vl_dataset_kind *all = vl_dataset_kinds(&n);
+    fprintf(stderr, "vramlab: data gen: unknown --kind '%s' (", a->kind);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", all[i].kind);
+    fprintf(stderr, ")\n");
     return 2;
   }
-  int last = 0;
-  vl_jpegset_gen_cfg g;
-  vl_jpegset_gen_cfg_default(&g);
-  g.n = a->n;
-  g.seed = (uint64_t)a->seed;
-  g.quality = a->quality;
-  g.progress = data_gen_progress;
-  g.user = &last;
-  char err[512];
-  double t0 = vl_now();
-  if (vl_jpegset_generate_ex(a->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
-  double dt = vl_now() - t0;
-  vl_jpegset *s;
-  if (vl_jpegset_open(&s, a->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
-  vl_jpegset_info in;
-  vl_jpegset_info_get(s, &in);
-  printf("%s: %lld images, %.1f KB average, %.1f s (%.0f images/s)\n", a->out, (long long)in.n,
-         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
-  vl_jpegset_close(s);
-  return 0;
+  vl_datagen_opts o = {.out = a->out, .n = a->n, .seed = a->seed, .quality = a->quality, .size = a->size,
+                       .classes = a->classes};
+  return k->generate(&o);
 }
 
 int main(int argc, char **argv) {
   args a;
   if (parse_args(argc, argv, &a)) return 2;
+  /* an option that would change nothing is refused, not ignored: the user expects a table */
+  if (a.profile && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
+    fprintf(stderr, "vramlab: --profile applies to run and bench only\n");
+    return 2;
+  }
   char results[PATH_MAX] = "";
-  if (!strcmp(a.cmd, "list")) return cmd_list();
+  if (!strcmp(a.cmd, "list")) return vl_cmd_list(a.case_id, a.json);
   if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);
   if (!strcmp(a.cmd, "run")) return cmd_run(&a, results, sizeof results);
   if (!strcmp(a.cmd, "report")) return cmd_report(&a, a.results);

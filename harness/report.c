@@ -248,6 +248,10 @@ static const vfield plan_fields[] = {
     {"fit_predicted_max_batch", V_NUM, NULL}, {"exact_vs_linear", V_NUM, NULL},
     {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"host_bytes_bound", V_NUM, NULL},
     {NULL, 0, NULL}};
+/* one entry of a run's --profile table (cases/case_run.c: vl_case_profile_json) */
+static const vfield profile_fields[] = {
+    {"op", V_STR, NULL}, {"calls", V_NUM, NULL}, {"seconds", V_NUM, NULL}, {"flops", V_NUM, NULL},
+    {"bytes", V_NUM, NULL}, {"flops_per_s", V_NUM, NULL}, {"share", V_NUM, NULL}, {NULL, 0, NULL}};
 static const vfield run_fields[] = {
     {"scale", V_STR, NULL}, {"device", V_STR, NULL}, {"consumer", V_STR, NULL}, {"error", V_STR, NULL},
     {"oom", V_BOOL, NULL}, {"plan_matches_measured", V_BOOL, NULL}, {"pin_applies", V_BOOL, NULL},
@@ -262,7 +266,9 @@ static const vfield run_fields[] = {
     {"data_wait_frac", V_NUM, NULL}, {"accel_util", V_NUM, NULL}, {"wait_s_per_batch", V_NUM, NULL},
     {"load_s_per_batch", V_NUM, NULL}, {"transform_s_per_batch", V_NUM, NULL}, {"cpu_util", V_NUM, NULL},
     {"host_bytes_bound", V_NUM, NULL}, {"host_bytes_peak", V_NUM, NULL}, {"first_batch_s", V_NUM, NULL},
-    {"consumer_ms", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"consumer_ms", V_NUM, NULL}, {"profile", V_OBJS, profile_fields}, {"profile_steps", V_NUM, NULL},
+    {"profile_seconds", V_NUM, NULL}, {"profile_other_seconds", V_NUM, NULL},
+    {"profile_recompute_flops", V_NUM, NULL}, {NULL, 0, NULL}};
 static const vfield rung_fields[] = {
     {"name", V_STR, NULL}, {"label", V_STR, NULL}, {"knobs", V_STROBJ, NULL},
     {"plan", V_OBJ, plan_fields}, {"runs", V_OBJS, run_fields}, {NULL, 0, NULL}};
@@ -562,6 +568,143 @@ int vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, char *wh
   return rc;
 }
 
+/* ---- where the time goes (--profile) ------------------------------------------------------- */
+/* A rung's profile: its runs' tables summed by operation name (repetitions add up), so each
+ * value per step is a total over every profiled step divided by their number. */
+#define PROF_TOP 12     /* rows shown; the rest are summed into one row */
+#define PROF_OPS_MAX 64 /* distinct names kept (the engine has ~35); more from a file are summed */
+typedef struct {
+  const char *op;     /* the name as in the file (a key, never printed) */
+  const cJSON *entry; /* its first entry: printed through vl_rep_str */
+  double calls, seconds, flops;
+} prof_row;
+typedef struct {
+  prof_row row[PROF_OPS_MAX];
+  int n, runs;
+  prof_row rest; /* names past PROF_OPS_MAX */
+  double steps, seconds, other;
+} prof_sum;
+
+/* 0 where the file has null: a missing part of a sum is left out, not a poisoned total */
+static double prof_val(const cJSON *o, const char *k) {
+  double v = vl_rep_num(o, k);
+  return isnan(v) ? 0 : v;
+}
+
+/* Sums the profiled runs of a rung into *p; false when none carries a profile. */
+static bool prof_sum_rung(const cJSON *rung, prof_sum *p) {
+  memset(p, 0, sizeof *p);
+  const cJSON *run, *e;
+  cJSON_ArrayForEach(run, cJSON_GetObjectItem(rung, "runs")) {
+    const cJSON *prof = cJSON_GetObjectItem(run, "profile");
+    if (!cJSON_IsArray(prof)) continue;
+    p->runs++;
+    p->steps += prof_val(run, "profile_steps");
+    p->seconds += prof_val(run, "profile_seconds");
+    p->other += prof_val(run, "profile_other_seconds");
+    cJSON_ArrayForEach(e, prof) {
+      const char *op = cJSON_GetStringValue(cJSON_GetObjectItem(e, "op"));
+      if (!op) op = "";
+      prof_row *r = NULL;
+      for (int i = 0; i < p->n && !r; i++)
+        if (!strcmp(p->row[i].op, op)) r = &p->row[i];
+      if (!r && p->n < PROF_OPS_MAX) {
+        r = &p->row[p->n++];
+        r->op = op;
+        r->entry = e;
+      }
+      if (!r) r = &p->rest;
+      r->calls += prof_val(e, "calls");
+      r->seconds += prof_val(e, "seconds");
+      r->flops += prof_val(e, "flops");
+    }
+  }
+  /* slowest first */
+  for (int i = 1; i < p->n; i++)
+    for (int j = i; j > 0 && p->row[j - 1].seconds < p->row[j].seconds; j--) {
+      prof_row t = p->row[j];
+      p->row[j] = p->row[j - 1];
+      p->row[j - 1] = t;
+    }
+  return p->runs > 0;
+}
+
+/* About three significant digits without an exponent (ms from 0.001 to 10^5, GFLOP/s) */
+static const char *fmt_sig(double v) {
+  return vl_rep_fmt(!isfinite(v) || fabs(v) >= 100 ? "%.0f" : fabs(v) >= 1 ? "%.1f" : "%.3f", v);
+}
+
+/* GFLOP/s of flops in seconds: "—" for an operation that counts no FLOPs (a copy) */
+static double prof_gflops(double flops, double seconds) {
+  return flops > 0 && seconds > 0 ? flops / seconds / 1e9 : NAN;
+}
+
+static void prof_table(FILE *md, const cJSON *rung, const prof_sum *p) {
+  double steps = p->steps > 0 ? p->steps : NAN, total = p->seconds > 0 ? p->seconds : NAN;
+  fprintf(md, "### `%s` — %s\n\n", vl_rep_str(rung, "name"), vl_rep_str(rung, "label"));
+  fprintf(md, "%s timed steps (%d run%s), %s ms per step profiled.\n\n", vl_rep_fmt("%.0f", p->steps), p->runs,
+          p->runs == 1 ? "" : "s", fmt_sig(1e3 * total / steps));
+  fprintf(md, "| operation | calls per step | ms per step | share of the step | GFLOP/s |\n|---|---|---|---|---|\n");
+  prof_row more = p->rest, all = p->rest;
+  int n_more = p->rest.calls > 0 ? 1 : 0; /* names past PROF_OPS_MAX: at least one */
+  for (int i = 0; i < p->n; i++) {
+    const prof_row *r = &p->row[i];
+    all.calls += r->calls;
+    all.seconds += r->seconds;
+    all.flops += r->flops;
+    if (i >= PROF_TOP) {
+      more.calls += r->calls;
+      more.seconds += r->seconds;
+      more.flops += r->flops;
+      n_more++;
+      continue;
+    }
+    fprintf(md, "| %s | %s | %s | %s | %s |\n", vl_rep_str(r->entry, "op"), vl_rep_fmt("%.0f", r->calls / steps),
+            fmt_sig(1e3 * r->seconds / steps), vl_rep_fmt("%.1f%%", 100 * r->seconds / total),
+            fmt_sig(prof_gflops(r->flops, r->seconds)));
+  }
+  if (n_more)
+    fprintf(md, "| %d more operation%s | %s | %s | %s | %s |\n", n_more, n_more == 1 ? "" : "s",
+            vl_rep_fmt("%.0f", more.calls / steps), fmt_sig(1e3 * more.seconds / steps),
+            vl_rep_fmt("%.1f%%", 100 * more.seconds / total), fmt_sig(prof_gflops(more.flops, more.seconds)));
+  fprintf(md, "| other: inside no operation (the model's glue, allocation, sync) | — | %s | %s | — |\n",
+          fmt_sig(1e3 * p->other / steps), vl_rep_fmt("%.1f%%", 100 * p->other / total));
+  fprintf(md, "| **the whole step** | %s | %s | 100%% | %s |\n\n", vl_rep_fmt("%.0f", all.calls / steps),
+          fmt_sig(1e3 * total / steps), fmt_sig(prof_gflops(all.flops, total)));
+}
+
+/* After the case's own sections, for any case whose runs carry a profile: the first
+ * profiled rung and the last (every one when there are at most three). */
+static void profile_section(FILE *md, const cJSON *res) {
+  const cJSON *rung, *with[VL_MAX_RUNGS];
+  int n = 0;
+  prof_sum *p = malloc(sizeof *p);
+  if (!p) return;
+  cJSON_ArrayForEach(rung, cJSON_GetObjectItem(res, "rungs"))
+    if (n < VL_MAX_RUNGS && prof_sum_rung(rung, p)) with[n++] = rung;
+  if (n) {
+    fprintf(md, "## Where the time goes (--profile)\n\n"
+                "Every operation of the timed steps, timed on the host clock around its kernel with a "
+                "device sync before and after it (on a GPU: the kernel's own time, not its launch), "
+                "summed over the timed steps of every repetition; warm-up steps are left out. The syncs "
+                "make profiled steps a little slower than the unprofiled timings above. GFLOP/s count "
+                "recomputed FLOPs (checkpointing) too, unlike the model FLOP/s above; — marks an operation "
+                "that counts no FLOPs (copies, conversions, optimizer updates, as in the model FLOPs). "
+                "The full table is in `results.json`.\n\n");
+    for (int i = 0; i < n; i++) {
+      if (n > 3 && i > 0 && i < n - 1) continue;
+      prof_sum_rung(with[i], p);
+      prof_table(md, with[i], p);
+    }
+    if (n > 3) {
+      fprintf(md, "Also profiled (in `results.json`):");
+      for (int i = 1; i < n - 1; i++) fprintf(md, "%s `%s`", i > 1 ? "," : "", vl_rep_str(with[i], "name"));
+      fprintf(md, ".\n\n");
+    }
+  }
+  free(p);
+}
+
 /* ---- the report --------------------------------------------------------------------------- */
 static int report_fail(char *err, size_t errn, cJSON *res, char *text, const char *fmt, const char *a,
                        const char *b) {
@@ -685,6 +828,7 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
     else
       fprintf(md, "Plots are missing: gnuplot is not installed (`apt-get install gnuplot-nox`).\n\n");
   }
+  profile_section(md, res);
   bool ok = !ferror(md);
   if (fclose(md)) ok = false;
   cJSON_Delete(res);

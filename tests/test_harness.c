@@ -107,6 +107,14 @@ static void test_ladder_errors(void **state) {
   assert_non_null(strstr(err, "unknown key 'colour'"));
 }
 
+/* Defaults of the knobs the helper tests read (the helpers fall back to a declared one). */
+static const vl_knob_decl test_decl[] = {
+    {"n", "0", "an integer", VL_KNOB_RUNG},      {"absent", "7", "never set", VL_KNOB_RUNG},
+    {"f", "0", "a number", VL_KNOB_RUNG},        {"b", "false", "a flag", VL_KNOB_RUNG},
+    {"s", "1GB", "a size", VL_KNOB_RUNG},        {"sw", "1", "a list", VL_KNOB_RUNG},
+    {"absent_list", "1,2,4", "never set", VL_KNOB_RUNG}, {NULL, NULL, NULL, 0},
+};
+
 static void test_knob_parsing(void **state) {
   (void)state;
   vl_knobs k = {0};
@@ -116,28 +124,28 @@ static void test_knob_parsing(void **state) {
   int b;
   size_t sz;
   vl_knob_set(&k, "n", "12x");
-  assert_int_not_equal(vl_knob_int(&k, "n", 0, 0, 100, &v, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
   assert_non_null(strstr(err, "n = '12x'"));
   vl_knob_set(&k, "n", "101");
-  assert_int_not_equal(vl_knob_int(&k, "n", 0, 0, 100, &v, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
   vl_knob_set(&k, "n", "42");
-  assert_int_equal(vl_knob_int(&k, "n", 0, 0, 100, &v, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
   assert_int_equal(v, 42);
-  assert_int_equal(vl_knob_int(&k, "absent", 7, 0, 100, &v, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int(&k, "absent", test_decl, 0, 100, &v, err, sizeof err), 0);
   assert_int_equal(v, 7);
   vl_knob_set(&k, "f", "1.5");
-  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
   vl_knob_set(&k, "f", "nan");
-  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
   vl_knob_set(&k, "b", "maybe");
-  assert_int_not_equal(vl_knob_bool(&k, "b", 0, &b, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_bool(&k, "b", test_decl, &b, err, sizeof err), 0);
   vl_knob_set(&k, "b", "on");
-  assert_int_equal(vl_knob_bool(&k, "b", 0, &b, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bool(&k, "b", test_decl, &b, err, sizeof err), 0);
   assert_int_equal(b, 1);
   vl_knob_set(&k, "s", "24 furlongs");
-  assert_int_not_equal(vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
   vl_knob_set(&k, "s", "24GiB");
-  assert_int_equal(vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
   assert_true(sz == (size_t)24 << 30);
   assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,broken", err, sizeof err), 0);
 }
@@ -633,24 +641,24 @@ static void test_strict_parsers(void **state) {
   long v, lv[16];
   size_t sz;
   assert_int_equal(vl_knob_set(&k, "n", " 42"), 0);
-  assert_int_not_equal(vl_knob_int(&k, "n", 0, 0, 100, &v, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
   assert_non_null(strstr(err, "n = ' 42'"));
   assert_int_equal(vl_knob_set(&k, "f", "0x1p-1"), 0);
-  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
   assert_int_equal(vl_knob_set(&k, "f", "1e-400"), 0);
-  assert_int_not_equal(vl_knob_double(&k, "f", 0, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
   const char *bad_bytes[] = {" 24GiB", "0x18GiB", "infGB", "-1GB", "GB", "1e999GB"};
   for (size_t j = 0; j < sizeof bad_bytes / sizeof *bad_bytes; j++) {
     assert_int_equal(vl_knob_set(&k, "s", bad_bytes[j]), 0);
-    if (!vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err)) { print_error("'%s' parsed\n", bad_bytes[j]); fail(); }
+    if (!vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err)) { print_error("'%s' parsed\n", bad_bytes[j]); fail(); }
   }
   assert_int_equal(vl_knob_set(&k, "s", "22.08GB"), 0);
-  assert_int_equal(vl_knob_bytes(&k, "s", "1GB", &sz, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
   assert_true(sz == 22080000000u);
-  assert_int_equal(vl_knob_int_list(&k, "absent", "1,2,4", 1, 9, lv, 16, &n, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int_list(&k, "absent_list", test_decl, 1, 9, lv, 16, &n, err, sizeof err), 0);
   assert_int_equal(n, 3);
   assert_int_equal(vl_knob_set(&k, "sw", "0,1,x"), 0);
-  assert_int_not_equal(vl_knob_int_list(&k, "sw", "1", 0, 9, lv, 16, &n, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_int_list(&k, "sw", test_decl, 0, 9, lv, 16, &n, err, sizeof err), 0);
   assert_non_null(strstr(err, "sw = '0,1,x'"));
 }
 
@@ -772,6 +780,213 @@ static void test_cli_errors(void **state) {
   }
 }
 
+/* `vramlab list --json`: every registered case with its scales, every rung of its ladder
+ * (resolved knobs), and every knob and setting with its declared default and help. */
+static void test_list_json(void **state) {
+  (void)state;
+  char *t;
+  assert_int_equal(run_cli("list --json", &t), 0);
+  cJSON *o = cJSON_Parse(t);
+  if (!o) { print_error("not JSON:\n%s\n", t); fail(); }
+  free(t);
+  cJSON *cases = cJSON_GetObjectItem(o, "cases");
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  assert_int_equal(cJSON_GetArraySize(cases), n);
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[512];
+  for (int i = 0; i < n; i++) {
+    cJSON *c = cJSON_GetArrayItem(cases, i);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "id")), all[i]->id);
+    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(c, "scales")) >= 1);
+    assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, all[i]->id, err, sizeof err), 0);
+    cJSON *rungs = cJSON_GetObjectItem(c, "rungs");
+    assert_int_equal(cJSON_GetArraySize(rungs), L->n_rungs);
+    for (int j = 0; j < L->n_rungs; j++) {
+      cJSON *r = cJSON_GetArrayItem(rungs, j);
+      assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), L->rungs[j].name);
+      assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r, "label")), L->rungs[j].label);
+      cJSON *kn = cJSON_GetObjectItem(r, "knobs");
+      assert_int_equal(cJSON_GetArraySize(kn), L->rungs[j].knobs.n); /* inherited ones too */
+      for (int k = 0; k < L->rungs[j].knobs.n; k++)
+        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(kn, L->rungs[j].knobs.k[k].key)),
+                            L->rungs[j].knobs.k[k].val);
+    }
+    /* every declaration, with help; every setting of the ladder is one of them */
+    cJSON *decl = cJSON_GetObjectItem(c, "knobs"), *d;
+    int nd = 0;
+    cJSON_ArrayForEach(d, decl) {
+      assert_true(cJSON_IsString(cJSON_GetObjectItem(d, "help")));
+      assert_true(cJSON_IsBool(cJSON_GetObjectItem(d, "rung")) && cJSON_IsBool(cJSON_GetObjectItem(d, "setting")));
+      nd++;
+    }
+    int want = 0;
+    for (int j = 0; all[i]->knobs[j].name; j++) want++;
+    for (int j = 0; vl_harness_settings[j].name; j++) want++;
+    assert_int_equal(nd, want);
+    for (int k = 0; k < L->setting.n; k++) assert_non_null(vl_case_knob(all[i], L->setting.k[k].key, VL_KNOB_SETTING));
+  }
+  /* a known default: llm-lora's timed steps, a setting, and its LoRA alpha, a rung knob */
+  cJSON *llm = cJSON_GetArrayItem(cases, 0), *d;
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(llm, "id")), "llm-lora");
+  int seen = 0;
+  cJSON_ArrayForEach(d, cJSON_GetObjectItem(llm, "knobs")) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(d, "name"));
+    if (!strcmp(name, "steps")) {
+      assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(d, "default")), "12");
+      assert_true(cJSON_IsTrue(cJSON_GetObjectItem(d, "setting")) && cJSON_IsFalse(cJSON_GetObjectItem(d, "rung")));
+      seen++;
+    }
+    if (!strcmp(name, "lora_alpha")) {
+      assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(d, "default")), "16");
+      assert_true(cJSON_IsTrue(cJSON_GetObjectItem(d, "rung")));
+      seen++;
+    }
+  }
+  assert_int_equal(seen, 2);
+  cJSON_Delete(o);
+  free(L);
+
+  /* one case, as JSON and as text; an unknown one names the known ones, exit 2 */
+  assert_int_equal(run_cli("list seg-ckpt --json", &t), 0);
+  o = cJSON_Parse(t);
+  assert_non_null(o);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "cases")), 1);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "cases"), 0), "id")),
+                      "seg-ckpt");
+  cJSON_Delete(o);
+  free(t);
+  assert_int_equal(run_cli("list dataloader", &t), 0);
+  assert_non_null(strstr(t, "dataloader"));
+  assert_null(strstr(t, "llm-lora"));
+  assert_non_null(strstr(t, "consumer_ms"));
+  free(t);
+  assert_int_equal(run_cli("list nosuch", &t), 2);
+  assert_non_null(strstr(t, "unknown case 'nosuch'"));
+  assert_non_null(strstr(t, "llm-lora"));
+  free(t);
+  assert_int_equal(run_cli("list nosuch --json", &t), 2);
+  free(t);
+}
+
+/* Every declared default is a value its case accepts, and is the one its parse uses: a
+ * plan with every default written out equals the plan with none (one definition). */
+static void test_declared_defaults(void **state) {
+  (void)state;
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  char err[512];
+  for (int i = 0; i < n; i++) {
+    const vl_case *c = all[i];
+    vl_knobs *setting = calloc(1, sizeof *setting), *rung = calloc(1, sizeof *rung), *none = calloc(1, sizeof *none);
+    assert_true(setting && rung && none);
+    for (int j = 0; c->knobs[j].name; j++) {
+      const vl_knob_decl *d = &c->knobs[j];
+      assert_true(d->help && *d->help && d->where);
+      assert_ptr_equal(vl_knob_decl_find(c->knobs, d->name), d); /* declared once */
+      if (!d->def) continue;
+      if (d->where & VL_KNOB_SETTING) assert_int_equal(vl_knob_set(setting, d->name, d->def), 0);
+      if (d->where & VL_KNOB_RUNG) assert_int_equal(vl_knob_set(rung, d->name, d->def), 0);
+    }
+    vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = setting, .quiet = 1};
+    vl_case_env env0 = {.scale = "full", .device = VL_DEV_PLAN, .setting = none, .quiet = 1};
+    if (c->check && c->check(&env, rung, err, sizeof err)) fail_msg("%s: a declared default is refused: %s", c->id, err);
+    assert_int_equal(vl_case_check_knobs(c, "defaults", rung, err, sizeof err), 0);
+    cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
+    assert_int_equal(c->plan(&env, "tiny", rung, a, err, sizeof err), 0);
+    assert_int_equal(c->plan(&env0, "tiny", none, b, err, sizeof err), 0);
+    cJSON_DeleteItemFromObject(a, "plan_seconds"); /* timings */
+    cJSON_DeleteItemFromObject(b, "plan_seconds");
+    cJSON_DeleteItemFromObject(a, "max_batch_search_seconds");
+    cJSON_DeleteItemFromObject(b, "max_batch_search_seconds");
+    char *sa = cJSON_PrintUnformatted(a), *sb = cJSON_PrintUnformatted(b);
+    if (strcmp(sa, sb)) fail_msg("%s: defaults written out plan differently:\n%s\n%s", c->id, sa, sb);
+    free(sa); free(sb);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(setting); free(rung); free(none);
+  }
+  /* a table without the key: absent is an error naming it, never a silent 0 */
+  vl_knobs k = {0};
+  long v;
+  assert_int_not_equal(vl_knob_int(&k, "ghost", test_decl, 0, 9, &v, err, sizeof err), 0);
+  assert_non_null(strstr(err, "ghost"));
+}
+
+/* [case] settings are declared: a typo in ladder.ini (with its line) or in --set is refused
+ * like an unknown rung knob; a declared setting the ladder leaves out can be --set. */
+static void test_unknown_setting_refused(void **state) {
+  (void)state;
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[1024];
+  const char *claims = "";
+  assert_int_not_equal(vl_ladder_parse(L, "llm-lora", "[case]\nsteps = 4\nstpes = 4\n[a]\nlr = 1e-3\n", claims,
+                                       "x", err, sizeof err), 0);
+  assert_non_null(strstr(err, "ladder.ini:3"));
+  assert_non_null(strstr(err, "unknown setting 'stpes'"));
+  assert_non_null(strstr(err, "steps")); /* the known ones */
+  /* an unregistered case id reads anything (the harness tests' own ladders) */
+  assert_int_equal(vl_ladder_parse(L, "t-any", "[case]\nstpes = 4\n[a]\nx = 1\n", claims, "x", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  assert_int_not_equal(vl_ladder_set(L, "stpes=4", err, sizeof err), 0);
+  assert_non_null(strstr(err, "'stpes' is neither a knob nor a setting of llm-lora"));
+  /* declared as a setting, not in the ladder: goes to the setting, not to the rungs */
+  assert_null(vl_knob_get(&L->setting, "cuda_context"));
+  assert_int_equal(vl_ladder_set(L, "cuda_context=1GiB", err, sizeof err), 0);
+  assert_string_equal(vl_knob_get(&L->setting, "cuda_context"), "1GiB");
+  assert_null(vl_knob_get(&L->rungs[0].knobs, "cuda_context"));
+  /* a rung knob still goes to every rung */
+  assert_int_equal(vl_ladder_set(L, "clip=0.5", err, sizeof err), 0);
+  assert_string_equal(vl_knob_get(&L->rungs[L->n_rungs - 1].knobs, "clip"), "0.5");
+  free(L);
+  char *t;
+  assert_int_equal(run_cli("plan llm-lora --set stpes=4", &t), 2);
+  assert_non_null(strstr(t, "neither a knob nor a setting"));
+  free(t);
+  assert_int_equal(run_cli("plan dataloader --vram 24GiB", &t), 2);
+  assert_non_null(strstr(t, "--vram"));
+  free(t);
+}
+
+/* The dataloader's host_bytes_bound has one definition: the plan's number is the run's
+ * (the loader's own stat) for several loader configurations. */
+static void test_host_bytes_bound_plan_equals_run(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("dataloader");
+  assert_non_null(c);
+  char root[300], err[1024];
+  snprintf(root, sizeof root, "%s/bound-set", tmpdir);
+  vl_knobs setting = {0};
+  vl_knob_set(&setting, "data_dir", root);
+  vl_knob_set(&setting, "images", "8");
+  vl_knob_set(&setting, "data_seed", "3");
+  vl_knob_set(&setting, "batch", "2");
+  vl_knob_set(&setting, "crop", "16");
+  vl_knob_set(&setting, "epochs", "1");
+  vl_knob_set(&setting, "consumer_ms", "0");
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &setting, .quiet = 1};
+  const char *cfgs[] = {"workers=0,prefetch=1", "workers=1,prefetch=3,collate=batched",
+                        "workers=2,prefetch=2,corrupt=skip", "workers=3,prefetch=1,persistent=true"};
+  double prev = 0;
+  for (size_t i = 0; i < sizeof cfgs / sizeof *cfgs; i++) {
+    vl_knobs k = {0};
+    assert_int_equal(vl_knobs_apply_list(&k, cfgs[i], err, sizeof err), 0);
+    cJSON *p = cJSON_CreateObject(), *r = cJSON_CreateObject();
+    assert_int_equal(c->plan(&env, "tiny", &k, p, err, sizeof err), 0);
+    if (c->run(&env, &k, 0, r, err, sizeof err)) fail_msg("run %s: %s", cfgs[i], err);
+    double planned = cJSON_GetNumberValue(cJSON_GetObjectItem(p, "host_bytes_bound"));
+    double ran = cJSON_GetNumberValue(cJSON_GetObjectItem(r, "host_bytes_bound"));
+    if (planned != ran) fail_msg("%s: planned %.0f, the run's loader %.0f", cfgs[i], planned, ran);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(r, "host_bytes_peak")) <= ran);
+    assert_true(planned != prev); /* the configurations differ in their bound */
+    prev = planned;
+    cJSON_Delete(p);
+    cJSON_Delete(r);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ladder_inherits),  cmocka_unit_test(test_ladder_errors),
@@ -785,6 +1000,8 @@ int main(void) {
       cmocka_unit_test(test_accum_plan_is_fast), cmocka_unit_test(test_ini_strict),
       cmocka_unit_test(test_strict_parsers), cmocka_unit_test(test_knob_set_limits),
       cmocka_unit_test(test_ladder_parse_memory),
+      cmocka_unit_test(test_list_json), cmocka_unit_test(test_declared_defaults),
+      cmocka_unit_test(test_unknown_setting_refused), cmocka_unit_test(test_host_bytes_bound_plan_equals_run),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -174,10 +174,10 @@ static void test_corrupt_files(void **state) {
   char dir[300], err[512];
   tu_join(dir, sizeof dir, tu_tmp, "corrupt");
   assert_int_equal(vl_jpegset_generate(dir, 6, 99, 90, NULL, NULL, err, sizeof err), 0);
-  for (int mode = 0; mode < 3; mode++) assert_int_equal(vl_jpegset_corrupt(dir, mode, mode, err, sizeof err), 0);
-  assert_int_equal(vl_jpegset_corrupt(dir, 0, 3, err, sizeof err), -1);
+  for (int mode = 0; mode < 3; mode++) assert_int_equal(tu_jpegset_corrupt(dir, mode, mode, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 0, 3, err, sizeof err), -1);
   assert_non_null(strstr(err, "mode"));
-  assert_int_equal(vl_jpegset_corrupt(dir, 6, 0, err, sizeof err), -1);
+  assert_int_equal(tu_jpegset_corrupt(dir, 6, 0, err, sizeof err), -1);
   /* Image 3 goes missing; image 4 gets trailing bytes (still decodes, but changed). */
   char p[400];
   snprintf(p, sizeof p, "%s/img_0000003.jpg", dir);
@@ -628,8 +628,8 @@ static void test_decode_independent_of_order(void **state) {
     free(in);
     free(out);
   }
-  assert_int_equal(vl_jpegset_corrupt(dir, 3, VL_JPEGSET_TRUNCATE, err, sizeof err), 0);
-  assert_int_equal(vl_jpegset_corrupt(dir, 5, VL_JPEGSET_GARBAGE, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 3, TU_JPEG_TRUNCATE, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 5, TU_JPEG_GARBAGE, err, sizeof err), 0);
   snprintf(q, sizeof q, "%s/img_%07d.jpg", dir, 6); /* a bare start marker */
   tu_write_bytes(q, "\xFF\xD8", 2);
   bytes[6] = 2;
@@ -973,7 +973,7 @@ static void test_dataloader_case(void **state) {
   assert_non_null(strstr(err, "max_file_bytes"));
 
   /* A damaged image: skipped with corrupt=skip, the run's error by default. */
-  assert_int_equal(vl_jpegset_corrupt(set, 1, VL_JPEGSET_GARBAGE, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(set, 1, TU_JPEG_GARBAGE, err, sizeof err), 0);
   vl_knobs skip = {0};
   vl_knob_set(&skip, "corrupt", "skip");
   rc = run_case(c, &env, &skip, &skipped, err, sizeof err);

@@ -83,8 +83,8 @@ static void test_adamw(void **state) {
     adamw_ref(pr, m, v, gd, N, &oc.hp, t);
     OK(vl_param_read(cx, &p, got));
     assert_close_d(got, pr, N, t == 1 ? "adamw p after 1 step" : "adamw p");
-    assert_close_d(p.st[0].data, m, N, "adamw m");
-    assert_close_d(p.st[1].data, v, N, "adamw v");
+    assert_close_d(p.state[0].data, m, N, "adamw m");
+    assert_close_d(p.state[1].data, v, N, "adamw v");
     if (t == 1) {
       /* step 1: the bias-corrected step is lr * sign(g) (up to eps), after decay */
       for (int i = 0; i < N; i++) {
@@ -130,7 +130,7 @@ static void test_sgd_momentum(void **state) {
     sgd_ref(pr, buf, gd, N, &oc.hp, t);
     OK(vl_param_read(cx, &p, got));
     assert_close_d(got, pr, N, "sgd p");
-    assert_close_d(p.st[0].data, buf, N, "sgd momentum buffer");
+    assert_close_d(p.state[0].data, buf, N, "sgd momentum buffer");
   }
   vl_param_free(cx, &p);
 }
@@ -163,19 +163,19 @@ static void test_adafactor_state_size(void **state) {
       vl_arena_stats(cx->arena, &s1);
       size_t sum = 0, aligned = 0;
       for (int k = 0; k < 3; k++)
-        if (p.st[k].owned) {
-          sum += p.st[k].bytes;
-          aligned += (p.st[k].bytes + VL_ARENA_ALIGN - 1) / VL_ARENA_ALIGN * VL_ARENA_ALIGN;
-          assert_int_equal(p.st[k].dtype, VL_F32);
-          assert_int_equal(p.st[k].cat, VL_MEM_OPTIM);
+        if (p.state[k].owned) {
+          sum += p.state[k].bytes;
+          aligned += (p.state[k].bytes + VL_ARENA_ALIGN - 1) / VL_ARENA_ALIGN * VL_ARENA_ALIGN;
+          assert_int_equal(p.state[k].dtype, VL_F32);
+          assert_int_equal(p.state[k].cat, VL_MEM_OPTIM);
         }
       assert_int_equal(sum, want);
       assert_int_equal(s1.cur[VL_MEM_OPTIM] - s0.cur[VL_MEM_OPTIM], aligned);
-      if (R > 1) assert_int_equal(p.st[0].n, R);
-      else assert_false(p.st[0].owned);
-      assert_int_equal(p.st[1].n, C);
-      assert_int_equal(p.st[2].owned, b1);
-      if (b1) assert_int_equal(p.st[2].n, R * C);
+      if (R > 1) assert_int_equal(p.state[0].n, R);
+      else assert_false(p.state[0].owned);
+      assert_int_equal(p.state[1].n, C);
+      assert_int_equal(p.state[2].owned, b1);
+      if (b1) assert_int_equal(p.state[2].n, R * C);
       vl_param_free(cx, &p);
     }
   /* the other optimizers: AdamW m and v (8 bytes/weight), SGD momentum (4) */
@@ -255,9 +255,9 @@ static void adafactor_case(int64_t R, int64_t C, bool beta1, float clip, float w
     else *unclipped = true;
     OK(vl_param_read(cx, &p, got));
     assert_close_d(got, pr, n, R > 1 ? "adafactor matrix p" : "adafactor vector p");
-    if (R > 1) assert_close_d(p.st[0].data, vr, R, "adafactor vr");
-    assert_close_d(p.st[1].data, vc, C, R > 1 ? "adafactor vc" : "adafactor v");
-    if (beta1) assert_close_d(p.st[2].data, m, n, "adafactor m");
+    if (R > 1) assert_close_d(p.state[0].data, vr, R, "adafactor vr");
+    assert_close_d(p.state[1].data, vc, C, R > 1 ? "adafactor vc" : "adafactor v");
+    if (beta1) assert_close_d(p.state[2].data, m, n, "adafactor m");
   }
   vl_param_free(cx, &p);
   free(p0); free(g); free(got); free(pr); free(gd); free(m);
@@ -359,7 +359,7 @@ static void test_grad_scale(void **state) {
     }
     assert_memory_equal(a.w.data, b.w.data, sizeof(float) * N);
     for (int s = 0; s < 3; s++)
-      if (a.st[s].owned) assert_memory_equal(a.st[s].data, b.st[s].data, a.st[s].bytes);
+      if (a.state[s].owned) assert_memory_equal(a.state[s].data, b.state[s].data, a.state[s].bytes);
     /* and the scale is not a no-op: an unscaled update of 4g differs */
     vl_param c;
     mk_param(&c, R, C, VL_F32, &cfgs[k], p0);
@@ -369,7 +369,7 @@ static void test_grad_scale(void **state) {
     }
     int differ = 0;
     for (int s = 0; s < 3; s++)
-      if (c.st[s].owned) differ += memcmp(a.st[s].data, c.st[s].data, c.st[s].bytes) != 0;
+      if (c.state[s].owned) differ += memcmp(a.state[s].data, c.state[s].data, c.state[s].bytes) != 0;
     assert_true(differ > 0);
     vl_param_free(cx, &c);
     vl_param_free(cx, &b);
@@ -386,7 +386,7 @@ static void test_frozen_untouched(void **state) {
   vl_param p;
   OK(vl_param_alloc(cx, &p, "frozen", 1, 64, VL_F32, false));
   OK(vl_param_alloc_optim(cx, &p, &oc));
-  assert_false(p.st[0].owned); /* no optimizer state for frozen weights */
+  assert_false(p.state[0].owned); /* no optimizer state for frozen weights */
   assert_false(p.grad.owned);
   OK(vl_param_load(cx, &p, p0));
   OK(vl_param_update(cx, &p, &oc, 1, 1.0f));

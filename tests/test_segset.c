@@ -330,22 +330,22 @@ static void expect_damaged(const char *dir, const char *file, const char *what) 
 static void test_corrupt_modes(void **state) {
   (void)state;
   static const struct { int mode; const char *file, *what; } m[] = {
-      {VL_SEGSET_IMG_TRUNCATE, "img_0000001.jpg", "JPEG"},
-      {VL_SEGSET_IMG_GARBAGE, "img_0000001.jpg", "corrupt or truncated JPEG"},
-      {VL_SEGSET_IMG_NOT_JPEG, "img_0000001.jpg", "not a readable JPEG"},
-      {VL_SEGSET_MASK_TRUNCATE, "mask_0000001.pgm", "truncated mask"},
-      {VL_SEGSET_MASK_WRONG_SIZE, "mask_0000001.pgm", "wrong mask dimensions: the mask is 16x32 but the image is 32x32"},
-      {VL_SEGSET_MASK_BAD_CLASS, "mask_0000001.pgm", "class id 5 at (x 10, y 16) is >= num_classes 5"},
-      {VL_SEGSET_MASK_BAD_HEADER, "mask_0000001.pgm", "bad PGM header"},
-      {VL_SEGSET_IMG_MISSING, "img_0000001.jpg", "cannot open"},
-      {VL_SEGSET_MASK_MISSING, "mask_0000001.pgm", "cannot open"},
+      {TU_SEGSET_IMG_TRUNCATE, "img_0000001.jpg", "JPEG"},
+      {TU_SEGSET_IMG_GARBAGE, "img_0000001.jpg", "corrupt or truncated JPEG"},
+      {TU_SEGSET_IMG_NOT_JPEG, "img_0000001.jpg", "not a readable JPEG"},
+      {TU_SEGSET_MASK_TRUNCATE, "mask_0000001.pgm", "truncated mask"},
+      {TU_SEGSET_MASK_WRONG_SIZE, "mask_0000001.pgm", "wrong mask dimensions: the mask is 16x32 but the image is 32x32"},
+      {TU_SEGSET_MASK_BAD_CLASS, "mask_0000001.pgm", "class id 5 at (x 10, y 16) is >= num_classes 5"},
+      {TU_SEGSET_MASK_BAD_HEADER, "mask_0000001.pgm", "bad PGM header"},
+      {TU_SEGSET_IMG_MISSING, "img_0000001.jpg", "cannot open"},
+      {TU_SEGSET_MASK_MISSING, "mask_0000001.pgm", "cannot open"},
   };
   char err[512];
   for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
     char dir[320], name[32];
     snprintf(name, sizeof name, "damage%zu", k);
     small_set(dir, sizeof dir, name);
-    int rc = vl_segset_corrupt(dir, 1, m[k].mode, err, sizeof err);
+    int rc = tu_segset_corrupt(dir, 1, m[k].mode, err, sizeof err);
     if (rc) print_error("corrupt mode %d: %s\n", m[k].mode, err);
     assert_int_equal(rc, 0);
     expect_damaged(dir, m[k].file, m[k].what);
@@ -353,9 +353,9 @@ static void test_corrupt_modes(void **state) {
   /* Bad arguments. */
   char dir[320];
   small_set(dir, sizeof dir, "damage_args");
-  assert_int_equal(vl_segset_corrupt(dir, 1, 99, err, sizeof err), -1);
+  assert_int_equal(tu_segset_corrupt(dir, 1, 99, err, sizeof err), -1);
   assert_non_null(strstr(err, "unknown corrupt mode 99"));
-  assert_int_equal(vl_segset_corrupt(dir, 3, VL_SEGSET_IMG_TRUNCATE, err, sizeof err), -1);
+  assert_int_equal(tu_segset_corrupt(dir, 3, TU_SEGSET_IMG_TRUNCATE, err, sizeof err), -1);
   assert_non_null(strstr(err, "not in the set"));
 }
 

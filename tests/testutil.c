@@ -268,3 +268,7 @@ void tu_assert_progress_done(const tu_progress *p, int64_t n) {
   assert_true(p->calls >= 1);
   assert_int_equal(p->backwards, 0);
 }
+
+/* The damage helpers: a file of their own, compiled here because the CMake rule builds
+ * each test from its tests/test_*.c and tests/testutil.c only. */
+#include "damage.c"

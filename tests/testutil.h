@@ -101,6 +101,30 @@ uint64_t tu_hash(const void *p, size_t n, uint64_t h);
 /* Frees an image's pixels and mask and zeroes it (ready for reuse). */
 void tu_image_free(vl_image *im);
 
+/* ---- damaged data sets (tests/damage.c) ----------------------------------------------- */
+
+/* How a JPEG is damaged: cut to half its size; 64 bytes of garbage seeded by the salt in
+ * the middle of its entropy-coded data (always with a stray EOI marker, so the decoder
+ * must notice); replaced by a text file. */
+enum { TU_JPEG_TRUNCATE = 0, TU_JPEG_GARBAGE = 1, TU_JPEG_NOT_JPEG = 2 };
+/* Damage the JPEG at path in place. 0, or -1 with a message in err. */
+int tu_damage_jpeg(const char *path, int mode, uint64_t salt, char *err, size_t errn);
+/* Damage image i of the jpegset in dir (a TU_JPEG_* mode, salted by i). 0, or -1. */
+int tu_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t errn);
+/* Damage sample i of the segset in dir. 0, or -1 with a message. */
+enum {
+  TU_SEGSET_IMG_TRUNCATE = 0,    /* the JPEG cut to half its size */
+  TU_SEGSET_IMG_GARBAGE = 1,     /* garbage (with a stray marker) in its entropy-coded data */
+  TU_SEGSET_IMG_NOT_JPEG = 2,    /* replaced by a text file */
+  TU_SEGSET_MASK_TRUNCATE = 3,   /* the mask cut to half its size */
+  TU_SEGSET_MASK_WRONG_SIZE = 4, /* a valid PGM of (size/2) x size */
+  TU_SEGSET_MASK_BAD_CLASS = 5,  /* one pixel set to num_classes */
+  TU_SEGSET_MASK_BAD_HEADER = 6, /* the magic "P5" replaced with "P2" */
+  TU_SEGSET_IMG_MISSING = 7,     /* the JPEG deleted */
+  TU_SEGSET_MASK_MISSING = 8     /* the mask deleted */
+};
+int tu_segset_corrupt(const char *dir, int64_t i, int what, char *err, size_t errn);
+
 /* ---- progress callbacks ----------------------------------------------------------------- */
 
 /* What a progress callback saw: tu_on_progress(done, total, user = tu_progress *). */

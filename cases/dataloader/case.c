@@ -20,9 +20,30 @@
 #include "vramlab/backend.h"
 #include "vramlab/data.h"
 
-
-static const char *const knobs[] = {"workers", "prefetch", "pin", "collate", "persistent",
-                                    "corrupt", "max_file_bytes", NULL};
+static const vl_knob_decl knobs[] = {
+    {"workers", "0", "loader worker threads (PyTorch num_workers), or cores (one per core)", VL_KNOB_RUNG},
+    {"prefetch", "2", "batches in flight per worker (prefetch_factor)", VL_KNOB_RUNG},
+    {"pin", "false", "batches in pinned staging (pin_memory; applies on CUDA only)", VL_KNOB_RUNG},
+    {"collate", "per_sample", "per_sample (PyTorch's default) or batched (transform into the batch)",
+     VL_KNOB_RUNG},
+    {"persistent", "false", "keep worker threads across epochs (persistent_workers)", VL_KNOB_RUNG},
+    {"corrupt", "error", "a damaged file in the data: error (stop) or skip (leave it out, counted)",
+     VL_KNOB_RUNG},
+    {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG},
+    {"images", "384", "synthetic JPEGs in the set (at most 48 at tiny scale)", VL_KNOB_SETTING},
+    {"data_seed", "7", "seed of the synthetic set", VL_KNOB_SETTING},
+    {"data_dir", "data/jpegset", "where the set is made and read (in n<images>-s<seed>/)", VL_KNOB_SETTING},
+    {"batch", "32", "samples per batch (at most 8 at tiny scale)", VL_KNOB_SETTING},
+    {"crop", "224", "side of the random-resized crop", VL_KNOB_SETTING},
+    {"epochs", "2", "epochs per rung and repetition (the last is reported)", VL_KNOB_SETTING},
+    {"seed", "1", "seed of the loader's order and transforms", VL_KNOB_SETTING},
+    {"consumer_ms", "40", "the modeled accelerator's step per batch (wall time, no CPU)", VL_KNOB_SETTING},
+    {"sweep_workers", "0,1,2,4", "worker counts of the workers x prefetch sweep", VL_KNOB_SETTING},
+    {"sweep_prefetch", "1,2,4", "prefetch depths of the sweep", VL_KNOB_SETTING},
+    {"cores", "auto", "CPU cores the case assumes for workers=cores, the decode ceiling and CPU use "
+     "(auto: this machine's)", VL_KNOB_SETTING},
+    {NULL, NULL, NULL, 0},
+};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 #define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
@@ -48,56 +69,59 @@ static int parse(const vl_case_env *env, const char *scale, const vl_knobs *k, d
   memset(d, 0, sizeof *d);
   const vl_knobs *s = env->setting;
   vl_loader_cfg_default(&d->lc);
-  d->cores = n_cores();
   long v;
-  if (vl_knob_int(s, "images", 384, 1, 10000000, &d->images, err, errn)) return -1;
+  /* pinned by the golden plan test, so a snapshot does not depend on the machine */
+  const char *nc = vl_knob_str(s, "cores", knobs);
+  if (!strcasecmp(nc, "auto")) d->cores = n_cores();
+  else if (vl_knob_int(s, "cores", knobs, 1, 4096, &d->cores, err, errn)) return -1;
+  if (vl_knob_int(s, "images", knobs, 1, 10000000, &d->images, err, errn)) return -1;
   if (!strcasecmp(scale, "tiny")) d->images = d->images < 48 ? d->images : 48;
   else if (strcasecmp(scale, "small") && strcasecmp(scale, "full"))
     return FAIL("unknown scale '%s' (tiny, small, full)", scale);
-  if (vl_knob_int(s, "data_seed", 7, 0, 1L << 40, &d->data_seed, err, errn)) return -1;
-  if (vl_knob_int(s, "batch", 32, 1, 65536, &v, err, errn)) return -1;
+  if (vl_knob_int(s, "data_seed", knobs, 0, 1L << 40, &d->data_seed, err, errn)) return -1;
+  if (vl_knob_int(s, "batch", knobs, 1, 65536, &v, err, errn)) return -1;
   d->lc.batch = v;
   if (!strcasecmp(scale, "tiny") && d->lc.batch > 8) d->lc.batch = 8;
-  if (vl_knob_int(s, "crop", 224, 8, 4096, &v, err, errn)) return -1;
+  if (vl_knob_int(s, "crop", knobs, 8, 4096, &v, err, errn)) return -1;
   d->lc.crop = (int)v;
-  if (vl_knob_int(s, "epochs", 2, 1, 1000, &d->epochs, err, errn)) return -1;
-  if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &v, err, errn)) return -1;
+  if (vl_knob_int(s, "epochs", knobs, 1, 1000, &d->epochs, err, errn)) return -1;
+  if (vl_knob_int(s, "seed", knobs, 0, 1L << 40, &v, err, errn)) return -1;
   d->lc.seed = (uint64_t)v;
-  if (vl_knob_double(s, "consumer_ms", 40, 0, 1e6, &d->consumer_ms, err, errn)) return -1;
-  const char *dd = vl_knob_get(s, "data_dir");
-  int dn = snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd ? dd : "data/jpegset", d->images, d->data_seed);
+  if (vl_knob_double(s, "consumer_ms", knobs, 0, 1e6, &d->consumer_ms, err, errn)) return -1;
+  const char *dd = vl_knob_str(s, "data_dir", knobs);
+  int dn = snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd, d->images, d->data_seed);
   if (dn < 0 || (size_t)dn >= sizeof d->data_dir)
     return FAIL("data_dir: path too long: %d characters with its n<images>-s<seed> folder (limit %zu)", dn,
                 sizeof d->data_dir - 1);
   /* the sweep is run by extra after the whole ladder: parsed here so a bad list is refused
    * before the first rung runs */
-  if (vl_knob_int_list(s, "sweep_workers", "0,1,2,4", 0, VL_LOADER_WORKERS_MAX, d->sweep_w, 16, &d->n_sweep_w, err, errn) ||
-      vl_knob_int_list(s, "sweep_prefetch", "1,2,4", 1, 1024, d->sweep_p, 16, &d->n_sweep_p, err, errn))
+  if (vl_knob_int_list(s, "sweep_workers", knobs, 0, VL_LOADER_WORKERS_MAX, d->sweep_w, 16, &d->n_sweep_w, err, errn) ||
+      vl_knob_int_list(s, "sweep_prefetch", knobs, 1, 1024, d->sweep_p, 16, &d->n_sweep_p, err, errn))
     return -1;
   const char *w = vl_knob_get(k, "workers");
   if (w && !strcasecmp(w, "cores")) d->lc.workers = (int)d->cores;
   else {
-    if (vl_knob_int(k, "workers", 0, 0, 1024, &v, err, errn)) return -1;
+    if (vl_knob_int(k, "workers", knobs, 0, 1024, &v, err, errn)) return -1;
     d->lc.workers = (int)v;
   }
-  if (vl_knob_int(k, "prefetch", 2, 1, 1024, &v, err, errn)) return -1;
+  if (vl_knob_int(k, "prefetch", knobs, 1, 1024, &v, err, errn)) return -1;
   d->lc.prefetch = (int)v;
   int b;
-  if (vl_knob_bool(k, "pin", 0, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "pin", knobs, &b, err, errn)) return -1;
   d->pin = b;
-  if (vl_knob_bool(k, "persistent", 0, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "persistent", knobs, &b, err, errn)) return -1;
   d->lc.persistent = b;
-  const char *c = vl_knob_get(k, "collate");
-  if (!c || !strcasecmp(c, "per_sample")) d->lc.batched_collate = false;
+  const char *c = vl_knob_str(k, "collate", knobs);
+  if (!strcasecmp(c, "per_sample")) d->lc.batched_collate = false;
   else if (!strcasecmp(c, "batched")) d->lc.batched_collate = true;
   else return FAIL("collate = '%s': expected per_sample or batched", c);
   /* A shared data set may hold damaged files: fail on the first (error, the default) or
    * leave them out and count them (skip). */
-  const char *cp = vl_knob_get(k, "corrupt");
-  if (cp && vl_corrupt_policy_parse(cp, &d->lc.on_corrupt))
+  const char *cp = vl_knob_str(k, "corrupt", knobs);
+  if (vl_corrupt_policy_parse(cp, &d->lc.on_corrupt))
     return FAIL("corrupt = '%s': expected skip or error", cp);
   size_t mfb;
-  if (vl_knob_bytes(k, "max_file_bytes", "64MiB", &mfb, err, errn)) return -1;
+  if (vl_knob_bytes(k, "max_file_bytes", knobs, &mfb, err, errn)) return -1;
   d->lc.max_file_bytes = mfb; /* a larger file is a corrupt sample, refused unread */
   d->lc.drop_last = true;
   return 0;
@@ -127,13 +151,17 @@ static int dl_plan(const vl_case_env *env, const char *scale, const vl_knobs *k,
   dl_cfg d;
   if (parse(env, scale, k, &d, err, errn)) return -1;
   size_t bb = vl_loader_batch_bytes(&d.lc);
-  int slots = (d.lc.workers > 0 ? d.lc.workers : 1) * d.lc.prefetch;
   cJSON_AddNumberToObject(out, "batch", (double)d.lc.batch);
   cJSON_AddNumberToObject(out, "workers", d.lc.workers);
   cJSON_AddNumberToObject(out, "prefetch", d.lc.prefetch);
   cJSON_AddNumberToObject(out, "batch_bytes", (double)bb);
-  /* batch buffers in flight: workers x prefetch (the memory blow-up of 003) */
-  cJSON_AddNumberToObject(out, "host_bytes_bound", (double)bb * slots);
+  /* the loader's own bound (batch buffers in flight: workers x prefetch, the memory blow-up
+   * of 003; the one the caller holds; per-worker decode state; the epoch order) for the set
+   * these settings make: the number the run's loader reports */
+  size_t scratch, image;
+  vl_jpegset_gen_bound(&scratch, &image);
+  cJSON_AddNumberToObject(out, "host_bytes_bound",
+                          (double)vl_loader_host_bytes_bound(&d.lc, d.images, scratch, image));
   return 0;
 }
 
@@ -211,6 +239,9 @@ static int dl_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *out
   vl_jpegset *js = NULL;
   if (open_data(&d, &js, err, errn)) return -1;
   vl_dataset ds = vl_jpegset_dataset(js);
+  /* the set's description as the plan has it (the generator's bound, at least the set's own
+   * sizes): the loader's host_bytes_bound is then the planned one, byte for byte */
+  vl_jpegset_gen_bound(&ds.scratch_bytes, &ds.max_image_bytes);
   device_side dev = {0};
   vl_status s = VL_OK;
   if (env->device == VL_DEV_CUDA) {

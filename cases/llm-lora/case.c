@@ -14,9 +14,30 @@
 #include "datasets/dialogue.h"
 #include "vramlab/mistral.h"
 
-static const char *const knobs[] = {"compute", "frozen", "lora_rank", "lora_alpha", "lora_targets",
-                                    "optimizer", "adafactor_beta1", "checkpoint", "cap_fraction",
-                                    "lr", "batch", "accum", "clip", "weight_decay", NULL};
+static const vl_knob_decl knobs[] = {
+    {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG},
+    {"frozen", "fp32", "storage of the frozen base weights: fp32, fp16, bf16 or nf4", VL_KNOB_RUNG},
+    {"lora_rank", "0", "LoRA rank; 0 = full fine-tune", VL_KNOB_RUNG},
+    {"lora_alpha", "16", "LoRA alpha (scale alpha / rank)", VL_KNOB_RUNG},
+    {"lora_targets", "qkvo", "linears LoRA adapts: qkvo or all", VL_KNOB_RUNG},
+    {"optimizer", "adamw", "adamw, adafactor or sgd", VL_KNOB_RUNG},
+    {"adafactor_beta1", "false", "Adafactor keeps a first moment", VL_KNOB_RUNG},
+    {"checkpoint", "false", "gradient checkpointing per layer", VL_KNOB_RUNG},
+    {"lr", "1e-4", "learning rate", VL_KNOB_RUNG},
+    {"batch", "2", "micro-batch rows, or max (the largest that fits the cap at full scale)",
+     VL_KNOB_RUNG | VL_KNOB_SETTING},
+    {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
+    {"clip", "1.0", "gradient clipping by global norm (0: off)", VL_KNOB_RUNG},
+    {"weight_decay", "0", "decoupled weight decay", VL_KNOB_RUNG},
+    VL_CASE_CARD_KNOBS,
+    {"seq", "512", "sequence length at full scale (reduced scales keep their own)", VL_KNOB_SETTING},
+    {"seed", "1", "seed of weights and data", VL_KNOB_SETTING},
+    {"steps", "12", "timed steps per rung and repetition", VL_KNOB_SETTING},
+    {"warmup", "2", "untimed steps before them", VL_KNOB_SETTING},
+    {"oom_batches", "200", "variable-length batches sampled for the OOM rate", VL_KNOB_SETTING},
+    {"run_cap", "none", "arena cap of the timed runs (a size, or none: uncapped)", VL_KNOB_SETTING},
+    {NULL, NULL, NULL, 0},
+};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 typedef struct {
@@ -30,10 +51,8 @@ typedef struct {
 
 #define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
 
-static int parse_dtype(const vl_knobs *k, const char *key, const char *def, vl_dtype *out,
-                       char *err, size_t errn) {
-  const char *v = vl_knob_get(k, key);
-  if (!v) v = def;
+static int parse_dtype(const vl_knobs *k, const char *key, vl_dtype *out, char *err, size_t errn) {
+  const char *v = vl_knob_str(k, key, knobs);
   if (vl_dtype_parse(v, out)) return FAIL("%s = '%s': expected fp32, fp16, bf16 or nf4", key, v);
   return 0;
 }
@@ -47,54 +66,55 @@ static int parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   vl_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long seq;
-  if (vl_knob_int(s, "seq", 512, 1, 1 << 20, &seq, err, errn)) return -1;
+  if (vl_knob_int(s, "seq", knobs, 1, 1 << 20, &seq, err, errn)) return -1;
   /* The article's sequence length applies at full scale; reduced scales keep their own. */
   if (!strcasecmp(scale, "full")) mc->seq = seq;
   if (vl_case_card_parse(env, k, &r->card, err, errn)) return -1;
-  if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &r->seed, err, errn)) return -1;
-  if (vl_knob_int(s, "steps", 12, 1, 100000, &r->steps, err, errn)) return -1;
-  if (vl_knob_int(s, "warmup", 2, 0, 1000, &r->warmup, err, errn)) return -1;
-  if (vl_knob_int(s, "oom_batches", 200, 1, 1000000, &r->oom_batches, err, errn)) return -1;
-  if (parse_dtype(k, "compute", "fp32", &tc->compute, err, errn)) return -1;
+  if (vl_knob_int(s, "seed", knobs, 0, 1L << 40, &r->seed, err, errn)) return -1;
+  if (vl_knob_int(s, "steps", knobs, 1, 100000, &r->steps, err, errn)) return -1;
+  if (vl_knob_int(s, "warmup", knobs, 0, 1000, &r->warmup, err, errn)) return -1;
+  if (vl_knob_int(s, "oom_batches", knobs, 1, 1000000, &r->oom_batches, err, errn)) return -1;
+  if (parse_dtype(k, "compute", &tc->compute, err, errn)) return -1;
   if (tc->compute == VL_NF4) return FAIL("compute = nf4: nf4 is a storage format for frozen weights");
-  if (parse_dtype(k, "frozen", "fp32", &tc->frozen, err, errn)) return -1;
+  if (parse_dtype(k, "frozen", &tc->frozen, err, errn)) return -1;
   long v;
-  if (vl_knob_int(k, "lora_rank", 0, 0, 4096, &v, err, errn)) return -1;
+  if (vl_knob_int(k, "lora_rank", knobs, 0, 4096, &v, err, errn)) return -1;
   tc->lora_rank = (int)v;
   double d;
-  if (vl_knob_double(k, "lora_alpha", 16, 1e-6, 1e6, &d, err, errn)) return -1;
+  if (vl_knob_double(k, "lora_alpha", knobs, 1e-6, 1e6, &d, err, errn)) return -1;
   tc->lora_alpha = (float)d;
-  const char *t = vl_knob_get(k, "lora_targets");
-  if (t && !strcasecmp(t, "all")) tc->lora_targets = VL_LORA_ALL;
-  else if (!t || !strcasecmp(t, "qkvo")) tc->lora_targets = VL_LORA_QKVO;
+  const char *t = vl_knob_str(k, "lora_targets", knobs);
+  if (!strcasecmp(t, "all")) tc->lora_targets = VL_LORA_ALL;
+  else if (!strcasecmp(t, "qkvo")) tc->lora_targets = VL_LORA_QKVO;
   else return FAIL("lora_targets = '%s': expected qkvo or all", t);
-  const char *o = vl_knob_get(k, "optimizer");
-  if (o && vl_optimizer_parse(o, &tc->optim.opt)) return FAIL("optimizer = '%s': expected adamw, adafactor or sgd", o);
+  const char *o = vl_knob_str(k, "optimizer", knobs);
+  if (vl_optimizer_parse(o, &tc->optim.opt)) return FAIL("optimizer = '%s': expected adamw, adafactor or sgd", o);
   int b;
-  if (vl_knob_bool(k, "adafactor_beta1", 0, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "adafactor_beta1", knobs, &b, err, errn)) return -1;
   tc->optim.adafactor_beta1 = b;
-  if (vl_knob_bool(k, "checkpoint", 0, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "checkpoint", knobs, &b, err, errn)) return -1;
   tc->checkpoint = b;
-  if (vl_knob_double(k, "lr", 1e-4, 1e-12, 10, &d, err, errn)) return -1;
+  if (vl_knob_double(k, "lr", knobs, 1e-12, 10, &d, err, errn)) return -1;
   tc->optim.hp.lr = (float)d;
-  if (vl_knob_double(k, "clip", 1.0, 0, 1e9, &d, err, errn)) return -1;
+  if (vl_knob_double(k, "clip", knobs, 0, 1e9, &d, err, errn)) return -1;
   tc->clip = (float)d;
-  if (vl_knob_double(k, "weight_decay", 0, 0, 10, &d, err, errn)) return -1;
+  if (vl_knob_double(k, "weight_decay", knobs, 0, 10, &d, err, errn)) return -1;
   tc->optim.hp.weight_decay = (float)d;
+  /* the rung's batch, else the setting's, else the declared default */
   const char *bs = vl_knob_get(k, "batch");
-  if (!bs) bs = vl_knob_get(s, "batch");
-  if (bs && !strcasecmp(bs, "max")) r->batch = 0;
+  if (!bs) bs = vl_knob_str(s, "batch", knobs);
+  if (!strcasecmp(bs, "max")) r->batch = 0;
   else {
     vl_knobs tmp = {0};
-    vl_knob_set(&tmp, "batch", bs ? bs : "2");
-    if (vl_knob_int(&tmp, "batch", 2, 1, 1 << 20, &r->batch, err, errn)) return -1;
+    vl_knob_set(&tmp, "batch", bs);
+    if (vl_knob_int(&tmp, "batch", knobs, 1, 1 << 20, &r->batch, err, errn)) return -1;
   }
-  if (vl_knob_int(k, "accum", 1, 1, 4096, &r->accum, err, errn)) return -1;
+  if (vl_knob_int(k, "accum", knobs, 1, 4096, &r->accum, err, errn)) return -1;
   /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale); parsed
    * here with the rest so a bad value is refused before anything runs. */
   r->run_cap = VL_NO_CAP;
-  const char *rc_s = vl_knob_get(s, "run_cap");
-  if (rc_s && strcasecmp(rc_s, "none") && vl_knob_bytes(s, "run_cap", "0", &r->run_cap, err, errn)) return -1;
+  const char *rc_s = vl_knob_str(s, "run_cap", knobs);
+  if (strcasecmp(rc_s, "none") && vl_knob_bytes(s, "run_cap", knobs, &r->run_cap, err, errn)) return -1;
   return 0;
 }
 
@@ -256,6 +276,7 @@ static int llm_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   if (!L.tok || !L.tgt || !L.mb) s = VL_ERR_OOM;
   vl_dialogue_init(&L.gen, r.model.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
   vl_loop_cfg lc = {.warmup = r.warmup, .total = r.warmup + r.steps, .reset_peaks_after_warmup = true,
+                    .profile = env->profile,
                     .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted};
   vl_loop_result res = {0};
   if (s == VL_OK) s = vl_run_loop(m, &lc, &res);

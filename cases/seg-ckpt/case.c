@@ -15,9 +15,30 @@
 #include "interrupt.h"
 #include "seg.h"
 
-static const char *const knobs[] = {"compute", "checkpoint", "relu_inplace", "accum", "batch",
-                                    "workers", "prefetch", "pinned", "cap_fraction", "lr",
-                                    "corrupt", "max_file_bytes", NULL};
+static const vl_knob_decl knobs[] = {
+    {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG},
+    {"checkpoint", "false", "activation checkpointing per bottleneck block", VL_KNOB_RUNG},
+    {"relu_inplace", "true", "ReLU overwrites its input (no separate output kept)", VL_KNOB_RUNG},
+    {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
+    {"batch", "8", "micro-batch (>= 2, batch norm), or max (the largest under the cap at full scale)",
+     VL_KNOB_RUNG},
+    {"workers", "0", "loader worker threads, or cores (one per core)", VL_KNOB_RUNG},
+    {"prefetch", "2", "batches in flight per worker", VL_KNOB_RUNG},
+    {"pinned", "false", "batches in pinned host staging", VL_KNOB_RUNG},
+    {"lr", "1e-3", "learning rate (Adam)", VL_KNOB_RUNG},
+    {"corrupt", "error", "a damaged file in the data: error (stop) or skip (leave it out, counted)",
+     VL_KNOB_RUNG},
+    {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG},
+    VL_CASE_CARD_KNOBS,
+    {"classes", "5", "segmentation classes, background included (2..255)", VL_KNOB_SETTING},
+    {"seed", "1", "seed of weights, data order and the data sets", VL_KNOB_SETTING},
+    {"epochs", "3", "training epochs per rung at the run scale", VL_KNOB_SETTING},
+    {"train_images", "256", "training split at the run scale (made on first use)", VL_KNOB_SETTING},
+    {"eval_images", "64", "held-out split for pixel accuracy and mIoU", VL_KNOB_SETTING},
+    {"curve_points", "24", "planned batches for the memory-vs-batch line", VL_KNOB_SETTING},
+    {"data_dir", "data/segset", "where the segmentation splits are made and read", VL_KNOB_SETTING},
+    {NULL, NULL, NULL, 0},
+};
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 typedef vl_seg_rung rung_cfg;
@@ -34,48 +55,46 @@ int vl_seg_parse_rung(const vl_case_env *env, const char *scale, const vl_knobs 
   vl_seg_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long v;
-  if (vl_knob_int(s, "classes", 5, 2, 255, &v, err, errn)) return -1;
+  if (vl_knob_int(s, "classes", knobs, 2, 255, &v, err, errn)) return -1;
   mc->classes = v;
   if (vl_case_card_parse(env, k, &r->card, err, errn)) return -1;
-  if (vl_knob_int(s, "seed", 1, 0, 1L << 40, &r->seed, err, errn)) return -1;
-  if (vl_knob_int(s, "epochs", 3, 1, 10000, &r->epochs, err, errn)) return -1;
-  if (vl_knob_int(s, "train_images", 256, 8, 1 << 24, &r->train_images, err, errn)) return -1;
-  if (vl_knob_int(s, "eval_images", 64, 1, 1 << 24, &r->eval_images, err, errn)) return -1;
-  if (vl_knob_int(s, "curve_points", 24, 4, 256, &r->curve_points, err, errn)) return -1;
-  const char *dd = vl_knob_get(s, "data_dir");
-  if (dd && strlen(dd) >= sizeof r->data_dir)
+  if (vl_knob_int(s, "seed", knobs, 0, 1L << 40, &r->seed, err, errn)) return -1;
+  if (vl_knob_int(s, "epochs", knobs, 1, 10000, &r->epochs, err, errn)) return -1;
+  if (vl_knob_int(s, "train_images", knobs, 8, 1 << 24, &r->train_images, err, errn)) return -1;
+  if (vl_knob_int(s, "eval_images", knobs, 1, 1 << 24, &r->eval_images, err, errn)) return -1;
+  if (vl_knob_int(s, "curve_points", knobs, 4, 256, &r->curve_points, err, errn)) return -1;
+  const char *dd = vl_knob_str(s, "data_dir", knobs);
+  if (strlen(dd) >= sizeof r->data_dir)
     return FAIL("data_dir: path too long: %zu characters (limit %zu)", strlen(dd), sizeof r->data_dir - 1);
-  snprintf(r->data_dir, sizeof r->data_dir, "%s", dd ? dd : "data/segset");
-  const char *cs = vl_knob_get(k, "compute");
-  if (!cs) cs = "fp32";
+  snprintf(r->data_dir, sizeof r->data_dir, "%s", dd);
+  const char *cs = vl_knob_str(k, "compute", knobs);
   if (vl_dtype_parse(cs, &tc->compute) || tc->compute == VL_NF4)
     return FAIL("compute = '%s': expected fp32, fp16 or bf16", cs);
   int b;
-  if (vl_knob_bool(k, "checkpoint", 0, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "checkpoint", knobs, &b, err, errn)) return -1;
   tc->checkpoint = b;
-  if (vl_knob_bool(k, "relu_inplace", 1, &b, err, errn)) return -1;
+  if (vl_knob_bool(k, "relu_inplace", knobs, &b, err, errn)) return -1;
   tc->relu_inplace = b;
-  if (vl_knob_int(k, "accum", 1, 1, 4096, &r->accum, err, errn)) return -1;
+  if (vl_knob_int(k, "accum", knobs, 1, 4096, &r->accum, err, errn)) return -1;
   const char *w = vl_knob_get(k, "workers");
   if (w && !strcasecmp(w, "cores")) { /* PyTorch's usual advice: one worker per core */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     r->workers = n > 0 ? n : 1;
-  } else if (vl_knob_int(k, "workers", 0, 0, VL_LOADER_WORKERS_MAX, &r->workers, err, errn)) {
+  } else if (vl_knob_int(k, "workers", knobs, 0, VL_LOADER_WORKERS_MAX, &r->workers, err, errn)) {
     return -1;
   }
-  if (vl_knob_int(k, "prefetch", 2, 1, 64, &r->prefetch, err, errn)) return -1;
-  if (vl_knob_bool(k, "pinned", 0, &r->pinned, err, errn)) return -1;
+  if (vl_knob_int(k, "prefetch", knobs, 1, 64, &r->prefetch, err, errn)) return -1;
+  if (vl_knob_bool(k, "pinned", knobs, &r->pinned, err, errn)) return -1;
   /* Damaged files in the data: fail on the first (error, the default) or skip them. */
-  const char *cp = vl_knob_get(k, "corrupt");
-  r->corrupt = VL_CORRUPT_ERROR;
-  if (cp && vl_corrupt_policy_parse(cp, &r->corrupt)) return FAIL("corrupt = '%s': expected skip or error", cp);
-  if (vl_knob_bytes(k, "max_file_bytes", "64MiB", &r->max_file_bytes, err, errn)) return -1;
+  const char *cp = vl_knob_str(k, "corrupt", knobs);
+  if (vl_corrupt_policy_parse(cp, &r->corrupt)) return FAIL("corrupt = '%s': expected skip or error", cp);
+  if (vl_knob_bytes(k, "max_file_bytes", knobs, &r->max_file_bytes, err, errn)) return -1;
   double d;
-  if (vl_knob_double(k, "lr", 1e-3, 1e-12, 10, &d, err, errn)) return -1;
+  if (vl_knob_double(k, "lr", knobs, 1e-12, 10, &d, err, errn)) return -1;
   tc->optim.hp.lr = (float)d;
-  const char *bs = vl_knob_get(k, "batch");
-  if (bs && !strcasecmp(bs, "max")) r->batch = 0;
-  else if (vl_knob_int(k, "batch", 8, 2, 1 << 20, &r->batch, err, errn)) return -1;
+  const char *bs = vl_knob_str(k, "batch", knobs);
+  if (!strcasecmp(bs, "max")) r->batch = 0;
+  else if (vl_knob_int(k, "batch", knobs, 2, 1 << 20, &r->batch, err, errn)) return -1;
   return 0;
 }
 
@@ -215,7 +234,8 @@ static int seg_run(const vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
   if (!L.held || !L.mb || !L.xs || !L.ys || !acc || !miou) s = VL_ERR_OOM;
   vl_loop_result res = {0};
   /* the first step (primitive creation, page faults) is warm-up */
-  vl_loop_cfg cfg = {.warmup = 1, .next = vl_seg_next, .after = seg_after, .user = &L, .stop = &vl_interrupted};
+  vl_loop_cfg cfg = {.warmup = 1, .next = vl_seg_next, .after = seg_after, .user = &L, .stop = &vl_interrupted,
+                     .profile = env->profile};
   double run_t0 = vl_now();
   for (long e = 0; s == VL_OK && e < r.epochs; e++) {
     s = vl_loader_start_epoch(L.l, e);

@@ -78,12 +78,6 @@ static inline vl_status vl_check_ids(vl_ctx *c, const char *op, const char *name
   return VL_OK;
 }
 
-#define VL_CNN_TRY(expr)                                                                   \
-  do {                                                                                     \
-    vl_status r_ = (expr);                                                                 \
-    if (r_ != VL_OK) return r_;                                                            \
-  } while (0)
-
 /* ---- per op: *numel is the element count of the op's main (N, C, HW) tensor ------------- */
 
 static inline vl_status vl_cnn_check_bn_train(vl_ctx *c, const vl_tensor *y, const vl_tensor *mean,
@@ -93,16 +87,16 @@ static inline vl_status vl_cnn_check_bn_train(vl_ctx *c, const vl_tensor *y, con
                                               int64_t N, int64_t C, int64_t HW, float eps,
                                               float momentum, int64_t *numel) {
   const char *op = "bn_fwd_train";
-  VL_CNN_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "y", y, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "mean", mean, C, true));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "rstd", rstd, C, true));
-  VL_CNN_TRY(vl_cnn_opt(c, op, "running mean", rmean, C, true));
-  VL_CNN_TRY(vl_cnn_opt(c, op, "running var", rvar, C, true));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "beta", beta, C, false));
-  VL_CNN_TRY(vl_cnn_distinct(c, op, y, x, "y and x")); /* the normalisation rereads x */
+  VL_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
+  VL_TRY(vl_cnn_tensor(c, op, "y", y, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "mean", mean, C, true));
+  VL_TRY(vl_cnn_tensor(c, op, "rstd", rstd, C, true));
+  VL_TRY(vl_cnn_opt(c, op, "running mean", rmean, C, true));
+  VL_TRY(vl_cnn_opt(c, op, "running var", rvar, C, true));
+  VL_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
+  VL_TRY(vl_cnn_tensor(c, op, "beta", beta, C, false));
+  VL_TRY(vl_cnn_distinct(c, op, y, x, "y and x")); /* the normalisation rereads x */
   if (*numel > 0 && N * HW < 2) /* the unbiased variance needs two; PyTorch refuses too */
     return vl_fail(c, VL_ERR_INVALID,
                    "bn_fwd_train: %lld value per channel; training needs more than 1",
@@ -119,14 +113,14 @@ static inline vl_status vl_cnn_check_bn_eval(vl_ctx *c, const vl_tensor *y, cons
                                              int64_t N, int64_t C, int64_t HW, float eps,
                                              int64_t *numel) {
   const char *op = "bn_fwd_eval";
-  VL_CNN_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "y", y, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "beta", beta, C, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "running mean", rmean, C, true));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "running var", rvar, C, true));
-  VL_CNN_TRY(vl_cnn_inplace(c, op, y, x, "y and x"));
+  VL_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
+  VL_TRY(vl_cnn_tensor(c, op, "y", y, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
+  VL_TRY(vl_cnn_tensor(c, op, "beta", beta, C, false));
+  VL_TRY(vl_cnn_tensor(c, op, "running mean", rmean, C, true));
+  VL_TRY(vl_cnn_tensor(c, op, "running var", rvar, C, true));
+  VL_TRY(vl_cnn_inplace(c, op, y, x, "y and x"));
   if (!(eps >= 0.0f) || !isfinite(eps))
     return vl_fail(c, VL_ERR_INVALID, "bn_fwd_eval: eps %g must be >= 0", (double)eps);
   return VL_OK;
@@ -138,17 +132,17 @@ static inline vl_status vl_cnn_check_bn_bwd(vl_ctx *c, const vl_tensor *dx, cons
                                             const vl_tensor *mean, const vl_tensor *rstd,
                                             int64_t N, int64_t C, int64_t HW, int64_t *numel) {
   const char *op = "bn_bwd";
-  VL_CNN_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "dx", dx, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "dy", dy, *numel, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
-  VL_CNN_TRY(vl_cnn_opt(c, op, "dgamma", dgamma, C, false));
-  VL_CNN_TRY(vl_cnn_opt(c, op, "dbeta", dbeta, C, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "mean", mean, C, true));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "rstd", rstd, C, true));
-  VL_CNN_TRY(vl_cnn_inplace(c, op, dx, dy, "dx and dy"));
-  VL_CNN_TRY(vl_cnn_distinct(c, op, dx, x, "dx and x")); /* x is reread after dx is written */
+  VL_TRY(vl_cnn_dims(c, op, numel, N, C, HW));
+  VL_TRY(vl_cnn_tensor(c, op, "dx", dx, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "dy", dy, *numel, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, *numel, false));
+  VL_TRY(vl_cnn_opt(c, op, "dgamma", dgamma, C, false));
+  VL_TRY(vl_cnn_opt(c, op, "dbeta", dbeta, C, false));
+  VL_TRY(vl_cnn_tensor(c, op, "gamma", gamma, C, false));
+  VL_TRY(vl_cnn_tensor(c, op, "mean", mean, C, true));
+  VL_TRY(vl_cnn_tensor(c, op, "rstd", rstd, C, true));
+  VL_TRY(vl_cnn_inplace(c, op, dx, dy, "dx and dy"));
+  VL_TRY(vl_cnn_distinct(c, op, dx, x, "dx and x")); /* x is reread after dx is written */
   return VL_OK;
 }
 
@@ -156,9 +150,9 @@ static inline vl_status vl_cnn_check_bn_bwd(vl_ctx *c, const vl_tensor *dx, cons
 static inline vl_status vl_cnn_check_relu(vl_ctx *c, const char *op, bool bwd, const vl_tensor *out,
                                           const vl_tensor *in, const vl_tensor *y, int64_t n) {
   if (n < 0) return vl_fail(c, VL_ERR_INVALID, "%s: n = %lld", op, (long long)n);
-  VL_CNN_TRY(vl_cnn_tensor(c, op, bwd ? "dx" : "y", out, n, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, bwd ? "dy" : "x", in, n, false));
-  if (bwd) VL_CNN_TRY(vl_cnn_tensor(c, op, "y", y, n, false));
+  VL_TRY(vl_cnn_tensor(c, op, bwd ? "dx" : "y", out, n, false));
+  VL_TRY(vl_cnn_tensor(c, op, bwd ? "dy" : "x", in, n, false));
+  if (bwd) VL_TRY(vl_cnn_tensor(c, op, "y", y, n, false));
   return vl_cnn_inplace(c, op, out, in, bwd ? "dx and dy" : "y and x");
 }
 
@@ -178,7 +172,7 @@ static inline vl_status vl_cnn_check_pool(vl_ctx *c, const char *op, int64_t pla
                    "%s: output %lld x %lld does not fit input %lld x %lld with window %d, "
                    "stride %d, pad %d",
                    op, (long long)P, (long long)Q, (long long)H, (long long)W, k, stride, pad);
-  VL_CNN_TRY(vl_cnn_dims(c, op, nin, planes, H, W));
+  VL_TRY(vl_cnn_dims(c, op, nin, planes, H, W));
   return vl_cnn_dims(c, op, nout, planes, P, Q);
 }
 
@@ -188,9 +182,9 @@ static inline vl_status vl_cnn_check_maxpool_fwd(vl_ctx *c, const vl_tensor *y, 
                                                  int64_t *nout) {
   const char *op = "maxpool_fwd";
   int64_t nin = 0;
-  VL_CNN_TRY(vl_cnn_check_pool(c, op, planes, H, W, k, stride, pad, P, Q, &nin, nout));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "y", y, *nout, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, nin, false));
+  VL_TRY(vl_cnn_check_pool(c, op, planes, H, W, k, stride, pad, P, Q, &nin, nout));
+  VL_TRY(vl_cnn_tensor(c, op, "y", y, *nout, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, nin, false));
   return vl_cnn_distinct(c, op, y, x, "y and x");
 }
 
@@ -201,11 +195,11 @@ static inline vl_status vl_cnn_check_maxpool_bwd(vl_ctx *c, const vl_tensor *dx,
                                                  int64_t *nin) {
   const char *op = "maxpool_bwd";
   int64_t nout = 0;
-  VL_CNN_TRY(vl_cnn_check_pool(c, op, planes, H, W, k, stride, pad, P, Q, nin, &nout));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "dx", dx, *nin, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "dy", dy, nout, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, *nin, false));
-  VL_CNN_TRY(vl_cnn_distinct(c, op, dx, dy, "dx and dy"));
+  VL_TRY(vl_cnn_check_pool(c, op, planes, H, W, k, stride, pad, P, Q, nin, &nout));
+  VL_TRY(vl_cnn_tensor(c, op, "dx", dx, *nin, false));
+  VL_TRY(vl_cnn_tensor(c, op, "dy", dy, nout, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, *nin, false));
+  VL_TRY(vl_cnn_distinct(c, op, dx, dy, "dx and dy"));
   return vl_cnn_distinct(c, op, dx, x, "dx and x");
 }
 
@@ -213,12 +207,12 @@ static inline vl_status vl_cnn_check_maxpool_bwd(vl_ctx *c, const vl_tensor *dx,
 static inline vl_status vl_cnn_check_up2(vl_ctx *c, const char *op, const vl_tensor *lo,
                                          const vl_tensor *hi, int64_t planes, int64_t H,
                                          int64_t W, bool fwd, int64_t *nlo, int64_t *nhi) {
-  VL_CNN_TRY(vl_cnn_dims(c, op, nlo, planes, H, W));
+  VL_TRY(vl_cnn_dims(c, op, nlo, planes, H, W));
   if (H > INT64_MAX / 4 || W > INT64_MAX / 4)
     return vl_fail(c, VL_ERR_INVALID, "%s: size overflow", op);
-  VL_CNN_TRY(vl_cnn_dims(c, op, nhi, planes, 2 * H, 2 * W));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, fwd ? "x" : "dx", lo, *nlo, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, fwd ? "y" : "dy", hi, *nhi, false));
+  VL_TRY(vl_cnn_dims(c, op, nhi, planes, 2 * H, 2 * W));
+  VL_TRY(vl_cnn_tensor(c, op, fwd ? "x" : "dx", lo, *nlo, false));
+  VL_TRY(vl_cnn_tensor(c, op, fwd ? "y" : "dy", hi, *nhi, false));
   return vl_cnn_distinct(c, op, lo, hi, fwd ? "y and x" : "dx and dy");
 }
 
@@ -234,11 +228,11 @@ static inline vl_status vl_cnn_check_chan_copy(vl_ctx *c, const vl_tensor *y, in
                    "out of range",
                    (long long)x_c0, (long long)(x_c0 + nc), (long long)xC, (long long)y_c0,
                    (long long)(y_c0 + nc), (long long)yC);
-  VL_CNN_TRY(vl_cnn_dims(c, op, &ny, N, yC, HW));
-  VL_CNN_TRY(vl_cnn_dims(c, op, &nx, N, xC, HW));
-  VL_CNN_TRY(vl_cnn_dims(c, op, ncopy, N, nc, HW));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "y", y, ny, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "x", x, nx, false));
+  VL_TRY(vl_cnn_dims(c, op, &ny, N, yC, HW));
+  VL_TRY(vl_cnn_dims(c, op, &nx, N, xC, HW));
+  VL_TRY(vl_cnn_dims(c, op, ncopy, N, nc, HW));
+  VL_TRY(vl_cnn_tensor(c, op, "y", y, ny, false));
+  VL_TRY(vl_cnn_tensor(c, op, "x", x, nx, false));
   return vl_cnn_distinct(c, op, y, x, "y and x");
 }
 
@@ -248,12 +242,12 @@ static inline vl_status vl_cnn_check_xent_pix(vl_ctx *c, const vl_tensor *logits
                                               int64_t *npix) {
   const char *op = "xent_pix";
   int64_t nl = 0;
-  VL_CNN_TRY(vl_cnn_dims(c, op, &nl, N, K, HW));
-  VL_CNN_TRY(vl_cnn_dims(c, op, npix, N, 1, HW));
+  VL_TRY(vl_cnn_dims(c, op, &nl, N, K, HW));
+  VL_TRY(vl_cnn_dims(c, op, npix, N, 1, HW));
   if (*npix > 0 && K < 1) return vl_fail(c, VL_ERR_INVALID, "xent_pix: %lld classes", (long long)K);
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "logits", logits, nl, false));
-  VL_CNN_TRY(vl_cnn_tensor(c, op, "loss", loss, *npix, true));
-  VL_CNN_TRY(vl_check_ids(c, op, "targets", tgt, *npix));
+  VL_TRY(vl_cnn_tensor(c, op, "logits", logits, nl, false));
+  VL_TRY(vl_cnn_tensor(c, op, "loss", loss, *npix, true));
+  VL_TRY(vl_check_ids(c, op, "targets", tgt, *npix));
   if (!isfinite(scale))
     return vl_fail(c, VL_ERR_INVALID, "xent_pix: dloss_scale %g", (double)scale);
   return vl_cnn_distinct(c, op, logits, loss, "logits and loss");

@@ -19,7 +19,7 @@ struct vl_arena {
   size_t mapped;     /* bytes mmapped (HOST mode) */
   seg *fr; size_t nfr, cfr;   /* free segments sorted by offset */
   blk *bl; size_t nbl, cbl;   /* live blocks sorted by offset */
-  vl_mem_stats st;
+  vl_mem_stats stats;
   bool log_on; double log_t0;
   vl_mem_event *log; size_t nlog, clog;
   int64_t seq;
@@ -45,7 +45,7 @@ vl_status vl_arena_create(vl_arena **out, vl_arena_mode mode, size_t cap, void *
   if (!a) return VL_ERR_OOM;
   a->mode = mode;
   a->cap = cap;
-  a->st.cap = cap;
+  a->stats.cap = cap;
   if (cap == VL_NO_CAP)
     a->limit = mode == VL_ARENA_VIRTUAL ? VIRTUAL_NO_CAP_EXTENT : HOST_NO_CAP_EXTENT;
   else
@@ -79,7 +79,7 @@ static void log_event(vl_arena *a, int cat, int64_t delta) {
   a->seq++;
   if (!a->log_on) return;
   if (grow((void **)&a->log, &a->clog, a->nlog + 1, sizeof(vl_mem_event))) return;
-  a->log[a->nlog++] = (vl_mem_event){vl_now() - a->log_t0, a->seq, cat, delta, a->st.cur_total};
+  a->log[a->nlog++] = (vl_mem_event){vl_now() - a->log_t0, a->seq, cat, delta, a->stats.cur_total};
 }
 
 /* First block index with off >= key. */
@@ -101,7 +101,7 @@ vl_status vl_arena_alloc(vl_arena *a, size_t bytes, vl_mem_cat cat, size_t *off)
   size_t best = SIZE_MAX;
   for (size_t i = 0; i < a->nfr; i++)
     if (a->fr[i].size >= need && (best == SIZE_MAX || a->fr[i].size < a->fr[best].size)) best = i;
-  if (best == SIZE_MAX) { a->st.n_oom++; return VL_ERR_OOM; }
+  if (best == SIZE_MAX) { a->stats.n_oom++; return VL_ERR_OOM; }
   if (grow((void **)&a->bl, &a->cbl, a->nbl + 1, sizeof(blk))) return VL_ERR_OOM;
   size_t o = a->fr[best].off;
   if (a->fr[best].size == need) {
@@ -116,7 +116,7 @@ vl_status vl_arena_alloc(vl_arena *a, size_t bytes, vl_mem_cat cat, size_t *off)
   a->bl[k] = (blk){o, need, (int)cat};
   a->nbl++;
 
-  vl_mem_stats *s = &a->st;
+  vl_mem_stats *s = &a->stats;
   s->cur[cat] += need;
   if (s->cur[cat] > s->peak[cat]) s->peak[cat] = s->cur[cat];
   s->cur_total += need;
@@ -133,13 +133,13 @@ vl_status vl_arena_alloc(vl_arena *a, size_t bytes, vl_mem_cat cat, size_t *off)
 
 void vl_arena_free(vl_arena *a, size_t off) {
   size_t k = blk_lower(a, off);
-  if (k >= a->nbl || a->bl[k].off != off) { a->st.n_bad_free++; return; } /* double free */
+  if (k >= a->nbl || a->bl[k].off != off) { a->stats.n_bad_free++; return; } /* double free */
   blk b = a->bl[k];
   memmove(&a->bl[k], &a->bl[k + 1], (a->nbl - k - 1) * sizeof(blk));
   a->nbl--;
-  a->st.cur[b.cat] -= b.size;
-  a->st.cur_total -= b.size;
-  a->st.n_free++;
+  a->stats.cur[b.cat] -= b.size;
+  a->stats.cur_total -= b.size;
+  a->stats.n_free++;
   log_event(a, b.cat, -(int64_t)b.size);
 
   /* Insert the segment and coalesce with its neighbours. */
@@ -164,7 +164,7 @@ void vl_arena_free(vl_arena *a, size_t off) {
 }
 
 void vl_arena_stats(const vl_arena *a, vl_mem_stats *s) {
-  *s = a->st;
+  *s = a->stats;
   /* Fragmentation below the top live block: free holes that a large request can't use. */
   size_t top = a->nbl ? a->bl[a->nbl - 1].off + a->bl[a->nbl - 1].size : 0;
   size_t fb = 0, lf = 0;
@@ -178,11 +178,11 @@ void vl_arena_stats(const vl_arena *a, vl_mem_stats *s) {
 }
 
 void vl_arena_reset_peaks(vl_arena *a) {
-  memcpy(a->st.peak, a->st.cur, sizeof a->st.cur);
-  memcpy(a->st.at_peak, a->st.cur, sizeof a->st.cur);
-  a->st.peak_total = a->st.cur_total;
+  memcpy(a->stats.peak, a->stats.cur, sizeof a->stats.cur);
+  memcpy(a->stats.at_peak, a->stats.cur, sizeof a->stats.cur);
+  a->stats.peak_total = a->stats.cur_total;
   size_t top = a->nbl ? a->bl[a->nbl - 1].off + a->bl[a->nbl - 1].size : 0;
-  a->st.reserved = top;
+  a->stats.reserved = top;
 }
 
 size_t vl_arena_live_blocks(const vl_arena *a) { return a->nbl; }

@@ -75,8 +75,8 @@ void vl_count(vl_ctx *c, double flops, double bytes) {
   c->bytes_moved += bytes;
 }
 
-void vl_tensor_set_shape(vl_tensor *t, vl_dtype dt, int ndim, const int64_t *shape) {
-  t->dtype = dt;
+void vl_tensor_set_shape(vl_tensor *t, vl_dtype dtype, int ndim, const int64_t *shape) {
+  t->dtype = dtype;
   t->ndim = ndim;
   int64_t n = 1;
   for (int i = ndim - 1; i >= 0; i--) {
@@ -86,17 +86,17 @@ void vl_tensor_set_shape(vl_tensor *t, vl_dtype dt, int ndim, const int64_t *sha
   }
   for (int i = ndim; i < VL_MAX_DIMS; i++) { t->shape[i] = 1; t->stride[i] = n; }
   t->n = n;
-  t->bytes = vl_dtype_bytes(dt, n);
+  t->bytes = vl_dtype_bytes(dtype, n);
 }
 
-vl_status vl_tensor_alloc(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, int ndim,
+vl_status vl_tensor_alloc(vl_ctx *c, vl_tensor *t, vl_dtype dtype, vl_mem_cat cat, int ndim,
                           const int64_t *shape) {
   memset(t, 0, sizeof *t);
   if (ndim < 1 || ndim > VL_MAX_DIMS) return vl_fail(c, VL_ERR_INVALID, "tensor rank %d", ndim);
   for (int i = 0; i < ndim; i++)
     if (shape[i] <= 0) return vl_fail(c, VL_ERR_INVALID, "tensor dim %d is %lld", i, (long long)shape[i]);
-  vl_tensor_set_shape(t, dt, ndim, shape);
-  if (dt == VL_NF4 && t->n % VL_NF4_BLOCK)
+  vl_tensor_set_shape(t, dtype, ndim, shape);
+  if (dtype == VL_NF4 && t->n % VL_NF4_BLOCK)
     return vl_fail(c, VL_ERR_INVALID, "nf4 tensor of %lld elements: not a multiple of 64", (long long)t->n);
   t->device = c->device;
   t->cat = cat;
@@ -104,14 +104,14 @@ vl_status vl_tensor_alloc(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, 
   vl_status s = vl_arena_alloc(c->arena, t->bytes, cat, &off);
   if (s != VL_OK) {
     char b1[32], b2[32];
-    vl_mem_stats st;
-    vl_arena_stats(c->arena, &st);
+    vl_mem_stats stats;
+    vl_arena_stats(c->arena, &stats);
     size_t bytes = t->bytes;
     memset(t, 0, sizeof *t);
     return vl_fail(c, s, "out of memory: %s for %s with %s in use under a cap of %s",
                    vl_fmt_bytes(bytes, b1, sizeof b1), vl_mem_cat_name(cat),
-                   vl_fmt_bytes(st.cur_total, b2, sizeof b2),
-                   st.cap == VL_NO_CAP ? "none" : vl_fmt_bytes(st.cap, (char[32]){0}, 32));
+                   vl_fmt_bytes(stats.cur_total, b2, sizeof b2),
+                   stats.cap == VL_NO_CAP ? "none" : vl_fmt_bytes(stats.cap, (char[32]){0}, 32));
   }
   t->off = off;
   char *base = vl_arena_base(c->arena);
@@ -120,10 +120,10 @@ vl_status vl_tensor_alloc(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, 
   return VL_OK;
 }
 
-vl_status vl_tensor_alloc2(vl_ctx *c, vl_tensor *t, vl_dtype dt, vl_mem_cat cat, int64_t d0,
+vl_status vl_tensor_alloc2(vl_ctx *c, vl_tensor *t, vl_dtype dtype, vl_mem_cat cat, int64_t d0,
                            int64_t d1) {
   int64_t sh[2] = {d0, d1};
-  return vl_tensor_alloc(c, t, dt, cat, 2, sh);
+  return vl_tensor_alloc(c, t, dtype, cat, 2, sh);
 }
 
 void vl_tensor_free(vl_ctx *c, vl_tensor *t) {
@@ -131,11 +131,11 @@ void vl_tensor_free(vl_ctx *c, vl_tensor *t) {
   memset(t, 0, sizeof *t);
 }
 
-vl_tensor vl_tensor_view(const vl_tensor *t, size_t byte_off, vl_dtype dt, int ndim,
+vl_tensor vl_tensor_view(const vl_tensor *t, size_t byte_off, vl_dtype dtype, int ndim,
                          const int64_t *shape) {
   vl_tensor v;
   memset(&v, 0, sizeof v);
-  vl_tensor_set_shape(&v, dt, ndim, shape);
+  vl_tensor_set_shape(&v, dtype, ndim, shape);
   v.device = t->device;
   v.cat = t->cat;
   v.off = t->off + byte_off;

@@ -154,6 +154,26 @@ size_t vl_loader_batch_bytes(const vl_loader_cfg *c) {
   return (size_t)c->batch * per;
 }
 
+/* A worker's decode state (see "Host memory" in data.h): the dataset's scratch, one decoded
+ * image (+ its mask) and, with per-sample collate, the sample tensor it holds. */
+static size_t worker_bytes(const vl_loader_cfg *c, size_t scratch_bytes, size_t max_image_bytes) {
+  return scratch_bytes + max_image_bytes + (c->masks ? max_image_bytes / 3 : 0) +
+         (c->batched_collate ? 0 : sample_floats(c) * sizeof(float) + sample_ids(c) * sizeof(int32_t));
+}
+
+size_t vl_loader_host_bytes_bound(const vl_loader_cfg *c, int64_t n, size_t scratch_bytes,
+                                  size_t max_image_bytes) {
+  const int64_t R = c->workers > 0 ? (int64_t)c->workers * c->prefetch : 1;
+  const int64_t S = R + 1 + (c->on_corrupt == VL_CORRUPT_SKIP ? 1 : 0);
+  const int wc = c->workers > 0 ? c->workers : 1;
+  const size_t bb = vl_loader_batch_bytes(c), pw = worker_bytes(c, scratch_bytes, max_image_bytes);
+  /* in doubles first: a bound that does not fit a size_t is SIZE_MAX, never a wrapped one */
+  const double d = (double)S * (double)bb + (double)wc * (double)pw + (double)n * sizeof(int64_t) +
+                   (double)R * sizeof(task);
+  if (bb == SIZE_MAX || n < 0 || d >= (double)SIZE_MAX) return SIZE_MAX;
+  return (size_t)S * bb + (size_t)wc * pw + (size_t)n * sizeof(int64_t) + (size_t)R * sizeof(task);
+}
+
 static void seterr(char *err, size_t errn, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void seterr(char *err, size_t errn, const char *fmt, ...) {
@@ -545,22 +565,16 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
   l->R = l->W > 0 ? l->W * cfg->prefetch : 1;
   l->S = l->R + 1 + (cfg->on_corrupt == VL_CORRUPT_SKIP ? 1 : 0);
 
-  /* The bound (see data.h): batch buffers, per-worker decode state, order and tasks. */
+  /* The bound (see data.h): one definition, which a plan calls too. */
   const int wc = l->W > 0 ? l->W : 1;
-  const size_t per_worker = ds->scratch_bytes + ds->max_image_bytes +
-                            (cfg->masks ? ds->max_image_bytes / 3 : 0) +
-                            (cfg->batched_collate ? 0 : (size_t)l->F * sizeof(float) +
-                                                            (size_t)l->P * sizeof(int32_t));
-  const double bound_d = (double)l->S * (double)l->batch_bytes + (double)wc * (double)per_worker +
-                         (double)n * sizeof(int64_t) + (double)l->R * sizeof(task);
-  if (bound_d >= (double)SIZE_MAX) {
+  const size_t per_worker = worker_bytes(cfg, ds->scratch_bytes, ds->max_image_bytes);
+  l->st.host_bytes_bound = vl_loader_host_bytes_bound(cfg, n, ds->scratch_bytes, ds->max_image_bytes);
+  if (l->st.host_bytes_bound == SIZE_MAX) {
     seterr(err, errn, "loader: the host-memory bound overflows (batch %lld, %d buffers)",
            (long long)cfg->batch, l->S);
     free(l);
     return VL_ERR_INVALID;
   }
-  l->st.host_bytes_bound = (size_t)l->S * l->batch_bytes + (size_t)wc * per_worker +
-                           (size_t)n * sizeof(int64_t) + (size_t)l->R * sizeof(task);
   if (cfg->host_mem_cap > 0 && l->st.host_bytes_bound > cfg->host_mem_cap) {
     char a[32], b[32];
     seterr(err, errn,

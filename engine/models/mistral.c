@@ -15,18 +15,38 @@ enum { P_LN1, P_LN2, P_LIN0 };               /* per-layer param slots: norms, th
 #define PER_LAYER (P_LIN0 + NLIN * 3)        /* each linear: base W, LoRA A, LoRA B */
 
 /* Everything one layer allocates during a step; freed as backward consumes it, and all
- * freed by cleanup() when a step fails (OOM), so the engine keeps working. */
+ * freed by cleanup() when a step fails (OOM), so the engine keeps working. Shapes use
+ * R = B*T rows; in the compute dtype unless marked fp32. */
 typedef struct {
-  vl_tensor ln1, rstd1, q, k, v, P, att, res2, ln2, rstd2, g, u, h;
-  vl_tensor xa[NLIN]; /* LoRA: x A^T (R, r) kept for dB */
+  vl_tensor ln1;      // (R, C) RMSNorm 1 output: input of q, k, v
+  vl_tensor rstd1;    // (R) fp32 1/rms of the layer input
+  vl_tensor q;        // (B, H, T, D) after RoPE
+  vl_tensor k;        // (B, KVH, T, D) after RoPE
+  vl_tensor v;        // (B, KVH, T, D)
+  vl_tensor P;        // (B*H*T, T) causal softmax of q k^T / sqrt(D); dP, dS in backward
+  vl_tensor att;      // (R, H*D) attention output, heads back in (B, T, H, D) order
+  vl_tensor res2;     // (R, C) x + att Wo^T: the residual after attention
+  vl_tensor ln2;      // (R, C) RMSNorm 2 output: input of gate and up
+  vl_tensor rstd2;    // (R) fp32 1/rms of res2
+  vl_tensor g;        // (R, F) gate projection
+  vl_tensor u;        // (R, F) up projection
+  vl_tensor h;        // (R, F) silu(g) * u: input of down
+  vl_tensor xa[NLIN]; // (R, r) LoRA x A^T of each linear, kept for dB
 } layer_acts;
 
+/* What one micro-batch allocates outside the layers. */
 typedef struct {
-  vl_tensor data;     /* (2, B, T) int32, category data: the micro-batch on the device */
-  vl_tensor tok, tgt; /* views of data: token ids (B, T) and targets (B, T), -1 ignored */
-  vl_tensor lnf, rstdf, logits, loss, dres, dlnf;
-  vl_tensor tmp[8];
-} step_tmp;
+  vl_tensor data;     // (2, B, T) int32, category data: the micro-batch on the device
+  vl_tensor tok;      // (B, T) int32 view of data: token ids
+  vl_tensor tgt;      // (B, T) int32 view of data: targets, -1 ignored
+  vl_tensor lnf;      // (R, C) final RMSNorm output
+  vl_tensor rstdf;    // (R) fp32 1/rms of the last residual
+  vl_tensor logits;   // (R, V) logits, then dlogits in place (fused cross-entropy)
+  vl_tensor loss;     // (R) fp32 per-token loss
+  vl_tensor dres;     // (R, C) gradient of the residual stream, layer by layer down
+  vl_tensor dlnf;     // (R, C) gradient of lnf
+  vl_tensor tmp[8];   // a layer's backward temps; shapes at each use in layer_bwd
+} step_tensors;
 
 struct vl_mistral {
   vl_ctx *c;
@@ -34,9 +54,9 @@ struct vl_mistral {
   vl_train_cfg tc;
   vl_param *params; int n_params;
   int p_embed, p_normf, p_head, p_layer0;
-  vl_tensor *res;     /* (L+1) residual stream tensors (R, C) */
-  layer_acts *acts;   /* L */
-  step_tmp st;
+  vl_tensor *res;     // L+1 tensors (R, C): the residual stream, res[l] is layer l's input
+  layer_acts *acts;   // L: each layer's activations
+  step_tensors step;  // the micro-batch's own tensors
   vl_scaler sc;       /* loss scale and optimizer step count */
   double pending_loss; int64_t pending_tokens;
 };
@@ -70,8 +90,15 @@ void vl_train_cfg_default(vl_train_cfg *t) {
 }
 
 /* ---- parameters --------------------------------------------------------------------- */
-static vl_param *LP(vl_mistral *m, int64_t l, int slot) { return &m->params[m->p_layer0 + l * PER_LAYER + slot]; }
-static vl_param *LW(vl_mistral *m, int64_t l, int lin, int which) { return LP(m, l, P_LIN0 + lin * 3 + which); }
+/* Parameter `slot` of layer l (P_LN1, P_LN2, or a linear's). */
+static vl_param *layer_param(vl_mistral *m, int64_t l, int slot) {
+  return &m->params[m->p_layer0 + l * PER_LAYER + slot];
+}
+/* Linear `lin` of layer l: which 0 is the base W (out, in), 1 LoRA A (r, in), 2 LoRA B
+ * (out, r). */
+static vl_param *linear_param(vl_mistral *m, int64_t l, int lin, int which) {
+  return layer_param(m, l, P_LIN0 + lin * 3 + which);
+}
 
 static bool lora_on(const vl_mistral *m, int lin) {
   if (m->tc.lora_rank <= 0) return false;
@@ -155,23 +182,23 @@ static vl_status build_params(vl_mistral *m, uint64_t seed) {
   for (int64_t l = 0; l < mc->n_layers; l++) {
     for (int k = 0; k < 2; k++) {
       snprintf(nm, sizeof nm, "l%lld.norm%d", (long long)l, k + 1);
-      VL_TRY(vl_param_alloc(c, LP(m, l, k), nm, 1, mc->dim, other, full));
-      VL_TRY(init_param(m, LP(m, l, k), 1, &rng));
+      VL_TRY(vl_param_alloc(c, layer_param(m, l, k), nm, 1, mc->dim, other, full));
+      VL_TRY(init_param(m, layer_param(m, l, k), 1, &rng));
     }
     for (int lin = 0; lin < NLIN; lin++) {
       int64_t o, i;
       lin_shape(mc, lin, &o, &i);
       snprintf(nm, sizeof nm, "l%lld.%s", (long long)l, lin_name[lin]);
-      VL_TRY(vl_param_alloc(c, LW(m, l, lin, 0), nm, o, i, base, full));
-      VL_TRY(init_param(m, LW(m, l, lin, 0), 0, &rng));
+      VL_TRY(vl_param_alloc(c, linear_param(m, l, lin, 0), nm, o, i, base, full));
+      VL_TRY(init_param(m, linear_param(m, l, lin, 0), 0, &rng));
       if (lora_on(m, lin)) {
         int64_t r = tc->lora_rank;
         snprintf(nm, sizeof nm, "l%lld.%s.lora_A", (long long)l, lin_name[lin]);
-        VL_TRY(vl_param_alloc(c, LW(m, l, lin, 1), nm, r, i, tc->compute, true));
-        VL_TRY(init_param(m, LW(m, l, lin, 1), 2, &rng));
+        VL_TRY(vl_param_alloc(c, linear_param(m, l, lin, 1), nm, r, i, tc->compute, true));
+        VL_TRY(init_param(m, linear_param(m, l, lin, 1), 2, &rng));
         snprintf(nm, sizeof nm, "l%lld.%s.lora_B", (long long)l, lin_name[lin]);
-        VL_TRY(vl_param_alloc(c, LW(m, l, lin, 2), nm, o, r, tc->compute, true));
-        VL_TRY(init_param(m, LW(m, l, lin, 2), 3, &rng));
+        VL_TRY(vl_param_alloc(c, linear_param(m, l, lin, 2), nm, o, r, tc->compute, true));
+        VL_TRY(init_param(m, linear_param(m, l, lin, 2), 3, &rng));
       }
     }
   }
@@ -212,7 +239,7 @@ static void cleanup(vl_mistral *m) {
     for (int i = 0; i < NLIN; i++) vl_tensor_free(c, &a->xa[i]);
   }
   for (int64_t l = 0; l <= m->mc.n_layers; l++) vl_tensor_free(c, &m->res[l]);
-  step_tmp *t = &m->st;
+  step_tensors *t = &m->step;
   for (int i = 7; i >= 0; i--) vl_tensor_free(c, &t->tmp[i]);
   vl_tensor *list[] = {&t->dlnf, &t->dres, &t->loss, &t->logits, &t->rstdf, &t->lnf, &t->data};
   for (size_t i = 0; i < sizeof list / sizeof *list; i++) vl_tensor_free(c, list[i]);
@@ -235,21 +262,22 @@ static vl_status alloc2(vl_mistral *m, vl_tensor *t, vl_mem_cat cat, int64_t r, 
 static vl_status alloc_f32(vl_mistral *m, vl_tensor *t, vl_mem_cat cat, int64_t n) {
   return vl_tensor_alloc(m->c, t, VL_F32, cat, 1, &n);
 }
-static void FREE(vl_mistral *m, vl_tensor *t) { vl_tensor_free(m->c, t); }
+static void tensor_free(vl_mistral *m, vl_tensor *t) { vl_tensor_free(m->c, t); }
 
 /* y (R,N) (beta: overwrite/accumulate) = x W^T + s (x A^T) B^T ; xa saved when LoRA is on. */
 static vl_status lin_fwd(vl_mistral *m, int64_t l, int lin, vl_tensor *y, const vl_tensor *x,
                          vl_tensor *xa, vl_mem_cat cat, int64_t R, float beta) {
   int64_t N, K;
   lin_shape(&m->mc, lin, &N, &K);
-  VL_TRY(vl_linear_fwd(m->c, y, x, &LW(m, l, lin, 0)->w, R, K, N, beta));
+  VL_TRY(vl_linear_fwd(m->c, y, x, &linear_param(m, l, lin, 0)->w, R, K, N, beta));
   if (!lora_on(m, lin)) return VL_OK;
   int64_t r = m->tc.lora_rank;
-  float s = m->tc.lora_alpha / (float)r;
+  float lora_scale = m->tc.lora_alpha / (float)r;
   VL_TRY(alloc2(m, xa, cat, R, r));
-  VL_TRY(vl_linear_fwd(m->c, xa, x, &LW(m, l, lin, 1)->w, R, K, r, 0.0f));
-  vl_gemm g = {.ta = false, .tb = true, .M = R, .N = N, .K = r, .alpha = s, .beta = 1.0f,
-               .A = xa, .lda = r, .B = &LW(m, l, lin, 2)->w, .ldb = r, .C = y, .ldc = N, .batch = 1};
+  VL_TRY(vl_linear_fwd(m->c, xa, x, &linear_param(m, l, lin, 1)->w, R, K, r, 0.0f));
+  vl_gemm g = {.ta = false, .tb = true, .M = R, .N = N, .K = r, .alpha = lora_scale, .beta = 1.0f,
+               .A = xa, .lda = r, .B = &linear_param(m, l, lin, 2)->w, .ldb = r, .C = y,
+               .ldc = N, .batch = 1};
   return vl_gemm_run(m->c, &g);
 }
 
@@ -258,34 +286,35 @@ static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const
                          const vl_tensor *x, vl_tensor *xa, int64_t R, float beta) {
   int64_t N, K;
   lin_shape(&m->mc, lin, &N, &K);
-  vl_param *W = LW(m, l, lin, 0);
+  vl_param *W = linear_param(m, l, lin, 0);
   if (W->trainable) VL_TRY(vl_linear_bwd_w(m->c, &W->grad, dy, x, R, K, N, 1.0f));
   VL_TRY(vl_linear_bwd_x(m->c, dx, dy, &W->w, R, K, N, beta));
   if (!lora_on(m, lin)) return VL_OK;
   int64_t r = m->tc.lora_rank;
-  float s = m->tc.lora_alpha / (float)r;
-  vl_param *A = LW(m, l, lin, 1), *B = LW(m, l, lin, 2);
-  VL_TRY(vl_linear_bwd_w(m->c, &B->grad, dy, xa, R, r, N, s)); /* dB = s dy^T xa */
-  FREE(m, xa);
+  float lora_scale = m->tc.lora_alpha / (float)r;
+  vl_param *A = linear_param(m, l, lin, 1), *B = linear_param(m, l, lin, 2);
+  VL_TRY(vl_linear_bwd_w(m->c, &B->grad, dy, xa, R, r, N, lora_scale)); /* dB = s dy^T xa */
+  tensor_free(m, xa);
   vl_tensor dxa;
   VL_TRY(alloc2(m, &dxa, VL_MEM_TEMP, R, r));
-  vl_gemm g = {.ta = false, .tb = false, .M = R, .N = r, .K = N, .alpha = s, .beta = 0.0f,
+  vl_gemm g = {.ta = false, .tb = false, .M = R, .N = r, .K = N, .alpha = lora_scale, .beta = 0.0f,
                .A = dy, .lda = N, .B = &B->w, .ldb = r, .C = &dxa, .ldc = r, .batch = 1};
-  vl_status st = vl_gemm_run(m->c, &g);
-  if (st == VL_OK) st = vl_linear_bwd_w(m->c, &A->grad, &dxa, x, R, K, r, 1.0f);
-  if (st == VL_OK) st = vl_linear_bwd_x(m->c, dx, &dxa, &A->w, R, K, r, 1.0f);
-  FREE(m, &dxa);
-  return st;
+  vl_status status = vl_gemm_run(m->c, &g);
+  if (status == VL_OK) status = vl_linear_bwd_w(m->c, &A->grad, &dxa, x, R, K, r, 1.0f);
+  if (status == VL_OK) status = vl_linear_bwd_x(m->c, dx, &dxa, &A->w, R, K, r, 1.0f);
+  tensor_free(m, &dxa);
+  return status;
 }
 
 /* Batched attention GEMM over the B*KVH groups: each group's rep query heads are stacked
  * into (rep*T) rows, so GQA needs no K/V expansion. */
 static vl_status attn_gemm(vl_mistral *m, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                           const vl_tensor *A, int64_t lda, int64_t sa, const vl_tensor *B,
-                           int64_t ldb, int64_t sb, vl_tensor *C, int64_t sc, int64_t nb) {
+                           const vl_tensor *A, int64_t lda, int64_t stride_a, const vl_tensor *B,
+                           int64_t ldb, int64_t stride_b, vl_tensor *C, int64_t stride_c,
+                           int64_t n_groups) {
   vl_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = 0.0f,
-               .A = A, .lda = lda, .sa = sa, .B = B, .ldb = ldb, .sb = sb,
-               .C = C, .ldc = N, .sc = sc, .batch = nb};
+               .A = A, .lda = lda, .sa = stride_a, .B = B, .ldb = ldb, .sb = stride_b,
+               .C = C, .ldc = N, .sc = stride_c, .batch = n_groups};
   return vl_gemm_run(m->c, &g);
 }
 
@@ -305,8 +334,9 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
 
   VL_TRY(alloc2(m, &a->ln1, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd1, cat, R));
-  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln1, &a->rstd1, x, &LP(m, l, P_LN1)->w,
-                                                     R, C, mc->norm_eps}));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln1, &a->rstd1, x,
+                                                     &layer_param(m, l, P_LN1)->w, R, C,
+                                                     mc->norm_eps}));
   /* q, k, v: project, rotate (q, k), permute to (B, heads, T, D). */
   vl_tensor *dst[3] = {&a->q, &a->k, &a->v};
   int64_t heads[3] = {H, KVH, KVH};
@@ -319,7 +349,7 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
     if (s == VL_OK) s = alloc2(m, dst[i], cat, R, heads[i] * D);
     if (s == VL_OK)
       s = vl_permute_run(c, &(vl_permute_args){dst[i], &tmp, B, T, heads[i], D, false});
-    FREE(m, &tmp);
+    tensor_free(m, &tmp);
     VL_TRY(s);
   }
   /* S = Q K^T per (b, kv head): (rep*T, D) x (T, D)^T -> (rep*T, T); softmax in place. */
@@ -334,7 +364,7 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
                           T * D, &O, rep * T * D, B * KVH);
   if (s == VL_OK) s = alloc2(m, &a->att, cat, R, H * D);
   if (s == VL_OK) s = vl_permute_run(c, &(vl_permute_args){&a->att, &O, B, T, H, D, true});
-  FREE(m, &O);
+  tensor_free(m, &O);
   VL_TRY(s);
   /* res2 = x + att Wo^T */
   VL_TRY(alloc2(m, &a->res2, cat, R, C));
@@ -344,7 +374,8 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   VL_TRY(alloc2(m, &a->ln2, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd2, cat, R));
   VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln2, &a->rstd2, &a->res2,
-                                                     &LP(m, l, P_LN2)->w, R, C, mc->norm_eps}));
+                                                     &layer_param(m, l, P_LN2)->w, R, C,
+                                                     mc->norm_eps}));
   VL_TRY(alloc2(m, &a->g, cat, R, F));
   VL_TRY(lin_fwd(m, l, LG, &a->g, &a->ln2, &a->xa[LG], cat, R, 0.0f));
   VL_TRY(alloc2(m, &a->u, cat, R, F));
@@ -357,7 +388,7 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
     if (!lora_on(m, LD)) return VL_OK;
     int64_t r = m->tc.lora_rank;
     VL_TRY(alloc2(m, &a->xa[LD], cat, R, r));
-    return vl_linear_fwd(c, &a->xa[LD], &a->h, &LW(m, l, LD, 1)->w, R, F, r, 0.0f);
+    return vl_linear_fwd(c, &a->xa[LD], &a->h, &linear_param(m, l, LD, 1)->w, R, F, r, 0.0f);
   }
   /* The next layer's input is kept in both modes: it is the checkpoint. */
   VL_TRY(alloc2(m, &m->res[l + 1], VL_MEM_ACTS, R, C));
@@ -366,8 +397,8 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   if (!keep) {
     vl_tensor *list[] = {&a->h, &a->u, &a->g, &a->rstd2, &a->ln2, &a->res2, &a->att, &a->P,
                          &a->v, &a->k, &a->q, &a->rstd1, &a->ln1};
-    for (int i = NLIN - 1; i >= 0; i--) FREE(m, &a->xa[i]);
-    for (size_t i = 0; i < sizeof list / sizeof *list; i++) FREE(m, list[i]);
+    for (int i = NLIN - 1; i >= 0; i--) tensor_free(m, &a->xa[i]);
+    for (size_t i = 0; i < sizeof list / sizeof *list; i++) tensor_free(m, list[i]);
   }
   return VL_OK;
 }
@@ -381,58 +412,59 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   int64_t R = B * T, C = mc->dim, H = mc->n_heads, KVH = mc->n_kv_heads, D = mc->head_dim;
   int64_t F = mc->ffn, rep = H / KVH;
   float scale = 1.0f / sqrtf((float)D);
-  vl_tensor *t = m->st.tmp; /* t[0..7]: this layer's gradient temps */
+  vl_tensor *t = m->step.tmp; /* t[0..7]: this layer's gradient temps */
 
   /* MLP */
-  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, F)); /* dh, then dg in place */
+  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, F)); /* dh (R, F), then dg in place */
   VL_TRY(lin_bwd(m, l, LD, &t[0], dres, &a->h, &a->xa[LD], R, 0.0f));
-  FREE(m, &a->h);
-  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, F)); /* du */
+  tensor_free(m, &a->h);
+  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, F)); /* du (R, F) */
   VL_TRY(vl_swiglu_bwd_run(c, &(vl_swiglu_bwd_args){&t[0], &t[1], &t[0], &a->g, &a->u, R * F}));
-  FREE(m, &a->u);
-  FREE(m, &a->g);
-  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, R, C)); /* dln2 */
+  tensor_free(m, &a->u);
+  tensor_free(m, &a->g);
+  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, R, C)); /* dln2 (R, C) */
   VL_TRY(lin_bwd(m, l, LG, &t[2], &t[0], &a->ln2, &a->xa[LG], R, 0.0f));
   VL_TRY(lin_bwd(m, l, LU, &t[2], &t[1], &a->ln2, &a->xa[LU], R, 1.0f));
-  FREE(m, &t[1]);
-  FREE(m, &t[0]);
-  vl_param *n2 = LP(m, l, P_LN2);
+  tensor_free(m, &t[1]);
+  tensor_free(m, &t[0]);
+  vl_param *n2 = layer_param(m, l, P_LN2);
   VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n2->trainable ? &n2->grad : NULL,
                                                      &t[2], &a->res2, &n2->w, &a->rstd2, R, C}));
-  FREE(m, &t[2]);
-  FREE(m, &a->rstd2);
-  FREE(m, &a->ln2);
-  FREE(m, &a->res2);
+  tensor_free(m, &t[2]);
+  tensor_free(m, &a->rstd2);
+  tensor_free(m, &a->ln2);
+  tensor_free(m, &a->res2);
 
   /* attention output projection */
-  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, H * D)); /* datt */
+  VL_TRY(alloc2(m, &t[0], VL_MEM_TEMP, R, H * D)); /* datt (R, H*D) */
   VL_TRY(lin_bwd(m, l, LO, &t[0], dres, &a->att, &a->xa[LO], R, 0.0f));
-  FREE(m, &a->att);
-  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, H * D)); /* dO (B,H,T,D) */
+  tensor_free(m, &a->att);
+  VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, H * D)); /* dO (B, H, T, D) */
   VL_TRY(vl_permute_run(c, &(vl_permute_args){&t[1], &t[0], B, T, H, D, false}));
-  FREE(m, &t[0]);
-  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, B * H * T, T)); /* dP, then dS in place */
+  tensor_free(m, &t[0]);
+  VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, B * H * T, T)); /* dP (B*H*T, T), then dS in place */
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &t[1], D, rep * T * D, &a->v, D, T * D,
                    &t[2], rep * T * T, B * KVH));
-  VL_TRY(alloc2(m, &t[3], VL_MEM_TEMP, R, KVH * D)); /* dv = P^T dO, summed over rep heads */
+  /* dv (B, KVH, T, D) = P^T dO, summed over the rep query heads of each KV head */
+  VL_TRY(alloc2(m, &t[3], VL_MEM_TEMP, R, KVH * D));
   VL_TRY(attn_gemm(m, true, false, T, D, rep * T, &a->P, T, rep * T * T, &t[1], D, rep * T * D,
                    &t[3], T * D, B * KVH));
-  FREE(m, &t[1]);
-  FREE(m, &a->v);
+  tensor_free(m, &t[1]);
+  tensor_free(m, &a->v);
   VL_TRY(vl_softmax_causal_bwd_run(
       c, &(vl_softmax_causal_bwd_args){&t[2], &t[2], &a->P, B * H * T, T, scale}));
-  FREE(m, &a->P);
-  VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq = dS K */
+  tensor_free(m, &a->P);
+  VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq (B, H, T, D) = dS K */
   VL_TRY(attn_gemm(m, false, false, rep * T, D, T, &t[2], T, rep * T * T, &a->k, D, T * D,
                    &t[4], rep * T * D, B * KVH));
-  VL_TRY(alloc2(m, &t[5], VL_MEM_TEMP, R, KVH * D)); /* dk = dS^T Q */
+  VL_TRY(alloc2(m, &t[5], VL_MEM_TEMP, R, KVH * D)); /* dk (B, KVH, T, D) = dS^T Q */
   VL_TRY(attn_gemm(m, true, false, T, D, rep * T, &t[2], T, rep * T * T, &a->q, D, rep * T * D,
                    &t[5], T * D, B * KVH));
-  FREE(m, &t[2]);
-  FREE(m, &a->k);
-  FREE(m, &a->q);
+  tensor_free(m, &t[2]);
+  tensor_free(m, &a->k);
+  tensor_free(m, &a->q);
   /* back to (B,T,heads,D), undo the rotation, project to dln1 */
-  VL_TRY(alloc2(m, &t[6], VL_MEM_TEMP, R, C)); /* dln1 */
+  VL_TRY(alloc2(m, &t[6], VL_MEM_TEMP, R, C)); /* dln1 (R, C) */
   vl_tensor *g[3] = {&t[4], &t[5], &t[3]};
   int64_t heads[3] = {H, KVH, KVH};
   for (int i = 0; i < 3; i++) {
@@ -440,17 +472,17 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
     vl_status s = vl_permute_run(c, &(vl_permute_args){&t[7], g[i], B, T, heads[i], D, true});
     if (s == VL_OK && i < 2)
       s = vl_rope_run(c, &(vl_rope_args){&t[7], B, T, heads[i], D, mc->rope_theta, true});
-    FREE(m, g[i]);
+    tensor_free(m, g[i]);
     if (s == VL_OK) s = lin_bwd(m, l, LQ + i, &t[6], &t[7], &a->ln1, &a->xa[LQ + i], R, i ? 1.0f : 0.0f);
-    FREE(m, &t[7]);
+    tensor_free(m, &t[7]);
     VL_TRY(s);
   }
-  vl_param *n1 = LP(m, l, P_LN1);
+  vl_param *n1 = layer_param(m, l, P_LN1);
   VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n1->trainable ? &n1->grad : NULL,
                                                      &t[6], &m->res[l], &n1->w, &a->rstd1, R, C}));
-  FREE(m, &t[6]);
-  FREE(m, &a->rstd1);
-  FREE(m, &a->ln1);
+  tensor_free(m, &t[6]);
+  tensor_free(m, &a->rstd1);
+  tensor_free(m, &a->ln1);
   return VL_OK;
 }
 
@@ -458,57 +490,58 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
 static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float dloss_scale, double *loss_sum) {
   vl_ctx *c = m->c;
   const vl_mistral_cfg *mc = &m->mc;
-  step_tmp *st = &m->st;
+  step_tensors *step = &m->step;
   int64_t B = b->B, T = b->T, R = B * T, C = mc->dim, V = mc->vocab, L = mc->n_layers;
   bool ck = m->tc.checkpoint;
 
   /* the batch on the device, one block (2, B, T) of int32: tokens, then targets */
   int64_t ids_shape[3] = {2, B, T}, bt[2] = {B, T};
-  VL_TRY(vl_tensor_alloc(c, &st->data, VL_I32, VL_MEM_DATA, 3, ids_shape));
-  st->tok = vl_tensor_view(&st->data, 0, VL_I32, 2, bt);
-  st->tgt = vl_tensor_view(&st->data, (size_t)R * 4, VL_I32, 2, bt);
+  VL_TRY(vl_tensor_alloc(c, &step->data, VL_I32, VL_MEM_DATA, 3, ids_shape));
+  step->tok = vl_tensor_view(&step->data, 0, VL_I32, 2, bt);
+  step->tgt = vl_tensor_view(&step->data, (size_t)R * 4, VL_I32, 2, bt);
   if (!c->plan && b->tokens) {
-    VL_TRY(c->be->upload(c, &st->tok, 0, b->tokens, (size_t)R * 4));
-    VL_TRY(c->be->upload(c, &st->tgt, 0, b->targets, (size_t)R * 4));
+    VL_TRY(c->be->upload(c, &step->tok, 0, b->tokens, (size_t)R * 4));
+    VL_TRY(c->be->upload(c, &step->tgt, 0, b->targets, (size_t)R * 4));
   }
   VL_TRY(alloc2(m, &m->res[0], VL_MEM_ACTS, R, C));
   vl_param *E = &m->params[m->p_embed];
-  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){&m->res[0], &E->w, &st->tok, R, C}));
+  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){&m->res[0], &E->w, &step->tok, R, C}));
   for (int64_t l = 0; l < L; l++) VL_TRY(layer_fwd(m, l, B, T, !ck, false));
 
   /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
-  VL_TRY(alloc2(m, &st->lnf, VL_MEM_ACTS, R, C));
-  VL_TRY(alloc_f32(m, &st->rstdf, VL_MEM_ACTS, R));
+  VL_TRY(alloc2(m, &step->lnf, VL_MEM_ACTS, R, C));
+  VL_TRY(alloc_f32(m, &step->rstdf, VL_MEM_ACTS, R));
   vl_param *NF = &m->params[m->p_normf], *HW = &m->params[m->p_head];
-  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&st->lnf, &st->rstdf, &m->res[L], &NF->w,
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&step->lnf, &step->rstdf, &m->res[L], &NF->w,
                                                      R, C, mc->norm_eps}));
-  VL_TRY(alloc2(m, &st->logits, VL_MEM_TEMP, R, V));
-  VL_TRY(vl_linear_fwd(c, &st->logits, &st->lnf, &HW->w, R, C, V, 0.0f));
-  VL_TRY(alloc_f32(m, &st->loss, VL_MEM_TEMP, R));
+  VL_TRY(alloc2(m, &step->logits, VL_MEM_TEMP, R, V));
+  VL_TRY(vl_linear_fwd(c, &step->logits, &step->lnf, &HW->w, R, C, V, 0.0f));
+  VL_TRY(alloc_f32(m, &step->loss, VL_MEM_TEMP, R));
   VL_TRY(vl_xent_fused_run(
-      c, &(vl_xent_fused_args){&st->logits, &st->loss, &st->tgt, R, V, dloss_scale}));
+      c, &(vl_xent_fused_args){&step->logits, &step->loss, &step->tgt, R, V, dloss_scale}));
   if (!c->plan && b->targets) {
     float *lh = malloc((size_t)R * sizeof(float));
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
-    vl_status s = c->be->download(c, lh, &st->loss, 0, (size_t)R * 4);
+    vl_status s = c->be->download(c, lh, &step->loss, 0, (size_t)R * 4);
     for (int64_t r = 0; s == VL_OK && r < R; r++) *loss_sum += lh[r];
     free(lh);
     VL_TRY(s);
   }
-  FREE(m, &st->loss);
-  VL_TRY(alloc2(m, &st->dlnf, VL_MEM_TEMP, R, C));
-  if (HW->trainable) VL_TRY(vl_linear_bwd_w(c, &HW->grad, &st->logits, &st->lnf, R, C, V, 1.0f));
-  VL_TRY(vl_linear_bwd_x(c, &st->dlnf, &st->logits, &HW->w, R, C, V, 0.0f));
-  FREE(m, &st->logits);
-  VL_TRY(alloc2(m, &st->dres, VL_MEM_TEMP, R, C));
-  VL_TRY(vl_zero_run(c, &(vl_zero_args){&st->dres}));
-  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){&st->dres, NF->trainable ? &NF->grad : NULL,
-                                                     &st->dlnf, &m->res[L], &NF->w, &st->rstdf,
+  tensor_free(m, &step->loss);
+  VL_TRY(alloc2(m, &step->dlnf, VL_MEM_TEMP, R, C));
+  if (HW->trainable)
+    VL_TRY(vl_linear_bwd_w(c, &HW->grad, &step->logits, &step->lnf, R, C, V, 1.0f));
+  VL_TRY(vl_linear_bwd_x(c, &step->dlnf, &step->logits, &HW->w, R, C, V, 0.0f));
+  tensor_free(m, &step->logits);
+  VL_TRY(alloc2(m, &step->dres, VL_MEM_TEMP, R, C));
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){&step->dres}));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){&step->dres, NF->trainable ? &NF->grad : NULL,
+                                                     &step->dlnf, &m->res[L], &NF->w, &step->rstdf,
                                                      R, C}));
-  FREE(m, &st->dlnf);
-  FREE(m, &st->rstdf);
-  FREE(m, &st->lnf);
-  FREE(m, &m->res[L]);
+  tensor_free(m, &step->dlnf);
+  tensor_free(m, &step->rstdf);
+  tensor_free(m, &step->lnf);
+  tensor_free(m, &m->res[L]);
 
   for (int64_t l = L - 1; l >= 0; l--) {
     if (ck) {
@@ -518,15 +551,15 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
       c->recomputing--;
       VL_TRY(s);
     }
-    VL_TRY(layer_bwd(m, l, B, T, &st->dres));
-    if (l > 0) FREE(m, &m->res[l]);
+    VL_TRY(layer_bwd(m, l, B, T, &step->dres));
+    if (l > 0) tensor_free(m, &m->res[l]);
   }
   if (E->trainable)
-    VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){&E->grad, &st->dres, &st->tok, R, C}));
-  FREE(m, &st->dres);
-  FREE(m, &m->res[0]);
-  FREE(m, &st->data);
-  st->tok = st->tgt = (vl_tensor){0};
+    VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){&E->grad, &step->dres, &step->tok, R, C}));
+  tensor_free(m, &step->dres);
+  tensor_free(m, &m->res[0]);
+  tensor_free(m, &step->data);
+  step->tok = step->tgt = (vl_tensor){0};
   return VL_OK;
 }
 
@@ -620,22 +653,28 @@ vl_status vl_mistral_merged_weight(vl_mistral *m, int idx, float *out) {
   int64_t l = (idx - m->p_layer0) / PER_LAYER;
   if (slot < P_LIN0 || (slot - P_LIN0) % 3) return vl_fail(c, VL_ERR_INVALID, "not a base linear");
   int lin = (slot - P_LIN0) / 3;
-  vl_param *W = LW(m, l, lin, 0);
+  vl_param *W = linear_param(m, l, lin, 0);
   VL_TRY(vl_param_read(c, W, out));
   if (!lora_on(m, lin)) return VL_OK;
   int64_t r = m->tc.lora_rank, N = W->rows, K = W->cols;
-  float *A = malloc((size_t)(r * K) * sizeof(float)), *Bm = malloc((size_t)(N * r) * sizeof(float));
-  vl_status s = (A && Bm) ? VL_OK : VL_ERR_OOM;
-  if (s == VL_OK) s = vl_param_read(c, LW(m, l, lin, 1), A);
-  if (s == VL_OK) s = vl_param_read(c, LW(m, l, lin, 2), Bm);
-  float sc = m->tc.lora_alpha / (float)r;
-  for (int64_t i = 0; s == VL_OK && i < N; i++)
+  vl_status status = VL_OK;
+  float *A = malloc((size_t)(r * K) * sizeof(float));  // (r, K)
+  float *Bm = malloc((size_t)(N * r) * sizeof(float)); // (N, r)
+  if (!A || !Bm) {
+    status = vl_fail(c, VL_ERR_OOM, "host memory for the LoRA factors of %s", W->name);
+    goto done;
+  }
+  VL_TRY_GOTO(status, vl_param_read(c, linear_param(m, l, lin, 1), A), done);
+  VL_TRY_GOTO(status, vl_param_read(c, linear_param(m, l, lin, 2), Bm), done);
+  float scale = m->tc.lora_alpha / (float)r;
+  for (int64_t i = 0; i < N; i++)
     for (int64_t j = 0; j < K; j++) {
       float acc = 0;
       for (int64_t k = 0; k < r; k++) acc += Bm[i * r + k] * A[k * K + j];
-      out[i * K + j] += sc * acc;
+      out[i * K + j] += scale * acc;
     }
+done:
   free(A);
   free(Bm);
-  return s;
+  return status;
 }

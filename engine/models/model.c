@@ -6,13 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-void vl_batch_add(vl_batch *b, const char *name, vl_dtype dt, int ndim, const int64_t *shape,
+void vl_batch_add(vl_batch *b, const char *name, vl_dtype dtype, int ndim, const int64_t *shape,
                   const void *data) {
   assert(b->n < VL_BATCH_MAX_TENSORS && ndim >= 1 && ndim <= VL_MAX_DIMS);
   vl_batch_tensor *t = &b->t[b->n++];
   memset(t, 0, sizeof *t);
   t->name = name;
-  t->dtype = dt;
+  t->dtype = dtype;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
   t->data = data;
@@ -24,19 +24,19 @@ const vl_batch_tensor *vl_batch_get(const vl_batch *b, const char *name) {
   return NULL;
 }
 
-const vl_batch_tensor *vl_batch_want(vl_ctx *c, const vl_batch *b, const char *name, vl_dtype dt,
-                                     int ndim, vl_status *st) {
+const vl_batch_tensor *vl_batch_want(vl_ctx *c, const vl_batch *b, const char *name,
+                                     vl_dtype dtype, int ndim, vl_status *status) {
   const vl_batch_tensor *t = vl_batch_get(b, name);
   if (!t) {
-    *st = vl_fail(c, VL_ERR_INVALID, "batch: no tensor '%s'", name);
+    *status = vl_fail(c, VL_ERR_INVALID, "batch: no tensor '%s'", name);
     return NULL;
   }
-  if (t->dtype != dt || t->ndim != ndim) {
-    *st = vl_fail(c, VL_ERR_INVALID, "batch: '%s' is %s with %d dims, expected %s with %d", name,
-                  vl_dtype_name(t->dtype), t->ndim, vl_dtype_name(dt), ndim);
+  if (t->dtype != dtype || t->ndim != ndim) {
+    *status = vl_fail(c, VL_ERR_INVALID, "batch: '%s' is %s with %d dims, expected %s with %d",
+                      name, vl_dtype_name(t->dtype), t->ndim, vl_dtype_name(dtype), ndim);
     return NULL;
   }
-  *st = VL_OK;
+  *status = VL_OK;
   return t;
 }
 

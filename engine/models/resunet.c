@@ -18,26 +18,31 @@
 #include <string.h>
 #include <strings.h>
 
+/* Shapes: B the micro-batch in flight (m->B); a unit's output side is P = Q =
+ * unit_hout(u); activations in the compute dtype unless marked fp32. */
 typedef struct {
   int pw, pg, pb;          /* conv weight, BN gamma, BN beta (param indices) */
   int64_t cin, cout, k;    /* kernel k x k */
   int stride, pad;
   int64_t hin;             /* input side */
   bool relu;
-  vl_tensor rmean, rvar;   /* BN running statistics (fp32, model state) */
-  vl_tensor c, mean, rstd, o; /* kept for backward */
+  vl_tensor rmean, rvar;   // (cout) fp32 BN running statistics: model state, not a step's
+  vl_tensor conv;          // (B, cout, P, P) conv output: BN's input, kept for backward
+  vl_tensor mean, rstd;    // (cout) fp32 batch mean and 1/std, kept for backward
+  vl_tensor o;             // (B, cout, P, P) unit output (after the ReLU when relu)
 } unit;
 
 typedef struct {
   unit u[4];               /* conv1 1x1, conv2 3x3 (stride), conv3 1x1, downsample */
   bool ds;
-  vl_tensor out;
+  vl_tensor out;           // (B, u[2].cout, P, P) relu(conv3 branch + identity), P of u[1]
 } block;
 
 typedef struct {
   unit u[2];
   int64_t cin, cskip, hin; /* input channels/side; cskip 0: no skip */
-  vl_tensor up, cat;
+  vl_tensor up;            // (B, cin, 2 hin, 2 hin) upsampled input (only with a skip)
+  vl_tensor cat;           // (B, cin + cskip, 2 hin, 2 hin) [up, skip]: u[0]'s input
 } dblock;
 
 struct vl_resunet {
@@ -51,11 +56,20 @@ struct vl_resunet {
   block *blocks;           /* all stages, stage by stage */
   int n_blocks, stage0[5]; /* stage s holds blocks [stage0[s], stage0[s+1]) */
   dblock dec[5];
-  vl_tensor data;          /* the micro-batch on the device (category data), of which: */
-  vl_tensor img, tgt;      /*   views: images (B, 3, H, W) fp32, targets (B, H, W) int32 */
-  vl_tensor pool, xin, logits, loss, dskip[4];
-  vl_tensor gcur;          /* the gradient flowing back through the network */
-  vl_tensor tmp[4];        /* short-lived gradients in flight */
+  /* The step's own tensors; H = W = mc.image, K = mc.classes. */
+  vl_tensor data;          // (B*3*H*W [+ B*H*W]) fp32 block in category data: the micro-batch
+  vl_tensor img;           // (B, 3, H, W) fp32 view of data: normalised images
+  vl_tensor tgt;           // (B, H, W) int32 view of data: class ids, -1 ignored (training)
+  vl_tensor xin;           // (B, 3, H, W) AMP's half copy of img (conv1's input), else empty
+  vl_tensor pool;          // (B, width, H/4, W/4) max pool of the stem: block 0's input
+  vl_tensor logits;        // (B, K, H, W) head output; dlogits in place after the loss
+  vl_tensor loss;          // (B*H*W) fp32 per-pixel cross-entropy
+  vl_tensor dskip[4];      // skip gradients, w = mc.width: [0] the stem's (B, w, H/2, W/2);
+                           // [s] layer s's output (B, 2^(s+1) w, H/2^(s+1), W/2^(s+1))
+  vl_tensor gcur;          // the gradient flowing back: the shape of the activation it is
+                           // the gradient of, (B, dec[4], H, W) after the head
+  vl_tensor tmp[4];        // short-lived gradients in flight (the shapes of their
+                           // activations); tmp[3]: unit_fwd's BN output without in-place ReLU
   bool *grad_live;         /* per param: holds this step's gradient already */
   vl_scaler sc;
   int64_t B;               /* batch of the micro-batch in flight */
@@ -98,7 +112,7 @@ void vl_seg_train_cfg_default(vl_seg_train_cfg *t) {
 /* ---- construction --------------------------------------------------------------------- */
 
 static vl_status add_param(vl_resunet *m, const char *name, int64_t rows, int64_t cols,
-                           vl_dtype dt, int *idx) {
+                           vl_dtype dtype, int *idx) {
   if (m->n_params == m->cap_params) {
     int cap = m->cap_params ? 2 * m->cap_params : 256;
     vl_param *np = realloc(m->params, (size_t)cap * sizeof *np);
@@ -107,7 +121,7 @@ static vl_status add_param(vl_resunet *m, const char *name, int64_t rows, int64_
     m->cap_params = cap;
   }
   *idx = m->n_params;
-  vl_status s = vl_param_alloc(m->c, &m->params[m->n_params], name, rows, cols, dt, true);
+  vl_status s = vl_param_alloc(m->c, &m->params[m->n_params], name, rows, cols, dtype, true);
   m->n_params++; /* counted even on failure: destroy frees what was allocated */
   return s;
 }
@@ -282,7 +296,7 @@ vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_seg_tr
 }
 
 static void unit_clear(vl_ctx *c, unit *u) {
-  vl_tensor *l[] = {&u->o, &u->rstd, &u->mean, &u->c};
+  vl_tensor *l[] = {&u->o, &u->rstd, &u->mean, &u->conv};
   for (int i = 0; i < 4; i++) vl_tensor_free(c, l[i]);
 }
 
@@ -336,7 +350,7 @@ static vl_status act(vl_resunet *m, vl_tensor *t, vl_mem_cat cat, int64_t ch, in
 static vl_status f32(vl_resunet *m, vl_tensor *t, vl_mem_cat cat, int64_t n) {
   return vl_tensor_alloc(m->c, t, VL_F32, cat, 1, &n);
 }
-static void FREE(vl_resunet *m, vl_tensor *t) { vl_tensor_free(m->c, t); }
+static void tensor_free(vl_resunet *m, vl_tensor *t) { vl_tensor_free(m->c, t); }
 /* Moves a tensor to another slot (ownership follows). */
 static void move(vl_tensor *dst, vl_tensor *src) {
   *dst = *src;
@@ -377,21 +391,21 @@ static vl_status conv_bwd_x(vl_resunet *m, const vl_conv *cv, vl_tensor *dx, con
 
 /* ---- units ------------------------------------------------------------------------------- */
 
-/* conv -> BN (-> ReLU) of x into u->o. KEEP: c, mean, rstd stay for backward (else freed at
+/* conv -> BN (-> ReLU) of x into u->o. KEEP: conv, mean, rstd stay for backward (else freed at
  * once); TRAIN: batch statistics (else running ones); STATS: update the running ones. */
 static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, vl_mem_cat ocat) {
   vl_ctx *c = m->c;
   vl_conv cv = unit_conv(m, u);
   int64_t HW = cv.P * cv.Q, n = m->B * u->cout * HW;
   vl_mem_cat keep = (mode & KEEP) ? VL_MEM_ACTS : VL_MEM_TEMP;
-  VL_TRY(act(m, &u->c, keep, u->cout, cv.P));
-  VL_TRY(conv_fwd(m, &cv, &u->c, x, &m->params[u->pw]));
+  VL_TRY(act(m, &u->conv, keep, u->cout, cv.P));
+  VL_TRY(conv_fwd(m, &cv, &u->conv, x, &m->params[u->pw]));
   const vl_tensor *g = &m->params[u->pg].w, *b = &m->params[u->pb].w;
   if (!(mode & TRAIN)) {
     VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
-    VL_TRY(vl_bn_fwd_eval_run(c, &(vl_bn_fwd_eval_args){&u->o, &u->c, g, b, &u->rmean, &u->rvar,
+    VL_TRY(vl_bn_fwd_eval_run(c, &(vl_bn_fwd_eval_args){&u->o, &u->conv, g, b, &u->rmean, &u->rvar,
                                                        m->B, u->cout, HW, m->mc.bn_eps}));
-    FREE(m, &u->c);
+    tensor_free(m, &u->conv);
     if (u->relu) VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
     return VL_OK;
   }
@@ -403,21 +417,21 @@ static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, 
   bool stats = (mode & STATS) && !c->recomputing;
   VL_TRY(vl_bn_fwd_train_run(
       c, &(vl_bn_fwd_train_args){bo, &u->mean, &u->rstd, stats ? &u->rmean : NULL,
-                                 stats ? &u->rvar : NULL, &u->c, g, b, m->B, u->cout, HW,
+                                 stats ? &u->rvar : NULL, &u->conv, g, b, m->B, u->cout, HW,
                                  m->mc.bn_eps, m->mc.bn_momentum}));
   if (u->relu) {
     if (sep) {
       VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
       VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, bo, n}));
-      FREE(m, bo);
+      tensor_free(m, bo);
     } else {
       VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
     }
   }
   if (!(mode & KEEP)) {
-    FREE(m, &u->rstd);
-    FREE(m, &u->mean);
-    FREE(m, &u->c);
+    tensor_free(m, &u->rstd);
+    tensor_free(m, &u->mean);
+    tensor_free(m, &u->conv);
   }
   return VL_OK;
 }
@@ -430,19 +444,19 @@ static vl_status unit_bwd(vl_resunet *m, unit *u, vl_tensor *d, const vl_tensor 
   vl_conv cv = unit_conv(m, u);
   int64_t HW = cv.P * cv.Q, n = m->B * u->cout * HW;
   if (u->relu) VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &u->o, n}));
-  FREE(m, &u->o);
+  tensor_free(m, &u->o);
   vl_param *g = &m->params[u->pg], *b = &m->params[u->pb];
-  VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){d, &g->grad, &b->grad, d, &u->c, &g->w, &u->mean,
+  VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){d, &g->grad, &b->grad, d, &u->conv, &g->w, &u->mean,
                                            &u->rstd, m->B, u->cout, HW}));
-  FREE(m, &u->rstd);
-  FREE(m, &u->mean);
-  FREE(m, &u->c);
+  tensor_free(m, &u->rstd);
+  tensor_free(m, &u->mean);
+  tensor_free(m, &u->conv);
   VL_TRY(conv_bwd_w(m, &cv, u->pw, x, d));
   if (dx) {
     VL_TRY(act(m, dx, VL_MEM_TEMP, u->cin, u->hin));
     VL_TRY(conv_bwd_x(m, &cv, dx, d, &m->params[u->pw]));
   }
-  FREE(m, d);
+  tensor_free(m, d);
   return VL_OK;
 }
 
@@ -460,9 +474,9 @@ static vl_status block_fwd(vl_resunet *m, int bi, int mode) {
   vl_mem_cat oc = keep ? VL_MEM_ACTS : VL_MEM_TEMP;
   VL_TRY(unit_fwd(m, &B->u[0], x, mode, oc));
   VL_TRY(unit_fwd(m, &B->u[1], &B->u[0].o, mode, oc));
-  if (!keep) FREE(m, &B->u[0].o);
+  if (!keep) tensor_free(m, &B->u[0].o);
   VL_TRY(unit_fwd(m, &B->u[2], &B->u[1].o, mode, VL_MEM_ACTS)); /* becomes the block output */
-  if (!keep) FREE(m, &B->u[1].o);
+  if (!keep) tensor_free(m, &B->u[1].o);
   unit *u3 = &B->u[2];
   int64_t side = unit_hout(&B->u[1]), n = m->B * u3->cout * side * side;
   const vl_tensor *id = x;
@@ -471,14 +485,14 @@ static vl_status block_fwd(vl_resunet *m, int bi, int mode) {
     id = &B->u[3].o;
   }
   VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&u3->o, 1.0f, id, 1.0f, n})); /* out += identity */
-  if (B->ds) FREE(m, &B->u[3].o);
+  if (B->ds) tensor_free(m, &B->u[3].o);
   if (m->tc.relu_inplace || !(mode & TRAIN)) {
     VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u3->o, &u3->o, n}));
     move(&B->out, &u3->o);
   } else {
     VL_TRY(act(m, &B->out, VL_MEM_ACTS, u3->cout, side));
     VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&B->out, &u3->o, n}));
-    FREE(m, &u3->o);
+    tensor_free(m, &u3->o);
   }
   return VL_OK;
 }
@@ -490,7 +504,7 @@ static vl_status block_bwd(vl_resunet *m, int bi, vl_tensor *d) {
   const vl_tensor *x = block_in(m, bi);
   if (m->tc.checkpoint) {
     /* re-run the forward from the saved input, keeping everything; FLOPs are recompute */
-    FREE(m, &B->out);
+    tensor_free(m, &B->out);
     c->recomputing++;
     vl_status s = block_fwd(m, bi, KEEP | TRAIN);
     c->recomputing--;
@@ -499,8 +513,9 @@ static vl_status block_bwd(vl_resunet *m, int bi, vl_tensor *d) {
   unit *u3 = &B->u[2];
   int64_t side = unit_hout(&B->u[1]), n = m->B * u3->cout * side * side;
   VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &B->out, n}));
-  FREE(m, &B->out);
-  /* the main path consumes a copy: d itself is the identity's gradient */
+  tensor_free(m, &B->out);
+  /* the main path consumes a copy: d itself is the identity's gradient. dm (B, cout, side,
+   * side) that copy; t the gradient between two units; dx (B, cin, hin, hin) the input's */
   vl_tensor *dm = &m->tmp[0], *t = &m->tmp[1], *dx = &m->tmp[2];
   VL_TRY(act(m, dm, VL_MEM_TEMP, u3->cout, side));
   VL_TRY(vl_convert_run(c, &(vl_convert_args){dm, d, n}));
@@ -511,10 +526,10 @@ static vl_status block_bwd(vl_resunet *m, int bi, vl_tensor *d) {
   if (B->ds) {
     VL_TRY(unit_bwd(m, &B->u[3], d, x, t));
     VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, t, 1.0f, nx}));
-    FREE(m, t);
+    tensor_free(m, t);
   } else {
     VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, d, 1.0f, nx}));
-    FREE(m, d);
+    tensor_free(m, d);
   }
   move(d, dx);
   return VL_OK;
@@ -548,13 +563,13 @@ static vl_status dec_fwd(vl_resunet *m, int d, int mode) {
                                                    m->B, HW, false}));
     VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&D->cat, ct, D->cin, skip_of(m, d), D->cskip,
                                                    0, D->cskip, m->B, HW, false}));
-    FREE(m, &D->up);
+    tensor_free(m, &D->up);
   }
   vl_mem_cat oc = keep ? VL_MEM_ACTS : VL_MEM_TEMP;
   VL_TRY(unit_fwd(m, &D->u[0], &D->cat, mode, oc));
-  if (!keep) FREE(m, &D->cat);
+  if (!keep) tensor_free(m, &D->cat);
   VL_TRY(unit_fwd(m, &D->u[1], &D->u[0].o, mode, oc));
-  if (!keep) FREE(m, &D->u[0].o);
+  if (!keep) tensor_free(m, &D->u[0].o);
   return VL_OK;
 }
 
@@ -567,7 +582,7 @@ static vl_status dec_bwd(vl_resunet *m, int d, vl_tensor *g) {
   vl_tensor *t = &m->tmp[1], *dcat = &m->tmp[2];
   VL_TRY(unit_bwd(m, &D->u[1], g, &D->u[0].o, t));
   VL_TRY(unit_bwd(m, &D->u[0], t, &D->cat, dcat));
-  FREE(m, &D->cat);
+  tensor_free(m, &D->cat);
   vl_tensor *dup = dcat;
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
@@ -578,13 +593,13 @@ static vl_status dec_bwd(vl_resunet *m, int d, vl_tensor *g) {
     VL_TRY(act(m, ds, VL_MEM_TEMP, D->cskip, h2));
     VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){ds, D->cskip, 0, dcat, ct, D->cin, D->cskip,
                                                    m->B, HW, false}));
-    FREE(m, dcat);
+    tensor_free(m, dcat);
     dup = t;
   }
   VL_TRY(act(m, g, VL_MEM_TEMP, D->cin, D->hin));
   VL_TRY(vl_upsample2x_bwd_run(
       c, &(vl_upsample2x_bwd_args){g, dup, m->B * D->cin, D->hin, D->hin}));
-  FREE(m, dup);
+  tensor_free(m, dup);
   return VL_OK;
 }
 
@@ -603,7 +618,7 @@ static vl_status forward(vl_resunet *m, int mode) {
     x = &m->xin;
   }
   VL_TRY(unit_fwd(m, &m->stem, x, mode, train ? VL_MEM_ACTS : VL_MEM_TEMP));
-  if (!train) FREE(m, &m->xin);
+  if (!train) tensor_free(m, &m->xin);
   int64_t hs = mc->image / 2, hp = hs / 2;
   VL_TRY(act(m, &m->pool, train ? VL_MEM_ACTS : VL_MEM_TEMP, mc->width, hp));
   VL_TRY(vl_maxpool_fwd_run(c, &(vl_maxpool_fwd_args){&m->pool, &m->stem.o, m->B * mc->width, hs,
@@ -614,16 +629,16 @@ static vl_status forward(vl_resunet *m, int mode) {
     if (!train) { /* evaluation keeps only what the decoder still reads */
       bool is_skip = false;
       for (int s = 1; s < 4; s++) is_skip |= bi - 1 == m->stage0[s] - 1;
-      if (bi == 0) FREE(m, &m->pool);
-      else if (!is_skip) FREE(m, &m->blocks[bi - 1].out);
+      if (bi == 0) tensor_free(m, &m->pool);
+      else if (!is_skip) tensor_free(m, &m->blocks[bi - 1].out);
     }
   }
   for (int d = 0; d < 5; d++) {
     VL_TRY(dec_fwd(m, d, train ? KEEP | TRAIN | STATS : 0));
     if (!train) {
-      if (d == 0) FREE(m, &m->blocks[m->n_blocks - 1].out);
-      else FREE(m, &m->dec[d - 1].u[1].o);
-      if (d < 4) FREE(m, (vl_tensor *)skip_of(m, d));
+      if (d == 0) tensor_free(m, &m->blocks[m->n_blocks - 1].out);
+      else tensor_free(m, &m->dec[d - 1].u[1].o);
+      if (d < 4) tensor_free(m, (vl_tensor *)skip_of(m, d));
     }
   }
   vl_conv hc;
@@ -632,7 +647,7 @@ static vl_status forward(vl_resunet *m, int mode) {
   hc.wdt = m->params[m->p_head].w.dtype;
   VL_TRY(act(m, &m->logits, VL_MEM_TEMP, mc->classes, mc->image));
   VL_TRY(conv_fwd(m, &hc, &m->logits, &m->dec[4].u[1].o, &m->params[m->p_head]));
-  if (!train) FREE(m, &m->dec[4].u[1].o);
+  if (!train) tensor_free(m, &m->dec[4].u[1].o);
   return VL_OK;
 }
 
@@ -653,7 +668,7 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
     VL_TRY(s);
     *loss_sum += sum;
   }
-  FREE(m, &m->loss);
+  tensor_free(m, &m->loss);
   /* head */
   vl_conv hc;
   vl_conv_init(&hc, m->B, mc->dec[4], mc->image, mc->image, mc->classes, 3, 3, 1, 1, 1);
@@ -664,7 +679,7 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   VL_TRY(conv_bwd_w(m, &hc, m->p_head, &m->dec[4].u[1].o, &m->logits));
   VL_TRY(act(m, g, VL_MEM_TEMP, mc->dec[4], mc->image));
   VL_TRY(conv_bwd_x(m, &hc, g, &m->logits, &m->params[m->p_head]));
-  FREE(m, &m->logits);
+  tensor_free(m, &m->logits);
   for (int d = 4; d >= 0; d--) VL_TRY(dec_bwd(m, d, g));
   /* encoder, stage by stage; a stage output that is also a skip gets the skip's gradient */
   for (int bi = m->n_blocks - 1; bi >= 0; bi--) {
@@ -674,7 +689,7 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
     if (skip > 0) {
       int64_t n = m->dskip[skip].n;
       VL_TRY(vl_axpby_run(c, &(vl_axpby_args){g, 1.0f, &m->dskip[skip], 1.0f, n}));
-      FREE(m, &m->dskip[skip]);
+      tensor_free(m, &m->dskip[skip]);
     }
     VL_TRY(block_bwd(m, bi, g));
   }
@@ -684,12 +699,12 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   VL_TRY(act(m, ds, VL_MEM_TEMP, mc->width, hs));
   VL_TRY(vl_maxpool_bwd_run(c, &(vl_maxpool_bwd_args){ds, g, &m->stem.o, m->B * mc->width, hs, hs,
                                                      3, 2, 1, hp, hp}));
-  FREE(m, g);
-  FREE(m, &m->pool);
+  tensor_free(m, g);
+  tensor_free(m, &m->pool);
   VL_TRY(vl_axpby_run(c, &(vl_axpby_args){ds, 1.0f, &m->dskip[0], 1.0f, ds->n}));
-  FREE(m, &m->dskip[0]);
+  tensor_free(m, &m->dskip[0]);
   VL_TRY(unit_bwd(m, &m->stem, ds, m->xin.n ? &m->xin : &m->img, NULL));
-  FREE(m, &m->xin);
+  tensor_free(m, &m->xin);
   return VL_OK;
 }
 
@@ -745,7 +760,7 @@ vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
     vl_status s = upload_batch(m, &mb[i], true);
     if (s == VL_OK) s = forward(m, KEEP | TRAIN | STATS);
     if (s == VL_OK) s = backward(m, &loss_sum, dscale);
-    FREE(m, &m->data);
+    tensor_free(m, &m->data);
     if (s != VL_OK) {
       cleanup(m);
       vl_params_zero_grads(c, m->params, m->n_params);
@@ -803,7 +818,7 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
     s = f32(m, &f, VL_MEM_TEMP, B * K * HW);
     if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){&f, &m->logits, B * K * HW});
     if (s == VL_OK) s = c->be->download(c, lg, &f, 0, (size_t)(B * K * HW) * sizeof *lg);
-    FREE(m, &f);
+    tensor_free(m, &f);
     for (int64_t n = 0; s == VL_OK && n < B; n++)
       for (int64_t p = 0; p < HW; p++) {
         int best = 0;
@@ -813,8 +828,8 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
       }
   }
   free(lg);
-  FREE(m, &m->logits);
-  FREE(m, &m->data);
+  tensor_free(m, &m->logits);
+  tensor_free(m, &m->data);
   if (s != VL_OK) cleanup(m);
   return s;
 }

@@ -18,21 +18,21 @@ int vl_optimizer_parse(const char *s, vl_optimizer *o) {
 }
 
 vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows, int64_t cols,
-                         vl_dtype dt, bool trainable) {
+                         vl_dtype dtype, bool trainable) {
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s", name);
   p->rows = rows;
   p->cols = cols;
   p->trainable = trainable;
-  if (trainable && dt == VL_NF4)
+  if (trainable && dtype == VL_NF4)
     return vl_fail(c, VL_ERR_INVALID, "%s: nf4 storage is for frozen weights only", name);
   vl_mem_cat cat = trainable ? VL_MEM_PARAMS : VL_MEM_FROZEN;
-  if (trainable && dt != VL_F32) {
+  if (trainable && dtype != VL_F32) {
     /* AMP: fp32 master first, then the low-precision working copy used by compute. */
     p->has_master = true;
     VL_TRY(vl_tensor_alloc2(c, &p->master, VL_F32, VL_MEM_PARAMS, rows, cols));
   }
-  VL_TRY(vl_tensor_alloc2(c, &p->w, dt, cat, rows, cols));
+  VL_TRY(vl_tensor_alloc2(c, &p->w, dtype, cat, rows, cols));
   if (trainable) {
     VL_TRY(vl_tensor_alloc2(c, &p->grad, VL_F32, VL_MEM_GRADS, rows, cols));
     VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->grad}));
@@ -56,22 +56,23 @@ vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc) {
   int64_t r = p->rows, k = p->cols;
   switch (oc->opt) {
     case VL_OPT_ADAMW:
-      VL_TRY(vl_tensor_alloc2(c, &p->st[0], VL_F32, VL_MEM_OPTIM, r, k));
-      VL_TRY(vl_tensor_alloc2(c, &p->st[1], VL_F32, VL_MEM_OPTIM, r, k));
+      VL_TRY(vl_tensor_alloc2(c, &p->state[0], VL_F32, VL_MEM_OPTIM, r, k));
+      VL_TRY(vl_tensor_alloc2(c, &p->state[1], VL_F32, VL_MEM_OPTIM, r, k));
       break;
     case VL_OPT_SGD:
-      VL_TRY(vl_tensor_alloc2(c, &p->st[0], VL_F32, VL_MEM_OPTIM, r, k));
+      VL_TRY(vl_tensor_alloc2(c, &p->state[0], VL_F32, VL_MEM_OPTIM, r, k));
       break;
     case VL_OPT_ADAFACTOR:
       /* Factored second moment for matrices: a row and a column vector. */
-      if (r > 1) VL_TRY(vl_tensor_alloc2(c, &p->st[0], VL_F32, VL_MEM_OPTIM, 1, r));
-      VL_TRY(vl_tensor_alloc2(c, &p->st[1], VL_F32, VL_MEM_OPTIM, 1, k));
-      if (oc->adafactor_beta1) VL_TRY(vl_tensor_alloc2(c, &p->st[2], VL_F32, VL_MEM_OPTIM, r, k));
+      if (r > 1) VL_TRY(vl_tensor_alloc2(c, &p->state[0], VL_F32, VL_MEM_OPTIM, 1, r));
+      VL_TRY(vl_tensor_alloc2(c, &p->state[1], VL_F32, VL_MEM_OPTIM, 1, k));
+      if (oc->adafactor_beta1)
+        VL_TRY(vl_tensor_alloc2(c, &p->state[2], VL_F32, VL_MEM_OPTIM, r, k));
       break;
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer %d", (int)oc->opt);
   }
   for (int i = 0; i < 3; i++)
-    if (p->st[i].owned) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->st[i]}));
+    if (p->state[i].owned) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->state[i]}));
   return VL_OK;
 }
 
@@ -111,7 +112,7 @@ static vl_status read_f32(vl_ctx *c, const vl_tensor *t, float *host) {
   if (c->plan) return vl_fail(c, VL_ERR_UNSUPPORTED, "no data on the plan device");
   if (t->dtype == VL_F32) return c->be->download(c, host, t, 0, t->bytes);
   void *buf = malloc(t->bytes);
-  if (!buf) return VL_ERR_OOM;
+  if (!buf) return vl_fail(c, VL_ERR_OOM, "host buffer of %zu bytes", t->bytes);
   vl_status s = c->be->download(c, buf, t, 0, t->bytes);
   if (s == VL_OK) {
     if (t->dtype == VL_NF4) vl_nf4_dequantize_host(host, buf, t->n);
@@ -134,7 +135,7 @@ vl_status vl_param_read_grad(vl_ctx *c, const vl_param *p, float *host) {
 }
 
 void vl_param_free(vl_ctx *c, vl_param *p) {
-  for (int i = 2; i >= 0; i--) vl_tensor_free(c, &p->st[i]);
+  for (int i = 2; i >= 0; i--) vl_tensor_free(c, &p->state[i]);
   vl_tensor_free(c, &p->grad);
   vl_tensor_free(c, &p->w);
   vl_tensor_free(c, &p->master);
@@ -150,13 +151,15 @@ vl_status vl_param_update(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc, int64_
   int64_t n = p->rows * p->cols;
   switch (oc->opt) {
     case VL_OPT_ADAMW:
-      VL_TRY(vl_adamw_run(c, &(vl_adamw_args){w, &p->grad, &p->st[0], &p->st[1], n, &hp}));
+      VL_TRY(vl_adamw_run(c, &(vl_adamw_args){w, &p->grad, &p->state[0], &p->state[1], n, &hp}));
       break;
-    case VL_OPT_SGD: VL_TRY(vl_sgd_run(c, &(vl_sgd_args){w, &p->grad, &p->st[0], n, &hp})); break;
+    case VL_OPT_SGD:
+      VL_TRY(vl_sgd_run(c, &(vl_sgd_args){w, &p->grad, &p->state[0], n, &hp}));
+      break;
     case VL_OPT_ADAFACTOR:
       if (!oc->adafactor_beta1) hp.beta1 = 0;
-      VL_TRY(vl_adafactor_run(c, &(vl_adafactor_args){w, &p->grad, &p->st[0], &p->st[1],
-                                                      oc->adafactor_beta1 ? &p->st[2] : NULL,
+      VL_TRY(vl_adafactor_run(c, &(vl_adafactor_args){w, &p->grad, &p->state[0], &p->state[1],
+                                                      oc->adafactor_beta1 ? &p->state[2] : NULL,
                                                       p->rows, p->cols, &hp}));
       break;
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer");

@@ -61,10 +61,10 @@ vl_status vl_params_apply(vl_ctx *c, vl_param *p, int n, const vl_optim_cfg *oc,
   if (clip > 0 && norm > clip) coef = (float)(clip / (norm + 1e-6));
   s->t++;
   for (int i = 0; i < n; i++) {
-    vl_status st = vl_param_update(c, &p[i], oc, s->t, coef / ls);
-    if (st != VL_OK) {
+    vl_status status = vl_param_update(c, &p[i], oc, s->t, coef / ls);
+    if (status != VL_OK) {
       vl_params_zero_grads(c, p, n); /* the next step must not see this step's gradients */
-      return st;
+      return status;
     }
   }
   if (s->fp16 && ++s->good >= s->window) {

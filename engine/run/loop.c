@@ -32,18 +32,38 @@ vl_status vl_run_loop(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res) 
     bool timed = res->steps >= cfg->warmup;
     if (res->steps == cfg->warmup && cfg->reset_peaks_after_warmup) vl_arena_reset_peaks(c->arena);
     vl_step_info info;
-    double dt = 0;
+    double dt = 0, recompute0 = c->flops_recompute;
     c->flops = 0; /* this step's model FLOPs */
-    VL_TRY(c->be->timer_start(c));
-    VL_TRY(vl_model_step(m, mb, n, &info));
-    VL_TRY(c->be->timer_stop(c, &dt));
+    /* The context's counters hold one step at a time and are summed here, so a case that
+     * runs the loop epoch by epoch profiles every timed step and nothing between them. */
+    bool prof = cfg->profile && timed, was = c->profile;
+    if (prof) {
+      vl_ctx_profile_reset(c);
+      c->profile = true;
+    }
+    vl_status s = c->be->timer_start(c);
+    if (s == VL_OK) s = vl_model_step(m, mb, n, &info);
+    if (s == VL_OK) s = c->be->timer_stop(c, &dt);
+    c->profile = was;
+    if (s != VL_OK) return s;
     double wall = vl_now() - t0;
+    const vl_op_profile *op = vl_ctx_profile(c);
+    if (prof && op) {
+      res->profiled = true;
+      for (int i = 0; i < VL_OP_COUNT; i++) {
+        res->profile[i].calls += op[i].calls;
+        res->profile[i].seconds += op[i].seconds;
+        res->profile[i].flops += op[i].flops;
+        res->profile[i].bytes += op[i].bytes;
+      }
+    }
     res->losses[res->steps] = info.loss;
     res->loss_scale_end = info.loss_scale;
     res->skipped += info.skipped;
     if (timed) {
       res->times[res->timed++] = dt;
       res->flops += c->flops;
+      res->flops_recompute += c->flops_recompute - recompute0;
       res->wall += wall;
       res->wait += wait;
       res->targets += info.n_targets;

@@ -65,7 +65,8 @@ static void parse_value(const char *v) {
     for (int k = 0; k < n; k++)
       if (list[k] < 0 || list[k] > 64) die("list item out of range", v);
   }
-  /* the knob helpers, on a set holding only this value */
+  /* the knob helpers, on a set holding only this value (the declared default is never read) */
+  static const vl_knob_decl decl[] = {{"v", "1", "the fuzzed value", VL_KNOB_RUNG}, {NULL, NULL, NULL, 0}};
   vl_knobs *k = calloc(1, sizeof *k);
   if (!k) return;
   char err[512];
@@ -74,19 +75,19 @@ static void parse_value(const char *v) {
     int b, m;
     size_t sz;
     err[0] = 0;
-    if (vl_knob_int(k, "v", 0, 1, 4096, &l, err, sizeof err)) { if (!err[0]) die("int refused without a message", v); }
+    if (vl_knob_int(k, "v", decl, 1, 4096, &l, err, sizeof err)) { if (!err[0]) die("int refused without a message", v); }
     else if (l < 1 || l > 4096) die("knob int out of range", v);
     err[0] = 0;
-    if (vl_knob_double(k, "v", 0, 1e-12, 10, &x, err, sizeof err)) { if (!err[0]) die("double refused without a message", v); }
+    if (vl_knob_double(k, "v", decl, 1e-12, 10, &x, err, sizeof err)) { if (!err[0]) die("double refused without a message", v); }
     else if (!(x >= 1e-12 && x <= 10)) die("knob double out of range", v);
     err[0] = 0;
-    if (vl_knob_bool(k, "v", 0, &b, err, sizeof err)) { if (!err[0]) die("bool refused without a message", v); }
+    if (vl_knob_bool(k, "v", decl, &b, err, sizeof err)) { if (!err[0]) die("bool refused without a message", v); }
     else if (b != 0 && b != 1) die("knob bool", v);
     err[0] = 0;
-    if (vl_knob_bytes(k, "v", "1GB", &sz, err, sizeof err)) { if (!err[0]) die("bytes refused without a message", v); }
+    if (vl_knob_bytes(k, "v", decl, &sz, err, sizeof err)) { if (!err[0]) die("bytes refused without a message", v); }
     else if (sz == 0) die("knob bytes 0", v);
     err[0] = 0;
-    if (vl_knob_int_list(k, "v", "1", 0, 1024, lv, 16, &m, err, sizeof err)) { if (!err[0]) die("list refused without a message", v); }
+    if (vl_knob_int_list(k, "v", decl, 0, 1024, lv, 16, &m, err, sizeof err)) { if (!err[0]) die("list refused without a message", v); }
     else if (m < 1 || m > 16) die("knob list count", v);
   } else if (!err[0]) {
     die("knob refused without a message", v);

@@ -127,7 +127,7 @@ static vl_status cpu_axpby(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
   const vl_embed_fwd_args *a = p;
   int64_t R = a->R, C = a->C;
-  VL_CNN_TRY(vl_check_ids(c, "embed_fwd", "token ids", a->tok, R));
+  VL_TRY(vl_check_ids(c, "embed_fwd", "token ids", a->tok, R));
   vl_tensor *out = a->out;
   const vl_tensor *wte = a->wte;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -138,7 +138,7 @@ static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_bwd(vl_ctx *c, const void *p) {
   const vl_embed_bwd_args *a = p;
   int64_t R = a->R, C = a->C;
-  VL_CNN_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
+  VL_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
   vl_tensor *dw = a->dwte;
   const vl_tensor *dout = a->dout;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -248,7 +248,7 @@ static vl_status cpu_xent(vl_ctx *c, const void *p) {
   const vl_xent_fused_args *a = p;
   int64_t R = a->R, V = a->V;
   float s = a->dloss_scale;
-  VL_CNN_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
+  VL_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
   vl_tensor *logits = a->logits, *loss = a->loss;
   const int32_t *tgt = a->tgt ? a->tgt->data : NULL;
 #pragma omp parallel for if (R * V > PAR_MIN)

@@ -55,7 +55,7 @@ static vl_status cpu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_t
                               const vl_tensor *gamma, const vl_tensor *beta, int64_t N, int64_t C,
                               int64_t HW, float eps, float momentum) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
+  VL_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
                                    momentum, &n));
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, beta->data, dt(gamma), dt(beta)};
@@ -86,7 +86,7 @@ static vl_status cpu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, co
                              const vl_tensor *beta, const vl_tensor *rmean, const vl_tensor *rvar,
                              int64_t N, int64_t C, int64_t HW, float eps) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
+  VL_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, beta->data, dt(gamma), dt(beta)};
   const float *rm = rmean->data, *rv = rvar->data;
@@ -124,7 +124,7 @@ static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tens
                         const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
                         int64_t HW) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
+  VL_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, NULL, dt(gamma), 0};
   void *dg = dgamma ? dgamma->data : NULL, *db = dbeta ? dbeta->data : NULL;
@@ -146,7 +146,7 @@ static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tens
 /* ---- ReLU ----------------------------------------------------------------------------- */
 
 static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
-  VL_CNN_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
+  VL_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
@@ -162,7 +162,7 @@ static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64
 
 static vl_status cpu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
                           int64_t n) {
-  VL_CNN_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
+  VL_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
   void *pdx = dx->data;
   const void *pdy = dy->data, *py = y->data;
   if (all_f32(dx, dy, y)) {
@@ -192,7 +192,7 @@ static vl_status cpu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, in
                              int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
                              int64_t Q) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
+  VL_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
   pool_geo g = {H, W, P, Q, k, stride, pad};
   void *py = y->data;
   const void *px = x->data;
@@ -222,7 +222,7 @@ static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, 
                              int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
                              int64_t P, int64_t Q) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
+  VL_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
   pool_geo g = {H, W, P, Q, k, stride, pad};
   void *pdx = dx->data;
   const void *pdy = dy->data, *px = x->data;
@@ -261,7 +261,7 @@ INLINE void up_bwd_row(void *dx, int dxdt, const void *dy, int dydt, int64_t H, 
 static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                 int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
-  VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
+  VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
@@ -278,7 +278,7 @@ static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x,
 static vl_status cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
                                 int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
-  VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
+  VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
   void *pdx = dx->data;
   const void *pdy = dy->data;
   if (all_f32(dx, dy, NULL)) {
@@ -308,7 +308,7 @@ static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0
                            int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
                            bool accumulate) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
+  VL_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
   if (n == 0) return VL_OK;
   void *py = y->data;
   const void *px = x->data;
@@ -346,7 +346,7 @@ static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0
 static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *tt,
                           int64_t N, int64_t K, int64_t HW, float dloss_scale) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, tt, N, K, HW, dloss_scale, &n));
+  VL_TRY(vl_cnn_check_xent_pix(c, logits, loss, tt, N, K, HW, dloss_scale, &n));
   const int32_t *tgt = tt ? tt->data : NULL;
   for (int64_t p = 0; p < n; p++)
     if (tgt[p] >= K)

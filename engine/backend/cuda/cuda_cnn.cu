@@ -142,7 +142,7 @@ static vl_status cu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_te
                                  const vl_tensor *gamma, const vl_tensor *beta, int64_t N,
                                  int64_t C, int64_t HW, float eps, float momentum) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
+  VL_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
                                    momentum, &n));
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
@@ -159,7 +159,7 @@ static vl_status cu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, con
                                 const vl_tensor *rvar, int64_t N, int64_t C, int64_t HW,
                                 float eps) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
+  VL_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_bn_eval, y->data, dt(y), x->data, dt(x),
            (const float *)rmean->data, (const float *)rvar->data, gamma->data, dt(gamma),
@@ -172,7 +172,7 @@ static vl_status cu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tenso
                            const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
                            int64_t HW) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
+  VL_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
   k_bn_bwd<<<chan_blocks(s, C), VL_THREADS, 0, s->stream>>>(
@@ -184,14 +184,14 @@ static vl_status cu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tenso
 }
 
 static vl_status cu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
-  VL_CNN_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
+  VL_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
   if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_relu_fwd, y->data, dt(y), x->data, dt(x), n);
   return VL_OK;
 }
 
 static vl_status cu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
                              int64_t n) {
-  VL_CNN_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
+  VL_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_relu_bwd, dx->data, dt(dx), dy->data, dt(dy), y->data, dt(y),
            n);
@@ -202,7 +202,7 @@ static vl_status cu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int
                                 int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
                                 int64_t Q) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
+  VL_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_maxpool_fwd, y->data, dt(y), x->data, dt(x), H, W, k, stride,
            pad, P, Q, n);
@@ -213,7 +213,7 @@ static vl_status cu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, c
                                 int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
                                 int64_t P, int64_t Q) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
+  VL_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_maxpool_bwd, dx->data, dt(dx), dy->data, dt(dy), x->data,
            dt(x), H, W, k, stride, pad, P, Q, n);
@@ -223,7 +223,7 @@ static vl_status cu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, c
 static vl_status cu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                    int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
-  VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
+  VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
   if (nhi > 0)
     LAUNCH(c, st(c), nhi, VL_THREADS, k_up2_fwd, y->data, dt(y), x->data, dt(x), H, W, nhi);
   return VL_OK;
@@ -232,7 +232,7 @@ static vl_status cu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, 
 static vl_status cu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
                                    int64_t H, int64_t W) {
   int64_t nlo = 0, nhi = 0;
-  VL_CNN_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
+  VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
   if (nlo > 0)
     LAUNCH(c, st(c), nlo, VL_THREADS, k_up2_bwd, dx->data, dt(dx), dy->data, dt(dy), H, W, nlo);
   return VL_OK;
@@ -242,7 +242,7 @@ static vl_status cu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0,
                               int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
                               bool accumulate) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
+  VL_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_chan_copy, y->data, dt(y), yC, y_c0, x->data, dt(x), xC,
            x_c0, nc, HW, accumulate ? 1 : 0, n);
@@ -252,7 +252,7 @@ static vl_status cu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0,
 static vl_status cu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
                              int64_t N, int64_t K, int64_t HW, float dloss_scale) {
   int64_t n = 0;
-  VL_CNN_TRY(vl_cnn_check_xent_pix(c, logits, loss, ids, N, K, HW, dloss_scale, &n));
+  VL_TRY(vl_cnn_check_xent_pix(c, logits, loss, ids, N, K, HW, dloss_scale, &n));
   const int32_t *tgt = ids ? (const int32_t *)ids->data : NULL; /* device memory */
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_xent_pix, logits->data, dt(logits), (float *)loss->data, tgt,

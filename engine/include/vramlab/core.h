@@ -25,6 +25,24 @@ typedef enum {
 
 const char *vl_status_name(vl_status s);
 
+/* The one error convention: a function that can fail returns vl_status and leaves the
+ * message in its context (vl_fail). VL_TRY passes a failure up unchanged; VL_TRY_GOTO
+ * stores it in `status` and jumps to `label`, for a function that must free what it holds
+ * before returning (status is left alone on success). */
+#define VL_TRY(expr)                                                                       \
+  do {                                                                                     \
+    vl_status vl_try_s_ = (expr);                                                          \
+    if (vl_try_s_ != VL_OK) return vl_try_s_;                                              \
+  } while (0)
+#define VL_TRY_GOTO(status, expr, label)                                                   \
+  do {                                                                                     \
+    vl_status vl_try_s_ = (expr);                                                          \
+    if (vl_try_s_ != VL_OK) {                                                              \
+      (status) = vl_try_s_;                                                                \
+      goto label;                                                                          \
+    }                                                                                      \
+  } while (0)
+
 /* ---- dtypes ------------------------------------------------------------------ */
 /* Float storage dtypes (fp32, fp16, bf16; nf4 for frozen weights) and VL_I32 for token
  * ids, targets and class masks (4 bytes an element; no op computes in it). */

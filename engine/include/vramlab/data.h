@@ -207,6 +207,12 @@ void vl_loader_destroy(vl_loader *l);
 
 /* Bytes of one batch buffer (x + labels + index, + y with masks). */
 size_t vl_loader_batch_bytes(const vl_loader_cfg *c);
+/* The host-memory bound (see "Host memory" above) of a loader with cfg c over a dataset of
+ * n samples with these scratch_bytes and max_image_bytes: what vl_loader_create computes
+ * and reports as host_bytes_bound, callable without a dataset, so a plan gives the same
+ * number. SIZE_MAX when it does not fit a size_t. */
+size_t vl_loader_host_bytes_bound(const vl_loader_cfg *c, int64_t n, size_t scratch_bytes,
+                                  size_t max_image_bytes);
 /* Samples per epoch on this loader's rank (ceil(n/world)), before any skip. */
 int64_t vl_loader_shard_len(const vl_loader *l);
 /* The seed of sample `index`'s transform RNG in epoch `epoch`. */

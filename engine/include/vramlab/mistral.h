@@ -40,7 +40,8 @@ void vl_train_cfg_default(vl_train_cfg *t);
  * are host memory; they may be NULL on the plan device. */
 typedef struct {
   int64_t B, T;
-  const int32_t *tokens, *targets;
+  const int32_t *tokens;  // (B, T) token ids
+  const int32_t *targets; // (B, T) next-token targets, -1 ignored
 } vl_mistral_batch;
 
 typedef struct {

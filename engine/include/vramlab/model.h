@@ -35,14 +35,14 @@ typedef struct {
 } vl_batch;
 
 /* Append a tensor (asserts on more than VL_BATCH_MAX_TENSORS: a programmer error). */
-void vl_batch_add(vl_batch *b, const char *name, vl_dtype dt, int ndim, const int64_t *shape,
+void vl_batch_add(vl_batch *b, const char *name, vl_dtype dtype, int ndim, const int64_t *shape,
                   const void *data);
 /* The tensor called `name`, or NULL. */
 const vl_batch_tensor *vl_batch_get(const vl_batch *b, const char *name);
-/* The tensor called `name` with dtype dt and ndim dims, or NULL with the context's message
- * naming what is missing or mismatched (status VL_ERR_INVALID through *st). */
-const vl_batch_tensor *vl_batch_want(vl_ctx *c, const vl_batch *b, const char *name, vl_dtype dt,
-                                     int ndim, vl_status *st);
+/* The tensor called `name` of that dtype and ndim dims, or NULL with the context's message
+ * naming what is missing or mismatched (status VL_ERR_INVALID through *status). */
+const vl_batch_tensor *vl_batch_want(vl_ctx *c, const vl_batch *b, const char *name,
+                                     vl_dtype dtype, int ndim, vl_status *status);
 /* Samples in the batch: dim 0 of its first tensor (0 when empty). */
 int64_t vl_batch_samples(const vl_batch *b);
 

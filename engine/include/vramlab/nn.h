@@ -10,12 +10,6 @@
 extern "C" {
 #endif
 
-#define VL_TRY(expr)                    \
-  do {                                  \
-    vl_status vl_try_s_ = (expr);       \
-    if (vl_try_s_ != VL_OK) return vl_try_s_; \
-  } while (0)
-
 /* y (R, N) = x (R, K) @ W^T, W (N, K) as PyTorch's nn.Linear; beta=1 accumulates. */
 vl_status vl_linear_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *W,
                         int64_t R, int64_t K, int64_t N, float beta);
@@ -36,7 +30,7 @@ typedef struct {
                         frozen storage (fp32/fp16/bf16/nf4) */
   vl_tensor master;  /* fp32 master of a trainable tensor under AMP (else unused) */
   vl_tensor grad;    /* fp32, trainable only */
-  vl_tensor st[3];   /* optimizer state: AdamW (m, v); SGD (mom); Adafactor (vr, vc, m) */
+  vl_tensor state[3]; /* optimizer state: AdamW (m, v); SGD (mom); Adafactor (vr, vc, m) */
   int64_t rows, cols; /* (out, in) for matrices, (1, n) for vectors */
   bool trainable;
   bool has_master;
@@ -53,10 +47,10 @@ typedef struct {
  * Adafactor (eps2 1e-3, clip 1, decay 0.8) and SGD (momentum 0.9) knobs set too. */
 void vl_optim_cfg_default(vl_optim_cfg *o, float lr);
 
-/* Allocate a parameter: storage dtype `dt` (compute copy), trainable -> grads + master when
- * dt != fp32. Values are set by vl_param_init_* or vl_param_load. */
+/* Allocate a parameter: storage dtype `dtype` (compute copy), trainable -> grads + master
+ * when dtype != fp32. Values are set by vl_param_load. */
 vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows, int64_t cols,
-                         vl_dtype dt, bool trainable);
+                         vl_dtype dtype, bool trainable);
 /* Allocate optimizer state for a trainable parameter (zeroed). */
 vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc);
 /* Set values from host fp32 (quantising/converting into w, copying into master). */

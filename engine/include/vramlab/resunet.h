@@ -55,8 +55,8 @@ void vl_seg_train_cfg_default(vl_seg_train_cfg *t);
  * image) class ids (-1 ignored), host memory; both may be NULL on the plan device. */
 typedef struct {
   int64_t B;
-  const float *x;
-  const int32_t *y;
+  const float *x;   // (B, in_ch, image, image) normalised images
+  const int32_t *y; // (B, image, image) class ids, -1 ignored
 } vl_seg_batch;
 
 typedef struct {

@@ -81,6 +81,9 @@ typedef struct {
   long warmup;                     /* the first `warmup` steps (of res->steps) are not timed */
   long total;                      /* stop when res->steps reaches it; < 0: when data ends */
   bool reset_peaks_after_warmup;   /* arena peaks := current before the first timed step */
+  /* --profile: ctx->profile on for the timed steps only (warm-up, and whatever the caller
+   * runs between calls, e.g. an evaluation, stay out), summed into res->profile */
+  bool profile;
   /* The micro-batches of step `step` (*mb, *n); *n = 0 ends the loop (end of the data).
    * *wait: seconds the step waited for its data (0 when it never waits). */
   vl_status (*next)(void *user, long step, const vl_batch **mb, int *n, double *wait);
@@ -104,6 +107,12 @@ typedef struct {
   long skipped, skipped_timed; /* fp16 overflow skips: all steps / timed steps */
   float loss_scale_end;
   long cap;             /* capacity of losses and times */
+  /* With cfg->profile: the operations of the timed steps, indexed by vl_op (calls, kernel
+   * seconds, FLOPs with recompute, bytes), and the recompute FLOPs apart, so the profile's
+   * FLOPs reconcile with `flops`. */
+  bool profiled;
+  vl_op_profile profile[VL_OP_COUNT];
+  double flops_recompute;
 } vl_loop_result;
 
 /* Warm-up, then timed steps (timer_start/timer_stop of the backend around each step).

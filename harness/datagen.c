@@ -1,0 +1,91 @@
+/* The data set registry of `vramlab data gen` (datagen.h). */
+#include "datagen.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "datasets/jpegset.h"
+#include "datasets/segset.h"
+#include "harness.h"
+#include "vramlab/core.h"
+
+static void progress(int64_t done, int64_t total, void *user) {
+  int *last = user; /* every 10% and at the end */
+  int pct = (int)(100 * done / total);
+  if (pct / 10 != *last / 10 || done == total) {
+    *last = pct;
+    vl_progress("data gen: %lld/%lld images", (long long)done, (long long)total);
+  }
+}
+
+static int gen_jpeg(const vl_datagen_opts *o) {
+  int last = 0;
+  vl_jpegset_gen_cfg g;
+  vl_jpegset_gen_cfg_default(&g);
+  g.n = o->n;
+  g.seed = (uint64_t)o->seed;
+  g.quality = o->quality;
+  g.progress = progress;
+  g.user = &last;
+  char err[512];
+  double t0 = vl_now();
+  if (vl_jpegset_generate_ex(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  double dt = vl_now() - t0;
+  vl_jpegset *s;
+  if (vl_jpegset_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  vl_jpegset_info in;
+  vl_jpegset_info_get(s, &in);
+  printf("%s: %lld images, %.1f KB average, %.1f s (%.0f images/s)\n", o->out, (long long)in.n,
+         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
+  vl_jpegset_close(s);
+  return 0;
+}
+
+static int gen_seg(const vl_datagen_opts *o) {
+  if (o->size < VL_SEGSET_SIZE_MIN || o->size > VL_SEGSET_SIZE_MAX || o->classes < 2 ||
+      o->classes > VL_SEGSET_CLASSES_MAX) {
+    fprintf(stderr, "vramlab: data gen --kind seg: --size in %d..%d, --classes in 2..%d (background included)\n",
+            VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX, VL_SEGSET_CLASSES_MAX);
+    return 2;
+  }
+  int last = 0;
+  vl_segset_gen_cfg g;
+  vl_segset_gen_cfg_default(&g);
+  g.n = o->n;
+  g.seed = (uint64_t)o->seed;
+  g.quality = o->quality;
+  g.size = o->size;
+  g.num_classes = o->classes;
+  g.progress = progress;
+  g.user = &last;
+  char err[512];
+  double t0 = vl_now();
+  if (vl_segset_generate(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  double dt = vl_now() - t0;
+  vl_segset *s;
+  if (vl_segset_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  vl_segset_info in;
+  vl_segset_info_get(s, &in);
+  printf("%s: %lld %dx%d images + masks, %d classes, %.1f KB JPEG average, %.1f s (%.0f images/s)\n",
+         o->out, (long long)in.n, in.size, in.size, in.num_classes,
+         (double)in.total_bytes / 1e3 / (double)in.n, dt, (double)in.n / dt);
+  vl_segset_close(s);
+  return 0;
+}
+
+static const vl_dataset_kind kinds[] = {
+    {"jpeg", "synthetic photo-like JPEG set (dataloader case)", "--n --seed --quality", gen_jpeg},
+    {"seg", "synthetic segmentation set: SxS JPEGs + PGM masks, C classes incl. background (seg-ckpt case)",
+     "--n --seed --quality --size --classes", gen_seg},
+};
+
+const vl_dataset_kind *vl_dataset_kinds(int *n) {
+  *n = (int)(sizeof kinds / sizeof *kinds);
+  return kinds;
+}
+
+const vl_dataset_kind *vl_dataset_kind_find(const char *kind) {
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+    if (!strcmp(kinds[i].kind, kind)) return &kinds[i];
+  return NULL;
+}

@@ -1,0 +1,48 @@
+/* Knob declarations and knob parsing: the one module cases include to read their knobs.
+ * A case declares every knob a rung may set and every [case] setting it reads once, in a
+ * table of vl_knob_decl (name, default as a user would type it, one line of help); the
+ * helpers below read a knob and, when it is absent, parse the declared default through the
+ * same code, so a default lives in one place and is checked like a typed value.
+ * Leaf module: depends only on parse.h, harness.h's vl_knobs and the engine core's size
+ * parser. */
+#ifndef VRAMLAB_KNOBS_H
+#define VRAMLAB_KNOBS_H
+
+#include <stddef.h>
+
+#include "harness.h"
+
+/* Where a declared name may be set (a bit set: llm-lora's batch is both). */
+enum { VL_KNOB_RUNG = 1, VL_KNOB_SETTING = 2 };
+
+typedef struct {
+  const char *name;
+  const char *def;  /* the default, as a user would type it; NULL: none (absent means unset) */
+  const char *help; /* one line */
+  unsigned where;   /* VL_KNOB_RUNG and/or VL_KNOB_SETTING */
+} vl_knob_decl;
+
+/* The entry of a {NULL}-terminated table named name (NULL when not declared). */
+const vl_knob_decl *vl_knob_decl_find(const vl_knob_decl *decl, const char *name);
+
+/* Settings the harness itself reads for every case (title, reps): declared here once. */
+extern const vl_knob_decl vl_harness_settings[];
+
+/* The value of key in k, else its declared default (NULL when neither). */
+const char *vl_knob_str(const vl_knobs *k, const char *key, const vl_knob_decl *decl);
+
+/* Typed reads of key from k, falling back to the default declared for key in decl. Return
+ * 0, or -1 with a message naming the knob and value; a key absent from k that decl does
+ * not declare with a default is an error too (a programmer's: the table misses a row). */
+int vl_knob_int(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
+                char *err, size_t errn);
+int vl_knob_double(const vl_knobs *k, const char *key, const vl_knob_decl *decl, double lo, double hi,
+                   double *out, char *err, size_t errn);
+int vl_knob_bool(const vl_knobs *k, const char *key, const vl_knob_decl *decl, int *out, char *err, size_t errn);
+int vl_knob_bytes(const vl_knobs *k, const char *key, const vl_knob_decl *decl, size_t *out, char *err,
+                  size_t errn);
+/* Comma-separated integers in [lo, hi] ("0,1,2,4"), at most max of them, into out[0 .. *n). */
+int vl_knob_int_list(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
+                     int max, int *n, char *err, size_t errn);
+
+#endif
