@@ -333,32 +333,6 @@ static void test_plan_equals_measured(void **state) {
   }
 }
 
-/* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;
- * both ran the same ops the same number of times; the profile's FLOPs and bytes add up to
- * the context's counters (model and recompute FLOPs together). */
-static void check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must) {
-  const vl_op_profile *pc = vl_ctx_profile(c), *pp = vl_ctx_profile(p);
-  double f = 0, b = 0;
-  for (int op = 0; op < VL_OP_COUNT; op++) {
-    if (pc[op].calls != pp[op].calls) {
-      print_error("%s: %llu calls on cpu, %llu planned\n", vl_op_name((vl_op)op),
-                  (unsigned long long)pc[op].calls, (unsigned long long)pp[op].calls);
-      fail();
-    }
-    assert_true(pc[op].seconds >= 0 && (pc[op].calls > 0 || pc[op].flops == 0));
-    assert_true(pc[op].flops == pp[op].flops);
-    f += pc[op].flops;
-    b += pc[op].bytes;
-  }
-  for (int i = 0; i < n_must; i++)
-    if (pc[must[i]].calls == 0) {
-      print_error("%s did not run\n", vl_op_name(must[i]));
-      fail();
-    }
-  assert_true(fabs(f - (c->flops + c->flops_recompute)) <= 1e-12 * f && f > 0);
-  assert_true(fabs(b - c->bytes_moved) <= 1e-12 * b);
-}
-
 /* A profiled step (bf16 AMP, full fine-tune, checkpointing): what ran, and that the profile
  * accounts for every FLOP counted (bf16: an fp16 step that overflows would skip its update,
  * which the plan cannot know). */
@@ -390,7 +364,7 @@ static void test_profile(void **state) {
                         VL_OP_RMSNORM_BWD, VL_OP_ROPE, VL_OP_PERMUTE, VL_OP_SOFTMAX_CAUSAL_FWD,
                         VL_OP_SOFTMAX_CAUSAL_BWD, VL_OP_SWIGLU_FWD, VL_OP_SWIGLU_BWD,
                         VL_OP_XENT_FUSED, VL_OP_CONVERT, VL_OP_ZERO, VL_OP_SUMSQ, VL_OP_ADAMW};
-  check_profile(c, p, must, (int)(sizeof must / sizeof *must));
+  tu_check_profile(c, p, must, (int)(sizeof must / sizeof *must));
   assert_int_equal(vl_ctx_profile(c)[VL_OP_CONV_FWD].calls, 0);
   /* off: nothing more is recorded */
   c->profile = false;

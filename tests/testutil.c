@@ -1,5 +1,6 @@
 #define _GNU_SOURCE /* mkdtemp, nftw */
 #include "testutil.h"
+#include "vramlab/ops.h"
 
 #include <fcntl.h>
 #include <ftw.h>
@@ -267,6 +268,32 @@ void tu_assert_progress_done(const tu_progress *p, int64_t n) {
   assert_int_equal(p->last, n);
   assert_true(p->calls >= 1);
   assert_int_equal(p->backwards, 0);
+}
+
+/* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;
+ * both ran the same ops the same number of times; the profile's FLOPs and bytes add up to
+ * the context's counters (model and recompute FLOPs together). */
+void tu_check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must) {
+  const vl_op_profile *pc = vl_ctx_profile(c), *pp = vl_ctx_profile(p);
+  double f = 0, b = 0;
+  for (int op = 0; op < VL_OP_COUNT; op++) {
+    if (pc[op].calls != pp[op].calls) {
+      print_error("%s: %llu calls on cpu, %llu planned\n", vl_op_name((vl_op)op),
+                  (unsigned long long)pc[op].calls, (unsigned long long)pp[op].calls);
+      fail();
+    }
+    assert_true(pc[op].seconds >= 0 && (pc[op].calls > 0 || pc[op].flops == 0));
+    assert_true(pc[op].flops == pp[op].flops);
+    f += pc[op].flops;
+    b += pc[op].bytes;
+  }
+  for (int i = 0; i < n_must; i++)
+    if (pc[must[i]].calls == 0) {
+      print_error("%s did not run\n", vl_op_name(must[i]));
+      fail();
+    }
+  assert_true(fabs(f - (c->flops + c->flops_recompute)) <= 1e-12 * f && f > 0);
+  assert_true(fabs(b - c->bytes_moved) <= 1e-12 * b);
 }
 
 /* The damage helpers: a file of their own, compiled here because the CMake rule builds

@@ -9,6 +9,7 @@
 
 #include "vramlab/core.h"
 #include "vramlab/data.h"
+#include "vramlab/ops.h"
 
 /* Fill with seeded N(0, scale^2) values. */
 void tu_randn(float *x, int64_t n, float scale, uint64_t seed);
@@ -57,6 +58,13 @@ double tu_unit_roundoff(vl_dtype dt);
  * computing in fp32 and storing in dt, against the fp32 op on the rounded inputs. */
 void tu_assert_close_dt(const float *got, const float *ref, int64_t n, vl_dtype dt,
                         const char *what);
+
+/* ---- operation profile -------------------------------------------------------------------- */
+
+/* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` (an
+ * array) ran; both ran the same ops the same number of times; the profile's FLOPs
+ * and bytes add up to the context's counters (model and recompute FLOPs together). */
+void tu_check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must);
 
 /* ---- files ------------------------------------------------------------------------------ */
 

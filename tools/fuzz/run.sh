@@ -37,6 +37,8 @@ B="${FUZZ_BUILD:-build-fuzz}"   # separate build folders let several people fuzz
 if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -DCMAKE_C_COMPILER=clang -DVRAMLAB_FUZZ=ON -DVRAMLAB_CUDA=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+else
+  cmake "$B" >/dev/null # a target added since the folder was made must be known by name
 fi
 if [ ${#targets[@]} -eq 0 ]; then
   for f in tools/fuzz/fuzz_*.c; do targets+=("$(basename "$f" .c)"); done
