@@ -1,6 +1,7 @@
-set terminal png size 800,520
-set output 'heatmap.png'
-set termoption noenhanced
+# vramlab report: gnuplot heatmap.gp in this folder re-renders heatmap.png
+if (!exists("vl_png")) vl_png = 'heatmap.png'
+set terminal png size 800,520 noenhanced
+set output vl_png
 set title 'Pipeline throughput (images/s), workers x prefetch, no consumer'
 set xlabel 'num_workers'
 set ylabel 'prefetch_factor'

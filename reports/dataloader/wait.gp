@@ -1,6 +1,7 @@
-set terminal png size 800,440
-set output 'wait.png'
-set termoption noenhanced
+# vramlab report: gnuplot wait.gp in this folder re-renders wait.png
+if (!exists("vl_png")) vl_png = 'wait.png'
+set terminal png size 800,440 noenhanced
+set output vl_png
 set title 'Accelerator idle waiting for data, per rung (modeled accelerator)'
 set style data histograms
 set style fill solid 0.8 border -1

@@ -1,6 +1,7 @@
-set terminal png size 800,480
-set output 'workers.png'
-set termoption noenhanced
+# vramlab report: gnuplot workers.gp in this folder re-renders workers.png
+if (!exists("vl_png")) vl_png = 'workers.png'
+set terminal png size 800,480 noenhanced
+set output vl_png
 set title 'Throughput vs workers (best prefetch) and the decode-only ceiling (2 cores)'
 set xlabel 'num_workers'
 set ylabel 'images/s'

@@ -1,5 +1,7 @@
+# vramlab report: gnuplot accuracy.gp in this folder re-renders accuracy.png
+if (!exists("vl_png")) vl_png = 'accuracy.png'
 set terminal png size 900,480 noenhanced
-set output 'accuracy.png'
+set output vl_png
 set title 'Held-out pixel accuracy per epoch (run scale, same images per rung; before, ckpt and relu_off coincide)'
 set xlabel 'epoch'
 set ylabel 'pixel accuracy'

@@ -1,5 +1,7 @@
+# vramlab report: gnuplot batch.gp in this folder re-renders batch.png
+if (!exists("vl_png")) vl_png = 'batch.png'
 set terminal png size 900,480 noenhanced
-set output 'batch.png'
+set output vl_png
 set title 'Peak memory vs batch (rung after, planned at 512x512)'
 set xlabel 'micro-batch'
 set ylabel 'GB'
