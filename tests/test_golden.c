@@ -101,9 +101,18 @@ static void check_case(const char *id) {
   free(L);
 }
 
-static void test_golden_llm_lora(void **state) { (void)state; check_case("llm-lora"); }
-static void test_golden_seg_ckpt(void **state) { (void)state; check_case("seg-ckpt"); }
-static void test_golden_dataloader(void **state) { (void)state; check_case("dataloader"); }
+static void test_golden_llm_lora(void **state) {
+  (void)state;
+  check_case("llm-lora");
+}
+static void test_golden_seg_ckpt(void **state) {
+  (void)state;
+  check_case("seg-ckpt");
+}
+static void test_golden_dataloader(void **state) {
+  (void)state;
+  check_case("dataloader");
+}
 
 /* The comparison itself can fail: a changed byte count is found and named. */
 static void test_golden_diff_finds_a_change(void **state) {

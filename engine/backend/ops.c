@@ -315,7 +315,7 @@ vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
   if (!c->plan) {
     vl_op_fn fn = c->be->ops[op];
     if (!fn) {
-      s = vl_fail(c, VL_ERR_UNSUPPORTED, "operation %s is not implemented by the %s backend",
+      s = vl_fail(c, VL_ERR_UNSUPPORTED, "operation %s has no kernel in the %s backend",
                   d->name, c->be->name);
     } else if (pr) {
       /* the kernel's own time: what was queued before is finished first, and it is */
