@@ -807,15 +807,6 @@ static void test_messages(void **state) {
 
 /* ---- first use of a set folder -------------------------------------------------------- */
 
-static int count_entries(const char *dir) {
-  DIR *dp = opendir(dir);
-  assert_non_null(dp);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(dp));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(dp);
-  return n;
-}
-
 /* A case's set is made only where nothing (or only an interrupted generation's files) is:
  * a damaged manifest, a set made otherwise and a folder with other files are refused with
  * a message and left exactly as they are. */
@@ -886,7 +877,7 @@ static void test_first_use(void **state) {
   size_t alen = tu_slurp(p, &after);
   assert_int_equal(alen, dlen);
   assert_memory_equal(after, damaged, dlen);
-  assert_int_equal(count_entries(dir), 7); /* 4 images, the manifest, 2 stale temporary files */
+  assert_int_equal(tu_count_entries(dir), 7); /* 4 images, the manifest, 2 stale temporary files */
   free(after);
   /* Cut short (fewer lines than n=): the same. */
   tu_write_bytes(p, orig, (size_t)(strchr(strchr((char *)text, '\n') + 1, '\n') + 1 - text));
@@ -909,7 +900,7 @@ static void test_first_use(void **state) {
   assert_null(s);
   assert_non_null(strstr(err, "is not empty"));
   assert_non_null(strstr(err, "notes.txt"));
-  assert_int_equal(count_entries(other), 1);
+  assert_int_equal(tu_count_entries(other), 1);
   /* A file where the folder should be. */
   assert_int_equal(vl_jpegset_first_use(&s, p, &g, err, sizeof err), -1);
   assert_non_null(strstr(err, "not a directory"));
@@ -1005,7 +996,7 @@ static void test_dataloader_case(void **state) {
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), mlen);
   assert_memory_equal(after, m, mlen);
-  assert_int_equal(count_entries(set), 7);
+  assert_int_equal(tu_count_entries(set), 7);
   free(after);
   free(m);
 
@@ -1019,7 +1010,7 @@ static void test_dataloader_case(void **state) {
   tu_write_text(p, "theirs");
   assert_int_not_equal(run_case(c, &env, &none, NULL, err, sizeof err), 0);
   assert_non_null(strstr(err, "is not empty"));
-  assert_int_equal(count_entries(set), 1);
+  assert_int_equal(tu_count_entries(set), 1);
 }
 
 int main(void) {

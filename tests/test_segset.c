@@ -623,15 +623,6 @@ static void test_generate_errors(void **state) {
 
 /* ============================== first use, the case's knobs ========================== */
 
-static int count_entries(const char *dir) {
-  DIR *dp = opendir(dir);
-  assert_non_null(dp);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(dp));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(dp);
-  return n;
-}
-
 /* A split is made only where nothing (or only an interrupted generation's files) is: a
  * damaged manifest, a set made otherwise, a folder with other files are refused and left
  * as they are. */
@@ -682,7 +673,7 @@ static void test_first_use(void **state) {
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), clen);
   assert_memory_equal(after, cut, clen);
-  assert_int_equal(count_entries(dir), 7);
+  assert_int_equal(tu_count_entries(dir), 7);
   free(after);
   free(cut);
   free(orig);
@@ -695,7 +686,7 @@ static void test_first_use(void **state) {
   assert_int_equal(vl_segset_first_use(&s, other, &g, err, sizeof err), -1);
   assert_non_null(strstr(err, "is not empty"));
   assert_non_null(strstr(err, "labels.csv"));
-  assert_int_equal(count_entries(other), 1);
+  assert_int_equal(tu_count_entries(other), 1);
 }
 
 /* seg-ckpt knows the corrupt and max_file_bytes knobs and refuses bad values, naming the

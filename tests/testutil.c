@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -268,6 +269,15 @@ void tu_assert_progress_done(const tu_progress *p, int64_t n) {
   assert_int_equal(p->last, n);
   assert_true(p->calls >= 1);
   assert_int_equal(p->backwards, 0);
+}
+
+int tu_count_entries(const char *dir) {
+  DIR *dp = opendir(dir);
+  assert_non_null(dp);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dp));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(dp);
+  return n;
 }
 
 /* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;

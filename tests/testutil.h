@@ -82,6 +82,8 @@ int tu_tmp_teardown(void **state);
 void tu_join(char *buf, size_t n, const char *dir, const char *name);
 /* The whole file into *out (malloc'd, one spare byte); its size. Asserts it is readable. */
 size_t tu_slurp(const char *path, uint8_t **out);
+/* Entries of a directory, without "." and "..". Asserts it can be opened. */
+int tu_count_entries(const char *dir);
 /* Whether two files have the same bytes. */
 bool tu_same_file(const char *a, const char *b);
 /* Writes (replaces) a file, asserting every byte is written. */
