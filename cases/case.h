@@ -11,13 +11,26 @@
 #include "knobs.h"
 #include "vramlab/run.h"
 
+/* A case's failures follow the engine's convention (vramlab/core.h): every hook and helper
+ * returns vl_status and leaves its message here, in the env, once (vl_case_fail); the
+ * harness owns the env and prints the message. 512, like the engine context's: the harness
+ * printed messages from 512-byte buffers before. */
+#define VL_CASE_ERR_LEN 512
+
 typedef struct {
   const char *scale;       /* run scale: tiny | small | full */
   vl_device device;        /* where `run` executes */
   const vl_knobs *setting; /* the [case] section (after --set) */
   int quiet;
   bool profile;            /* --profile: model cases time every operation of the timed steps */
+  char err[VL_CASE_ERR_LEN]; /* the last failure's message (vl_case_fail) */
 } vl_case_env;
+
+/* The cases' vl_fail: record a message (printf-style) in env->err and return s, so VL_TRY
+ * and VL_TRY_GOTO pass a case's failure up unchanged. A failure of an engine call is passed
+ * on with the engine context's message: vl_case_fail(env, s, "%s", c->err). */
+vl_status vl_case_fail(vl_case_env *env, vl_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 typedef struct vl_case {
   const char *id;
@@ -30,19 +43,19 @@ typedef struct vl_case {
   /* Every metric its plan, run and extra write (numbers a claim can judge), NULL-terminated:
    * a claim naming anything else is refused when the claims file is loaded. */
   const char *const *metrics;
+  /* Every hook returns VL_OK, or a status with its message in env->err (vl_case_fail). */
   /* Optional: parse the setting and every knob of a rung (run-only ones included) at
    * env->scale without planning or running anything, so a bad value is refused before the
-   * first rung runs. 0, or -1 with a message naming the knob. */
-  int (*check)(const vl_case_env *env, const vl_knobs *knobs, char *err, size_t errn);
+   * first rung runs; the message names the knob. */
+  vl_status (*check)(vl_case_env *env, const vl_knobs *knobs);
   /* Plan the rung at `scale` (memory, FLOPs, fits, max batch, OOM rate) into out. */
-  int (*plan)(const vl_case_env *env, const char *scale, const vl_knobs *knobs, cJSON *out,
-              char *err, size_t errn);
-  /* Run one repetition of the rung on env->device at env->scale; fills out. */
-  int (*run)(const vl_case_env *env, const vl_knobs *knobs, int rep, cJSON *out, char *err,
-             size_t errn);
+  vl_status (*plan)(vl_case_env *env, const char *scale, const vl_knobs *knobs, cJSON *out);
+  /* Run one repetition of the rung on env->device at env->scale; fills out. A rung out of
+   * memory is a result (out.oom), not a failure. */
+  vl_status (*run)(vl_case_env *env, const vl_knobs *knobs, int rep, cJSON *out);
   /* Optional: case-wide measurements after the ladder's runs (a sweep, a ceiling), stored
    * in res (e.g. res.sweep, res.case_metrics). */
-  int (*extra)(const vl_case_env *env, cJSON *res, char *err, size_t errn);
+  vl_status (*extra)(vl_case_env *env, cJSON *res);
   /* How the case measures, one paragraph of markdown for the report's setting. */
   const char *method;
   /* The case's own report sections after the claims (tables, plots into dir). */
@@ -54,13 +67,31 @@ const vl_case *const *vl_case_all(int *n);
 /* The declaration of name in the case's table (or, for a setting, the harness's) when it
  * may be set `where` (VL_KNOB_RUNG, VL_KNOB_SETTING); NULL otherwise. */
 const vl_knob_decl *vl_case_knob(const vl_case *c, const char *name, unsigned where);
-/* Check a rung's knobs against the case's declarations: unknown knob -> error naming the known. */
-int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, char *err, size_t errn);
+/* Check a rung's knobs against the case's declarations: an unknown knob is VL_ERR_INVALID
+ * with a message naming the known ones. */
+vl_status vl_case_check_knobs(vl_case_env *env, const vl_case *c, const char *rung, const vl_knobs *k);
 /* The names declared with `where` (the case's, then for settings the harness's), ", "-separated
  * into buf (cut at n, for messages). */
 void vl_case_known_names(const vl_case *c, unsigned where, char *buf, size_t n);
 /* The same for one [case] setting key. */
-int vl_case_check_setting(const vl_case *c, const char *key, char *err, size_t errn);
+vl_status vl_case_check_setting(vl_case_env *env, const vl_case *c, const char *key);
+
+/* The harness's knob reads (knobs.h) for the cases: VL_OK, or VL_ERR_INVALID with the
+ * knob helper's message in env->err (case_knobs.c). */
+vl_status vl_case_knob_int(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
+                           long lo, long hi, long *out);
+vl_status vl_case_knob_double(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
+                              double lo, double hi, double *out);
+vl_status vl_case_knob_bool(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
+                            int *out);
+vl_status vl_case_knob_bytes(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
+                             size_t *out);
+vl_status vl_case_knob_int_list(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
+                                long lo, long hi, long *out, int max, int *n);
+/* vl_knob_set_err: set key = val in k. */
+vl_status vl_case_knob_set(vl_case_env *env, vl_knobs *k, const char *key, const char *val);
+/* A rung's knobs as a results file holds them (rung.knobs, strings) into k. */
+vl_status vl_case_knobs_of(vl_case_env *env, const cJSON *rung, vl_knobs *k);
 
 /* Shared pieces of the cases (cases/registry.c). */
 /* A JSON object {category: bytes} of the arena's categories. */
@@ -90,7 +121,7 @@ typedef struct {
    VL_KNOB_SETTING},                                                                             \
   {"cap_fraction", "1.0", "the allocator's cap as a share of the card "                         \
    "(set_per_process_memory_fraction)", VL_KNOB_RUNG}
-int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn);
+vl_status vl_case_card_parse(vl_case_env *env, const vl_knobs *k, vl_case_card *out);
 /* A planned step's common keys: scale, parameters, batch/accum, peak and categories, FLOPs. */
 void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, int64_t B, int64_t accum);
 /* The card and the search: card/cap/context bytes, fits, max_batch, the planner's seconds. */
@@ -108,9 +139,11 @@ void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *
 void vl_case_profile_json(cJSON *out, const vl_loop_result *L);
 /* On the CPU: planned_peak_bytes and plan_matches_measured for the step spec. */
 void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_spec *s, size_t measured_peak);
-/* OOM triage of a run's status: 1 ran; 0 out of memory (a result: oom + error in out);
- * -1 failed (error in out and err, interrupted when so). msg: the context's message. */
-int vl_case_triage(const vl_case_env *env, vl_status s, const char *msg, cJSON *out, char *err, size_t errn);
+/* OOM triage of a run's status s (msg: the context's message; env->err may be passed).
+ * VL_OK with *ran: it ran; VL_OK without: out of memory, a result (oom + error in out);
+ * otherwise s, failed, with the message in env->err and out.error (and out.interrupted
+ * when so). */
+vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *out, bool *ran);
 
 extern const vl_case vl_case_llm_lora;
 extern const vl_case vl_case_dataloader;

@@ -7,17 +7,17 @@
 
 static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL, 0}};
 
-int vl_case_card_parse(const vl_case_env *env, const vl_knobs *k, vl_case_card *out, char *err, size_t errn) {
+vl_status vl_case_card_parse(vl_case_env *env, const vl_knobs *k, vl_case_card *out) {
   const vl_knobs *s = env->setting;
-  if (vl_knob_bytes(s, "card", card_knobs, &out->card, err, errn)) return -1;
+  VL_TRY(vl_case_knob_bytes(env, s, "card", card_knobs, &out->card));
   /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
    * measured here: no GPU. A GPU run can measure it and set cuda_context. */
-  if (vl_knob_bytes(s, "cuda_context", card_knobs, &out->context, err, errn)) return -1;
-  if (vl_knob_double(k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction, err, errn)) return -1;
+  VL_TRY(vl_case_knob_bytes(env, s, "cuda_context", card_knobs, &out->context));
+  VL_TRY(vl_case_knob_double(env, k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction));
   out->cap = (size_t)((double)out->card * out->cap_fraction);
-  if (out->context >= out->card) return snprintf(err, errn, "cuda_context must be smaller than the card"), -1;
+  if (out->context >= out->card) return vl_case_fail(env, VL_ERR_INVALID, "cuda_context must be smaller than the card");
   if (out->cap > out->card - out->context) out->cap = out->card - out->context;
-  return 0;
+  return VL_OK;
 }
 
 void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, int64_t B, int64_t accum) {
@@ -108,18 +108,21 @@ void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_s
   cJSON_AddBoolToObject(out, "plan_matches_measured", match);
 }
 
-int vl_case_triage(const vl_case_env *env, vl_status s, const char *msg, cJSON *out, char *err, size_t errn) {
-  if (s == VL_OK) return 1;
+vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *out, bool *ran) {
+  *ran = s == VL_OK;
+  if (s == VL_OK) return VL_OK;
   if (vl_run_is_oom(s)) {
     /* A rung that does not fit this device is a result, not a failure of the run (the
      * fp32 7B baseline on any single GPU): recorded, and the ladder goes on. */
     cJSON_AddBoolToObject(out, "oom", 1);
     cJSON_AddStringToObject(out, "error", msg);
     if (!env->quiet) vl_progress("  out of memory on %s: %s", vl_device_name(env->device), msg);
-    return 0;
+    return VL_OK;
   }
-  snprintf(err, errn, "%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), msg);
-  cJSON_AddStringToObject(out, "error", err);
+  char m[VL_CASE_ERR_LEN]; /* msg may be env->err itself (a helper's message passed on) */
+  snprintf(m, sizeof m, "%s", msg);
+  vl_case_fail(env, s, "%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), m);
+  cJSON_AddStringToObject(out, "error", env->err);
   if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
-  return -1;
+  return s;
 }

@@ -47,23 +47,21 @@ const vl_knob_decl *vl_case_knob(const vl_case *c, const char *name, unsigned wh
   return d && (d->where & where) ? d : NULL;
 }
 
-int vl_case_check_knobs(const vl_case *c, const char *rung, const vl_knobs *k, char *err, size_t errn) {
+vl_status vl_case_check_knobs(vl_case_env *env, const vl_case *c, const char *rung, const vl_knobs *k) {
   for (int i = 0; i < k->n; i++) {
     if (vl_case_knob(c, k->k[i].key, VL_KNOB_RUNG)) continue;
     char known[1024];
     vl_case_known_names(c, VL_KNOB_RUNG, known, sizeof known);
-    snprintf(err, errn, "rung '%s': unknown knob '%s' (known: %s)", rung, k->k[i].key, known);
-    return -1;
+    return vl_case_fail(env, VL_ERR_INVALID, "rung '%s': unknown knob '%s' (known: %s)", rung, k->k[i].key, known);
   }
-  return 0;
+  return VL_OK;
 }
 
-int vl_case_check_setting(const vl_case *c, const char *key, char *err, size_t errn) {
-  if (vl_case_knob(c, key, VL_KNOB_SETTING)) return 0;
+vl_status vl_case_check_setting(vl_case_env *env, const vl_case *c, const char *key) {
+  if (vl_case_knob(c, key, VL_KNOB_SETTING)) return VL_OK;
   char known[1024];
   vl_case_known_names(c, VL_KNOB_SETTING, known, sizeof known);
-  snprintf(err, errn, "[case]: unknown setting '%s' of %s (known: %s)", key, c->id, known);
-  return -1;
+  return vl_case_fail(env, VL_ERR_INVALID, "[case]: unknown setting '%s' of %s (known: %s)", key, c->id, known);
 }
 
 /* ---- helpers shared by the cases ------------------------------------------------------- */

@@ -281,8 +281,8 @@ static int on_ladder(void *user, const char *section, const char *name, const ch
   if (!strcmp(section, "case")) {
     /* a registered case reads only the settings it declares: a typo is an error, not a
      * setting that silently does nothing */
-    char e3[1200];
-    if (c->vc && vl_case_check_setting(c->vc, name, e3, sizeof e3)) return fail_at(c, c->line, "%s", e3);
+    vl_case_env e3 = {0}; /* only for the message (vl_case_fail) */
+    if (c->vc && vl_case_check_setting(&e3, c->vc, name) != VL_OK) return fail_at(c, c->line, "%s", e3.err);
     if (vl_knob_set_err(&L->setting, name, value, e2, sizeof e2)) return fail_at(c, c->line, "[case]: %s", e2);
     return 1;
   }

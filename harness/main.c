@@ -164,22 +164,23 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
     fprintf(stderr, "vramlab: --vram: %s\n", err);
     return NULL;
   }
-  if (a->vram && vl_case_check_setting(c, "card", err, sizeof err)) {
+  /* the case's messages: its env's (vl_case_fail), printed here */
+  vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  if (a->vram && vl_case_check_setting(&env, c, "card") != VL_OK) {
     fprintf(stderr, "vramlab: --vram: %s plans no card memory\n", c->id);
     return NULL;
   }
   if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
-  vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   /* the setting alone first (a rung without knobs), so its errors do not name a rung */
   static const vl_knobs no_knobs;
-  if (c->check && c->check(&env, &no_knobs, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
+  if (c->check && c->check(&env, &no_knobs) != VL_OK) { fprintf(stderr, "vramlab: %s\n", env.err); return NULL; }
   for (int i = 0; i < L->n_rungs; i++) {
-    if (vl_case_check_knobs(c, L->rungs[i].name, &L->rungs[i].knobs, err, sizeof err)) {
-      fprintf(stderr, "vramlab: %s\n", err);
+    if (vl_case_check_knobs(&env, c, L->rungs[i].name, &L->rungs[i].knobs) != VL_OK) {
+      fprintf(stderr, "vramlab: %s\n", env.err);
       return NULL;
     }
-    if (c->check && c->check(&env, &L->rungs[i].knobs, err, sizeof err)) {
-      fprintf(stderr, "vramlab: rung '%s': %s\n", L->rungs[i].name, err);
+    if (c->check && c->check(&env, &L->rungs[i].knobs) != VL_OK) {
+      fprintf(stderr, "vramlab: rung '%s': %s\n", L->rungs[i].name, env.err);
       return NULL;
     }
   }
@@ -204,9 +205,8 @@ static int cmd_plan(const args *a) {
   for (int i = 0; i < L.n_rungs; i++) {
     if (a->step && strcmp(a->step, L.rungs[i].name)) continue;
     cJSON *o = cJSON_CreateObject();
-    char err[512];
-    if (c->plan(&env, env.scale, &L.rungs[i].knobs, o, err, sizeof err)) {
-      fprintf(stderr, "vramlab: plan %s: %s\n", L.rungs[i].name, err);
+    if (c->plan(&env, env.scale, &L.rungs[i].knobs, o) != VL_OK) {
+      fprintf(stderr, "vramlab: plan %s: %s\n", L.rungs[i].name, env.err);
       cJSON_Delete(o);
       rc = 1;
       break;
@@ -314,8 +314,8 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     for (int j = 0; j < r->knobs.n; j++) cJSON_AddStringToObject(kn, r->knobs.k[j].key, r->knobs.k[j].val);
     vl_progress("plan %s (full scale)", r->name);
     cJSON *p = cJSON_AddObjectToObject(o, "plan");
-    if (c->plan(&env, "full", &r->knobs, p, err, sizeof err)) {
-      fprintf(stderr, "vramlab: plan %s: %s\n", r->name, err);
+    if (c->plan(&env, "full", &r->knobs, p) != VL_OK) {
+      fprintf(stderr, "vramlab: plan %s: %s\n", r->name, env.err);
       rc = 1;
     }
     cJSON_AddItemToArray(rungs, o);
@@ -331,18 +331,18 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
       cJSON *runs = cJSON_GetObjectItem(o, "runs");
       if (!runs) runs = cJSON_AddArrayToObject(o, "runs");
       cJSON *ro = cJSON_CreateObject();
-      int e = c->run(&env, &r->knobs, rep, ro, err, sizeof err);
+      vl_status e = c->run(&env, &r->knobs, rep, ro);
       cJSON_AddItemToArray(runs, ro);
-      if (e) {
-        fprintf(stderr, "vramlab: run %s: %s\n", name, err);
+      if (e != VL_OK) {
+        fprintf(stderr, "vramlab: run %s: %s\n", name, env.err);
         rc = 1;
         break;
       }
     }
   }
   if (!rc && !vl_interrupted && dev != VL_DEV_PLAN && c->extra && !a->step) {
-    if (c->extra(&env, res, err, sizeof err)) {
-      fprintf(stderr, "vramlab: %s: %s\n", c->id, err);
+    if (c->extra(&env, res) != VL_OK) {
+      fprintf(stderr, "vramlab: %s: %s\n", c->id, env.err);
       rc = 1;
     }
   }

@@ -86,7 +86,7 @@ static void check_case(const char *id) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   for (int i = 0; i < L->n_rungs; i++) {
     cJSON *o = cJSON_CreateObject();
-    if (c->plan(&env, "full", &L->rungs[i].knobs, o, err, sizeof err)) fail_msg("%s %s: %s", id, L->rungs[i].name, err);
+    if (c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s %s: %s", id, L->rungs[i].name, env.err);
     /* what `vramlab plan --json` leaves out */
     cJSON_DeleteItemFromObject(o, "timeline");
     cJSON_DeleteItemFromObject(o, "batch_curve");

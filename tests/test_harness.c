@@ -220,7 +220,7 @@ static void test_llm_plan_fields(void **state) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
   cJSON *o = cJSON_CreateObject();
   int q = vl_ladder_find(&L, "qlora");
-  assert_int_equal(c->plan(&env, "full", &L.rungs[q].knobs, o, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[q].knobs, o), 0);
   const char *fields[] = {"params_total", "params_trainable", "peak_bytes", "flops_per_step",
                           "cap_bytes", "fits", "max_batch", "oom_rate"};
   for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) assert_non_null(cJSON_GetObjectItem(o, fields[i]));
@@ -233,14 +233,14 @@ static void test_llm_plan_fields(void **state) {
   vl_knobs bad = L.rungs[q].knobs;
   vl_knob_set(&bad, "optimizer", "lion");
   o = cJSON_CreateObject();
-  assert_int_not_equal(c->plan(&env, "full", &bad, o, err, sizeof err), 0);
-  assert_non_null(strstr(err, "optimizer = 'lion'"));
-  assert_int_not_equal(c->plan(&env, "galactic", &L.rungs[q].knobs, o, err, sizeof err), 0);
-  assert_non_null(strstr(err, "unknown scale"));
+  assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "optimizer = 'lion'"));
+  assert_int_equal(c->plan(&env, "galactic", &L.rungs[q].knobs, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "unknown scale"));
   cJSON_Delete(o);
   vl_knob_set(&bad, "colour", "red");
-  assert_int_not_equal(vl_case_check_knobs(c, "qlora", &bad, err, sizeof err), 0);
-  assert_non_null(strstr(err, "unknown knob 'colour'"));
+  assert_int_equal(vl_case_check_knobs(&env, c, "qlora", &bad), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "unknown knob 'colour'"));
 }
 
 /* seg-ckpt's plan: encoder parameters equal torchvision's ResNet-101 without fc, the
@@ -252,15 +252,15 @@ static void test_seg_plan_fields(void **state) {
   vl_ladder L;
   char err[512];
   assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "seg-ckpt", err, sizeof err), 0);
-  for (int i = 0; i < L.n_rungs; i++)
-    assert_int_equal(vl_case_check_knobs(c, L.rungs[i].name, &L.rungs[i].knobs, err, sizeof err), 0);
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
+  for (int i = 0; i < L.n_rungs; i++)
+    assert_int_equal(vl_case_check_knobs(&env, c, L.rungs[i].name, &L.rungs[i].knobs), VL_OK);
   int b = vl_ladder_find(&L, "before"), k = vl_ladder_find(&L, "ckpt"), a = vl_ladder_find(&L, "after");
   assert_true(b >= 0 && k >= 0 && a >= 0);
   cJSON *ob = cJSON_CreateObject(), *ok = cJSON_CreateObject(), *oa = cJSON_CreateObject();
-  assert_int_equal(c->plan(&env, "full", &L.rungs[b].knobs, ob, err, sizeof err), 0);
-  assert_int_equal(c->plan(&env, "full", &L.rungs[k].knobs, ok, err, sizeof err), 0);
-  assert_int_equal(c->plan(&env, "full", &L.rungs[a].knobs, oa, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[b].knobs, ob), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[k].knobs, ok), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[a].knobs, oa), 0);
   cJSON *pm = cJSON_GetObjectItem(ob, "params_by_module");
   assert_true(cJSON_GetObjectItem(pm, "encoder")->valuedouble == 42500160.0);
   const char *fields[] = {"peak_bytes", "acts_bytes", "model_bytes", "flops_per_step", "cap_bytes",
@@ -281,13 +281,102 @@ static void test_seg_plan_fields(void **state) {
   vl_knobs bad = L.rungs[b].knobs;
   vl_knob_set(&bad, "compute", "nf4");
   cJSON *o = cJSON_CreateObject();
-  assert_int_not_equal(c->plan(&env, "full", &bad, o, err, sizeof err), 0);
-  assert_non_null(strstr(err, "compute = 'nf4'"));
+  assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "compute = 'nf4'"));
   bad = L.rungs[b].knobs;
   vl_knob_set(&bad, "batch", "1");
-  assert_int_not_equal(c->plan(&env, "full", &bad, o, err, sizeof err), 0);
-  assert_non_null(strstr(err, "batch"));
+  assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "batch"));
   cJSON_Delete(o);
+}
+
+/* #9 item 6, the cases' one error convention: vl_case_fail keeps the message in the env and
+ * returns the status, so VL_TRY passes a case's failure up unchanged; OOM triage sorts a
+ * run's status into ran, out of memory (a result) and failed (the status, with the message
+ * in the env and the run's JSON). */
+static vl_status fail_then_more(vl_case_env *env, int *reached) {
+  VL_TRY(vl_case_fail(env, VL_ERR_IO, "first failure %d", 1));
+  *reached = 1;
+  return vl_case_fail(env, VL_ERR_INVALID, "second failure");
+}
+
+static void test_case_error_convention(void **state) {
+  (void)state;
+  vl_knobs setting = {0};
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &setting, .quiet = 1};
+  int reached = 0;
+  assert_int_equal(fail_then_more(&env, &reached), VL_ERR_IO);
+  assert_int_equal(reached, 0);
+  assert_string_equal(env.err, "first failure 1");
+  /* the knob reads: the harness helper's message, as it wrote it */
+  long v;
+  char direct[512];
+  vl_knob_set(&setting, "steps", "12x");
+  assert_int_not_equal(vl_knob_int(&setting, "steps", NULL, 1, 9, &v, direct, sizeof direct), 0);
+  assert_int_equal(vl_case_knob_int(&env, &setting, "steps", NULL, 1, 9, &v), VL_ERR_INVALID);
+  assert_string_equal(env.err, direct);
+
+  bool ran = false;
+  cJSON *ok = cJSON_CreateObject(), *oom = cJSON_CreateObject(), *intr = cJSON_CreateObject(),
+        *io = cJSON_CreateObject();
+  assert_int_equal(vl_case_triage(&env, VL_OK, "", ok, &ran), VL_OK);
+  assert_true(ran);
+  assert_null(cJSON_GetObjectItem(ok, "error"));
+  assert_int_equal(vl_case_triage(&env, VL_ERR_OOM, "out of memory: 8.00 KiB for optim", oom, &ran), VL_OK);
+  assert_false(ran);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(oom, "oom")));
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(oom, "error")), "out of memory: 8.00 KiB for optim");
+  ran = true;
+  assert_int_equal(vl_case_triage(&env, VL_ERR_INTERRUPTED, "stopped at a step edge", intr, &ran),
+                   VL_ERR_INTERRUPTED);
+  assert_false(ran);
+  char want[256];
+  snprintf(want, sizeof want, "cpu at scale tiny: %s (stopped at a step edge)", vl_status_name(VL_ERR_INTERRUPTED));
+  assert_string_equal(env.err, want);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(intr, "error")), want);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(intr, "interrupted")));
+  /* a helper's message already in the env, passed on as the run's */
+  vl_case_fail(&env, VL_ERR_IO, "evaluation data: img_3.jpg: truncated");
+  assert_int_equal(vl_case_triage(&env, VL_ERR_IO, env.err, io, &ran), VL_ERR_IO);
+  snprintf(want, sizeof want, "cpu at scale tiny: %s (evaluation data: img_3.jpg: truncated)",
+           vl_status_name(VL_ERR_IO));
+  assert_string_equal(env.err, want);
+  assert_null(cJSON_GetObjectItem(io, "interrupted"));
+  cJSON_Delete(ok); cJSON_Delete(oom); cJSON_Delete(intr); cJSON_Delete(io);
+}
+
+/* Every knob and setting a case declares, given a value no number, size, dtype or name
+ * parser takes, is refused by its check hook with VL_ERR_INVALID and a fresh message in the
+ * env naming it: the status of the failing read is passed up, never turned into another. */
+static void test_case_hooks_return_status(void **state) {
+  (void)state;
+  int n, refused = 0;
+  const vl_case *const *all = vl_case_all(&n);
+  for (int i = 0; i < n; i++) {
+    const vl_case *c = all[i];
+    assert_non_null(c->check);
+    for (int j = 0; c->knobs[j].name; j++) {
+      const vl_knob_decl *d = &c->knobs[j];
+      vl_knobs *setting = calloc(1, sizeof *setting), *rung = calloc(1, sizeof *rung);
+      assert_true(setting && rung);
+      assert_int_equal(vl_knob_set(d->where & VL_KNOB_RUNG ? rung : setting, d->name, "#bad"), 0);
+      vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = setting, .quiet = 1};
+      vl_status s = c->check(&env, rung);
+      if (s != VL_OK) { /* a path (data_dir) takes any text */
+        if (s != VL_ERR_INVALID || !strstr(env.err, d->name))
+          fail_msg("%s: %s=#bad: status %d, message '%s'", c->id, d->name, (int)s, env.err);
+        refused++;
+        cJSON *o = cJSON_CreateObject();
+        env.err[0] = 0;
+        assert_int_equal(c->plan(&env, "tiny", rung, o), VL_ERR_INVALID);
+        assert_non_null(strstr(env.err, d->name));
+        cJSON_Delete(o);
+      }
+      free(setting);
+      free(rung);
+    }
+  }
+  assert_true(refused >= 40); /* all three cases' numeric, boolean, size and name knobs */
 }
 
 /* A truncated or corrupt results file gives a clear error and writes no report. */
@@ -513,11 +602,11 @@ static void test_accum_plan_is_fast(void **state) {
    * sanitizer build slows both alike): planning every micro-batch made 4096 cost about
    * 512 times 8; planning at most 64 and adding the rest's counters costs at most ~8x. */
   double t0 = vl_now();
-  assert_int_equal(c->plan(&env, "full", &kn, o8, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &kn, o8), 0);
   double dt8 = vl_now() - t0;
   assert_int_equal(vl_knob_set(&kn, "accum", "4096"), 0);
   t0 = vl_now();
-  assert_int_equal(c->plan(&env, "full", &kn, o, err, sizeof err), 0);
+  assert_int_equal(c->plan(&env, "full", &kn, o), 0);
   double dt = vl_now() - t0;
   if (dt >= 32 * dt8) {
     print_error("plan with accum=4096 took %.2f s, %.0fx accum=8's %.3f s\n", dt, dt / dt8, dt8);
@@ -739,9 +828,9 @@ static void test_ladder_parse_memory(void **state) {
     /* every number a rung's plan writes is a declared metric (claims may rely on it) */
     vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
     for (int r = 0; r < L.n_rungs; r++) {
-      assert_int_equal(c->check(&env, &L.rungs[r].knobs, err, sizeof err), 0);
+      assert_int_equal(c->check(&env, &L.rungs[r].knobs), 0);
       cJSON *o = cJSON_CreateObject(), *it;
-      assert_int_equal(c->plan(&env, "tiny", &L.rungs[r].knobs, o, err, sizeof err), 0);
+      assert_int_equal(c->plan(&env, "tiny", &L.rungs[r].knobs, o), 0);
       cJSON_ArrayForEach(it, o) {
         if (!cJSON_IsNumber(it) && !cJSON_IsBool(it)) continue;
         bool found = false;
@@ -760,12 +849,17 @@ static void test_cli_errors(void **state) {
       {"plan nosuch", "unknown case 'nosuch'", 2},
       {"plan llm-lora --step nosuch", "unknown step 'nosuch'", 2},
       /* knob values are checked for every rung before anything is planned or run: exit 2 */
-      {"plan llm-lora --set after.optimizer=lion --step after", "optimizer = 'lion'", 2},
-      {"plan llm-lora --set ckpt.colour=red", "unknown knob 'colour'", 2},
+      /* a case's message (vl_case_fail, in its env) as the harness prints it */
+      {"plan llm-lora --set after.optimizer=lion --step after",
+       "vramlab: rung 'after': optimizer = 'lion': expected adamw, adafactor or sgd\n", 2},
+      {"plan llm-lora --set ckpt.colour=red", "vramlab: rung 'ckpt': unknown knob 'colour' (known: compute,", 2},
+      {"plan llm-lora --set cuda_context=30GiB", "vramlab: cuda_context must be smaller than the card\n", 2},
       {"run llm-lora --device tpu", "unknown device 'tpu'", 2},
       {"plan llm-lora --scale huge", "unknown scale 'huge'", 2},
       {"plan seg-ckpt --set ckpt.workers=-1 --step ckpt", "workers", 2},
-      {"run seg-ckpt --device cpu --scale full --step before", "too slow for this CPU", 1},
+      {"run seg-ckpt --device cpu --scale full --step before",
+       "vramlab: run before: a full-scale (512x512 ResNet-101) step is too slow for this CPU: use --scale small or "
+       "tiny, or --device plan\n", 1},
       {"frobnicate", "unknown command", 2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -891,11 +985,11 @@ static void test_declared_defaults(void **state) {
     }
     vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = setting, .quiet = 1};
     vl_case_env env0 = {.scale = "full", .device = VL_DEV_PLAN, .setting = none, .quiet = 1};
-    if (c->check && c->check(&env, rung, err, sizeof err)) fail_msg("%s: a declared default is refused: %s", c->id, err);
-    assert_int_equal(vl_case_check_knobs(c, "defaults", rung, err, sizeof err), 0);
+    if (c->check && c->check(&env, rung)) fail_msg("%s: a declared default is refused: %s", c->id, env.err);
+    assert_int_equal(vl_case_check_knobs(&env, c, "defaults", rung), 0);
     cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
-    assert_int_equal(c->plan(&env, "tiny", rung, a, err, sizeof err), 0);
-    assert_int_equal(c->plan(&env0, "tiny", none, b, err, sizeof err), 0);
+    assert_int_equal(c->plan(&env, "tiny", rung, a), 0);
+    assert_int_equal(c->plan(&env0, "tiny", none, b), 0);
     cJSON_DeleteItemFromObject(a, "plan_seconds"); /* timings */
     cJSON_DeleteItemFromObject(b, "plan_seconds");
     cJSON_DeleteItemFromObject(a, "max_batch_search_seconds");
@@ -974,8 +1068,8 @@ static void test_host_bytes_bound_plan_equals_run(void **state) {
     vl_knobs k = {0};
     assert_int_equal(vl_knobs_apply_list(&k, cfgs[i], err, sizeof err), 0);
     cJSON *p = cJSON_CreateObject(), *r = cJSON_CreateObject();
-    assert_int_equal(c->plan(&env, "tiny", &k, p, err, sizeof err), 0);
-    if (c->run(&env, &k, 0, r, err, sizeof err)) fail_msg("run %s: %s", cfgs[i], err);
+    assert_int_equal(c->plan(&env, "tiny", &k, p), 0);
+    if (c->run(&env, &k, 0, r)) fail_msg("run %s: %s", cfgs[i], env.err);
     double planned = cJSON_GetNumberValue(cJSON_GetObjectItem(p, "host_bytes_bound"));
     double ran = cJSON_GetNumberValue(cJSON_GetObjectItem(r, "host_bytes_bound"));
     if (planned != ran) fail_msg("%s: planned %.0f, the run's loader %.0f", cfgs[i], planned, ran);
@@ -1002,6 +1096,7 @@ int main(void) {
       cmocka_unit_test(test_ladder_parse_memory),
       cmocka_unit_test(test_list_json), cmocka_unit_test(test_declared_defaults),
       cmocka_unit_test(test_unknown_setting_refused), cmocka_unit_test(test_host_bytes_bound_plan_equals_run),
+      cmocka_unit_test(test_case_error_convention), cmocka_unit_test(test_case_hooks_return_status),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

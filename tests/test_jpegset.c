@@ -908,11 +908,11 @@ static void test_first_use(void **state) {
 
 /* ---- the dataloader case: first use, corrupt and max_file_bytes knobs ------------------- */
 
-static int run_case(const vl_case *c, const vl_case_env *env, const vl_knobs *k, double *skipped,
-                    char *err, size_t errn) {
+/* The case's run; its message in env->err. */
+static vl_status run_case(const vl_case *c, vl_case_env *env, const vl_knobs *k, double *skipped) {
   cJSON *o = cJSON_CreateObject();
-  err[0] = 0;
-  int rc = c->run(env, k, 0, o, err, errn);
+  env->err[0] = 0;
+  vl_status rc = c->run(env, k, 0, o);
   cJSON *sk = cJSON_GetObjectItem(o, "skipped");
   if (skipped) *skipped = sk ? sk->valuedouble : -1;
   cJSON_Delete(o);
@@ -938,47 +938,47 @@ static void test_dataloader_case(void **state) {
   vl_knobs k = {0};
   vl_knob_set(&k, "corrupt", "skip");
   vl_knob_set(&k, "max_file_bytes", "1MiB");
-  assert_int_equal(vl_case_check_knobs(c, "r", &k, err, sizeof err), 0);
+  assert_int_equal(vl_case_check_knobs(&env, c, "r", &k), VL_OK);
 
   /* First use: the set is made, and runs. */
   double skipped;
   vl_knobs none = {0};
-  int rc = run_case(c, &env, &none, &skipped, err, sizeof err);
-  if (rc) print_error("run: %s\n", err);
+  vl_status rc = run_case(c, &env, &none, &skipped);
+  if (rc) print_error("run: %s\n", env.err);
   assert_int_equal(rc, 0);
   assert_true(skipped == 0);
 
   /* A policy other than skip or error is refused, naming the knob. */
   vl_knobs bad = {0};
   vl_knob_set(&bad, "corrupt", "ignore");
-  assert_int_not_equal(run_case(c, &env, &bad, NULL, err, sizeof err), 0);
-  assert_non_null(strstr(err, "corrupt = 'ignore'"));
-  assert_non_null(strstr(err, "skip or error"));
+  assert_int_not_equal(run_case(c, &env, &bad, NULL), 0);
+  assert_non_null(strstr(env.err, "corrupt = 'ignore'"));
+  assert_non_null(strstr(env.err, "skip or error"));
   cJSON *o = cJSON_CreateObject();
-  assert_int_not_equal(c->plan(&env, "tiny", &bad, o, err, sizeof err), 0);
-  assert_non_null(strstr(err, "corrupt"));
+  assert_int_equal(c->plan(&env, "tiny", &bad, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "corrupt"));
   cJSON_Delete(o);
   vl_knobs badm = {0};
   vl_knob_set(&badm, "max_file_bytes", "lots");
-  assert_int_not_equal(run_case(c, &env, &badm, NULL, err, sizeof err), 0);
-  assert_non_null(strstr(err, "max_file_bytes"));
+  assert_int_not_equal(run_case(c, &env, &badm, NULL), 0);
+  assert_non_null(strstr(env.err, "max_file_bytes"));
 
   /* A damaged image: skipped with corrupt=skip, the run's error by default. */
   assert_int_equal(tu_jpegset_corrupt(set, 1, TU_JPEG_GARBAGE, err, sizeof err), 0);
   vl_knobs skip = {0};
   vl_knob_set(&skip, "corrupt", "skip");
-  rc = run_case(c, &env, &skip, &skipped, err, sizeof err);
-  if (rc) print_error("run: %s\n", err);
+  rc = run_case(c, &env, &skip, &skipped);
+  if (rc) print_error("run: %s\n", env.err);
   assert_int_equal(rc, 0);
   assert_true(skipped == 1);
-  assert_int_not_equal(run_case(c, &env, &none, NULL, err, sizeof err), 0);
-  assert_non_null(strstr(err, "img_0000001.jpg"));
+  assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
+  assert_non_null(strstr(env.err, "img_0000001.jpg"));
   /* max_file_bytes reaches the loader: every image is larger than 1 KiB. */
   vl_knobs small = {0};
   vl_knob_set(&small, "max_file_bytes", "1KiB");
-  assert_int_not_equal(run_case(c, &env, &small, NULL, err, sizeof err), 0);
-  if (!strstr(err, "exceeds max_file_bytes (1024)")) print_error("run: %s\n", err);
-  assert_non_null(strstr(err, "exceeds max_file_bytes (1024)"));
+  assert_int_not_equal(run_case(c, &env, &small, NULL), 0);
+  if (!strstr(env.err, "exceeds max_file_bytes (1024)")) print_error("run: %s\n", env.err);
+  assert_non_null(strstr(env.err, "exceeds max_file_bytes (1024)"));
 
   /* A damaged manifest: the run stops, naming it; the folder is left as it was. */
   snprintf(p, sizeof p, "%s/manifest.tsv", set);
@@ -988,11 +988,11 @@ static void test_dataloader_case(void **state) {
   char *l2 = strchr((char *)m, '\n') + 1;
   *(strchr(l2, '\t') + 1) = '-';
   tu_write_bytes(p, m, mlen);
-  assert_int_not_equal(run_case(c, &env, &none, NULL, err, sizeof err), 0);
-  if (!strstr(err, "manifest.tsv:2: bad label") || !strstr(err, "vramlab data gen"))
-    print_error("run: %s\n", err);
-  assert_non_null(strstr(err, "manifest.tsv:2: bad label"));
-  assert_non_null(strstr(err, "vramlab data gen"));
+  assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
+  if (!strstr(env.err, "manifest.tsv:2: bad label") || !strstr(env.err, "vramlab data gen"))
+    print_error("run: %s\n", env.err);
+  assert_non_null(strstr(env.err, "manifest.tsv:2: bad label"));
+  assert_non_null(strstr(env.err, "vramlab data gen"));
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), mlen);
   assert_memory_equal(after, m, mlen);
@@ -1008,8 +1008,8 @@ static void test_dataloader_case(void **state) {
   assert_int_equal(mkdir(set, 0755), 0);
   snprintf(p, sizeof p, "%s/photo.jpg", set);
   tu_write_text(p, "theirs");
-  assert_int_not_equal(run_case(c, &env, &none, NULL, err, sizeof err), 0);
-  assert_non_null(strstr(err, "is not empty"));
+  assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
+  assert_non_null(strstr(env.err, "is not empty"));
   assert_int_equal(tu_count_entries(set), 1);
 }
 

@@ -35,9 +35,8 @@ static cJSON *tiny_run(const vl_case *c, const vl_ladder *L, bool profile) {
   assert_true(i >= 0);
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L->setting, .quiet = 1, .profile = profile};
   cJSON *ro = cJSON_CreateObject();
-  char err[512] = "";
-  if (c->run(&env, &L->rungs[i].knobs, 0, ro, err, sizeof err)) {
-    print_error("run ckpt: %s\n", err);
+  if (c->run(&env, &L->rungs[i].knobs, 0, ro)) {
+    print_error("run ckpt: %s\n", env.err);
     fail();
   }
   return ro;

@@ -697,11 +697,10 @@ static void test_case_knobs(void **state) {
   assert_non_null(c);
   vl_knobs setting = {0};
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
-  char err[512];
   vl_knobs k = {0};
   vl_knob_set(&k, "corrupt", "skip");
   vl_knob_set(&k, "max_file_bytes", "16MiB");
-  assert_int_equal(vl_case_check_knobs(c, "r", &k, err, sizeof err), 0);
+  assert_int_equal(vl_case_check_knobs(&env, c, "r", &k), 0);
   static const struct { const char *key, *val, *needle; } bad[] = {
       {"corrupt", "ignore", "corrupt = 'ignore': expected skip or error"},
       {"corrupt", "SKIPPED", "corrupt = 'SKIPPED'"},
@@ -712,11 +711,11 @@ static void test_case_knobs(void **state) {
     vl_knobs b = {0};
     assert_int_equal(vl_knob_set(&b, bad[i].key, bad[i].val), 0);
     cJSON *o = cJSON_CreateObject();
-    err[0] = 0;
-    assert_int_not_equal(c->plan(&env, "tiny", &b, o, err, sizeof err), 0);
+    env.err[0] = 0;
+    assert_int_equal(c->plan(&env, "tiny", &b, o), VL_ERR_INVALID);
     cJSON_Delete(o);
-    if (!strstr(err, bad[i].needle)) print_error("\"%s\" lacks \"%s\"\n", err, bad[i].needle);
-    assert_non_null(strstr(err, bad[i].needle));
+    if (!strstr(env.err, bad[i].needle)) print_error("\"%s\" lacks \"%s\"\n", env.err, bad[i].needle);
+    assert_non_null(strstr(env.err, bad[i].needle));
   }
 }
 

@@ -6,14 +6,14 @@
 
 #include "seg.h"
 
-int vl_seg_open_split(const vl_seg_rung *r, bool eval, vl_segset **out, char *err, size_t errn) {
+vl_status vl_seg_open_split(vl_case_env *env, const vl_seg_rung *r, bool eval, vl_segset **out) {
   char dir[VL_KNOB_VAL_LEN + 128]; /* data_dir + the split's folder name: cannot be cut */
   long n = eval ? r->eval_images : r->train_images;
   uint64_t seed = (uint64_t)r->seed * 1000003u + (eval ? 7u : 0u);
   int dn = snprintf(dir, sizeof dir, "%s/s%lld-c%lld-%s-n%ld-seed%llu", r->data_dir, (long long)r->model.mc.image,
                     (long long)r->model.mc.classes, eval ? "eval" : "train", n, (unsigned long long)seed);
   if (dn < 0 || (size_t)dn >= sizeof dir)
-    return snprintf(err, errn, "data_dir: path too long (limit %zu)", sizeof dir - 1), -1;
+    return vl_case_fail(env, VL_ERR_INVALID, "data_dir: path too long (limit %zu)", sizeof dir - 1);
   vl_segset_gen_cfg g;
   vl_segset_gen_cfg_default(&g);
   g.n = n;
@@ -22,13 +22,16 @@ int vl_seg_open_split(const vl_seg_rung *r, bool eval, vl_segset **out, char *er
   g.seed = seed;
   g.progress = vl_case_gen_progress;
   /* Made only in a new or empty folder: a damaged or foreign one is refused, never
-   * overwritten. */
-  int u = vl_segset_first_use(out, dir, &g, err, errn);
-  if (u <= 0) return u;
+   * overwritten. The data set's calls write their message into m. */
+  char m[VL_CASE_ERR_LEN] = "";
+  int u = vl_segset_first_use(out, dir, &g, m, sizeof m);
+  if (u < 0) return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  if (u == 0) return VL_OK;
   vl_progress("generating %ld synthetic segmentation images (%lldx%lld) in %s", n,
               (long long)r->model.mc.image, (long long)r->model.mc.image, dir);
-  if (vl_segset_generate(dir, &g, err, errn)) return -1;
-  return vl_segset_open(out, dir, err, errn);
+  if (vl_segset_generate(dir, &g, m, sizeof m) || vl_segset_open(out, dir, m, sizeof m))
+    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  return VL_OK;
 }
 
 void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c) {
@@ -52,8 +55,8 @@ void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool 
   }
 }
 
-vl_status vl_seg_evaluate(vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc, double *miou,
-                          char *err, size_t errn) {
+vl_status vl_seg_evaluate(vl_case_env *env, vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc,
+                          double *miou) {
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &r->model.mc;
   vl_loader_cfg lc;
@@ -61,13 +64,15 @@ vl_status vl_seg_evaluate(vl_model *m, const vl_seg_rung *r, vl_segset *es, doub
   vl_seg_loader_cfg(r, &lc, B, true, c);
   vl_dataset ds = vl_segset_dataset(es);
   vl_loader *l = NULL;
-  vl_status s = vl_loader_create(&l, &lc, &ds, err, errn);
-  if (s != VL_OK) return s;
+  char lerr[VL_CASE_ERR_LEN] = "";
+  vl_status s = vl_loader_create(&l, &lc, &ds, lerr, sizeof lerr);
+  if (s != VL_OK) return vl_case_fail(env, s, "%s", lerr);
   int64_t K = mc->classes, HW = mc->image * mc->image;
   int64_t *conf = calloc((size_t)(K * K), sizeof *conf);
   int32_t *pred = malloc((size_t)(B * HW) * sizeof *pred);
   if (!conf || !pred) s = VL_ERR_OOM;
   if (s == VL_OK) s = vl_loader_start_epoch(l, 0);
+  bool said = false; /* the message is the model's, not the loader's */
   while (s == VL_OK) {
     vl_batch_buf *b = NULL;
     if ((s = vl_loader_next(l, &b)) != VL_OK || !b) break;
@@ -75,14 +80,17 @@ vl_status vl_seg_evaluate(vl_model *m, const vl_seg_rung *r, vl_segset *es, doub
     int64_t xs[4] = {b->n, mc->in_ch, mc->image, mc->image}; // (B, 3, H, W)
     vl_batch_add(&in, "images", VL_F32, 4, xs, b->x);
     s = vl_model_predict(m, &in, pred);
-    if (s != VL_OK) snprintf(err, errn, "evaluation: %s", c->err);
+    if (s != VL_OK) {
+      vl_case_fail(env, s, "evaluation: %s", c->err);
+      said = true;
+    }
     for (int64_t i = 0; s == VL_OK && i < b->n * HW; i++) conf[b->y[i] * K + pred[i]]++;
     vl_loader_release(l, b);
   }
-  if (s != VL_OK && !err[0]) {
+  if (s != VL_OK && !said) {
     vl_loader_stats st;
     vl_loader_stats_get(l, &st);
-    snprintf(err, errn, "evaluation data: %s", st.last_error);
+    vl_case_fail(env, s, "evaluation data: %s", st.last_error);
   }
   int64_t hit = 0, tot = 0;
   double iou = 0;

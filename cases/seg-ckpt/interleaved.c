@@ -1,4 +1,5 @@
-/* seg-ckpt's interleaved step timing. */
+/* seg-ckpt's interleaved step timing: the before, ckpt and relu_off rungs' models stepped in
+ * turn on one batch (the extra hook). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,21 +7,11 @@
 #include "interrupt.h"
 #include "seg.h"
 
-#define FAIL(...) (snprintf(err, errn, __VA_ARGS__), -1)
-
 /* ---- checkpointing's time cost, interleaved ------------------------------------------------
  * The ladder's rungs run one after another, so a noisy neighbour on a shared machine can move
  * one rung's median by tens of percent. The cost of checkpointing (and of in-place ReLU off)
  * is therefore also measured with the three models side by side, one step of each in turn on
  * the same batch (the engine's interleaved repetitions). */
-
-static int knobs_of(const cJSON *rung, vl_knobs *k, char *err, size_t errn) {
-  memset(k, 0, sizeof *k);
-  const cJSON *it;
-  cJSON_ArrayForEach(it, cJSON_GetObjectItem(rung, "knobs"))
-    if (cJSON_IsString(it) && vl_knob_set_err(k, it->string, it->valuestring, err, errn)) return -1;
-  return 0;
-}
 
 static double median_of(double *t, int n) { /* n small: insertion sort */
   for (int i = 1; i < n; i++)
@@ -28,28 +19,30 @@ static double median_of(double *t, int n) { /* n small: insertion sort */
   return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-int vl_seg_interleaved(const vl_case_env *env, cJSON *res, char *err, size_t errn) {
+vl_status vl_seg_interleaved(vl_case_env *env, cJSON *res) {
   static const char *const names[3] = {"before", "ckpt", "relu_off"};
   enum { ROUNDS = 9, WARM = 2 };
   cJSON *rung[3] = {0}, *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs"))
     for (int i = 0; i < 3; i++)
       if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), names[i])) rung[i] = r;
-  if (!rung[0] || !rung[1] || !rung[2]) return 0; /* a ladder without them: nothing to compare */
+  if (!rung[0] || !rung[1] || !rung[2]) return VL_OK; /* a ladder without them: nothing to compare */
   vl_seg_rung cfg[3];
   for (int i = 0; i < 3; i++) {
     vl_knobs k;
-    if (knobs_of(rung[i], &k, err, errn) || vl_seg_parse_rung(env, env->scale, &k, &cfg[i], err, errn)) return -1;
-    if (cfg[i].batch == 0) return 0;
+    VL_TRY(vl_case_knobs_of(env, rung[i], &k));
+    VL_TRY(vl_seg_parse_rung(env, env->scale, &k, &cfg[i]));
+    if (cfg[i].batch == 0) return VL_OK;
   }
   vl_ctx *c;
-  if (vl_ctx_create(&c, env->device, VL_NO_CAP) != VL_OK) return FAIL("interleaved timing: no %s context", vl_device_name(env->device));
+  vl_status s = vl_ctx_create(&c, env->device, VL_NO_CAP);
+  if (s != VL_OK) return vl_case_fail(env, s, "interleaved timing: no %s context", vl_device_name(env->device));
   vl_model *m[3] = {0};
   const vl_resunet_cfg *mc = &cfg[0].model.mc;
   int64_t B = cfg[0].batch, HW = mc->image * mc->image;
   float *x = malloc((size_t)(B * 3 * HW) * sizeof *x);
   int32_t *y = malloc((size_t)(B * HW) * sizeof *y);
-  vl_status s = x && y ? VL_OK : VL_ERR_OOM;
+  s = x && y ? VL_OK : VL_ERR_OOM;
   for (int i = 0; s == VL_OK && i < 3; i++)
     s = vl_model_create(c, &vl_model_resunet, &cfg[i].model, (uint64_t)cfg[i].seed, &m[i]);
   vl_rng g;
@@ -62,9 +55,8 @@ int vl_seg_interleaved(const vl_case_env *env, cJSON *res, char *err, size_t err
   vl_batch_add(&mb, "masks", VL_I32, 3, (int64_t[3]){B, mc->image, mc->image}, y);
   if (!env->quiet) vl_progress("interleaved step timing: before / ckpt / relu_off, %d rounds", ROUNDS);
   if (s == VL_OK) s = vl_run_interleaved(m, 3, &mb, WARM, ROUNDS, &vl_interrupted, &t[0][0]);
-  int rc = 0;
   if (s != VL_OK) {
-    rc = FAIL("interleaved timing: %s (%s)", vl_status_name(s), c->err);
+    vl_case_fail(env, s, "interleaved timing: %s (%s)", vl_status_name(s), c->err);
   } else {
     cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
     if (!cm) cm = cJSON_AddObjectToObject(res, "case_metrics");
@@ -83,5 +75,5 @@ int vl_seg_interleaved(const vl_case_env *env, cJSON *res, char *err, size_t err
   vl_ctx_destroy(c);
   free(x);
   free(y);
-  return rc;
+  return s;
 }

@@ -1,6 +1,8 @@
-/* seg-ckpt's own pieces shared by its files: a rung's settings (case.c) and its data, the
- * synthetic segmentation splits fed through the engine's loader, and held-out evaluation
- * (data.c). */
+/* seg-ckpt's own pieces shared by its files: a rung's settings, its knob table and step
+ * (config.c), its data, the synthetic segmentation splits fed through the engine's loader,
+ * and held-out evaluation (data.c), the timed run (run.c) and the interleaved step timing
+ * (interleaved.c). Every function that can fail returns vl_status with its message in
+ * env->err (vl_case_fail). */
 #ifndef VRAMLAB_SEG_CKPT_H
 #define VRAMLAB_SEG_CKPT_H
 
@@ -21,18 +23,25 @@ typedef struct {
   char data_dir[VL_KNOB_VAL_LEN]; /* the data_dir knob (its length checked by vl_knob_set) */
 } vl_seg_rung;
 
-/* Every knob of a rung and the setting into r (case.c); 0, or -1 with a message naming the knob. */
-int vl_seg_parse_rung(const vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r, char *err,
-                      size_t errn);
+/* Every knob a rung may set and every setting the case reads (config.c). */
+extern const vl_knob_decl vl_seg_knobs[];
+/* Every knob of a rung and the setting at `scale` into r; VL_ERR_INVALID with a message
+ * naming the knob. */
+vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r);
+/* A step of accum micro-batches of B images at the model's size. */
+vl_step_spec vl_seg_step_spec(const vl_seg_rung *r, int64_t B, long accum);
+/* Largest micro-batch (>= 2: batch norm needs two samples at 1/32 resolution) whose step of
+ * one micro-batch fits under the cap; 0 when none does. */
+int64_t vl_seg_max_batch(const vl_seg_rung *r);
 
 /* The train or eval split at this scale's image size, made on first use (seeded). */
-int vl_seg_open_split(const vl_seg_rung *r, bool eval, vl_segset **out, char *err, size_t errn);
+vl_status vl_seg_open_split(vl_case_env *env, const vl_seg_rung *r, bool eval, vl_segset **out);
 /* The loader of a split: batches of B, training (shuffled, workers) or evaluation. */
 void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c);
 /* Pixel accuracy and mean IoU (over classes present in the labels or predictions) on the
  * held-out split, BN in evaluation mode. */
-vl_status vl_seg_evaluate(vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc, double *miou,
-                          char *err, size_t errn);
+vl_status vl_seg_evaluate(vl_case_env *env, vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc,
+                          double *miou);
 
 /* The training loop's data (vl_loop_cfg.next): a step's accum micro-batches from the loader. */
 typedef struct {
@@ -47,8 +56,11 @@ typedef struct {
 } vl_seg_feed;
 vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait);
 
+/* One repetition of a rung on env->device at env->scale (run.c): the case's run hook. */
+vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
+
 /* The cost of checkpointing and in-place ReLU off, the three rungs' models stepped in turn
  * (interleaved.c): case_metrics.interleaved_steps and each rung's interleaved_step_seconds. */
-int vl_seg_interleaved(const vl_case_env *env, cJSON *res, char *err, size_t errn);
+vl_status vl_seg_interleaved(vl_case_env *env, cJSON *res);
 
 #endif

@@ -128,17 +128,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   const char *scales[] = {"tiny", "full"};
   for (int s = 0; s < 2; s++) {
     vl_case_env env = {.scale = scales[s], .device = VL_DEV_PLAN, .setting = &work->setting, .quiet = 1};
-    err[0] = 0;
-    if (c->check(&env, &no_knobs, err, sizeof err) && !err[0]) die("setting refused without a message", c->id);
+    env.err[0] = 0;
+    if (c->check(&env, &no_knobs) != VL_OK && !env.err[0]) die("setting refused without a message", c->id);
     for (int i = 0; i < work->n_rungs; i++) {
       check_knobs(&work->rungs[i].knobs, work->rungs[i].name);
-      err[0] = 0;
-      if (vl_case_check_knobs(c, work->rungs[i].name, &work->rungs[i].knobs, err, sizeof err)) {
-        if (!err[0]) die("unknown knob without a message", work->rungs[i].name);
+      env.err[0] = 0;
+      if (vl_case_check_knobs(&env, c, work->rungs[i].name, &work->rungs[i].knobs) != VL_OK) {
+        if (!env.err[0]) die("unknown knob without a message", work->rungs[i].name);
         continue;
       }
-      err[0] = 0;
-      if (c->check(&env, &work->rungs[i].knobs, err, sizeof err) && !err[0])
+      env.err[0] = 0;
+      if (c->check(&env, &work->rungs[i].knobs) != VL_OK && !env.err[0])
         die("rung refused without a message", work->rungs[i].name);
     }
   }

@@ -1,0 +1,135 @@
+/* dataloader's case-wide measurements after the ladder (the extra hook): the decode-only
+ * ceiling on one core, the workers x prefetch sweep with its best setting, and the PyTorch
+ * DataLoader reference over the same set when PyTorch is installed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "dl.h"
+#include "interrupt.h"
+#include "proc.h"
+#include "report.h"
+
+/* The PyTorch DataLoader's images/s over the same set with `workers` workers; NaN with the
+ * reason in *why when it was not measured. */
+static double torch_reference(const vl_dl_cfg *d, int workers, const char **why) {
+  char out[256];
+  char *probe[] = {"python3", "-c", "import torch, torchvision, PIL", NULL};
+  if (vl_run_capture(probe, out, sizeof out) != 0) {
+    *why = "PyTorch with torchvision and Pillow is not installed (pip install torch torchvision pillow)";
+    return NAN;
+  }
+  /* no shell: the data folder is passed as it is, whatever characters it holds */
+  char script[600], w[16], b[24], crop[16];
+  snprintf(script, sizeof script, "%s/tools/torch_loader_bench.py", VRAMLAB_SOURCE_DIR);
+  snprintf(w, sizeof w, "%d", workers);
+  snprintf(b, sizeof b, "%lld", (long long)d->lc.batch);
+  snprintf(crop, sizeof crop, "%d", d->lc.crop);
+  char *argv[] = {"python3", script, "--dir", (char *)d->data_dir, "--workers", w, "--batch", b,
+                  "--crop", crop, "--epochs", "2", NULL};
+  double v = NAN;
+  char *end;
+  if (vl_run_capture(argv, out, sizeof out) == 0) {
+    v = strtod(out, &end);
+    if (end == out) v = NAN;
+  }
+  if (isnan(v)) *why = "tools/torch_loader_bench.py failed";
+  return v;
+}
+
+vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
+  /* every knob of the last rung (the corrupt-sample policy and file-size limit included),
+   * batched collate; the sweep then varies workers and prefetch */
+  vl_knobs k;
+  const cJSON *last = cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"),
+                                         cJSON_GetArraySize(cJSON_GetObjectItem(res, "rungs")) - 1);
+  VL_TRY(vl_case_knobs_of(env, last, &k));
+  VL_TRY(vl_case_knob_set(env, &k, "collate", "batched"));
+  vl_dl_cfg d;
+  VL_TRY(vl_dl_parse(env, env->scale, &k, &d));
+  vl_jpegset *js = NULL;
+  VL_TRY(vl_dl_open_data(env, &d, &js));
+  cJSON *cm = cJSON_AddObjectToObject(res, "case_metrics");
+  vl_progress("decode-only ceiling (one core)");
+  char m[VL_CASE_ERR_LEN] = ""; /* the data set's and the loader's messages */
+  double rate = vl_jpegset_decode_rate(js, d.images < 128 ? d.images : 128, m, sizeof m);
+  if (!(rate > 0)) {
+    vl_jpegset_close(js);
+    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  }
+  cJSON_AddNumberToObject(cm, "decode_images_per_s_per_core", rate);
+  cJSON_AddNumberToObject(cm, "decode_ceiling_images_per_s", rate * (double)d.cores);
+  cJSON_AddNumberToObject(cm, "cores", (double)d.cores);
+  /* Interrupted: keep what was measured, write nothing derived from a measurement that did
+   * not happen (the report then says which are missing instead of judging zeros). */
+  if (vl_interrupted) { vl_jpegset_close(js); return VL_OK; }
+
+  const long *ws = d.sweep_w, *ps = d.sweep_p;
+  int nw = d.n_sweep_w, np = d.n_sweep_p;
+  cJSON *sweep = cJSON_AddArrayToObject(res, "sweep");
+  double best = 0, at_cores = 0;
+  long best_w = 0, best_p = 0;
+  vl_dataset ds = vl_jpegset_dataset(js);
+  for (int i = 0; i < nw && !vl_interrupted; i++)
+    for (int j = 0; j < np && !vl_interrupted; j++) {
+      if (ws[i] == 0 && j > 0) continue; /* prefetch has no meaning without workers */
+      d.lc.workers = (int)ws[i];
+      d.lc.prefetch = (int)ps[j];
+      d.lc.persistent = true;
+      vl_loader *l = NULL;
+      vl_status s = vl_loader_create(&l, &d.lc, &ds, m, sizeof m);
+      if (s != VL_OK) {
+        vl_jpegset_close(js);
+        return vl_case_fail(env, s, "%s", m);
+      }
+      vl_dl_epoch e;
+      vl_progress("sweep workers=%ld prefetch=%ld", ws[i], ps[j]);
+      /* one warm-up epoch, one measured; the consumer takes no time: pipeline throughput */
+      s = vl_dl_run_epoch(l, 0, 0, NULL, &e);
+      if (s == VL_OK) s = vl_dl_run_epoch(l, 1, 0, NULL, &e);
+      vl_loader_destroy(l);
+      if (s == VL_ERR_INTERRUPTED) break;
+      if (s != VL_OK) {
+        vl_jpegset_close(js);
+        return vl_case_fail(env, s, "sweep: %s", vl_status_name(s));
+      }
+      double ips = (double)e.images / e.wall;
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddNumberToObject(o, "workers", (double)ws[i]);
+      cJSON_AddNumberToObject(o, "prefetch", (double)ps[j]);
+      cJSON_AddNumberToObject(o, "images_per_s", ips);
+      cJSON_AddNumberToObject(o, "cpu_util", e.cpu / (e.wall * (double)d.cores));
+      cJSON_AddItemToArray(sweep, o);
+      if (ips > best) best = ips;
+      if (ws[i] == d.cores && ips > at_cores) at_cores = ips;
+    }
+  if (vl_interrupted) { /* a partial sweep has no best setting: the sweep table keeps its rows */
+    cJSON_AddStringToObject(cm, "sweep_incomplete", "the run was interrupted during the sweep");
+    vl_jpegset_close(js);
+    return VL_OK;
+  }
+  /* the best setting: the fewest workers, then the smallest prefetch, within 2% of the top */
+  cJSON *o;
+  long min_w = 1L << 30;
+  cJSON_ArrayForEach(o, sweep) {
+    double ips = vl_rep_num(o, "images_per_s");
+    long w = (long)vl_rep_num(o, "workers"), p = (long)vl_rep_num(o, "prefetch");
+    if (ips >= 0.98 * best && (w < min_w || (w == min_w && p < best_p))) { min_w = w; best_w = w; best_p = p; }
+  }
+  cJSON_AddNumberToObject(cm, "best_images_per_s", best);
+  cJSON_AddNumberToObject(cm, "best_workers", (double)best_w);
+  cJSON_AddNumberToObject(cm, "best_prefetch", (double)best_p);
+  cJSON_AddNumberToObject(cm, "best_workers_share", (double)best_w / (double)d.cores);
+  cJSON_AddNumberToObject(cm, "images_per_s_at_cores", at_cores);
+  cJSON_AddNumberToObject(cm, "share_of_decode_ceiling", at_cores / (rate * (double)d.cores));
+  const char *why = "";
+  vl_progress("PyTorch DataLoader reference");
+  double t = torch_reference(&d, (int)d.cores, &why);
+  if (isnan(t)) cJSON_AddStringToObject(cm, "torch_not_measured", why);
+  else {
+    cJSON_AddNumberToObject(cm, "torch_images_per_s", t);
+    cJSON_AddNumberToObject(cm, "speedup_vs_torch", at_cores / t);
+  }
+  vl_jpegset_close(js);
+  return VL_OK;
+}

@@ -1,0 +1,121 @@
+/* llm-lora's knobs and what they mean: the knob table, a rung's knobs and the setting
+ * mapped to a Mistral model and training config, and the step (spec) a rung plans and
+ * runs. */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "llm.h"
+
+const vl_knob_decl vl_llm_knobs[] = {
+    {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG},
+    {"frozen", "fp32", "storage of the frozen base weights: fp32, fp16, bf16 or nf4", VL_KNOB_RUNG},
+    {"lora_rank", "0", "LoRA rank; 0 = full fine-tune", VL_KNOB_RUNG},
+    {"lora_alpha", "16", "LoRA alpha (scale alpha / rank)", VL_KNOB_RUNG},
+    {"lora_targets", "qkvo", "linears LoRA adapts: qkvo or all", VL_KNOB_RUNG},
+    {"optimizer", "adamw", "adamw, adafactor or sgd", VL_KNOB_RUNG},
+    {"adafactor_beta1", "false", "Adafactor keeps a first moment", VL_KNOB_RUNG},
+    {"checkpoint", "false", "gradient checkpointing per layer", VL_KNOB_RUNG},
+    {"lr", "1e-4", "learning rate", VL_KNOB_RUNG},
+    {"batch", "2", "micro-batch rows, or max (the largest that fits the cap at full scale)",
+     VL_KNOB_RUNG | VL_KNOB_SETTING},
+    {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
+    {"clip", "1.0", "gradient clipping by global norm (0: off)", VL_KNOB_RUNG},
+    {"weight_decay", "0", "decoupled weight decay", VL_KNOB_RUNG},
+    VL_CASE_CARD_KNOBS,
+    {"seq", "512", "sequence length at full scale (reduced scales keep their own)", VL_KNOB_SETTING},
+    {"seed", "1", "seed of weights and data", VL_KNOB_SETTING},
+    {"steps", "12", "timed steps per rung and repetition", VL_KNOB_SETTING},
+    {"warmup", "2", "untimed steps before them", VL_KNOB_SETTING},
+    {"oom_batches", "200", "variable-length batches sampled for the OOM rate", VL_KNOB_SETTING},
+    {"run_cap", "none", "arena cap of the timed runs (a size, or none: uncapped)", VL_KNOB_SETTING},
+    {NULL, NULL, NULL, 0},
+};
+
+static vl_status parse_dtype(vl_case_env *env, const vl_knobs *k, const char *key, vl_dtype *out) {
+  const char *v = vl_knob_str(k, key, vl_llm_knobs);
+  if (vl_dtype_parse(v, out))
+    return vl_case_fail(env, VL_ERR_INVALID, "%s = '%s': expected fp32, fp16, bf16 or nf4", key, v);
+  return VL_OK;
+}
+
+vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_llm_rung *r) {
+  memset(r, 0, sizeof *r);
+  vl_mistral_cfg *mc = &r->model.mc;
+  vl_train_cfg *tc = &r->model.tc;
+  if (vl_mistral_preset(scale, mc))
+    return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
+  vl_train_cfg_default(tc);
+  const vl_knobs *s = env->setting;
+  long seq;
+  VL_TRY(vl_case_knob_int(env, s, "seq", vl_llm_knobs, 1, 1 << 20, &seq));
+  /* The article's sequence length applies at full scale; reduced scales keep their own. */
+  if (!strcasecmp(scale, "full")) mc->seq = seq;
+  VL_TRY(vl_case_card_parse(env, k, &r->card));
+  VL_TRY(vl_case_knob_int(env, s, "seed", vl_llm_knobs, 0, 1L << 40, &r->seed));
+  VL_TRY(vl_case_knob_int(env, s, "steps", vl_llm_knobs, 1, 100000, &r->steps));
+  VL_TRY(vl_case_knob_int(env, s, "warmup", vl_llm_knobs, 0, 1000, &r->warmup));
+  VL_TRY(vl_case_knob_int(env, s, "oom_batches", vl_llm_knobs, 1, 1000000, &r->oom_batches));
+  VL_TRY(parse_dtype(env, k, "compute", &tc->compute));
+  if (tc->compute == VL_NF4)
+    return vl_case_fail(env, VL_ERR_INVALID, "compute = nf4: nf4 is a storage format for frozen weights");
+  VL_TRY(parse_dtype(env, k, "frozen", &tc->frozen));
+  long v;
+  VL_TRY(vl_case_knob_int(env, k, "lora_rank", vl_llm_knobs, 0, 4096, &v));
+  tc->lora_rank = (int)v;
+  double d;
+  VL_TRY(vl_case_knob_double(env, k, "lora_alpha", vl_llm_knobs, 1e-6, 1e6, &d));
+  tc->lora_alpha = (float)d;
+  const char *t = vl_knob_str(k, "lora_targets", vl_llm_knobs);
+  if (!strcasecmp(t, "all")) tc->lora_targets = VL_LORA_ALL;
+  else if (!strcasecmp(t, "qkvo")) tc->lora_targets = VL_LORA_QKVO;
+  else return vl_case_fail(env, VL_ERR_INVALID, "lora_targets = '%s': expected qkvo or all", t);
+  const char *o = vl_knob_str(k, "optimizer", vl_llm_knobs);
+  if (vl_optimizer_parse(o, &tc->optim.opt))
+    return vl_case_fail(env, VL_ERR_INVALID, "optimizer = '%s': expected adamw, adafactor or sgd", o);
+  int b;
+  VL_TRY(vl_case_knob_bool(env, k, "adafactor_beta1", vl_llm_knobs, &b));
+  tc->optim.adafactor_beta1 = b;
+  VL_TRY(vl_case_knob_bool(env, k, "checkpoint", vl_llm_knobs, &b));
+  tc->checkpoint = b;
+  VL_TRY(vl_case_knob_double(env, k, "lr", vl_llm_knobs, 1e-12, 10, &d));
+  tc->optim.hp.lr = (float)d;
+  VL_TRY(vl_case_knob_double(env, k, "clip", vl_llm_knobs, 0, 1e9, &d));
+  tc->clip = (float)d;
+  VL_TRY(vl_case_knob_double(env, k, "weight_decay", vl_llm_knobs, 0, 10, &d));
+  tc->optim.hp.weight_decay = (float)d;
+  /* the rung's batch, else the setting's, else the declared default */
+  const char *bs = vl_knob_get(k, "batch");
+  if (!bs) bs = vl_knob_str(s, "batch", vl_llm_knobs);
+  if (!strcasecmp(bs, "max")) r->batch = 0;
+  else {
+    vl_knobs tmp = {0};
+    vl_knob_set(&tmp, "batch", bs);
+    VL_TRY(vl_case_knob_int(env, &tmp, "batch", vl_llm_knobs, 1, 1 << 20, &r->batch));
+  }
+  VL_TRY(vl_case_knob_int(env, k, "accum", vl_llm_knobs, 1, 4096, &r->accum));
+  /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale); parsed
+   * here with the rest so a bad value is refused before anything runs. */
+  r->run_cap = VL_NO_CAP;
+  const char *rc_s = vl_knob_str(s, "run_cap", vl_llm_knobs);
+  if (strcasecmp(rc_s, "none")) VL_TRY(vl_case_knob_bytes(env, s, "run_cap", vl_llm_knobs, &r->run_cap));
+  return VL_OK;
+}
+
+vl_batch vl_llm_token_batch(int64_t B, int64_t T, const int32_t *tok, const int32_t *tgt) {
+  vl_batch b = {0};
+  int64_t bt[2] = {B, T};
+  vl_batch_add(&b, "tokens", VL_I32, 2, bt, tok);
+  vl_batch_add(&b, "targets", VL_I32, 2, bt, tgt);
+  return b;
+}
+
+vl_step_spec vl_llm_step_spec(const vl_llm_rung *r, int64_t B, int64_t T) {
+  return (vl_step_spec){&vl_model_mistral, &r->model, (uint64_t)r->seed, vl_llm_token_batch(B, T, NULL, NULL),
+                        r->accum};
+}
+
+int64_t vl_llm_max_batch(const vl_llm_rung *r) {
+  vl_step_spec s = vl_llm_step_spec(r, 1, r->model.mc.seq);
+  return vl_run_max_batch(&s, r->card.cap, 1);
+}

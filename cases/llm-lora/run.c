@@ -1,0 +1,98 @@
+/* llm-lora's timed run: a rung's Mistral model trained on dialogue batches by the engine's
+ * timed loop on env->device at env->scale, with OOM triage, tokens/s and the planner's
+ * peak for the longest step seen. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "interrupt.h"
+#include "llm.h"
+#include "datasets/dialogue.h"
+
+typedef struct {
+  const vl_case_env *env;
+  const vl_llm_rung *r;
+  vl_dialogue_gen gen;
+  int32_t *tok, *tgt; /* (accum, B, T) host */
+  vl_batch *mb;       /* accum micro-batches, each (B, T_j) of its padded length */
+  int64_t maxT;       /* longest micro-batch of the timed steps */
+} llm_loop;
+
+static vl_status llm_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
+  llm_loop *L = user;
+  int64_t B = L->r->batch, T = L->r->model.mc.seq;
+  for (int64_t j = 0; j < L->r->accum; j++) {
+    int32_t *tok = L->tok + j * B * T, *tgt = L->tgt + j * B * T;
+    int64_t Tj = vl_dialogue_batch(&L->gen, B, 0, tok, tgt);
+    L->mb[j] = vl_llm_token_batch(B, Tj, tok, tgt);
+  }
+  *mb = L->mb;
+  *n = (int)L->r->accum;
+  return VL_OK;
+}
+
+static void llm_after(void *user, long step, bool timed, const vl_step_info *info, double dt, double wait) {
+  llm_loop *L = user;
+  for (int64_t j = 0; timed && j < L->r->accum; j++)
+    if (L->mb[j].t[0].shape[1] > L->maxT) L->maxT = L->mb[j].t[0].shape[1];
+  long total = L->r->warmup + L->r->steps;
+  if (!L->env->quiet && (step + 1) % 5 == 0)
+    vl_progress("  step %ld/%ld  loss %.4f  %.3f s", step + 1, total, info->loss, dt);
+}
+
+vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
+  vl_llm_rung r;
+  VL_TRY(vl_llm_parse_rung(env, env->scale, k, &r));
+  if (env->device == VL_DEV_PLAN)
+    return vl_case_fail(env, VL_ERR_INVALID, "run needs a compute device (cpu or cuda), not plan");
+  if (r.batch == 0) { /* "max": the largest batch at the article's (full) scale, as planned */
+    vl_llm_rung full;
+    VL_TRY(vl_llm_parse_rung(env, "full", k, &full));
+    int64_t mb = vl_llm_max_batch(&full);
+    r.batch = mb > 0 ? mb : 1;
+  }
+  if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
+    return vl_case_fail(env, VL_ERR_UNSUPPORTED,
+                        "a full-scale (7B) step does not run on the CPU here: use --scale small or tiny, or --device plan");
+  vl_ctx *c;
+  vl_status s = vl_ctx_create(&c, env->device, r.run_cap);
+  if (s != VL_OK)
+    return vl_case_fail(env, s, "cannot create a %s context: %s", vl_device_name(env->device), vl_status_name(s));
+  vl_model *m = NULL;
+  s = vl_model_create(c, &vl_model_mistral, &r.model, (uint64_t)r.seed, &m);
+  int64_t B = r.batch, T = r.model.mc.seq;
+  llm_loop L = {env, &r, .tok = malloc((size_t)(B * T * r.accum) * sizeof(int32_t)),
+                .tgt = malloc((size_t)(B * T * r.accum) * sizeof(int32_t)),
+                .mb = calloc((size_t)r.accum, sizeof(vl_batch))};
+  if (!L.tok || !L.tgt || !L.mb) s = VL_ERR_OOM;
+  vl_dialogue_init(&L.gen, r.model.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
+  vl_loop_cfg lc = {.warmup = r.warmup, .total = r.warmup + r.steps, .reset_peaks_after_warmup = true,
+                    .profile = env->profile,
+                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted};
+  vl_loop_result res = {0};
+  if (s == VL_OK) s = vl_run_loop(m, &lc, &res);
+  bool ran;
+  s = vl_case_triage(env, s, c->err, out, &ran);
+  if (ran) {
+    vl_mem_stats ms;
+    vl_arena_stats(c->arena, &ms);
+    vl_stats st;
+    vl_case_run_json(out, env, &res, &ms, B, r.accum, &st);
+    double tps = (double)res.targets / (double)res.timed / st.median;
+    cJSON_AddNumberToObject(out, "tokens_per_s", tps);
+    cJSON_AddNumberToObject(out, "sec_per_token", 1.0 / tps);
+    cJSON_AddNumberToObject(out, "skipped_steps", (double)res.skipped_timed);
+    vl_param_counts pc;
+    vl_model_params(m, &pc);
+    cJSON_AddNumberToObject(out, "params_total", (double)pc.total);
+    cJSON_AddNumberToObject(out, "params_trainable", (double)pc.trainable);
+    /* The planner, following this device's workspace rules, for the longest step seen. */
+    vl_step_spec spec = vl_llm_step_spec(&r, B, L.maxT);
+    vl_case_plan_check_json(out, env, &spec, ms.peak_total);
+  }
+  vl_loop_result_free(&res);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  free(L.tok); free(L.tgt); free(L.mb);
+  return s;
+}

@@ -1,0 +1,99 @@
+/* seg-ckpt's knobs and what they mean: the knob table, a rung's knobs and the setting
+ * mapped to a ResNet-101 U-Net model, training and loader config, and the step (spec) a
+ * rung plans and runs. */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "seg.h"
+
+const vl_knob_decl vl_seg_knobs[] = {
+    {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG},
+    {"checkpoint", "false", "activation checkpointing per bottleneck block", VL_KNOB_RUNG},
+    {"relu_inplace", "true", "ReLU overwrites its input (no separate output kept)", VL_KNOB_RUNG},
+    {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
+    {"batch", "8", "micro-batch (>= 2, batch norm), or max (the largest under the cap at full scale)",
+     VL_KNOB_RUNG},
+    {"workers", "0", "loader worker threads, or cores (one per core)", VL_KNOB_RUNG},
+    {"prefetch", "2", "batches in flight per worker", VL_KNOB_RUNG},
+    {"pinned", "false", "batches in pinned host staging", VL_KNOB_RUNG},
+    {"lr", "1e-3", "learning rate (Adam)", VL_KNOB_RUNG},
+    {"corrupt", "error", "a damaged file in the data: error (stop) or skip (leave it out, counted)",
+     VL_KNOB_RUNG},
+    {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG},
+    VL_CASE_CARD_KNOBS,
+    {"classes", "5", "segmentation classes, background included (2..255)", VL_KNOB_SETTING},
+    {"seed", "1", "seed of weights, data order and the data sets", VL_KNOB_SETTING},
+    {"epochs", "3", "training epochs per rung at the run scale", VL_KNOB_SETTING},
+    {"train_images", "256", "training split at the run scale (made on first use)", VL_KNOB_SETTING},
+    {"eval_images", "64", "held-out split for pixel accuracy and mIoU", VL_KNOB_SETTING},
+    {"curve_points", "24", "planned batches for the memory-vs-batch line", VL_KNOB_SETTING},
+    {"data_dir", "data/segset", "where the segmentation splits are made and read", VL_KNOB_SETTING},
+    {NULL, NULL, NULL, 0},
+};
+
+vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r) {
+  memset(r, 0, sizeof *r);
+  vl_resunet_cfg *mc = &r->model.mc;
+  vl_seg_train_cfg *tc = &r->model.tc;
+  if (vl_resunet_preset(scale, mc))
+    return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
+  vl_seg_train_cfg_default(tc);
+  const vl_knobs *s = env->setting;
+  long v;
+  VL_TRY(vl_case_knob_int(env, s, "classes", vl_seg_knobs, 2, 255, &v));
+  mc->classes = v;
+  VL_TRY(vl_case_card_parse(env, k, &r->card));
+  VL_TRY(vl_case_knob_int(env, s, "seed", vl_seg_knobs, 0, 1L << 40, &r->seed));
+  VL_TRY(vl_case_knob_int(env, s, "epochs", vl_seg_knobs, 1, 10000, &r->epochs));
+  VL_TRY(vl_case_knob_int(env, s, "train_images", vl_seg_knobs, 8, 1 << 24, &r->train_images));
+  VL_TRY(vl_case_knob_int(env, s, "eval_images", vl_seg_knobs, 1, 1 << 24, &r->eval_images));
+  VL_TRY(vl_case_knob_int(env, s, "curve_points", vl_seg_knobs, 4, 256, &r->curve_points));
+  const char *dd = vl_knob_str(s, "data_dir", vl_seg_knobs);
+  if (strlen(dd) >= sizeof r->data_dir)
+    return vl_case_fail(env, VL_ERR_INVALID, "data_dir: path too long: %zu characters (limit %zu)", strlen(dd),
+                        sizeof r->data_dir - 1);
+  snprintf(r->data_dir, sizeof r->data_dir, "%s", dd);
+  const char *cs = vl_knob_str(k, "compute", vl_seg_knobs);
+  if (vl_dtype_parse(cs, &tc->compute) || tc->compute == VL_NF4)
+    return vl_case_fail(env, VL_ERR_INVALID, "compute = '%s': expected fp32, fp16 or bf16", cs);
+  int b;
+  VL_TRY(vl_case_knob_bool(env, k, "checkpoint", vl_seg_knobs, &b));
+  tc->checkpoint = b;
+  VL_TRY(vl_case_knob_bool(env, k, "relu_inplace", vl_seg_knobs, &b));
+  tc->relu_inplace = b;
+  VL_TRY(vl_case_knob_int(env, k, "accum", vl_seg_knobs, 1, 4096, &r->accum));
+  const char *w = vl_knob_get(k, "workers");
+  if (w && !strcasecmp(w, "cores")) { /* PyTorch's usual advice: one worker per core */
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    r->workers = n > 0 ? n : 1;
+  } else {
+    VL_TRY(vl_case_knob_int(env, k, "workers", vl_seg_knobs, 0, VL_LOADER_WORKERS_MAX, &r->workers));
+  }
+  VL_TRY(vl_case_knob_int(env, k, "prefetch", vl_seg_knobs, 1, 64, &r->prefetch));
+  VL_TRY(vl_case_knob_bool(env, k, "pinned", vl_seg_knobs, &r->pinned));
+  /* Damaged files in the data: fail on the first (error, the default) or skip them. */
+  const char *cp = vl_knob_str(k, "corrupt", vl_seg_knobs);
+  if (vl_corrupt_policy_parse(cp, &r->corrupt))
+    return vl_case_fail(env, VL_ERR_INVALID, "corrupt = '%s': expected skip or error", cp);
+  VL_TRY(vl_case_knob_bytes(env, k, "max_file_bytes", vl_seg_knobs, &r->max_file_bytes));
+  double d;
+  VL_TRY(vl_case_knob_double(env, k, "lr", vl_seg_knobs, 1e-12, 10, &d));
+  tc->optim.hp.lr = (float)d;
+  const char *bs = vl_knob_str(k, "batch", vl_seg_knobs);
+  if (!strcasecmp(bs, "max")) r->batch = 0;
+  else VL_TRY(vl_case_knob_int(env, k, "batch", vl_seg_knobs, 2, 1 << 20, &r->batch));
+  return VL_OK;
+}
+
+vl_step_spec vl_seg_step_spec(const vl_seg_rung *r, int64_t B, long accum) {
+  vl_step_spec s = {&vl_model_resunet, &r->model, (uint64_t)r->seed, {0}, accum};
+  vl_step_spec_set_batch(&s, B);
+  return s;
+}
+
+int64_t vl_seg_max_batch(const vl_seg_rung *r) {
+  vl_step_spec s = vl_seg_step_spec(r, 2, 1);
+  return vl_run_max_batch(&s, r->card.cap, 2);
+}
