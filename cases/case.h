@@ -146,6 +146,7 @@ void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_s
 vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *out, bool *ran);
 
 extern const vl_case vl_case_llm_lora;
+extern const vl_case vl_case_sd_lora;
 extern const vl_case vl_case_dataloader;
 extern const vl_case vl_case_seg_ckpt;
 void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);

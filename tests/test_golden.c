@@ -109,9 +109,27 @@ static void test_golden_seg_ckpt(void **state) {
   (void)state;
   check_case("seg-ckpt");
 }
+static void test_golden_sd_lora(void **state) {
+  (void)state;
+  check_case("sd-lora");
+}
 static void test_golden_dataloader(void **state) {
   (void)state;
   check_case("dataloader");
+}
+
+/* Every registered case has its snapshot (a new case comes with one: tools/make_golden.sh). */
+static void test_golden_every_case_has_one(void **state) {
+  (void)state;
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  for (int i = 0; i < n; i++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/golden/%s.json", VRAMLAB_SOURCE_DIR, all[i]->id);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("case %s has no golden plan snapshot %s (tools/make_golden.sh)", all[i]->id, path);
+    fclose(f);
+  }
 }
 
 /* The comparison itself can fail: a changed byte count is found and named. */
@@ -136,7 +154,9 @@ int main(void) {
       cmocka_unit_test(test_golden_diff_finds_a_change),
       cmocka_unit_test(test_golden_llm_lora),
       cmocka_unit_test(test_golden_seg_ckpt),
+      cmocka_unit_test(test_golden_sd_lora),
       cmocka_unit_test(test_golden_dataloader),
+      cmocka_unit_test(test_golden_every_case_has_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

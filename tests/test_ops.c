@@ -219,7 +219,7 @@ enum { SM_T = 5, SM_ROWS = 2 * SM_T, SM_N = SM_ROWS * SM_T };
 
 static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
   vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = alias ? ts : tu_tnew(cx, dt, SM_N, NULL);
-  OK(vl_softmax_causal_fwd_run(cx, &(vl_softmax_causal_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE}));
+  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE, true}));
   tu_tget(&tp, P);
   if (!alias) vl_tensor_free(cx, &tp);
   vl_tensor_free(cx, &ts);
@@ -227,7 +227,7 @@ static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
 static void run_softmax_bwd(vl_dtype dt, const float *P, const float *dP, float *dS, bool alias) {
   vl_tensor tp = tu_tnew(cx, dt, SM_N, P), tdp = tu_tnew(cx, dt, SM_N, dP),
             tds = alias ? tdp : tu_tnew(cx, dt, SM_N, NULL);
-  OK(vl_softmax_causal_bwd_run(cx, &(vl_softmax_causal_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE}));
+  OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, true}));
   tu_tget(&tds, dS);
   if (!alias) vl_tensor_free(cx, &tds);
   TU_TFREE(cx, &tp, &tdp);
@@ -279,6 +279,64 @@ static void test_softmax_causal(void **state) {
     free(Sr); free(rr); free(Pref); free(Pgot); free(dref); free(dgot);
   }
   free(S); free(r); free(P); free(P2); free(dS); free(dS2); free(k.P);
+}
+
+/* ---- full (non-causal) softmax ----------------------------------------------------- */
+
+/* P = softmax(SM_SCALE * S) over every column; with dP, dS from the backward too. */
+static void run_softmax_full(vl_dtype dt, const float *S, float *P, const float *dP, float *dS) {
+  vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = tu_tnew(cx, dt, SM_N, NULL);
+  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE, false}));
+  tu_tget(&tp, P);
+  if (dP) {
+    vl_tensor tdp = tu_tnew(cx, dt, SM_N, dP), tds = tu_tnew(cx, dt, SM_N, NULL);
+    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, false}));
+    tu_tget(&tds, dS);
+    TU_TFREE(cx, &tdp, &tds);
+  }
+  TU_TFREE(cx, &ts, &tp);
+}
+
+static double sm_full_loss(void *p) {
+  sm_ctx *k = p;
+  run_softmax_full(VL_F32, k->S, k->P, NULL, NULL);
+  return tu_dot(k->r, k->P, SM_N);
+}
+
+static void test_softmax_full(void **state) {
+  (void)state;
+  float *S = tu_randn_new(SM_N, 2.0f, 32), *r = tu_randn_new(SM_N, 1.0f, 33);
+  float *P = tu_zeros(SM_N), *dS = tu_zeros(SM_N);
+  run_softmax_full(VL_F32, S, P, r, dS);
+  for (int64_t row = 0; row < SM_ROWS; row++) { /* every column of every row is seen */
+    double mx = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < SM_T; c++) mx = fmax(mx, SM_SCALE * (double)S[row * SM_T + c]);
+    for (int64_t c = 0; c < SM_T; c++) sum += exp(SM_SCALE * (double)S[row * SM_T + c] - mx);
+    for (int64_t c = 0; c < SM_T; c++) {
+      double want = exp(SM_SCALE * (double)S[row * SM_T + c] - mx) / sum;
+      assert_true(fabs(P[row * SM_T + c] - want) < 1e-6);
+      assert_true(P[row * SM_T + c] > 0.0f); /* no column masked (row 0 would be causal's 1, 0...) */
+    }
+  }
+  sm_ctx k = {S, r, tu_zeros(SM_N)};
+  tu_fd_check(sm_full_loss, &k, S, SM_N, dS, FD_EPS, FD_TOL, "full softmax dS");
+  for (int d = 0; d < 2; d++) {
+    vl_dtype dt = LOWP[d];
+    float *Sr = tu_rounded(S, SM_N, dt), *rr = tu_rounded(r, SM_N, dt);
+    float *Pref = tu_zeros(SM_N), *Pgot = tu_zeros(SM_N), *dref = tu_zeros(SM_N), *dgot = tu_zeros(SM_N);
+    run_softmax_full(VL_F32, Sr, Pref, NULL, NULL);
+    run_softmax_full(dt, S, Pgot, r, dgot);
+    tu_assert_close_dt(Pgot, Pref, SM_N, dt, "full softmax P");
+    /* the backward reads P from storage: the reference gets the same stored P */
+    vl_tensor tp = tu_tnew(cx, VL_F32, SM_N, Pgot), tdp = tu_tnew(cx, VL_F32, SM_N, rr),
+              tds = tu_tnew(cx, VL_F32, SM_N, NULL);
+    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, false}));
+    tu_tget(&tds, dref);
+    TU_TFREE(cx, &tp, &tdp, &tds);
+    tu_assert_close_dt(dgot, dref, SM_N, dt, "full softmax dS");
+    free(Sr); free(rr); free(Pref); free(Pgot); free(dref); free(dgot);
+  }
+  free(S); free(r); free(P); free(dS); free(k.P);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------- */
@@ -815,6 +873,7 @@ int main(void) {
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_permute),
       cmocka_unit_test(test_softmax_causal),
+      cmocka_unit_test(test_softmax_full),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_embedding),

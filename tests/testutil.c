@@ -283,7 +283,7 @@ int tu_count_entries(const char *dir) {
 /* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` ran;
  * both ran the same ops the same number of times; the profile's FLOPs and bytes add up to
  * the context's counters (model and recompute FLOPs together). */
-void tu_check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must) {
+void tu_check_profile(vl_ctx *c, vl_ctx *p, const vl_op *must, int n_must) {
   const vl_op_profile *pc = vl_ctx_profile(c), *pp = vl_ctx_profile(p);
   double f = 0, b = 0;
   for (int op = 0; op < VL_OP_COUNT; op++) {

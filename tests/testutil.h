@@ -64,7 +64,7 @@ void tu_assert_close_dt(const float *got, const float *ref, int64_t n, vl_dtype 
 /* Per-operation profile of one step on the CPU (c) and planned (p): every op in `must` (an
  * array) ran; both ran the same ops the same number of times; the profile's FLOPs
  * and bytes add up to the context's counters (model and recompute FLOPs together). */
-void tu_check_profile(const vl_ctx *c, const vl_ctx *p, const vl_op *must, int n_must);
+void tu_check_profile(vl_ctx *c, vl_ctx *p, const vl_op *must, int n_must);
 
 /* ---- files ------------------------------------------------------------------------------ */
 
@@ -145,4 +145,15 @@ void tu_on_progress(int64_t done, int64_t total, void *user);
 /* Asserts a finished run reported at least once, never went backwards, and ended at
  * done == total == n. */
 void tu_assert_progress_done(const tu_progress *p, int64_t n);
+
+/* expr returns VL_ERR_INVALID and the context cx's message names `word`. */
+#define TU_BAD(cx, expr, word)                                                             \
+  do {                                                                                     \
+    assert_int_equal((expr), VL_ERR_INVALID);                                              \
+    if (!strstr((cx)->err, (word))) {                                                      \
+      print_error("message \"%s\" lacks \"%s\"\n", (cx)->err, (word));                   \
+      fail();                                                                              \
+    }                                                                                      \
+  } while (0)
+
 #endif

@@ -307,8 +307,8 @@ static void b_softmax_fwd(run *r, const vl_gc_case *c) {
   bool inpl = HAS(GC_INPLACE);
   tp *S = ten(r, DT(0), n, rnd(r, n, 3)), *P = inpl ? S : ten(r, DT(1), n, NULL);
   out(r, P, "P");
-  EACH(s) *ARGS(vl_softmax_causal_fwd_args, s) =
-      (vl_softmax_causal_fwd_args){T(P, s), T(S, s), rows, Tn, 0.35f};
+  EACH(s) *ARGS(vl_softmax_fwd_args, s) =
+      (vl_softmax_fwd_args){T(P, s), T(S, s), rows, Tn, 0.35f, !HAS(GC_FULL)};
 }
 
 static void b_softmax_bwd(run *r, const vl_gc_case *c) {
@@ -327,8 +327,8 @@ static void b_softmax_bwd(run *r, const vl_gc_case *c) {
   tp *P = ten(r, DT(0), n, pv), *dP = ten(r, DT(0), n, rnd(r, n, 1));
   tp *dS = inpl ? dP : ten(r, DT(0), n, NULL);
   out(r, dS, "dS");
-  EACH(s) *ARGS(vl_softmax_causal_bwd_args, s) =
-      (vl_softmax_causal_bwd_args){T(dS, s), T(dP, s), T(P, s), rows, Tn, 0.35f};
+  EACH(s) *ARGS(vl_softmax_bwd_args, s) =
+      (vl_softmax_bwd_args){T(dS, s), T(dP, s), T(P, s), rows, Tn, 0.35f, !HAS(GC_FULL)};
 }
 
 static void b_swiglu_fwd(run *r, const vl_gc_case *c) {
@@ -539,14 +539,14 @@ static void b_maxpool_bwd(run *r, const vl_gc_case *c) {
 static void b_up2_fwd(run *r, const vl_gc_case *c) {
   int64_t P = c->d[0], H = c->d[1], W = c->d[2], lo = P * H * W;
   tp *x = ten(r, DT(1), lo, rnd(r, lo, 1)), *y = out(r, ten(r, DT(0), 4 * lo, NULL), "y");
-  EACH(s) *ARGS(vl_upsample2x_fwd_args, s) = (vl_upsample2x_fwd_args){T(y, s), T(x, s), P, H, W};
+  EACH(s) *ARGS(vl_upsample2x_fwd_args, s) = (vl_upsample2x_fwd_args){T(y, s), T(x, s), P, H, W, HAS(GC_NEAREST)};
 }
 
 static void b_up2_bwd(run *r, const vl_gc_case *c) {
   int64_t P = c->d[0], H = c->d[1], W = c->d[2], lo = P * H * W;
   tp *dy = ten(r, DT(0), 4 * lo, rnd(r, 4 * lo, 1));
   tp *dx = out(r, ten(r, DT(1), lo, rnd(r, lo, 1)), "dx"); /* overwritten */
-  EACH(s) *ARGS(vl_upsample2x_bwd_args, s) = (vl_upsample2x_bwd_args){T(dx, s), T(dy, s), P, H, W};
+  EACH(s) *ARGS(vl_upsample2x_bwd_args, s) = (vl_upsample2x_bwd_args){T(dx, s), T(dy, s), P, H, W, HAS(GC_NEAREST)};
 }
 
 static void b_chan_copy(run *r, const vl_gc_case *c) {
@@ -608,6 +608,256 @@ static void b_conv_bwd_weight(run *r, const vl_gc_case *c) {
       .cv = cv, .dw = T(dw, s), .x = T(x, s), .dy = T(dy, s), .accumulate = HAS(GC_ACC)};
 }
 
+/* ---- Stable Diffusion's operations ------------------------------------------------------ */
+
+/* Mean and rstd of S back-to-back segments of M elements of x as stored in dt: the
+ * statistics a norm's forward saved (GroupNorm's groups (n, g) and LayerNorm's rows both
+ * lie at s*M). */
+static void seg_stats(const float *xv, vl_dtype dt, int64_t S, int64_t M, float **mean,
+                      float **rstd) {
+  *mean = xmalloc(sizeof(float) * (size_t)S);
+  *rstd = xmalloc(sizeof(float) * (size_t)S);
+  for (int64_t s = 0; s < S; s++) {
+    double sum = 0, ss = 0;
+    for (int64_t j = 0; j < M; j++) sum += vl_round_to((int)dt, xv[s * M + j]);
+    for (int64_t j = 0; j < M; j++) {
+      double d = vl_round_to((int)dt, xv[s * M + j]) - sum / (double)M;
+      ss += d * d;
+    }
+    (*mean)[s] = (float)(sum / (double)M);
+    (*rstd)[s] = (float)(1.0 / sqrt(ss / (double)M + 1e-5));
+  }
+}
+
+/* GroupNorm {N, C, HW, G}: a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta. */
+static void b_groupnorm_fwd(run *r, const vl_gc_case *c) {
+  int64_t N = c->d[0], C = c->d[1], HW = c->d[2], G = c->d[3], n = N * C * HW;
+  tp *x = ten(r, DT(0), n, chan_offset(r, N, C, HW, 2)), *y = out(r, ten(r, DT(0), n, NULL), "y");
+  tp *g = ten(r, DT(1), C, around_one(r, C)), *b = ten(r, DT(1), C, rnd(r, C, 1));
+  tp *mean = out(r, ten(r, VL_F32, N * G, NULL), "mean");
+  tp *rstd = out(r, ten(r, VL_F32, N * G, NULL), "rstd");
+  EACH(s) *ARGS(vl_groupnorm_fwd_args, s) = (vl_groupnorm_fwd_args){
+      T(y, s), T(mean, s), T(rstd, s), T(x, s), T(g, s), T(b, s), N, C, HW, G, 1e-5f};
+}
+
+/* dx overwritten over garbage, or accumulated (GC_ACC); dgamma/dbeta accumulate into random
+ * values, or are NULL (GC_NO_GRADS: frozen, then compared unchanged) */
+static void b_groupnorm_bwd(run *r, const vl_gc_case *c) {
+  int64_t N = c->d[0], C = c->d[1], HW = c->d[2], G = c->d[3], n = N * C * HW, S = N * G;
+  float *xv = chan_offset(r, N, C, HW, 2), *mv, *rsv;
+  seg_stats(xv, DT(0), S, n / S, &mv, &rsv);
+  tp *x = ten(r, DT(0), n, xv), *g = ten(r, DT(1), C, around_one(r, C));
+  tp *dy = ten(r, DT(0), n, rnd(r, n, 1)), *dx = out(r, ten(r, DT(0), n, rnd(r, n, 1)), "dx");
+  tp *dg = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dgamma");
+  tp *db = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dbeta");
+  tp *mean = ten(r, VL_F32, S, mv), *rstd = ten(r, VL_F32, S, rsv);
+  bool gr = !HAS(GC_NO_GRADS);
+  EACH(s) *ARGS(vl_groupnorm_bwd_args, s) = (vl_groupnorm_bwd_args){
+      T(dx, s), gr ? T(dg, s) : NULL, gr ? T(db, s) : NULL, T(dy, s), T(x, s), T(g, s),
+      T(mean, s), T(rstd, s), N, C, HW, G, HAS(GC_ACC)};
+}
+
+/* LayerNorm {R, C}: a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta; rows around 0.5 r. */
+static float *row_offset(run *r, int64_t R, int64_t C) {
+  float *v = rnd(r, R * C, 2);
+  for (int64_t i = 0; i < R * C; i++) v[i] += 0.5f * (float)((i / C) % 7);
+  return v;
+}
+
+static void b_layernorm_fwd(run *r, const vl_gc_case *c) {
+  int64_t R = c->d[0], C = c->d[1], n = R * C;
+  tp *x = ten(r, DT(0), n, row_offset(r, R, C)), *y = out(r, ten(r, DT(0), n, NULL), "y");
+  tp *g = ten(r, DT(1), C, around_one(r, C)), *b = ten(r, DT(1), C, rnd(r, C, 1));
+  tp *mean = out(r, ten(r, VL_F32, R, NULL), "mean");
+  tp *rstd = out(r, ten(r, VL_F32, R, NULL), "rstd");
+  EACH(s) *ARGS(vl_layernorm_fwd_args, s) = (vl_layernorm_fwd_args){
+      T(y, s), T(mean, s), T(rstd, s), T(x, s), T(g, s), T(b, s), R, C, 1e-5f};
+}
+
+static void b_layernorm_bwd(run *r, const vl_gc_case *c) {
+  int64_t R = c->d[0], C = c->d[1], n = R * C;
+  float *xv = row_offset(r, R, C), *mv, *rsv;
+  seg_stats(xv, DT(0), R, C, &mv, &rsv);
+  tp *x = ten(r, DT(0), n, xv), *g = ten(r, DT(1), C, around_one(r, C));
+  tp *dy = ten(r, DT(0), n, rnd(r, n, 1)), *dx = out(r, ten(r, DT(0), n, rnd(r, n, 1)), "dx");
+  tp *dg = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dgamma");
+  tp *db = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dbeta");
+  tp *mean = ten(r, VL_F32, R, mv), *rstd = ten(r, VL_F32, R, rsv);
+  bool gr = !HAS(GC_NO_GRADS);
+  EACH(s) *ARGS(vl_layernorm_bwd_args, s) = (vl_layernorm_bwd_args){
+      T(dx, s), gr ? T(dg, s) : NULL, gr ? T(db, s) : NULL, T(dy, s), T(x, s), T(g, s),
+      T(mean, s), T(rstd, s), R, C, HAS(GC_ACC)};
+}
+
+/* Activations {n, act}: a = y / dx and dy, b = x. Inputs over [-6, 6] and a tail at -20. */
+static void b_act_fwd(run *r, const vl_gc_case *c) {
+  int64_t n = c->d[0];
+  float *xv = rnd(r, n, 2.5f);
+  xv[1] = -20.0f;
+  tp *x = ten(r, DT(1), n, xv), *y = HAS(GC_INPLACE) ? x : ten(r, DT(0), n, NULL);
+  out(r, y, "y");
+  EACH(s) *ARGS(vl_act_fwd_args, s) = (vl_act_fwd_args){T(y, s), T(x, s), n, (vl_act)c->d[1]};
+}
+
+static void b_act_bwd(run *r, const vl_gc_case *c) {
+  int64_t n = c->d[0];
+  tp *x = ten(r, DT(1), n, rnd(r, n, 2.5f)), *dy = ten(r, DT(0), n, rnd(r, n, 1));
+  tp *dx = HAS(GC_INPLACE) ? dy : ten(r, DT(0), n, rnd(r, n, 1));
+  out(r, dx, "dx");
+  EACH(s) *ARGS(vl_act_bwd_args, s) =
+      (vl_act_bwd_args){T(dx, s), T(dy, s), T(x, s), n, (vl_act)c->d[1]};
+}
+
+/* GEGLU {R, F}: a = h (and dh, written over h with GC_INPLACE), b = out / dout. */
+static void b_geglu_fwd(run *r, const vl_gc_case *c) {
+  int64_t R = c->d[0], F = c->d[1];
+  tp *h = ten(r, DT(0), 2 * R * F, rnd(r, 2 * R * F, 2));
+  tp *o = out(r, ten(r, DT(1), R * F, NULL), "out");
+  EACH(s) *ARGS(vl_geglu_fwd_args, s) = (vl_geglu_fwd_args){T(o, s), T(h, s), R, F};
+}
+
+static void b_geglu_bwd(run *r, const vl_gc_case *c) {
+  int64_t R = c->d[0], F = c->d[1];
+  tp *h = ten(r, DT(0), 2 * R * F, rnd(r, 2 * R * F, 2));
+  tp *d = ten(r, DT(1), R * F, rnd(r, R * F, 1));
+  tp *dh = HAS(GC_INPLACE) ? h : ten(r, DT(0), 2 * R * F, rnd(r, 2 * R * F, 1));
+  out(r, dh, "dh");
+  EACH(s) *ARGS(vl_geglu_bwd_args, s) = (vl_geglu_bwd_args){T(dh, s), T(d, s), T(h, s), R, F};
+}
+
+/* Bias {outer, C, inner}: a = y / dy, b = b / db; GC_PER_OUTER: b (outer, C); GC_ACC: db
+ * accumulated into random values. */
+static void b_bias_fwd(run *r, const vl_gc_case *c) {
+  int64_t O = c->d[0], C = c->d[1], I = c->d[2], nb = HAS(GC_PER_OUTER) ? O * C : C;
+  tp *y = out(r, ten(r, DT(0), O * C * I, rnd(r, O * C * I, 1)), "y");
+  tp *b = ten(r, DT(1), nb, rnd(r, nb, 1));
+  EACH(s) *ARGS(vl_bias_fwd_args, s) =
+      (vl_bias_fwd_args){T(y, s), T(b, s), O, C, I, HAS(GC_PER_OUTER)};
+}
+
+static void b_bias_bwd(run *r, const vl_gc_case *c) {
+  int64_t O = c->d[0], C = c->d[1], I = c->d[2], nb = HAS(GC_PER_OUTER) ? O * C : C;
+  tp *dy = ten(r, DT(0), O * C * I, rnd(r, O * C * I, 1));
+  tp *db = out(r, ten(r, DT(1), nb, rnd(r, nb, 1)), "db");
+  EACH(s) *ARGS(vl_bias_bwd_args, s) =
+      (vl_bias_bwd_args){T(db, s), T(dy, s), O, C, I, HAS(GC_PER_OUTER), HAS(GC_ACC)};
+}
+
+/* Padding {planes, H, W, top, bottom, left, right}: a = the padded side (y / dy), b = x / dx. */
+static void b_pad2d_fwd(run *r, const vl_gc_case *c) {
+  const int64_t *d = c->d;
+  int64_t ni = d[0] * d[1] * d[2], no = d[0] * (d[1] + d[3] + d[4]) * (d[2] + d[5] + d[6]);
+  tp *x = ten(r, DT(1), ni, rnd(r, ni, 1)), *y = out(r, ten(r, DT(0), no, rnd(r, no, 1)), "y");
+  EACH(s) *ARGS(vl_pad2d_fwd_args, s) = (vl_pad2d_fwd_args){
+      T(y, s), T(x, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], (int)d[6]};
+}
+
+static void b_pad2d_bwd(run *r, const vl_gc_case *c) {
+  const int64_t *d = c->d;
+  int64_t ni = d[0] * d[1] * d[2], no = d[0] * (d[1] + d[3] + d[4]) * (d[2] + d[5] + d[6]);
+  tp *dy = ten(r, DT(0), no, rnd(r, no, 1)), *dx = out(r, ten(r, DT(1), ni, rnd(r, ni, 1)), "dx");
+  EACH(s) *ARGS(vl_pad2d_bwd_args, s) = (vl_pad2d_bwd_args){
+      T(dx, s), T(dy, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], (int)d[6]};
+}
+
+/* Timestep embedding {B, dim, shift}: a = emb; timesteps uniform in [0, 1000); GC_FLIP:
+ * [cos, sin] (SD). */
+static void b_timestep_embed(run *r, const vl_gc_case *c) {
+  int64_t B = c->d[0], dim = c->d[1];
+  tp *t = ten(r, VL_I32, B, ids(r, B, 1000, false));
+  tp *e = out(r, ten(r, DT(0), B * dim, NULL), "emb");
+  EACH(s) *ARGS(vl_timestep_embed_args, s) = (vl_timestep_embed_args){
+      T(e, s), T(t, s), B, dim, HAS(GC_FLIP), (float)c->d[2], 10000.0f};
+}
+
+/* Fused MSE {R, C}: a = pred (the gradient in place), b = target. */
+static void b_mse_fused(run *r, const vl_gc_case *c) {
+  int64_t R = c->d[0], C = c->d[1];
+  tp *p = out(r, ten(r, DT(0), R * C, rnd(r, R * C, 1)), "dpred");
+  tp *t = ten(r, DT(1), R * C, rnd(r, R * C, 1));
+  tp *loss = out(r, ten(r, VL_F32, R, NULL), "loss");
+  EACH(s) *ARGS(vl_mse_fused_args, s) =
+      (vl_mse_fused_args){T(p, s), T(loss, s), T(t, s), R, C, 1.0f / (float)(R * C)};
+}
+
+/* Gaussian sample {N, C, HW}: a = z and noise (z over the noise with GC_INPLACE), b =
+ * moments; a few log-variances beyond the clamp at either end. */
+static void b_gauss_sample(run *r, const vl_gc_case *c) {
+  int64_t N = c->d[0], C = c->d[1], HW = c->d[2], n = N * C * HW;
+  float *mv = rnd(r, 2 * n, 1.5f);
+  mv[C * HW] = -45.0f;               /* sample 0, channel 0's log-variance */
+  mv[(2 * C - 1) * HW + HW - 1] = 24.0f;
+  tp *m = ten(r, DT(1), 2 * n, mv), *noise = ten(r, DT(0), n, rnd(r, n, 1));
+  tp *z = HAS(GC_INPLACE) ? noise : ten(r, DT(0), n, NULL);
+  out(r, z, "z");
+  EACH(s) *ARGS(vl_gauss_sample_args, s) =
+      (vl_gauss_sample_args){T(z, s), T(m, s), T(noise, s), N, C, HW, 0.18215f};
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* Attention shapes d = {B, H, Tq, Tk, D}; dtypes a = q, k, v; b = o, dout; c = dq, dk, dv.
+ * lse is fp32. scale = 1/sqrt(D), as the layer's. */
+typedef struct { int64_t B, H, Tq, Tk, D, nq, nk, nr; float scale; bool causal; } attn_shape;
+static attn_shape attn_of(const vl_gc_case *c) {
+  attn_shape a = {c->d[0], c->d[1], c->d[2], c->d[3], c->d[4], 0, 0, 0, 0, HAS(GC_CAUSAL)};
+  a.nq = a.B * a.Tq * a.H * a.D;
+  a.nk = a.B * a.Tk * a.H * a.D;
+  a.nr = a.B * a.H * a.Tq;
+  a.scale = 1.0f / sqrtf((float)a.D);
+  return a;
+}
+
+static void b_attn_fwd(run *r, const vl_gc_case *c) {
+  attn_shape a = attn_of(c);
+  tp *q = ten(r, DT(0), a.nq, rnd(r, a.nq, 1.5f)), *k = ten(r, DT(0), a.nk, rnd(r, a.nk, 1.5f));
+  tp *v = ten(r, DT(0), a.nk, rnd(r, a.nk, 1));
+  tp *o = out(r, ten(r, DT(1), a.nq, rnd(r, a.nq, 1)), "o"); /* overwritten */
+  tp *lse = out(r, ten(r, VL_F32, a.nr, NULL), "lse");
+  EACH(s) *ARGS(vl_attn_fwd_args, s) = (vl_attn_fwd_args){
+      T(o, s), T(lse, s), T(q, s), T(k, s), T(v, s), a.B, a.H, a.Tq, a.Tk, a.D, a.scale, a.causal};
+}
+
+/* The backward's lse must be the forward's (else exp(s - lse) is not a probability): the
+ * log-sum-exp of each score row, in double, from q and k as stored. */
+static float *attn_lse(const attn_shape *a, const float *qv, const float *kv, vl_dtype dt) {
+  float *lse = xmalloc(sizeof(float) * (size_t)a->nr);
+  int64_t HD = a->H * a->D;
+  double *sc = xmalloc(sizeof(double) * (size_t)a->Tk);
+  for (int64_t r = 0; r < a->nr; r++) {
+    int64_t i = r % a->Tq, h = (r / a->Tq) % a->H, b = r / (a->Tq * a->H);
+    int64_t nk = a->causal ? i + 1 : a->Tk;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < nk; j++) {
+      double dot = 0;
+      for (int64_t d = 0; d < a->D; d++)
+        dot += (double)vl_round_to((int)dt, qv[(b * a->Tq + i) * HD + h * a->D + d]) *
+               vl_round_to((int)dt, kv[(b * a->Tk + j) * HD + h * a->D + d]);
+      sc[j] = a->scale * dot;
+      mx = fmax(mx, sc[j]);
+    }
+    for (int64_t j = 0; j < nk; j++) sum += exp(sc[j] - mx);
+    lse[r] = (float)(mx + log(sum));
+  }
+  free(sc);
+  return lse;
+}
+
+static void b_attn_bwd(run *r, const vl_gc_case *c) {
+  attn_shape a = attn_of(c);
+  float *qv = rnd(r, a.nq, 1.5f), *kv = rnd(r, a.nk, 1.5f);
+  tp *lse = ten(r, VL_F32, a.nr, attn_lse(&a, qv, kv, DT(0)));
+  tp *q = ten(r, DT(0), a.nq, qv), *k = ten(r, DT(0), a.nk, kv);
+  tp *v = ten(r, DT(0), a.nk, rnd(r, a.nk, 1));
+  tp *o = ten(r, DT(1), a.nq, rnd(r, a.nq, 0.5f)), *dout = ten(r, DT(1), a.nq, rnd(r, a.nq, 1));
+  tp *dq = out(r, ten(r, DT(2), a.nq, rnd(r, a.nq, 1)), "dq"); /* all three overwritten */
+  tp *dk = out(r, ten(r, DT(2), a.nk, rnd(r, a.nk, 1)), "dk");
+  tp *dv = out(r, ten(r, DT(2), a.nk, rnd(r, a.nk, 1)), "dv");
+  EACH(s) *ARGS(vl_attn_bwd_args, s) = (vl_attn_bwd_args){
+      T(dq, s), T(dk, s), T(dv, s), T(dout, s), T(o, s), T(lse, s), T(q, s), T(k, s), T(v, s),
+      a.B, a.H, a.Tq, a.Tk, a.D, a.scale, a.causal, NULL, 0}; /* workspace: from vl_op_run */
+}
+
 typedef void (*builder)(run *, const vl_gc_case *);
 static const builder BUILD[VL_OP_COUNT] = {
     [VL_OP_GEMM] = b_gemm,
@@ -623,8 +873,8 @@ static const builder BUILD[VL_OP_COUNT] = {
     [VL_OP_RMSNORM_BWD] = b_rmsnorm_bwd,
     [VL_OP_ROPE] = b_rope,
     [VL_OP_PERMUTE] = b_permute,
-    [VL_OP_SOFTMAX_CAUSAL_FWD] = b_softmax_fwd,
-    [VL_OP_SOFTMAX_CAUSAL_BWD] = b_softmax_bwd,
+    [VL_OP_SOFTMAX_FWD] = b_softmax_fwd,
+    [VL_OP_SOFTMAX_BWD] = b_softmax_bwd,
     [VL_OP_SWIGLU_FWD] = b_swiglu_fwd,
     [VL_OP_SWIGLU_BWD] = b_swiglu_bwd,
     [VL_OP_XENT_FUSED] = b_xent_fused,
@@ -643,6 +893,25 @@ static const builder BUILD[VL_OP_COUNT] = {
     [VL_OP_UPSAMPLE2X_BWD] = b_up2_bwd,
     [VL_OP_CHAN_COPY] = b_chan_copy,
     [VL_OP_XENT_PIX] = b_xent_pix,
+    /* Stable Diffusion's operations */
+    [VL_OP_GROUPNORM_FWD] = b_groupnorm_fwd,
+    [VL_OP_GROUPNORM_BWD] = b_groupnorm_bwd,
+    [VL_OP_LAYERNORM_FWD] = b_layernorm_fwd,
+    [VL_OP_LAYERNORM_BWD] = b_layernorm_bwd,
+    [VL_OP_ACT_FWD] = b_act_fwd,
+    [VL_OP_ACT_BWD] = b_act_bwd,
+    [VL_OP_GEGLU_FWD] = b_geglu_fwd,
+    [VL_OP_GEGLU_BWD] = b_geglu_bwd,
+    [VL_OP_BIAS_FWD] = b_bias_fwd,
+    [VL_OP_BIAS_BWD] = b_bias_bwd,
+    [VL_OP_PAD2D_FWD] = b_pad2d_fwd,
+    [VL_OP_PAD2D_BWD] = b_pad2d_bwd,
+    [VL_OP_TIMESTEP_EMBED] = b_timestep_embed,
+    [VL_OP_MSE_FUSED] = b_mse_fused,
+    [VL_OP_GAUSS_SAMPLE] = b_gauss_sample,
+    /* attention */
+    [VL_OP_ATTN_FWD] = b_attn_fwd,
+    [VL_OP_ATTN_BWD] = b_attn_bwd,
 };
 
 /* ---- backend checks that are not operations ------------------------------------------- */

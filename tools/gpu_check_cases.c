@@ -78,14 +78,17 @@ const vl_gc_case VL_GC_CASES[] = {
     {OP(PERMUTE), "permute bf16", {2, 7, 5, 12}, A1(BF16), 0, E},
     {OP(PERMUTE), "permute f16 back", {2, 7, 5, 12}, A1(F16), GC_BACK, E},
     /* softmax: a = S / P / dP / dS, b = P (forward, not in place) */
-    {OP(SOFTMAX_CAUSAL_FWD), "softmax_causal_fwd f32", {102, 17}, A1(F32), 0, 1e-9},
-    {OP(SOFTMAX_CAUSAL_FWD), "softmax_causal_fwd f32 in place", {102, 17}, A1(F32), GC_INPLACE, 1e-9},
-    {OP(SOFTMAX_CAUSAL_FWD), "softmax_causal_fwd f16", {102, 17}, A1(F16), 0, 1e-5},
-    {OP(SOFTMAX_CAUSAL_FWD), "softmax_causal_fwd bf16 (P f32)", {102, 17}, A2(BF16, F32), 0, 1e-9},
-    {OP(SOFTMAX_CAUSAL_BWD), "softmax_causal_bwd f32", {52, 13}, A1(F32), 0, 1e-9},
-    {OP(SOFTMAX_CAUSAL_BWD), "softmax_causal_bwd f32 in place", {52, 13}, A1(F32), GC_INPLACE, 1e-9},
-    {OP(SOFTMAX_CAUSAL_BWD), "softmax_causal_bwd f16", {52, 13}, A1(F16), 0, 1e-5},
-    {OP(SOFTMAX_CAUSAL_BWD), "softmax_causal_bwd bf16", {52, 13}, A1(BF16), 0, 5e-4},
+    {OP(SOFTMAX_FWD), "softmax_fwd f32", {102, 17}, A1(F32), 0, 1e-9},
+    {OP(SOFTMAX_FWD), "softmax_fwd f32 in place", {102, 17}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(SOFTMAX_FWD), "softmax_fwd f16", {102, 17}, A1(F16), 0, 1e-5},
+    {OP(SOFTMAX_FWD), "softmax_fwd bf16 (P f32)", {102, 17}, A2(BF16, F32), 0, 1e-9},
+    {OP(SOFTMAX_FWD), "softmax_fwd f32 full", {102, 17}, A1(F32), GC_FULL, 1e-9},
+    {OP(SOFTMAX_FWD), "softmax_fwd f16 full in place", {102, 17}, A1(F16), GC_FULL | GC_INPLACE, 1e-5},
+    {OP(SOFTMAX_BWD), "softmax_bwd f32", {52, 13}, A1(F32), 0, 1e-9},
+    {OP(SOFTMAX_BWD), "softmax_bwd f32 full", {52, 13}, A1(F32), GC_FULL, 1e-9},
+    {OP(SOFTMAX_BWD), "softmax_bwd f32 in place", {52, 13}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(SOFTMAX_BWD), "softmax_bwd f16", {52, 13}, A1(F16), 0, 1e-5},
+    {OP(SOFTMAX_BWD), "softmax_bwd bf16", {52, 13}, A1(BF16), 0, 5e-4},
     /* SwiGLU: a = inputs, b = outputs */
     {OP(SWIGLU_FWD), "swiglu_fwd f32", {6007}, A1(F32), 0, 1e-9},
     {OP(SWIGLU_FWD), "swiglu_fwd f16", {6007}, A1(F16), 0, 1e-5},
@@ -199,6 +202,121 @@ const vl_gc_case VL_GC_CASES[] = {
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f32 1x1/2 accumulate", CONV_1S2, A1(F32), GC_ACC, 1e-6},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f16 accumulate", CONV_3, {F16, F16, F32}, GC_ACC, 1e-5},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight bf16 (dw bf16)", CONV_3S2, {BF16, BF16, BF16}, 0, 5e-4},
+    /* Stable Diffusion's operations */
+    /* GroupNorm / LayerNorm: a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta. Sums in double
+     * in another order (a block tree over strided subsets on CUDA), then fp32 math with the
+     * compilers' own FMA contraction: rounding level. Groups of 148 and 600 elements (below
+     * and above the 256-thread block, not divisors), G = 1, rows of 300 and 77 columns (not
+     * multiples of the 32-column dgamma blocks). */
+    {OP(GROUPNORM_FWD), "groupnorm_fwd f32 M=148", {2, 12, 37, 3}, A1(F32), 0, 1e-9},
+    {OP(GROUPNORM_FWD), "groupnorm_fwd f32 32 groups M=600", {2, 64, 300, 32}, A1(F32), 0, 1e-9},
+    {OP(GROUPNORM_FWD), "groupnorm_fwd f32 G=1", {1, 6, 77, 1}, A1(F32), 0, 1e-9},
+    {OP(GROUPNORM_FWD), "groupnorm_fwd f16 (gamma f32)", {2, 12, 37, 3}, A2(F16, F32), 0, 1e-5},
+    {OP(GROUPNORM_FWD), "groupnorm_fwd bf16", {2, 64, 300, 32}, A1(BF16), 0, 5e-4},
+    {OP(GROUPNORM_BWD), "groupnorm_bwd f32 M=148", {2, 12, 37, 3}, A1(F32), 0, 1e-9},
+    {OP(GROUPNORM_BWD), "groupnorm_bwd f32 32 groups accumulate", {2, 64, 300, 32}, A1(F32), GC_ACC, 1e-9},
+    {OP(GROUPNORM_BWD), "groupnorm_bwd f32 frozen (no dgamma/dbeta)", {2, 12, 37, 3}, A1(F32), GC_NO_GRADS, 1e-9},
+    {OP(GROUPNORM_BWD), "groupnorm_bwd f16 (gamma, grads f32)", {2, 12, 37, 3}, {F16, F32, F32}, 0, 1e-5},
+    {OP(GROUPNORM_BWD), "groupnorm_bwd bf16 accumulate, frozen", {1, 6, 77, 1}, {BF16, BF16, F32}, GC_ACC | GC_NO_GRADS, 5e-4},
+    {OP(LAYERNORM_FWD), "layernorm_fwd f32 C=300", {37, 300}, A1(F32), 0, 1e-9},
+    {OP(LAYERNORM_FWD), "layernorm_fwd f32 C=77", {50, 77}, A1(F32), 0, 1e-9},
+    {OP(LAYERNORM_FWD), "layernorm_fwd f16 (gamma f32)", {37, 300}, A2(F16, F32), 0, 1e-5},
+    {OP(LAYERNORM_FWD), "layernorm_fwd bf16", {50, 77}, A1(BF16), 0, 5e-4},
+    {OP(LAYERNORM_BWD), "layernorm_bwd f32 C=300", {37, 300}, A1(F32), 0, 1e-9},
+    {OP(LAYERNORM_BWD), "layernorm_bwd f32 C=77 accumulate", {50, 77}, A1(F32), GC_ACC, 1e-9},
+    {OP(LAYERNORM_BWD), "layernorm_bwd f32 frozen (no dgamma/dbeta)", {37, 300}, A1(F32), GC_NO_GRADS, 1e-9},
+    {OP(LAYERNORM_BWD), "layernorm_bwd f16 (gamma, grads f32)", {50, 77}, {F16, F32, F32}, 0, 1e-5},
+    {OP(LAYERNORM_BWD), "layernorm_bwd bf16 accumulate", {37, 300}, {BF16, BF16, F32}, GC_ACC, 5e-4},
+    /* activations {n, act}: a = y / dx, dy; b = x. expf / erff of the device libraries
+     * differ from glibc's in the last bits */
+    {OP(ACT_FWD), "act_fwd f32 silu", {10007, VL_ACT_SILU}, A1(F32), 0, 1e-9},
+    {OP(ACT_FWD), "act_fwd f32 gelu", {10007, VL_ACT_GELU}, A1(F32), 0, 1e-9},
+    {OP(ACT_FWD), "act_fwd f32 quick_gelu in place", {10007, VL_ACT_QUICK_GELU}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(ACT_FWD), "act_fwd f16 silu in place", {10007, VL_ACT_SILU}, A1(F16), GC_INPLACE, 1e-5},
+    {OP(ACT_FWD), "act_fwd bf16 gelu (x f32)", {10007, VL_ACT_GELU}, A2(BF16, F32), 0, 5e-4},
+    {OP(ACT_BWD), "act_bwd f32 silu", {10007, VL_ACT_SILU}, A1(F32), 0, 1e-9},
+    {OP(ACT_BWD), "act_bwd f32 gelu dx over dy", {10007, VL_ACT_GELU}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(ACT_BWD), "act_bwd f32 quick_gelu", {10007, VL_ACT_QUICK_GELU}, A1(F32), 0, 1e-9},
+    {OP(ACT_BWD), "act_bwd f16 gelu", {10007, VL_ACT_GELU}, A1(F16), 0, 1e-5},
+    {OP(ACT_BWD), "act_bwd bf16 silu (x f32)", {10007, VL_ACT_SILU}, A2(BF16, F32), 0, 5e-4},
+    /* GEGLU {R, F}: a = h / dh, b = out / dout */
+    {OP(GEGLU_FWD), "geglu_fwd f32", {37, 97}, A1(F32), 0, 1e-9},
+    {OP(GEGLU_FWD), "geglu_fwd f16", {37, 97}, A1(F16), 0, 1e-5},
+    {OP(GEGLU_FWD), "geglu_fwd bf16 (out f32)", {37, 97}, A2(BF16, F32), 0, 1e-9},
+    {OP(GEGLU_BWD), "geglu_bwd f32", {37, 97}, A1(F32), 0, 1e-9},
+    {OP(GEGLU_BWD), "geglu_bwd f32 dh over h", {37, 97}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(GEGLU_BWD), "geglu_bwd f16 dh over h", {37, 97}, A1(F16), GC_INPLACE, 1e-5},
+    {OP(GEGLU_BWD), "geglu_bwd bf16 (dout f32)", {37, 97}, A2(BF16, F32), 0, 5e-4},
+    /* bias {outer, C, inner}: a = y / dy, b = b / db. Forward one add: exact. Backward sums in
+     * double in another order (a block per channel / plane, or the 32 x 8 column kernel for
+     * a linear layer's (R, N)) rounded once */
+    {OP(BIAS_FWD), "bias_fwd f32 conv", {3, 40, 133}, A1(F32), 0, E},
+    {OP(BIAS_FWD), "bias_fwd f32 linear", {53, 70, 1}, A1(F32), 0, E},
+    {OP(BIAS_FWD), "bias_fwd f32 per sample", {3, 40, 133}, A1(F32), GC_PER_OUTER, E},
+    {OP(BIAS_FWD), "bias_fwd bf16 (b f32)", {3, 40, 133}, A2(BF16, F32), 0, E},
+    {OP(BIAS_FWD), "bias_fwd f16 linear (b f16)", {53, 70, 1}, A1(F16), 0, E},
+    {OP(BIAS_BWD), "bias_bwd f32 conv", {3, 40, 133}, A1(F32), 0, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd f32 conv accumulate", {3, 40, 133}, A1(F32), GC_ACC, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd f32 linear", {53, 70, 1}, A1(F32), 0, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd f32 linear accumulate", {300, 37, 1}, A1(F32), GC_ACC, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd f32 per sample", {3, 40, 133}, A1(F32), GC_PER_OUTER, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd f16 -> f32 accumulate", {3, 40, 133}, A2(F16, F32), GC_ACC, 1e-12},
+    {OP(BIAS_BWD), "bias_bwd bf16 -> bf16 linear", {53, 70, 1}, A1(BF16), 0, 5e-4},
+    /* zero padding {planes, H, W, top, bottom, left, right}: a = padded, b = x; data movement */
+    {OP(PAD2D_FWD), "pad2d_fwd f32 (0, 1, 0, 1)", {6, 13, 11, 0, 1, 0, 1}, A1(F32), 0, E},
+    {OP(PAD2D_FWD), "pad2d_fwd f32 (1, 2, 3, 0)", {4, 7, 9, 1, 2, 3, 0}, A1(F32), 0, E},
+    {OP(PAD2D_FWD), "pad2d_fwd bf16 (x f32)", {6, 13, 11, 0, 1, 0, 1}, A2(BF16, F32), 0, E},
+    {OP(PAD2D_BWD), "pad2d_bwd f32 (0, 1, 0, 1)", {6, 13, 11, 0, 1, 0, 1}, A1(F32), 0, E},
+    {OP(PAD2D_BWD), "pad2d_bwd f16 (1, 2, 3, 0)", {4, 7, 9, 1, 2, 3, 0}, A1(F16), 0, E},
+    /* timestep embedding {B, dim, shift}: a = emb. t * exp(...) up to 999 rad: an ulp of the
+     * device's expf moves sin/cos by ~6e-5 */
+    {OP(TIMESTEP_EMBED), "timestep_embed f32 SD (flip, shift 0)", {37, 320, 0}, A1(F32), GC_FLIP, 1e-7},
+    {OP(TIMESTEP_EMBED), "timestep_embed f32 shift 1", {37, 64, 1}, A1(F32), 0, 1e-7},
+    {OP(TIMESTEP_EMBED), "timestep_embed f16 SD", {37, 320, 0}, A1(F16), GC_FLIP, 1e-5},
+    {OP(TIMESTEP_EMBED), "timestep_embed bf16", {37, 64, 1}, A1(BF16), 0, 5e-4},
+    /* fused MSE {R, C}: a = pred, b = target */
+    {OP(MSE_FUSED), "mse_fused f32", {3, 4099}, A1(F32), 0, 1e-9},
+    {OP(MSE_FUSED), "mse_fused f16 (target f32)", {3, 4099}, A2(F16, F32), 0, 1e-5},
+    {OP(MSE_FUSED), "mse_fused bf16", {5, 300}, A1(BF16), 0, 5e-4},
+    /* Gaussian sample {N, C, HW}: a = z, noise; b = moments */
+    {OP(GAUSS_SAMPLE), "gauss_sample f32", {2, 4, 300}, A1(F32), 0, 1e-9},
+    {OP(GAUSS_SAMPLE), "gauss_sample f32 z over noise", {2, 4, 300}, A1(F32), GC_INPLACE, 1e-9},
+    {OP(GAUSS_SAMPLE), "gauss_sample f16 (moments f32)", {2, 4, 300}, A2(F16, F32), 0, 1e-5},
+    {OP(GAUSS_SAMPLE), "gauss_sample bf16", {1, 4, 257}, A1(BF16), 0, 5e-4},
+    /* nearest 2x upsampling (SD's Upsample2D): copies forward, 4 adds in a fixed order
+     * backward: exact */
+    {OP(UPSAMPLE2X_FWD), "upsample2x_fwd f32 nearest", UP, A1(F32), GC_NEAREST, E},
+    {OP(UPSAMPLE2X_FWD), "upsample2x_fwd bf16 nearest (x f32)", UP, A2(BF16, F32), GC_NEAREST, E},
+    {OP(UPSAMPLE2X_FWD), "upsample2x_fwd f16 nearest width 1", UP_W1, A1(F16), GC_NEAREST, E},
+    {OP(UPSAMPLE2X_BWD), "upsample2x_bwd f32 nearest", UP, A1(F32), GC_NEAREST, E},
+    {OP(UPSAMPLE2X_BWD), "upsample2x_bwd f16 nearest (dx f32)", UP, A2(F16, F32), GC_NEAREST, E},
+    {OP(UPSAMPLE2X_BWD), "upsample2x_bwd bf16 nearest width 1", UP_W1, A1(BF16), GC_NEAREST, E},
+    /* attention */
+    /* memory-efficient attention, {B, H, Tq, Tk, D}: a = q, k, v; b = o, dout; c = dq, dk,
+     * dv. Sums of D products and of Tk exponentials in the body's order; expf, logf and FMA
+     * contraction differ in the last bits. Self (64x64 latents' head dims 40/80/160), cross
+     * to 77 text tokens, causal (CLIP), odd sizes off the 8-lane dot and 32-key tile, the
+     * VAE's single 512-wide head, mixed dtypes. */
+    {OP(ATTN_FWD), "attn_fwd f32 self D40", {2, 3, 37, 37, 40}, A1(F32), 0, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f32 cross 37x77 D64", {2, 2, 37, 77, 64}, A1(F32), 0, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f32 causal D80", {2, 2, 45, 45, 80}, A1(F32), GC_CAUSAL, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f32 odd D13 T33x65", {1, 3, 33, 65, 13}, A1(F32), 0, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f32 D160", {1, 2, 40, 70, 160}, A1(F32), 0, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f32 one head D512", {1, 1, 33, 33, 512}, A1(F32), 0, 1e-9},
+    {OP(ATTN_FWD), "attn_fwd f16 self D80", {1, 2, 70, 70, 80}, A1(F16), 0, 1e-5},
+    {OP(ATTN_FWD), "attn_fwd f16 causal odd D24", {2, 1, 35, 35, 24}, A1(F16), GC_CAUSAL, 1e-5},
+    {OP(ATTN_FWD), "attn_fwd bf16 cross 37x77 D40", {2, 3, 37, 77, 40}, A1(BF16), 0, 5e-4},
+    {OP(ATTN_FWD), "attn_fwd bf16 in, f32 out", {1, 2, 37, 77, 64}, A2(BF16, F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 self D40", {2, 3, 37, 37, 40}, A1(F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 cross 37x77 D64", {2, 2, 37, 77, 64}, A1(F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 causal D80", {2, 2, 45, 45, 80}, A1(F32), GC_CAUSAL, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 odd D13 T33x65", {1, 3, 33, 65, 13}, A1(F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 D160", {1, 2, 40, 70, 160}, A1(F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f32 one head D512", {1, 1, 33, 33, 512}, A1(F32), 0, 1e-9},
+    {OP(ATTN_BWD), "attn_bwd f16 self D80", {1, 2, 70, 70, 80}, A1(F16), 0, 1e-5},
+    {OP(ATTN_BWD), "attn_bwd f16 causal odd D24", {2, 1, 35, 35, 24}, A1(F16), GC_CAUSAL, 1e-5},
+    {OP(ATTN_BWD), "attn_bwd bf16 cross 37x77 D40", {2, 3, 37, 77, 40}, A1(BF16), 0, 5e-4},
+    {OP(ATTN_BWD), "attn_bwd bf16 in, f32 grads", {1, 2, 37, 77, 64}, {BF16, BF16, F32}, 0, 1e-9},
 };
 const size_t VL_GC_NCASES = sizeof VL_GC_CASES / sizeof VL_GC_CASES[0];
 

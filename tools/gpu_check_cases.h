@@ -16,13 +16,14 @@ enum { GC_COPY = VL_OP_COUNT, GC_UPLOAD_ASYNC, GC_SYNC, GC_KIND_COUNT };
 
 /* Flags: variants of an operation's call. */
 enum {
-  GC_INPLACE = 1 << 0,  /* the output aliases an input (softmax, relu, bn_eval, bn_bwd) */
+  GC_INPLACE = 1 << 0,  /* the output aliases an input (softmax, relu, bn_eval, bn_bwd,
+                         * act, geglu_bwd, gauss_sample) */
   GC_INVERSE = 1 << 1,  /* rope: rotate by -theta */
   GC_BACK = 1 << 2,     /* permute: (B,H,T,D) -> (B,T,H,D) */
   GC_NO_DW = 1 << 3,    /* rmsnorm_bwd: frozen weight, dw NULL */
   GC_NO_STATS = 1 << 4, /* bn_fwd_train: no running statistics */
-  GC_NO_GRADS = 1 << 5, /* bn_bwd: no dgamma/dbeta */
-  GC_ACC = 1 << 6,      /* chan_copy, conv_bwd_weight: accumulate */
+  GC_NO_GRADS = 1 << 5, /* bn_bwd, groupnorm_bwd, layernorm_bwd: no dgamma/dbeta */
+  GC_ACC = 1 << 6,      /* chan_copy, conv_bwd_weight, norm bwd (dx), bias_bwd: accumulate */
   GC_NONFINITE = 1 << 7, /* sumsq: a NaN and an Inf in the input, both sides must see them */
   GC_TA = 1 << 8,       /* gemm: op(A) = A^T */
   GC_TB = 1 << 9,       /* gemm: op(B) = B^T */
@@ -30,6 +31,11 @@ enum {
   GC_NO_M = 1 << 11,    /* adafactor: no first moment (beta1 = 0) */
   GC_PINNED = 1 << 12,  /* upload_async: from pinned host memory */
   GC_B0 = 1 << 13,      /* axpby: b = 0 over a NaN-filled y (must be ignored) */
+  GC_FULL = 1 << 14,    /* softmax: no causal mask */
+  GC_NEAREST = 1 << 15, /* upsample2x: nearest instead of bilinear */
+  GC_CAUSAL = 1 << 16,  /* attn_fwd/bwd: causal mask (Tq == Tk) */
+  GC_PER_OUTER = 1 << 17, /* bias_fwd/bwd: a bias per (outer, C) (the time embedding) */
+  GC_FLIP = 1 << 18,    /* timestep_embed: flip_sin_to_cos, [cos, sin] (SD) */
 };
 
 /* Limits: bit-identical for data movement; otherwise the last-bit differences of the math
@@ -40,13 +46,19 @@ enum {
 /* Shapes, d[] per kind:
  *   copy, upload_async, zero, convert, axpby, swiglu_*, sumsq, adamw, sgd, relu_*: {n}
  *   embed_fwd/bwd: {V, C, R}            rmsnorm_fwd/bwd: {R, C}
- *   rope, permute: {B, T, H, D}          softmax_causal_fwd/bwd: {rows, T}
+ *   rope, permute: {B, T, H, D}          softmax_fwd/bwd: {rows, T}
  *   xent_fused: {R, V}                   adafactor: {R, C} (R = 1: a vector)
  *   gemm: {M, N, K}                      bn_*: {N, C, HW}
  *   maxpool_fwd/bwd: {planes, H, W, k, stride, pad, P, Q}
  *   upsample2x_fwd/bwd: {planes, H, W}   xent_pix: {N, K, HW}
  *   chan_copy: {N, yC, xC, HW, y_c0, x_c0, nc}
  *   conv_*: {N, C, H (= W), K, R (= S), stride, pad, dil}
+ *   groupnorm_fwd/bwd: {N, C, HW, G}    layernorm_fwd/bwd: {R, C}
+ *     (a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta)
+ *   act_fwd/bwd: {n, act (a vl_act)}   geglu_fwd/bwd: {R, F}
+ *   bias_fwd/bwd: {outer, C, inner}    pad2d_fwd/bwd: {planes, H, W, top, bottom, left, right}
+ *   timestep_embed: {B, dim, shift}    mse_fused: {R, C}    gauss_sample: {N, C, HW}
+ *   attn_fwd/bwd: {B, H, Tq, Tk, D} (a = q, k, v; b = o, dout; c = dq, dk, dv)
  * Dtypes dt[3] (a, b, c) per kind: the tensors each plays, in gpu_check.c's builders. */
 typedef struct {
   int kind;          /* a vl_op, or GC_COPY.. */

@@ -115,17 +115,20 @@ static vl_op_cost c_permute(const void *p) {
   int64_t n = a->B * a->T * a->H * a->D;
   return cost(0, tb(a->x, n) + tb(a->y, n));
 }
-/* causal rows: row r holds r % T + 1 unmasked scores, (T + 1) / 2 on average */
-static double causal(int64_t rows, int64_t T) { return (double)rows * (double)(T + 1) / 2.0; }
+/* Scores a softmax row sees: all T, or causal: row r holds r % T + 1 unmasked scores,
+ * (T + 1) / 2 on average. */
+static double seen(int64_t rows, int64_t T, bool causal) {
+  return causal ? (double)rows * (double)(T + 1) / 2.0 : (double)rows * (double)T;
+}
 static vl_op_cost c_softmax_fwd(const void *p) {
-  const vl_softmax_causal_fwd_args *a = p; /* scale, max, exp, sum, divide */
+  const vl_softmax_fwd_args *a = p; /* scale, max, exp, sum, divide */
   int64_t n = a->rows * a->T;
-  return cost(5.0 * causal(a->rows, a->T), tb(a->S, n) + tb(a->P, n));
+  return cost(5.0 * seen(a->rows, a->T, a->causal), tb(a->S, n) + tb(a->P, n));
 }
 static vl_op_cost c_softmax_bwd(const void *p) {
-  const vl_softmax_causal_bwd_args *a = p; /* dot(dP, P) (2), scale * P * (dP - s) (3) */
+  const vl_softmax_bwd_args *a = p; /* dot(dP, P) (2), scale * P * (dP - s) (3) */
   int64_t n = a->rows * a->T;
-  return cost(5.0 * causal(a->rows, a->T), tb(a->dP, n) + tb(a->P, n) + tb(a->dS, n));
+  return cost(5.0 * seen(a->rows, a->T, a->causal), tb(a->dP, n) + tb(a->P, n) + tb(a->dS, n));
 }
 static vl_op_cost c_swiglu_fwd(const void *p) {
   const vl_swiglu_fwd_args *a = p; /* sigmoid (exp, add, divide), two multiplies */
@@ -194,14 +197,14 @@ static vl_op_cost c_maxpool_bwd(const void *p) {
               tb(a->x, nin) + tb(a->dy, nout) + tb(a->dx, nin));
 }
 static vl_op_cost c_up2_fwd(const void *p) {
-  const vl_upsample2x_fwd_args *a = p; /* 4 weighted terms per output */
+  const vl_upsample2x_fwd_args *a = p; /* bilinear: 4 weighted terms per output; nearest: a copy */
   int64_t lo = a->planes * a->H * a->W;
-  return cost(7.0 * 4.0 * (double)lo, tb(a->x, lo) + tb(a->y, 4 * lo));
+  return cost(a->nearest ? 0 : 7.0 * 4.0 * (double)lo, tb(a->x, lo) + tb(a->y, 4 * lo));
 }
 static vl_op_cost c_up2_bwd(const void *p) {
-  const vl_upsample2x_bwd_args *a = p;
+  const vl_upsample2x_bwd_args *a = p; /* nearest: 4 adds per input */
   int64_t lo = a->planes * a->H * a->W;
-  return cost(7.0 * 4.0 * (double)lo, tb(a->dy, 4 * lo) + tb(a->dx, lo));
+  return cost((a->nearest ? 4.0 : 7.0 * 4.0) * (double)lo, tb(a->dy, 4 * lo) + tb(a->dx, lo));
 }
 static vl_op_cost c_chan_copy(const void *p) {
   const vl_chan_copy_args *a = p;
@@ -213,6 +216,124 @@ static vl_op_cost c_xent_pix(const void *p) {
   const vl_xent_pix_args *a = p;
   int64_t n = a->N * a->K * a->HW;
   return cost(5.0 * (double)n, 2.0 * tb(a->logits, n));
+}
+
+/* ---- Stable Diffusion's operations ---------------------------------------------------------
+ * Norms count as batch norm does: statistics (3) and the affine (2) forward, two sums (4)
+ * and dx (4) backward. Activations per element: SiLU 4 (exp, add, divide, multiply), GELU 8
+ * (erf as 5), quick-GELU 5; their derivatives 7, 12, 8. */
+static double act_flops(vl_act a, bool bwd) {
+  static const double f[VL_ACT_COUNT][2] = {{4, 7}, {8, 12}, {5, 8}};
+  return (unsigned)a < VL_ACT_COUNT ? f[a][bwd] : 0;
+}
+static vl_op_cost c_groupnorm_fwd(const void *p) {
+  const vl_groupnorm_fwd_args *a = p;
+  int64_t n = a->N * a->C * a->HW;
+  return cost(5.0 * (double)n, tb(a->x, n) + tb(a->y, n) + 8.0 * (double)(a->N * a->G) +
+                                   tb(a->gamma, a->C) + tb(a->beta, a->C));
+}
+static vl_op_cost c_groupnorm_bwd(const void *p) {
+  const vl_groupnorm_bwd_args *a = p;
+  int64_t n = a->N * a->C * a->HW;
+  return cost(8.0 * (double)n, tb(a->dy, n) + tb(a->x, n) + tb(a->dx, n) * (a->accumulate ? 2 : 1) +
+                                   8.0 * (double)(a->N * a->G) + tb(a->gamma, a->C) +
+                                   2.0 * (tb(a->dgamma, a->C) + tb(a->dbeta, a->C)));
+}
+static vl_op_cost c_layernorm_fwd(const void *p) {
+  const vl_layernorm_fwd_args *a = p;
+  int64_t n = a->R * a->C;
+  return cost(5.0 * (double)n, tb(a->x, n) + tb(a->y, n) + 8.0 * (double)a->R +
+                                   tb(a->gamma, a->C) + tb(a->beta, a->C));
+}
+static vl_op_cost c_layernorm_bwd(const void *p) {
+  const vl_layernorm_bwd_args *a = p;
+  int64_t n = a->R * a->C;
+  return cost(8.0 * (double)n, tb(a->dy, n) + tb(a->x, n) + tb(a->dx, n) * (a->accumulate ? 2 : 1) +
+                                   8.0 * (double)a->R + tb(a->gamma, a->C) +
+                                   2.0 * (tb(a->dgamma, a->C) + tb(a->dbeta, a->C)));
+}
+static vl_op_cost c_act_fwd(const void *p) {
+  const vl_act_fwd_args *a = p;
+  return cost(act_flops(a->act, false) * (double)a->n, tb(a->x, a->n) + tb(a->y, a->n));
+}
+static vl_op_cost c_act_bwd(const void *p) {
+  const vl_act_bwd_args *a = p;
+  return cost(act_flops(a->act, true) * (double)a->n,
+              tb(a->dy, a->n) + tb(a->x, a->n) + tb(a->dx, a->n));
+}
+static vl_op_cost c_geglu_fwd(const void *p) {
+  const vl_geglu_fwd_args *a = p; /* GELU of the gate, one multiply */
+  int64_t n = a->R * a->F;
+  return cost(9.0 * (double)n, tb(a->h, 2 * n) + tb(a->out, n));
+}
+static vl_op_cost c_geglu_bwd(const void *p) {
+  const vl_geglu_bwd_args *a = p; /* GELU and its derivative of the gate, three multiplies */
+  int64_t n = a->R * a->F;
+  return cost(23.0 * (double)n, tb(a->dout, n) + tb(a->h, 2 * n) + tb(a->dh, 2 * n));
+}
+static vl_op_cost c_bias_fwd(const void *p) {
+  const vl_bias_fwd_args *a = p; /* y read and written, one add */
+  int64_t n = a->outer * a->C * a->inner;
+  return cost((double)n, 2.0 * tb(a->y, n) + tb(a->b, a->per_outer ? a->outer * a->C : a->C));
+}
+static vl_op_cost c_bias_bwd(const void *p) {
+  const vl_bias_bwd_args *a = p;
+  int64_t n = a->outer * a->C * a->inner, nb = a->per_outer ? a->outer * a->C : a->C;
+  return cost((double)n, tb(a->dy, n) + tb(a->db, nb) * (a->accumulate ? 2 : 1));
+}
+static int64_t padded(int64_t planes, int64_t H, int64_t W, int t, int b, int l, int r) {
+  return planes * (H + t + b) * (W + l + r);
+}
+static vl_op_cost c_pad2d_fwd(const void *p) {
+  const vl_pad2d_fwd_args *a = p;
+  return cost(0, tb(a->x, a->planes * a->H * a->W) +
+                     tb(a->y, padded(a->planes, a->H, a->W, a->top, a->bottom, a->left, a->right)));
+}
+static vl_op_cost c_pad2d_bwd(const void *p) {
+  const vl_pad2d_bwd_args *a = p; /* the crop reads only what it keeps */
+  return cost(0, tb(a->dy, a->planes * a->H * a->W) + tb(a->dx, a->planes * a->H * a->W));
+}
+static vl_op_cost c_timestep_embed(const void *p) {
+  const vl_timestep_embed_args *a = p; /* per pair: exp, multiply, sin, cos */
+  return cost(2.0 * (double)(a->B * a->dim), tb(a->t, a->B) + tb(a->emb, a->B * a->dim));
+}
+static vl_op_cost c_mse_fused(const void *p) {
+  const vl_mse_fused_args *a = p; /* subtract, square-add, gradient (2) */
+  int64_t n = a->R * a->C;
+  return cost(4.0 * (double)n, 2.0 * tb(a->pred, n) + tb(a->target, n) + 4.0 * (double)a->R);
+}
+static vl_op_cost c_gauss_sample(const void *p) {
+  const vl_gauss_sample_args *a = p; /* clamp, halve, exp, multiply-add, scale */
+  int64_t n = a->N * a->C * a->HW;
+  return cost(6.0 * (double)n, tb(a->moments, 2 * n) + tb(a->noise, n) + tb(a->z, n));
+}
+/* Attention counts model FLOPs, the same for both implementations: q k^T and p v (2 D each
+ * per score) and the softmax (5) forward; dP, dV, dQ, dK (2 D each) and the softmax's
+ * backward (5) backward. The efficient backward's recomputation of the scores (2 D + 5 per
+ * score) is work the classic one does not do; it is not a model FLOP and shows in time. */
+static double attn_scores(int64_t B, int64_t H, int64_t Tq, int64_t Tk, bool causal) {
+  return (double)(B * H) * seen(Tq, Tk, causal);
+}
+static vl_op_cost c_attn_fwd(const void *p) {
+  const vl_attn_fwd_args *a = p;
+  int64_t C = a->H * a->D;
+  double s = attn_scores(a->B, a->H, a->Tq, a->Tk, a->causal);
+  return cost(s * (4.0 * (double)a->D + 5.0),
+              tb(a->q, a->B * a->Tq * C) + tb(a->k, a->B * a->Tk * C) + tb(a->v, a->B * a->Tk * C) +
+                  tb(a->o, a->B * a->Tq * C) + tb(a->lse, a->B * a->H * a->Tq));
+}
+static vl_op_cost c_attn_bwd(const void *p) {
+  const vl_attn_bwd_args *a = p;
+  int64_t C = a->H * a->D, nq = a->B * a->Tq * C, nk = a->B * a->Tk * C;
+  double s = attn_scores(a->B, a->H, a->Tq, a->Tk, a->causal);
+  return cost(s * (8.0 * (double)a->D + 5.0),
+              tb(a->q, nq) + tb(a->k, nk) + tb(a->v, nk) + tb(a->o, nq) + tb(a->dout, nq) +
+                  tb(a->lse, a->B * a->H * a->Tq) + tb(a->dq, nq) + tb(a->dk, nk) + tb(a->dv, nk));
+}
+static size_t w_attn_bwd(const void *p, vl_device t) {
+  const vl_attn_bwd_args *a = p; /* delta = rowsum(dout * o), fp32, on every target */
+  (void)t;
+  return a->B > 0 && a->H > 0 && a->Tq > 0 ? (size_t)(a->B * a->H * a->Tq) * sizeof(float) : 0;
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
@@ -236,8 +357,8 @@ static const vl_op_desc DESC[VL_OP_COUNT] = {
     D(RMSNORM_BWD, rmsnorm_bwd, vl_rmsnorm_bwd_args, c_rmsnorm_bwd),
     D(ROPE, rope, vl_rope_args, c_rope),
     D(PERMUTE, permute, vl_permute_args, c_permute),
-    D(SOFTMAX_CAUSAL_FWD, softmax_causal_fwd, vl_softmax_causal_fwd_args, c_softmax_fwd),
-    D(SOFTMAX_CAUSAL_BWD, softmax_causal_bwd, vl_softmax_causal_bwd_args, c_softmax_bwd),
+    D(SOFTMAX_FWD, softmax_fwd, vl_softmax_fwd_args, c_softmax_fwd),
+    D(SOFTMAX_BWD, softmax_bwd, vl_softmax_bwd_args, c_softmax_bwd),
     D(SWIGLU_FWD, swiglu_fwd, vl_swiglu_fwd_args, c_swiglu_fwd),
     D(SWIGLU_BWD, swiglu_bwd, vl_swiglu_bwd_args, c_swiglu_bwd),
     D(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused),
@@ -256,6 +377,23 @@ static const vl_op_desc DESC[VL_OP_COUNT] = {
     D(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd),
     D(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy),
     D(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix),
+    D(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args, c_groupnorm_fwd),
+    D(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args, c_groupnorm_bwd),
+    D(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args, c_layernorm_fwd),
+    D(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args, c_layernorm_bwd),
+    D(ACT_FWD, act_fwd, vl_act_fwd_args, c_act_fwd),
+    D(ACT_BWD, act_bwd, vl_act_bwd_args, c_act_bwd),
+    D(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args, c_geglu_fwd),
+    D(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args, c_geglu_bwd),
+    D(BIAS_FWD, bias_fwd, vl_bias_fwd_args, c_bias_fwd),
+    D(BIAS_BWD, bias_bwd, vl_bias_bwd_args, c_bias_bwd),
+    D(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args, c_pad2d_fwd),
+    D(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args, c_pad2d_bwd),
+    D(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args, c_timestep_embed),
+    D(MSE_FUSED, mse_fused, vl_mse_fused_args, c_mse_fused),
+    D(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args, c_gauss_sample),
+    D(ATTN_FWD, attn_fwd, vl_attn_fwd_args, c_attn_fwd),
+    DW(ATTN_BWD, attn_bwd, vl_attn_bwd_args, c_attn_bwd, w_attn_bwd),
 };
 
 /* The dispatch copies the arguments to hand the kernel its workspace: room for the largest. */
@@ -317,6 +455,14 @@ vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
     if (!fn) {
       s = vl_fail(c, VL_ERR_UNSUPPORTED, "operation %s has no kernel in the %s backend",
                   d->name, c->be->name);
+    } else if (pr && c->be->op_timer_begin && c->be->op_timer_end) {
+      /* the device clock around the kernel (CUDA events): nothing waits here */
+      s = c->be->op_timer_begin(c);
+      if (s == VL_OK) {
+        s = fn(c, args);
+        vl_status e = c->be->op_timer_end(c, op);
+        if (s == VL_OK) s = e;
+      }
     } else if (pr) {
       /* the kernel's own time: what was queued before is finished first, and it is */
       if (c->be->sync) s = c->be->sync(c);
@@ -332,7 +478,11 @@ vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
   return s;
 }
 
-const vl_op_profile *vl_ctx_profile(const vl_ctx *c) { return c->prof; }
+const vl_op_profile *vl_ctx_profile(vl_ctx *c) {
+  /* device-clock intervals still in the backend's pool are added first */
+  if (c->prof && c->be && c->be->op_timer_collect) (void)c->be->op_timer_collect(c, c->prof);
+  return c->prof;
+}
 
 void vl_ctx_profile_reset(vl_ctx *c) {
   if (c->prof) memset(c->prof, 0, VL_OP_COUNT * sizeof *c->prof);

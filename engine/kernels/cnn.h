@@ -1,6 +1,6 @@
-/* Convolutional-network kernels (batch norm, ReLU, max pooling, bilinear 2x upsampling,
- * channel copy, per-pixel cross-entropy): single-source bodies, one per element, channel,
- * plane or pixel. The CPU backend loops over them with OpenMP (cpu_cnn.c), the CUDA
+/* Convolutional-network kernels (batch norm, ReLU, max pooling, bilinear and nearest 2x
+ * upsampling, channel copy, per-pixel cross-entropy): single-source bodies, one per element,
+ * channel, plane or pixel. The CPU backend loops over them with OpenMP (cpu_cnn.c), the CUDA
  * backend wraps them in grid-stride kernels (cuda_cnn.cu). Layout NCHW, row-major.
  *
  * Per-channel batch-norm sums run over N*HW elements, which can be millions: they are
@@ -363,6 +363,38 @@ VL_HD static inline void vl_k_up2_bwd(void *dx, int dxdt, const void *dy, int dy
                                       int64_t W, int64_t i) {
   int64_t pl = i / (H * W), r = i - pl * (H * W), h = r / W;
   vl_k_up2_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, r - h * W);
+}
+
+/* ---- nearest 2x upsampling (F.interpolate(scale_factor=2, mode="nearest")) ------------- */
+
+/* Output (pl, oh, ow) = input (pl, oh/2, ow/2): PyTorch's source floor(d * 0.5). */
+VL_HD static inline void vl_k_up2n_fwd_at(void *y, int ydt, const void *x, int xdt, int64_t H,
+                                          int64_t W, int64_t pl, int64_t oh, int64_t ow) {
+  vl_st(y, ydt, (pl * 2 * H + oh) * 2 * W + ow,
+        vl_ld(x, xdt, (pl * H + (oh >> 1)) * W + (ow >> 1)));
+}
+
+VL_HD static inline void vl_k_up2n_fwd(void *y, int ydt, const void *x, int xdt, int64_t H,
+                                       int64_t W, int64_t i) {
+  int64_t OH = 2 * H, OW = 2 * W;
+  int64_t pl = i / (OH * OW), r = i - pl * (OH * OW), oh = r / OW;
+  vl_k_up2n_fwd_at(y, ydt, x, xdt, H, W, pl, oh, r - oh * OW);
+}
+
+/* Backward, input (pl, h, w): the sum of its 2x2 outputs in row-major order, in fp32. */
+VL_HD static inline void vl_k_up2n_bwd_at(void *dx, int dxdt, const void *dy, int dydt, int64_t H,
+                                          int64_t W, int64_t pl, int64_t h, int64_t w) {
+  int64_t OW = 2 * W, o = (pl * 2 * H + 2 * h) * OW + 2 * w;
+  float acc = vl_ld(dy, dydt, o) + vl_ld(dy, dydt, o + 1);
+  acc += vl_ld(dy, dydt, o + OW);
+  acc += vl_ld(dy, dydt, o + OW + 1);
+  vl_st(dx, dxdt, (pl * H + h) * W + w, acc);
+}
+
+VL_HD static inline void vl_k_up2n_bwd(void *dx, int dxdt, const void *dy, int dydt, int64_t H,
+                                       int64_t W, int64_t i) {
+  int64_t pl = i / (H * W), r = i - pl * (H * W), h = r / W;
+  vl_k_up2n_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, r - h * W);
 }
 
 /* ---- channel copy (concat) ------------------------------------------------------------ */

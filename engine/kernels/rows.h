@@ -40,10 +40,11 @@ VL_HD static inline void vl_k_rmsnorm_dw_col(void *dw, int dwdt, const void *dy,
   vl_st(dw, dwdt, c, vl_ld(dw, dwdt, c) + acc);
 }
 
-/* Causal softmax of scale*S over row r (query position r % T); masked columns get 0. */
-VL_HD static inline void vl_k_softmax_causal_row(void *P, int pdt, const void *S, int sdt,
-                                                 int64_t T, float scale, int64_t r) {
-  int64_t q = r % T, base = r * T;
+/* Softmax of scale*S over row r of T columns; causal: query position r % T sees columns
+ * 0..r % T and the masked ones get 0. */
+VL_HD static inline void vl_k_softmax_row(void *P, int pdt, const void *S, int sdt, int64_t T,
+                                          float scale, int causal, int64_t r) {
+  int64_t q = causal ? r % T : T - 1, base = r * T;
   float mx = -INFINITY;
   for (int64_t c = 0; c <= q; c++) { float v = scale * vl_ld(S, sdt, base + c); mx = v > mx ? v : mx; }
   float sum = 0.0f;
@@ -54,10 +55,10 @@ VL_HD static inline void vl_k_softmax_causal_row(void *P, int pdt, const void *S
   for (int64_t c = q + 1; c < T; c++) vl_st(P, pdt, base + c, 0.0f);
 }
 
-VL_HD static inline void vl_k_softmax_causal_bwd_row(void *dS, int ddt, const void *dP, int dpdt,
-                                                     const void *P, int pdt, int64_t T,
-                                                     float scale, int64_t r) {
-  int64_t q = r % T, base = r * T;
+VL_HD static inline void vl_k_softmax_bwd_row(void *dS, int ddt, const void *dP, int dpdt,
+                                              const void *P, int pdt, int64_t T, float scale,
+                                              int causal, int64_t r) {
+  int64_t q = causal ? r % T : T - 1, base = r * T;
   float dot = 0.0f;
   for (int64_t c = 0; c <= q; c++) dot += vl_ld(P, pdt, base + c) * vl_ld(dP, dpdt, base + c);
   for (int64_t c = 0; c <= q; c++) {

@@ -356,8 +356,8 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   VL_TRY(alloc2(m, &a->P, cat, B * H * T, T));
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &a->q, D, rep * T * D, &a->k, D, T * D,
                    &a->P, rep * T * T, B * KVH));
-  VL_TRY(vl_softmax_causal_fwd_run(
-      c, &(vl_softmax_causal_fwd_args){&a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D)}));
+  VL_TRY(vl_softmax_fwd_run(
+      c, &(vl_softmax_fwd_args){&a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D), true}));
   vl_tensor O;
   VL_TRY(alloc2(m, &O, VL_MEM_TEMP, R, H * D));
   vl_status s = attn_gemm(m, false, false, rep * T, D, T, &a->P, T, rep * T * T, &a->v, D,
@@ -451,8 +451,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
                    &t[3], T * D, B * KVH));
   tensor_free(m, &t[1]);
   tensor_free(m, &a->v);
-  VL_TRY(vl_softmax_causal_bwd_run(
-      c, &(vl_softmax_causal_bwd_args){&t[2], &t[2], &a->P, B * H * T, T, scale}));
+  VL_TRY(vl_softmax_bwd_run(
+      c, &(vl_softmax_bwd_args){&t[2], &t[2], &a->P, B * H * T, T, scale, true}));
   tensor_free(m, &a->P);
   VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq (B, H, T, D) = dS K */
   VL_TRY(attn_gemm(m, false, false, rep * T, D, T, &t[2], T, rep * T * T, &a->k, D, T * D,

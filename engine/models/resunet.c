@@ -555,7 +555,7 @@ static vl_status dec_fwd(vl_resunet *m, int d, int mode) {
   vl_tensor *in = D->cskip ? &D->up : &D->cat; /* without a skip the upsample is the input */
   VL_TRY(act(m, in, D->cskip ? VL_MEM_TEMP : (keep ? VL_MEM_ACTS : VL_MEM_TEMP), D->cin, h2));
   VL_TRY(vl_upsample2x_fwd_run(
-      c, &(vl_upsample2x_fwd_args){in, dec_in(m, d), m->B * D->cin, D->hin, D->hin}));
+      c, &(vl_upsample2x_fwd_args){in, dec_in(m, d), m->B * D->cin, D->hin, D->hin, false}));
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
     VL_TRY(act(m, &D->cat, keep ? VL_MEM_ACTS : VL_MEM_TEMP, ct, h2));
@@ -598,7 +598,7 @@ static vl_status dec_bwd(vl_resunet *m, int d, vl_tensor *g) {
   }
   VL_TRY(act(m, g, VL_MEM_TEMP, D->cin, D->hin));
   VL_TRY(vl_upsample2x_bwd_run(
-      c, &(vl_upsample2x_bwd_args){g, dup, m->B * D->cin, D->hin, D->hin}));
+      c, &(vl_upsample2x_bwd_args){g, dup, m->B * D->cin, D->hin, D->hin, false}));
   tensor_free(m, dup);
   return VL_OK;
 }

@@ -201,18 +201,18 @@ static vl_status cpu_permute(vl_ctx *c, const void *p) {
   return VL_OK;
 }
 static vl_status cpu_softmax_fwd(vl_ctx *c, const void *p) {
-  const vl_softmax_causal_fwd_args *a = p;
+  const vl_softmax_fwd_args *a = p;
   vl_tensor *P = a->P;
   const vl_tensor *S = a->S;
   int64_t rows = a->rows, T = a->T;
   float scale = a->scale;
   (void)c;
 #pragma omp parallel for if (rows * T > PAR_MIN)
-  for (int64_t r = 0; r < rows; r++) vl_k_softmax_causal_row(P->data, dt(P), S->data, dt(S), T, scale, r);
+  for (int64_t r = 0; r < rows; r++) vl_k_softmax_row(P->data, dt(P), S->data, dt(S), T, scale, a->causal, r);
   return VL_OK;
 }
 static vl_status cpu_softmax_bwd(vl_ctx *c, const void *p) {
-  const vl_softmax_causal_bwd_args *a = p;
+  const vl_softmax_bwd_args *a = p;
   vl_tensor *dS = a->dS;
   const vl_tensor *dP = a->dP, *P = a->P;
   int64_t rows = a->rows, T = a->T;
@@ -220,7 +220,7 @@ static vl_status cpu_softmax_bwd(vl_ctx *c, const void *p) {
   (void)c;
 #pragma omp parallel for if (rows * T > PAR_MIN)
   for (int64_t r = 0; r < rows; r++)
-    vl_k_softmax_causal_bwd_row(dS->data, dt(dS), dP->data, dt(dP), P->data, dt(P), T, scale, r);
+    vl_k_softmax_bwd_row(dS->data, dt(dS), dP->data, dt(dP), P->data, dt(P), T, scale, a->causal, r);
   return VL_OK;
 }
 static vl_status cpu_swiglu_fwd(vl_ctx *c, const void *p) {
@@ -358,8 +358,8 @@ const vl_backend vl_backend_cpu = {
         [VL_OP_RMSNORM_BWD] = cpu_rmsnorm_bwd,
         [VL_OP_ROPE] = cpu_rope,
         [VL_OP_PERMUTE] = cpu_permute,
-        [VL_OP_SOFTMAX_CAUSAL_FWD] = cpu_softmax_fwd,
-        [VL_OP_SOFTMAX_CAUSAL_BWD] = cpu_softmax_bwd,
+        [VL_OP_SOFTMAX_FWD] = cpu_softmax_fwd,
+        [VL_OP_SOFTMAX_BWD] = cpu_softmax_bwd,
         [VL_OP_SWIGLU_FWD] = cpu_swiglu_fwd,
         [VL_OP_SWIGLU_BWD] = cpu_swiglu_bwd,
         [VL_OP_XENT_FUSED] = cpu_xent,
@@ -378,5 +378,22 @@ const vl_backend vl_backend_cpu = {
         [VL_OP_UPSAMPLE2X_BWD] = vl_cpu_upsample2x_bwd,
         [VL_OP_CHAN_COPY] = vl_cpu_chan_copy,
         [VL_OP_XENT_PIX] = vl_cpu_xent_pix,
+        [VL_OP_GROUPNORM_FWD] = vl_cpu_groupnorm_fwd,
+        [VL_OP_GROUPNORM_BWD] = vl_cpu_groupnorm_bwd,
+        [VL_OP_LAYERNORM_FWD] = vl_cpu_layernorm_fwd,
+        [VL_OP_LAYERNORM_BWD] = vl_cpu_layernorm_bwd,
+        [VL_OP_ACT_FWD] = vl_cpu_act_fwd,
+        [VL_OP_ACT_BWD] = vl_cpu_act_bwd,
+        [VL_OP_GEGLU_FWD] = vl_cpu_geglu_fwd,
+        [VL_OP_GEGLU_BWD] = vl_cpu_geglu_bwd,
+        [VL_OP_BIAS_FWD] = vl_cpu_bias_fwd,
+        [VL_OP_BIAS_BWD] = vl_cpu_bias_bwd,
+        [VL_OP_PAD2D_FWD] = vl_cpu_pad2d_fwd,
+        [VL_OP_PAD2D_BWD] = vl_cpu_pad2d_bwd,
+        [VL_OP_TIMESTEP_EMBED] = vl_cpu_timestep_embed,
+        [VL_OP_MSE_FUSED] = vl_cpu_mse_fused,
+        [VL_OP_GAUSS_SAMPLE] = vl_cpu_gauss_sample,
+        [VL_OP_ATTN_FWD] = vl_cpu_attn_fwd,
+        [VL_OP_ATTN_BWD] = vl_cpu_attn_bwd,
     },
 };

@@ -1,7 +1,7 @@
 /* CPU backend, CNN element/plane ops: OpenMP loops over the single-source bodies of
- * engine/kernels/cnn.h (batch norm, ReLU, max pooling, bilinear 2x upsampling, channel copy,
- * per-pixel cross-entropy). Arguments are checked by engine/backend/cnn_args.h, the same
- * checks as the CUDA backend.
+ * engine/kernels/cnn.h (batch norm, ReLU, max pooling, bilinear or nearest 2x upsampling,
+ * channel copy, per-pixel cross-entropy). Arguments are checked by engine/backend/cnn_args.h,
+ * the same checks as the CUDA backend.
  *
  * Speed without a second implementation: where the tensors of a hot loop are fp32, the
  * loop calls the same body with the dtype as the constant VL_K_F32, so once inlined the
@@ -242,52 +242,58 @@ static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, 
   return VL_OK;
 }
 
-/* ---- bilinear 2x upsampling ----------------------------------------------------------------- */
+/* ---- 2x upsampling: bilinear, or nearest ------------------------------------------------ */
 
 /* Output row (pl, oh) of 2H rows per plane. */
 INLINE void up_fwd_row(void *y, int ydt, const void *x, int xdt, int64_t H, int64_t W,
-                       int64_t row) {
+                       bool nearest, int64_t row) {
   int64_t pl = row / (2 * H), oh = row - pl * 2 * H;
-  for (int64_t ow = 0; ow < 2 * W; ow++) vl_k_up2_fwd_at(y, ydt, x, xdt, H, W, pl, oh, ow);
+  if (nearest)
+    for (int64_t ow = 0; ow < 2 * W; ow++) vl_k_up2n_fwd_at(y, ydt, x, xdt, H, W, pl, oh, ow);
+  else
+    for (int64_t ow = 0; ow < 2 * W; ow++) vl_k_up2_fwd_at(y, ydt, x, xdt, H, W, pl, oh, ow);
 }
 
 /* Input row (pl, h) of H rows per plane. */
 INLINE void up_bwd_row(void *dx, int dxdt, const void *dy, int dydt, int64_t H, int64_t W,
-                       int64_t row) {
+                       bool nearest, int64_t row) {
   int64_t pl = row / H, h = row - pl * H;
-  for (int64_t w = 0; w < W; w++) vl_k_up2_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
+  if (nearest)
+    for (int64_t w = 0; w < W; w++) vl_k_up2n_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
+  else
+    for (int64_t w = 0; w < W; w++) vl_k_up2_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
 }
 
 static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
-                                int64_t H, int64_t W) {
+                                int64_t H, int64_t W, bool nearest) {
   int64_t nlo = 0, nhi = 0;
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
 #pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, F32, px, F32, H, W, r);
+    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, F32, px, F32, H, W, nearest, r);
   } else {
     int ydt = dt(y), xdt = dt(x);
 #pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, ydt, px, xdt, H, W, r);
+    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, ydt, px, xdt, H, W, nearest, r);
   }
   return VL_OK;
 }
 
 static vl_status cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
-                                int64_t H, int64_t W) {
+                                int64_t H, int64_t W, bool nearest) {
   int64_t nlo = 0, nhi = 0;
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
   void *pdx = dx->data;
   const void *pdy = dy->data;
   if (all_f32(dx, dy, NULL)) {
 #pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, F32, pdy, F32, H, W, r);
+    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, F32, pdy, F32, H, W, nearest, r);
   } else {
     int dxdt = dt(dx), dydt = dt(dy);
 #pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, dxdt, pdy, dydt, H, W, r);
+    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, dxdt, pdy, dydt, H, W, nearest, r);
   }
   return VL_OK;
 }
@@ -396,11 +402,11 @@ vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
 }
 vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_fwd_args *a = p;
-  return cpu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W);
+  return cpu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->nearest);
 }
 vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_bwd_args *a = p;
-  return cpu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W);
+  return cpu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W, a->nearest);
 }
 vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
   const vl_chan_copy_args *a = p;

@@ -72,12 +72,12 @@ __global__ void k_permute(void *y, const void *x, int xdt, int64_t T, int64_t H,
   GRID_STRIDE(i, n) vl_k_permute(y, x, xdt, T, H, D, back, i);
 }
 __global__ void k_softmax_fwd(void *P, int pdt, const void *S, int sdt, int64_t T, float scale,
-                              int64_t rows) {
-  GRID_STRIDE(r, rows) vl_k_softmax_causal_row(P, pdt, S, sdt, T, scale, r);
+                              int causal, int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_row(P, pdt, S, sdt, T, scale, causal, r);
 }
 __global__ void k_softmax_bwd(void *dS, int ddt, const void *dP, int dpdt, const void *P, int pdt,
-                              int64_t T, float scale, int64_t rows) {
-  GRID_STRIDE(r, rows) vl_k_softmax_causal_bwd_row(dS, ddt, dP, dpdt, P, pdt, T, scale, r);
+                              int64_t T, float scale, int causal, int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_bwd_row(dS, ddt, dP, dpdt, P, pdt, T, scale, causal, r);
 }
 __global__ void k_swiglu_fwd(void *out, int odt, const void *g, const void *u, int gdt,
                              int64_t n) {
@@ -212,6 +212,15 @@ static int red_blocks(int64_t n) {
 /* The arena cap the context was created with (vl_ctx_create_ex sets it before init). */
 static size_t ctx_cap(const vl_ctx *c) { return c->cap; }
 
+static void prof_fini(cu_state *s) {
+  for (size_t i = 0; i < s->prof_nev; i++) (void)cudaEventDestroy(s->prof_ev[i]);
+  free(s->prof_ev);
+  free(s->prof_op);
+  s->prof_ev = NULL;
+  s->prof_op = NULL;
+  s->prof_n = s->prof_cap = s->prof_nev = 0;
+}
+
 static void cu_fini(vl_ctx *c) {
   cu_state *s = st(c);
   if (!s) return;
@@ -225,6 +234,7 @@ static void cu_fini(vl_ctx *c) {
   for (int i = 0; i < 2; i++)
     if (s->ev[i]) (void)cudaEventDestroy(s->ev[i]);
   if (s->ev_copy) (void)cudaEventDestroy(s->ev_copy);
+  prof_fini(s);
   if (s->copy) (void)cudaStreamDestroy(s->copy);
   if (s->stream) (void)cudaStreamDestroy(s->stream);
   (void)cudaGetLastError();
@@ -319,6 +329,51 @@ static vl_status cu_timer_stop(vl_ctx *c, double *sec) {
   CU_CHECK(c, cudaEventSynchronize(s->ev[1]));
   CU_CHECK(c, cudaEventElapsedTime(&ms, s->ev[0], s->ev[1]));
   *sec = 1e-3 * ms;
+  return VL_OK;
+}
+
+/* ---- per-operation timing (--profile): event pairs, read when the profile is read ----- */
+
+#define PROF_MAX_PAIRS 4096 /* a full pool is collected (one wait) before it grows further */
+
+static vl_status cu_op_timer_collect(vl_ctx *c, vl_op_profile *prof) {
+  cu_state *s = st(c);
+  for (size_t i = 0; i < s->prof_n; i++) {
+    float ms = 0;
+    CU_CHECK(c, cudaEventSynchronize(s->prof_ev[2 * i + 1]));
+    CU_CHECK(c, cudaEventElapsedTime(&ms, s->prof_ev[2 * i], s->prof_ev[2 * i + 1]));
+    if (prof && s->prof_op[i] >= 0 && s->prof_op[i] < VL_OP_COUNT)
+      prof[s->prof_op[i]].seconds += 1e-3 * ms;
+  }
+  s->prof_n = 0;
+  return VL_OK;
+}
+
+static vl_status cu_op_timer_begin(vl_ctx *c) {
+  cu_state *s = st(c);
+  if (s->prof_n == PROF_MAX_PAIRS) VL_TRY(cu_op_timer_collect(c, c->prof));
+  if (s->prof_n == s->prof_cap) {
+    size_t cap = s->prof_cap ? 2 * s->prof_cap : 64;
+    cudaEvent_t *ev = (cudaEvent_t *)realloc(s->prof_ev, 2 * cap * sizeof *ev);
+    if (!ev) return vl_fail(c, VL_ERR_OOM, "profile: no host memory for %zu event pairs", cap);
+    s->prof_ev = ev;
+    int *op = (int *)realloc(s->prof_op, cap * sizeof *op);
+    if (!op) return vl_fail(c, VL_ERR_OOM, "profile: no host memory for %zu event pairs", cap);
+    s->prof_op = op;
+    for (size_t i = s->prof_nev; i < 2 * cap; i++) {
+      CU_CHECK(c, cudaEventCreate(&s->prof_ev[i]));
+      s->prof_nev = i + 1; /* what cu_fini destroys */
+    }
+    s->prof_cap = cap;
+  }
+  CU_CHECK(c, cudaEventRecord(s->prof_ev[2 * s->prof_n], s->stream));
+  return VL_OK;
+}
+
+static vl_status cu_op_timer_end(vl_ctx *c, vl_op op) {
+  cu_state *s = st(c);
+  CU_CHECK(c, cudaEventRecord(s->prof_ev[2 * s->prof_n + 1], s->stream));
+  s->prof_op[s->prof_n++] = (int)op;
   return VL_OK;
 }
 
@@ -503,18 +558,18 @@ static vl_status cu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t
 }
 
 static vl_status cu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
-                                int64_t T, float scale) {
+                                int64_t T, float scale, bool causal) {
   if (rows > 0)
     LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_fwd, P->data, dt(P), S->data, dt(S), T,
-           scale, rows);
+           scale, causal ? 1 : 0, rows);
   return VL_OK;
 }
 
 static vl_status cu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
-                                int64_t rows, int64_t T, float scale) {
+                                int64_t rows, int64_t T, float scale, bool causal) {
   if (rows > 0)
     LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_bwd, dS->data, dt(dS), dP->data, dt(dP),
-           P->data, dt(P), T, scale, rows);
+           P->data, dt(P), T, scale, causal ? 1 : 0, rows);
   return VL_OK;
 }
 
@@ -652,12 +707,12 @@ static vl_status op_permute(vl_ctx *c, const void *p) {
   return cu_permute(c, a->y, a->x, a->B, a->T, a->H, a->D, a->back);
 }
 static vl_status op_softmax_fwd(vl_ctx *c, const void *p) {
-  ARGS(vl_softmax_causal_fwd_args);
-  return cu_softmax_fwd(c, a->P, a->S, a->rows, a->T, a->scale);
+  ARGS(vl_softmax_fwd_args);
+  return cu_softmax_fwd(c, a->P, a->S, a->rows, a->T, a->scale, a->causal);
 }
 static vl_status op_softmax_bwd(vl_ctx *c, const void *p) {
-  ARGS(vl_softmax_causal_bwd_args);
-  return cu_softmax_bwd(c, a->dS, a->dP, a->P, a->rows, a->T, a->scale);
+  ARGS(vl_softmax_bwd_args);
+  return cu_softmax_bwd(c, a->dS, a->dP, a->P, a->rows, a->T, a->scale, a->causal);
 }
 static vl_status op_swiglu_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_swiglu_fwd_args);
@@ -701,6 +756,9 @@ static vl_backend make_backend(void) {
   b.sync = cu_sync;
   b.timer_start = cu_timer_start;
   b.timer_stop = cu_timer_stop;
+  b.op_timer_begin = cu_op_timer_begin;
+  b.op_timer_end = cu_op_timer_end;
+  b.op_timer_collect = cu_op_timer_collect;
   b.host_alloc = cu_host_alloc;
   b.host_free = cu_host_free;
   b.upload_async = cu_upload_async;
@@ -717,8 +775,8 @@ static vl_backend make_backend(void) {
   b.ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
   b.ops[VL_OP_ROPE] = op_rope;
   b.ops[VL_OP_PERMUTE] = op_permute;
-  b.ops[VL_OP_SOFTMAX_CAUSAL_FWD] = op_softmax_fwd;
-  b.ops[VL_OP_SOFTMAX_CAUSAL_BWD] = op_softmax_bwd;
+  b.ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
+  b.ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
   b.ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
   b.ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
   b.ops[VL_OP_XENT_FUSED] = op_xent;
@@ -728,6 +786,8 @@ static vl_backend make_backend(void) {
   b.ops[VL_OP_ADAFACTOR] = op_adafactor;
   vl_cuda_cnn_ops(&b);
   vl_cuda_conv_ops(&b);
+  vl_cuda_sd_ops(&b);
+  vl_cuda_attn_ops(&b);
   return b;
 }
 

@@ -120,6 +120,14 @@ __global__ void k_up2_bwd(void *dx, int dxdt, const void *dy, int dydt, int64_t 
                           int64_t n) {
   GRID_STRIDE(i, n) vl_k_up2_bwd(dx, dxdt, dy, dydt, H, W, i);
 }
+__global__ void k_up2n_fwd(void *y, int ydt, const void *x, int xdt, int64_t H, int64_t W,
+                           int64_t n) {
+  GRID_STRIDE(i, n) vl_k_up2n_fwd(y, ydt, x, xdt, H, W, i);
+}
+__global__ void k_up2n_bwd(void *dx, int dxdt, const void *dy, int dydt, int64_t H, int64_t W,
+                           int64_t n) {
+  GRID_STRIDE(i, n) vl_k_up2n_bwd(dx, dxdt, dy, dydt, H, W, i);
+}
 __global__ void k_chan_copy(void *y, int ydt, int64_t yC, int64_t y_c0, const void *x, int xdt,
                             int64_t xC, int64_t x_c0, int64_t nc, int64_t HW, int acc, int64_t n) {
   GRID_STRIDE(i, n) vl_k_chan_copy(y, ydt, yC, y_c0, x, xdt, xC, x_c0, nc, HW, acc, i);
@@ -221,19 +229,23 @@ static vl_status cu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, c
 }
 
 static vl_status cu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
-                                   int64_t H, int64_t W) {
+                                   int64_t H, int64_t W, bool nearest) {
   int64_t nlo = 0, nhi = 0;
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
-  if (nhi > 0)
+  if (nhi > 0 && nearest)
+    LAUNCH(c, st(c), nhi, VL_THREADS, k_up2n_fwd, y->data, dt(y), x->data, dt(x), H, W, nhi);
+  else if (nhi > 0)
     LAUNCH(c, st(c), nhi, VL_THREADS, k_up2_fwd, y->data, dt(y), x->data, dt(x), H, W, nhi);
   return VL_OK;
 }
 
 static vl_status cu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
-                                   int64_t H, int64_t W) {
+                                   int64_t H, int64_t W, bool nearest) {
   int64_t nlo = 0, nhi = 0;
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
-  if (nlo > 0)
+  if (nlo > 0 && nearest)
+    LAUNCH(c, st(c), nlo, VL_THREADS, k_up2n_bwd, dx->data, dt(dx), dy->data, dt(dy), H, W, nlo);
+  else if (nlo > 0)
     LAUNCH(c, st(c), nlo, VL_THREADS, k_up2_bwd, dx->data, dt(dx), dy->data, dt(dy), H, W, nlo);
   return VL_OK;
 }
@@ -297,11 +309,11 @@ static vl_status op_maxpool_bwd(vl_ctx *c, const void *p) {
 }
 static vl_status op_up2_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_upsample2x_fwd_args);
-  return cu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W);
+  return cu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->nearest);
 }
 static vl_status op_up2_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_upsample2x_bwd_args);
-  return cu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W);
+  return cu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W, a->nearest);
 }
 static vl_status op_chan_copy(vl_ctx *c, const void *p) {
   ARGS(vl_chan_copy_args);

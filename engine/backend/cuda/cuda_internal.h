@@ -28,6 +28,12 @@ typedef struct {
   cudaStream_t copy;  /* host -> device batch uploads */
   cudaEvent_t ev_copy;
   void *dnn;          /* cudnnHandle_t, created on the first convolution (cuda_conv.cu) */
+  /* --profile: event pairs around kernels, [2i] start and [2i+1] end of the kernel of
+   * op prof_op[i]; prof_n pairs recorded, room for prof_cap, prof_nev events created
+   * (cuda_backend.cu) */
+  cudaEvent_t *prof_ev;
+  int *prof_op;
+  size_t prof_n, prof_cap, prof_nev;
 } cu_state;
 
 #define CU_CHECK(c, call)                                                                  \
@@ -65,6 +71,8 @@ static inline int dt(const vl_tensor *t) { return (int)t->dtype; }
 /* Each unit fills its ops into the table (called once, by make_backend). */
 void vl_cuda_cnn_ops(vl_backend *b);
 void vl_cuda_conv_ops(vl_backend *b);
+void vl_cuda_sd_ops(vl_backend *b);   /* cuda_sd.cu */
+void vl_cuda_attn_ops(vl_backend *b); /* cuda_attn.cu */
 /* Releases the cuDNN handle, if one was made (cu_fini). */
 void vl_cuda_conv_fini(cu_state *s);
 

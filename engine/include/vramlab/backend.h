@@ -44,6 +44,14 @@ typedef struct vl_backend {
    * the copy itself (slower, the comparison pinning is about). src must stay untouched until
    * the compute stream has passed this point (a sync or timer_stop). CPU: memcpy. */
   vl_status (*upload_async)(vl_ctx *c, vl_tensor *dst, size_t dst_off, const void *src, size_t n);
+  /* Per-operation timing for --profile without a host sync around every operation:
+   * op_timer_begin / op_timer_end bracket one kernel on the device's own clock (CUDA: a pair
+   * of events recorded on the compute stream, kept in a pool); op_timer_collect waits for
+   * what was recorded, adds each pair's seconds to prof[op] and empties the pool. NULL: the
+   * dispatch times with the host clock between two syncs (CPU: operations are synchronous). */
+  vl_status (*op_timer_begin)(vl_ctx *c);
+  vl_status (*op_timer_end)(vl_ctx *c, vl_op op);
+  vl_status (*op_timer_collect)(vl_ctx *c, vl_op_profile *prof);
   /* The kernels, [VL_OP_GEMM] = ..., filled with designated initializers; a NULL entry makes
    * vl_op_run return VL_ERR_UNSUPPORTED naming the op and this backend. */
   vl_op_fn ops[VL_OP_COUNT];

@@ -49,6 +49,8 @@ const char *vl_status_name(vl_status s);
 typedef enum { VL_F32 = 0, VL_F16, VL_BF16, VL_NF4, VL_I32, VL_DTYPE_COUNT } vl_dtype;
 
 const char *vl_dtype_name(vl_dtype d);
+/* fp32, fp16 or bf16: a dtype activations and float weights can be stored in */
+static inline bool vl_dtype_is_float(vl_dtype d) { return d == VL_F32 || d == VL_F16 || d == VL_BF16; }
 int vl_dtype_parse(const char *s, vl_dtype *out); /* 0 on success */
 /* Bytes to store n elements. NF4 follows QLoRA: 4-bit codes, one 8-bit absmax code per
  * 64-weight block, one fp32 scale + the fp32 mean per 256 absmax codes (double quant). */

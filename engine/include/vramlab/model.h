@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 /* ---- batches ------------------------------------------------------------------------- */
-#define VL_BATCH_MAX_TENSORS 4
+#define VL_BATCH_MAX_TENSORS 8
 
 /* One named host tensor of a batch, row-major contiguous; data NULL when planning. */
 typedef struct {

@@ -34,7 +34,7 @@ typedef struct {
   int64_t rows, cols; /* (out, in) for matrices, (1, n) for vectors */
   bool trainable;
   bool has_master;
-  char name[48];
+  char name[96]; /* SD: the diffusers / transformers state_dict key */
 } vl_param;
 
 typedef struct {

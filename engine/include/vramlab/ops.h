@@ -42,8 +42,8 @@ extern "C" {
   X(RMSNORM_BWD, rmsnorm_bwd, vl_rmsnorm_bwd_args)                        \
   X(ROPE, rope, vl_rope_args)                                             \
   X(PERMUTE, permute, vl_permute_args)                                    \
-  X(SOFTMAX_CAUSAL_FWD, softmax_causal_fwd, vl_softmax_causal_fwd_args)   \
-  X(SOFTMAX_CAUSAL_BWD, softmax_causal_bwd, vl_softmax_causal_bwd_args)   \
+  X(SOFTMAX_FWD, softmax_fwd, vl_softmax_fwd_args)                         \
+  X(SOFTMAX_BWD, softmax_bwd, vl_softmax_bwd_args)                         \
   X(SWIGLU_FWD, swiglu_fwd, vl_swiglu_fwd_args)                           \
   X(SWIGLU_BWD, swiglu_bwd, vl_swiglu_bwd_args)                           \
   X(XENT_FUSED, xent_fused, vl_xent_fused_args)                           \
@@ -61,7 +61,24 @@ extern "C" {
   X(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args)               \
   X(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args)               \
   X(CHAN_COPY, chan_copy, vl_chan_copy_args)                              \
-  X(XENT_PIX, xent_pix, vl_xent_pix_args)
+  X(XENT_PIX, xent_pix, vl_xent_pix_args)                                 \
+  X(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args)                  \
+  X(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args)                  \
+  X(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args)                  \
+  X(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args)                  \
+  X(ACT_FWD, act_fwd, vl_act_fwd_args)                                    \
+  X(ACT_BWD, act_bwd, vl_act_bwd_args)                                    \
+  X(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args)                              \
+  X(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args)                              \
+  X(BIAS_FWD, bias_fwd, vl_bias_fwd_args)                                 \
+  X(BIAS_BWD, bias_bwd, vl_bias_bwd_args)                                 \
+  X(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args)                              \
+  X(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args)                              \
+  X(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args)               \
+  X(MSE_FUSED, mse_fused, vl_mse_fused_args)                              \
+  X(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args)                     \
+  X(ATTN_FWD, attn_fwd, vl_attn_fwd_args)                                 \
+  X(ATTN_BWD, attn_bwd, vl_attn_bwd_args)
 
 typedef enum {
 #define VL_OP_ENUM_(id, name, type) VL_OP_##id,
@@ -171,16 +188,17 @@ typedef struct {
   vl_tensor *y; const vl_tensor *x;
   int64_t B, T, H, D; bool back;
 } vl_permute_args;
-/* Row softmax of scale*S with a causal mask; row r has query position r % T. P may alias S. */
+/* Row softmax of scale*S over rows of T columns; with causal, row r has query position
+ * r % T and sees columns 0..r % T (masked columns get 0). P may alias S. */
 typedef struct {
   vl_tensor *P; const vl_tensor *S;
-  int64_t rows, T; float scale;
-} vl_softmax_causal_fwd_args;
+  int64_t rows, T; float scale; bool causal;
+} vl_softmax_fwd_args;
 /* dS = scale * P * (dP - sum(dP*P)); dS may alias dP */
 typedef struct {
   vl_tensor *dS; const vl_tensor *dP, *P;
-  int64_t rows, T; float scale;
-} vl_softmax_causal_bwd_args;
+  int64_t rows, T; float scale; bool causal;
+} vl_softmax_bwd_args;
 /* out = silu(g) * u over n elements */
 typedef struct { vl_tensor *out; const vl_tensor *g, *u; int64_t n; } vl_swiglu_fwd_args;
 typedef struct {
@@ -247,10 +265,17 @@ typedef struct {
   vl_tensor *dx; const vl_tensor *dy, *x;
   int64_t planes, H, W; int k, stride, pad; int64_t P, Q;
 } vl_maxpool_bwd_args;
-/* Bilinear 2x upsampling (align_corners=False) of `planes` planes H x W -> 2H x 2W;
+/* 2x upsampling of `planes` planes H x W -> 2H x 2W: bilinear (align_corners=False, the
+ * default) or nearest (F.interpolate(scale_factor=2, mode="nearest"), SD's Upsample2D);
  * backward: dx (planes, H, W) overwritten from dy (planes, 2H, 2W). */
-typedef struct { vl_tensor *y; const vl_tensor *x; int64_t planes, H, W; } vl_upsample2x_fwd_args;
-typedef struct { vl_tensor *dx; const vl_tensor *dy; int64_t planes, H, W; } vl_upsample2x_bwd_args;
+typedef struct {
+  vl_tensor *y; const vl_tensor *x;
+  int64_t planes, H, W; bool nearest;
+} vl_upsample2x_fwd_args;
+typedef struct {
+  vl_tensor *dx; const vl_tensor *dy;
+  int64_t planes, H, W; bool nearest;
+} vl_upsample2x_bwd_args;
 /* Channel copy for concat and its backward: for n < N, k < nc:
  * y[n, y_c0 + k, :] = x[n, x_c0 + k, :] (+ y[...] when accumulate), planes of HW;
  * y has yC channels, x has xC. */
@@ -266,6 +291,107 @@ typedef struct {
   vl_tensor *logits, *loss; const vl_tensor *tgt;
   int64_t N, K, HW; float dloss_scale;
 } vl_xent_pix_args;
+
+/* ---- Stable Diffusion's operations (U-Net, VAE encoder, CLIP text encoder) ------------- */
+
+/* GroupNorm over x (N, C, HW) in G groups of C/G channels (PyTorch's nn.GroupNorm, biased
+ * variance): mean, rstd (N*G, fp32) saved for backward; y = (x - mean) * rstd * gamma[c] +
+ * beta[c]. y must not alias x (backward reads x). */
+typedef struct {
+  vl_tensor *y, *mean, *rstd; const vl_tensor *x, *gamma, *beta;
+  int64_t N, C, HW, G; float eps;
+} vl_groupnorm_fwd_args;
+/* dx (N, C, HW) overwritten, or accumulated when accumulate; dgamma, dbeta (C, fp32)
+ * accumulated, both NULL when the norm is frozen. dx may not alias dy. */
+typedef struct {
+  vl_tensor *dx, *dgamma, *dbeta; const vl_tensor *dy, *x, *gamma, *mean, *rstd;
+  int64_t N, C, HW, G; bool accumulate;
+} vl_groupnorm_bwd_args;
+/* LayerNorm over the last dim of x (R, C) (nn.LayerNorm): mean, rstd (R, fp32) saved;
+ * y = (x - mean) * rstd * gamma + beta. y must not alias x. */
+typedef struct {
+  vl_tensor *y, *mean, *rstd; const vl_tensor *x, *gamma, *beta;
+  int64_t R, C; float eps;
+} vl_layernorm_fwd_args;
+/* dx (R, C) overwritten or accumulated; dgamma, dbeta (C, fp32) accumulated or both NULL. */
+typedef struct {
+  vl_tensor *dx, *dgamma, *dbeta; const vl_tensor *dy, *x, *gamma, *mean, *rstd;
+  int64_t R, C; bool accumulate;
+} vl_layernorm_bwd_args;
+/* Activations: SiLU x*sigmoid(x); GELU the exact erf form 0.5x(1+erf(x/sqrt 2)) (PyTorch's
+ * default, diffusers' GEGLU); quick-GELU x*sigmoid(1.702x) (CLIP). */
+typedef enum { VL_ACT_SILU = 0, VL_ACT_GELU, VL_ACT_QUICK_GELU, VL_ACT_COUNT } vl_act;
+/* y = act(x) over n elements; y may alias x only when no backward follows (it reads x). */
+typedef struct { vl_tensor *y; const vl_tensor *x; int64_t n; vl_act act; } vl_act_fwd_args;
+/* dx = dy * act'(x), overwritten; dx may alias dy. */
+typedef struct { vl_tensor *dx; const vl_tensor *dy, *x; int64_t n; vl_act act; } vl_act_bwd_args;
+/* diffusers' GEGLU after its projection h (R, 2F): out (R, F) = h[:, :F] * gelu(h[:, F:])
+ * (the first half is the value, the second the gate, as `hidden, gate = h.chunk(2, -1)`). */
+typedef struct { vl_tensor *out; const vl_tensor *h; int64_t R, F; } vl_geglu_fwd_args;
+/* dh (R, 2F) overwritten from dout (R, F) and h. */
+typedef struct { vl_tensor *dh; const vl_tensor *dout, *h; int64_t R, F; } vl_geglu_bwd_args;
+/* Bias over y viewed as (outer, C, inner): y[o, c, i] += b[c], or b[o, c] when per_outer
+ * (the U-Net's time embedding added per sample to (N, C, HW)). Linear: (R, N, 1); conv:
+ * (N, K, P*Q). b in any float dtype (a frozen fp16 bias, an fp32 trainable one). */
+typedef struct {
+  vl_tensor *y; const vl_tensor *b;
+  int64_t outer, C, inner; bool per_outer;
+} vl_bias_fwd_args;
+/* db[c] (or db[o, c]) = sum over the rest of dy; accumulated into db when accumulate (a
+ * parameter's gradient), else overwritten (a per-sample temporary). */
+typedef struct {
+  vl_tensor *db; const vl_tensor *dy;
+  int64_t outer, C, inner; bool per_outer, accumulate;
+} vl_bias_bwd_args;
+/* Zero padding of `planes` planes H x W by (top, bottom, left, right) -> (H+t+b, W+l+r):
+ * the VAE's asymmetric F.pad(x, (0, 1, 0, 1)) before its stride-2 convolution. Backward
+ * crops: dx (planes, H, W) overwritten from dy. */
+typedef struct {
+  vl_tensor *y; const vl_tensor *x;
+  int64_t planes, H, W; int top, bottom, left, right;
+} vl_pad2d_fwd_args;
+typedef struct {
+  vl_tensor *dx; const vl_tensor *dy;
+  int64_t planes, H, W; int top, bottom, left, right;
+} vl_pad2d_bwd_args;
+/* diffusers' get_timestep_embedding: t (B, VL_I32), half = dim/2, freq[j] = exp(-ln(max_period)
+ * * j / (half - shift)), e = t * freq, emb (B, dim) = [sin e, cos e], or [cos e, sin e] when
+ * flip_sin_to_cos (SD: flip, shift 0, max_period 10000). dim even. */
+typedef struct {
+  vl_tensor *emb; const vl_tensor *t;
+  int64_t B, dim; bool flip_sin_to_cos; float shift, max_period;
+} vl_timestep_embed_args;
+/* Fused MSE in fp32: per row r of pred (R, C), loss[r] (fp32) = sum_c (pred - target)^2; in
+ * place pred := dloss_scale * 2 * (pred - target) (the caller folds the mean, the loss scale
+ * and accumulation into dloss_scale). */
+typedef struct {
+  vl_tensor *pred, *loss; const vl_tensor *target;
+  int64_t R, C; float dloss_scale;
+} vl_mse_fused_args;
+/* The VAE's DiagonalGaussianDistribution sample, scaled: moments (N, 2C, HW) hold mean
+ * (channels [0, C)) and log-variance ([C, 2C)); logvar clamped to [-30, 20];
+ * z (N, C, HW) = scale * (mean + exp(logvar / 2) * noise), noise (N, C, HW) N(0, 1) from the
+ * batch. scale: 0.18215 for SD 1.5. */
+typedef struct {
+  vl_tensor *z; const vl_tensor *moments, *noise;
+  int64_t N, C, HW; float scale;
+} vl_gauss_sample_args;
+/* Memory-efficient attention (tiled, online softmax; what SDPA's efficient/flash kernels
+ * do): q (B, Tq, H*D), k and v (B, Tk, H*D) as the projections write them (head h in
+ * columns [h*D, (h+1)*D)), o (B, Tq, H*D) = softmax(scale q k^T [+ causal mask]) v per head;
+ * lse (B, H, Tq, fp32) the log-sum-exp of each score row, kept for backward. causal:
+ * Tq == Tk, query i sees keys 0..i (CLIP). No (Tq, Tk) tensor is ever stored. */
+typedef struct {
+  vl_tensor *o, *lse; const vl_tensor *q, *k, *v;
+  int64_t B, H, Tq, Tk, D; float scale; bool causal;
+} vl_attn_fwd_args;
+/* Its backward: recomputes the probabilities from q, k and lse; dq, dk, dv overwritten.
+ * Workspace (fp32, B*H*Tq): delta = rowsum(dout * o), from vl_op_run. */
+typedef struct {
+  vl_tensor *dq, *dk, *dv; const vl_tensor *dout, *o, *lse, *q, *k, *v;
+  int64_t B, H, Tq, Tk, D; float scale; bool causal;
+  void *ws; size_t ws_bytes;
+} vl_attn_bwd_args;
 
 /* ---- descriptors ------------------------------------------------------------------------ */
 typedef struct { double flops, bytes; } vl_op_cost;
@@ -302,17 +428,18 @@ VL_OPS(VL_OP_WRAP_)
 #undef VL_OP_WRAP_
 
 /* ---- per-operation profile (engine side of --profile) ---------------------------------- */
-/* With ctx->profile on, vl_op_run adds to entry [op]: calls, seconds of the kernel (the host
- * clock around it, after a backend sync before and after, so on CUDA it is the kernel's
- * time, not its launch), FLOPs (recompute included) and bytes. Plan contexts count calls,
- * FLOPs and bytes; their seconds are ~0. */
+/* With ctx->profile on, vl_op_run adds to entry [op]: calls, seconds of the kernel, FLOPs
+ * (recompute included) and bytes. Seconds: on a backend with device timers (CUDA) a pair of
+ * events around the kernel, collected when the profile is read, so the stream never stalls;
+ * otherwise (CPU) the host clock around the kernel after a sync before and after. Plan
+ * contexts count calls, FLOPs and bytes; their seconds are ~0. */
 typedef struct vl_op_profile {
   uint64_t calls;
   double seconds, flops, bytes;
 } vl_op_profile;
 
-/* VL_OP_COUNT entries, indexed by vl_op. */
-const vl_op_profile *vl_ctx_profile(const vl_ctx *c);
+/* VL_OP_COUNT entries, indexed by vl_op (waits for the device timers still pending). */
+const vl_op_profile *vl_ctx_profile(vl_ctx *c);
 void vl_ctx_profile_reset(vl_ctx *c);
 
 #ifdef __cplusplus
