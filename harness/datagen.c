@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "datasets/captions.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "harness.h"
@@ -73,10 +74,39 @@ static int gen_seg(const vl_datagen_opts *o) {
   return 0;
 }
 
+/* The command line's options carry no size for this set: it is made at the default (512). */
+static int gen_captions(const vl_datagen_opts *o) {
+  int last = 0;
+  vl_captions_gen_cfg g;
+  vl_captions_gen_cfg_default(&g);
+  g.n = o->n;
+  g.seed = (uint64_t)o->seed;
+  g.quality = o->quality;
+  g.progress = progress;
+  g.user = &last;
+  char err[512];
+  double t0 = vl_now();
+  if (vl_captions_generate(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  double dt = vl_now() - t0;
+  vl_captions *s;
+  if (vl_captions_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  vl_captions_info in;
+  vl_captions_info_get(s, &in);
+  printf("%s: %lld captioned images (short side %d..%d, 1:1..16:9), %.1f KB JPEG average, "
+         "%.1f tokens per caption average (77 with padding), %.1f s (%.0f images/s)\n",
+         o->out, (long long)in.n, in.size * 3 / 4, in.size * 5 / 4,
+         (double)in.total_bytes / 1e3 / (double)in.n, (double)in.total_tokens / (double)in.n, dt,
+         (double)in.n / dt);
+  vl_captions_close(s);
+  return 0;
+}
+
 static const vl_dataset_kind kinds[] = {
     {"jpeg", "synthetic photo-like JPEG set (dataloader case)", "--n --seed --quality", gen_jpeg},
     {"seg", "synthetic segmentation set: SxS JPEGs + PGM masks, C classes incl. background (seg-ckpt case)",
      "--n --seed --quality --size --classes", gen_seg},
+    {"captions", "synthetic captioned image set: JPEGs around 512 px (short side 384..640, 1:1..16:9) "
+     "+ CLIP token ids, 77 per caption (sd-lora case)", "--n --seed --quality", gen_captions},
 };
 
 const vl_dataset_kind *vl_dataset_kinds(int *n) {

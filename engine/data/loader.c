@@ -23,6 +23,9 @@
  * Masks (cfg.masks): every batch buffer also has y (batch x crop x crop int32), which the
  * transform, the per-sample copy and the SKIP refill move along with x.
  *
+ * Transforms: vl_transform_seg with masks, else vl_transform (VL_TF_IMAGENET) or
+ * vl_transform_sd (VL_TF_SD), whose working memory each worker keeps and grows.
+ *
  * Per-worker state (dataset scratch, the decoded image) is made by the worker thread and
  * freed when it exits; with W = 0 the caller's copy lives until vl_loader_destroy. */
 #define _GNU_SOURCE
@@ -61,6 +64,8 @@ typedef struct {
   void *scratch;
   bool has_scratch;
   vl_image img;
+  void *tf;       /* VL_TF_SD: vl_transform_sd's scratch, grown to the largest image's */
+  size_t tf_cap;
 } worker;
 
 struct vl_loader {
@@ -129,6 +134,9 @@ void vl_loader_cfg_default(vl_loader_cfg *c) {
   c->on_corrupt = VL_CORRUPT_ERROR;
   c->max_file_bytes = VL_LOADER_MAX_FILE_BYTES;
   c->host_mem_cap = 0;
+  c->transform = VL_TF_IMAGENET;
+  c->sd_random_crop = false;
+  c->sd_flip = false;
 }
 
 int vl_corrupt_policy_parse(const char *s, vl_corrupt_policy *out) {
@@ -155,9 +163,11 @@ size_t vl_loader_batch_bytes(const vl_loader_cfg *c) {
 }
 
 /* A worker's decode state (see "Host memory" in data.h): the dataset's scratch, one decoded
- * image (+ its mask) and, with per-sample collate, the sample tensor it holds. */
+ * image (+ its mask), the SD transform's working memory and, with per-sample collate, the
+ * sample tensor it holds. */
 static size_t worker_bytes(const vl_loader_cfg *c, size_t scratch_bytes, size_t max_image_bytes) {
   return scratch_bytes + max_image_bytes + (c->masks ? max_image_bytes / 3 : 0) +
+         (c->transform == VL_TF_SD ? vl_transform_sd_scratch_bound(c->crop, max_image_bytes / 3) : 0) +
          (c->batched_collate ? 0 : sample_floats(c) * sizeof(float) + sample_ids(c) * sizeof(int32_t));
 }
 
@@ -225,6 +235,12 @@ static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, char *e
                   (int)c->on_corrupt), VL_ERR_INVALID;
   if (c->max_file_bytes < 1)
     return seterr(err, errn, "loader: max_file_bytes must be >= 1 (got 0)"), VL_ERR_INVALID;
+  if (c->transform != VL_TF_IMAGENET && c->transform != VL_TF_SD)
+    return seterr(err, errn, "loader: transform must be VL_TF_IMAGENET or VL_TF_SD (got %d)",
+                  (int)c->transform), VL_ERR_INVALID;
+  if (c->transform == VL_TF_SD && c->masks)
+    return seterr(err, errn, "loader: masks take the segmentation transform, not VL_TF_SD"),
+           VL_ERR_INVALID;
   if (!ds->len || !ds->read)
     return seterr(err, errn, "loader: the dataset needs len() and read()"), VL_ERR_INVALID;
   if ((ds->scratch_new == NULL) != (ds->scratch_free == NULL))
@@ -355,6 +371,42 @@ static void worker_state_free(vl_loader *l, worker *w) {
   free(w->img.pix);
   free(w->img.mask);
   memset(&w->img, 0, sizeof w->img);
+  free(w->tf);
+  w->tf = NULL;
+  w->tf_cap = 0;
+}
+
+/* Sample idx's image im through the cfg's transform into dst (and ydst with masks), with
+ * the worker's memory. VL_OK, or a status with a message in t->err. */
+static vl_status transform_one(const vl_loader_cfg *c, worker *w, int64_t idx, const vl_image *im,
+                               vl_rng *rng, float *dst, int32_t *ydst, task *t) {
+  if (c->masks) {
+    vl_transform_seg(c, im, rng, dst, ydst);
+    return VL_OK;
+  }
+  if (c->transform != VL_TF_SD) {
+    vl_transform(c, im, rng, dst);
+    return VL_OK;
+  }
+  const int lo = im->w < im->h ? im->w : im->h, hi = im->w < im->h ? im->h : im->w;
+  if ((int64_t)c->crop * hi / lo > INT32_MAX / 4) {
+    snprintf(t->err, sizeof t->err, "sample %lld: a %dx%d image resized to a short side of %d is "
+             "too long for the SD transform", (long long)idx, im->w, im->h, c->crop);
+    return VL_ERR_INVALID;
+  }
+  const size_t need = vl_transform_sd_scratch_bytes(c->crop, im->w, im->h);
+  if (need > w->tf_cap) {
+    void *p = realloc(w->tf, need);
+    if (!p) {
+      snprintf(t->err, sizeof t->err, "sample %lld: could not allocate %zu bytes of transform scratch",
+               (long long)idx, need);
+      return VL_ERR_OOM;
+    }
+    w->tf = p;
+    w->tf_cap = need;
+  }
+  vl_transform_sd(c, im, rng, dst, w->tf);
+  return VL_OK;
 }
 
 /* Make task k into t->buf: read, decode, transform and collate its samples, leaving out
@@ -411,8 +463,7 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
     float *dst = b->pub.x + (size_t)g * (size_t)l->F;
     int32_t *ydst = c->masks ? b->pub.y + (size_t)g * (size_t)l->P : NULL;
     if (c->batched_collate) {
-      if (c->masks) vl_transform_seg(c, im, &rng, dst, ydst);
-      else vl_transform(c, im, &rng, dst);
+      if ((t->st = transform_one(c, w, idx, im, &rng, dst, ydst, t)) != VL_OK) break;
     } else {
       /* PyTorch's default path: one tensor per sample (image, then its mask), then stacked
        * into the batch. */
@@ -426,8 +477,10 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
       _Static_assert(sizeof(float) == sizeof(int32_t) && _Alignof(float) == _Alignof(int32_t),
                      "the mask follows the image in one sample tensor");
       int32_t *yone = (int32_t *)(one + l->F);
-      if (c->masks) vl_transform_seg(c, im, &rng, one, yone);
-      else vl_transform(c, im, &rng, one);
+      if ((t->st = transform_one(c, w, idx, im, &rng, one, c->masks ? yone : NULL, t)) != VL_OK) {
+        free(one);
+        break;
+      }
       memcpy(dst, one, sbytes);
       if (c->masks) memcpy(ydst, yone, ybytes);
       free(one);

@@ -1,7 +1,8 @@
 /* The input pipeline (engine/data): a dataset interface, a seeded sampler, worker threads
  * with per-worker prefetch, per-sample or batched collate (random-resized crop, flip,
- * normalise, HWC -> CHW into one contiguous batch), host memory accounting with a cap, and
- * corrupt-sample handling. Generic: a dataset only has to decode sample i into an image
+ * normalise, HWC -> CHW into one contiguous batch; or Stable Diffusion's resize, crop,
+ * flip and [-1, 1] scaling), host memory accounting with a cap, and corrupt-sample
+ * handling. Generic: a dataset only has to decode sample i into an image
  * (and, for segmentation, its per-pixel class mask). */
 #ifndef VRAMLAB_DATA_H
 #define VRAMLAB_DATA_H
@@ -68,6 +69,13 @@ const char *vl_corrupt_policy_name(vl_corrupt_policy p);
  * large photo's JPEG. */
 #define VL_LOADER_MAX_FILE_BYTES ((uint64_t)64 << 20)
 
+/* The per-sample image transform (vl_loader_cfg.transform; cfg.masks takes
+ * vl_transform_seg whatever this says). */
+typedef enum {
+  VL_TF_IMAGENET = 0, /* vl_transform: random-resized crop, flip, mean/std (the default) */
+  VL_TF_SD = 1        /* vl_transform_sd: Stable Diffusion's resize, crop, flip, [-1, 1] */
+} vl_transform_kind;
+
 typedef struct {
   int64_t batch;           /* samples per batch */
   int workers;             /* 0: load in the caller's thread (PyTorch num_workers=0) */
@@ -99,12 +107,18 @@ typedef struct {
    * masks in `y`. A sample without a mask is VL_ERR_INVALID naming it, under any
    * on_corrupt policy (a wrong dataset, not a corrupt file). */
   bool masks;
+  /* The transform (VL_TF_IMAGENET by default). VL_TF_SD is diffusers'
+   * train_text_to_image_lora.py preprocessing at resolution `crop` (see vl_transform_sd):
+   * scale, ratio, mean and std are not used, and masks must be off. */
+  vl_transform_kind transform;
+  bool sd_random_crop;     /* VL_TF_SD: RandomCrop instead of CenterCrop (--center_crop off) */
+  bool sd_flip;            /* VL_TF_SD: RandomHorizontalFlip(p = 0.5) (--random_flip) */
 } vl_loader_cfg;
 
 /* batch 32, workers 0, prefetch 2, not persistent, per-sample collate, no drop_last,
  * shuffle, crop 224, scale (0.08, 1), ratio (3/4, 4/3), ImageNet mean/std, seed 0,
  * rank 0 of 1, VL_CORRUPT_ERROR, max_file_bytes VL_LOADER_MAX_FILE_BYTES, no cap, no
- * masks. */
+ * masks, VL_TF_IMAGENET (no SD random crop, no SD flip). */
 void vl_loader_cfg_default(vl_loader_cfg *c);
 
 /* One delivered batch: x (n, 3, crop, crop) fp32 contiguous, labels and sample indices;
@@ -176,9 +190,10 @@ typedef struct vl_loader vl_loader;
  *                  each vl_loader_batch_bytes (masks included);
  *   per worker (one with workers = 0): the dataset's scratch_bytes, one decoded image
  *                  (the dataset's max_image_bytes; with masks, its mask too:
- *                  max_image_bytes / 3) and, with per-sample collate, the one sample
- *                  tensor it holds at a time (3*crop*crop floats, + crop*crop int32 with
- *                  masks);
+ *                  max_image_bytes / 3), with VL_TF_SD the transform's working memory
+ *                  (vl_transform_sd_scratch_bound for images of max_image_bytes / 3
+ *                  pixels) and, with per-sample collate, the one sample tensor it holds at
+ *                  a time (3*crop*crop floats, + crop*crop int32 with masks);
  *   the epoch order (8 bytes per dataset sample) and the in-flight task table.
  * Batch buffers are allocated on first need, reused through a free list (released batches
  * go back to it) and never exceed that count: the caller is expected to hold one batch at
@@ -242,6 +257,39 @@ void vl_transform(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, floa
  * bytes; cfg scale/ratio are not used. */
 void vl_transform_seg(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst,
                       int32_t *ydst);
+
+/* Stable Diffusion's training transform (cfg.transform = VL_TF_SD), as diffusers'
+ * train_text_to_image_lora.py composes it on a PIL image, with resolution R = c->crop:
+ *   1. transforms.Resize(R, BILINEAR): the short side to R, the long side to
+ *      int(R * long / short) (torchvision's rounding down), resampled as Pillow's
+ *      Image.resize(BILINEAR) does it, which torchvision calls for PIL images: a triangle
+ *      filter whose support is scaled by the reduction factor when downscaling (so it
+ *      antialiases: each output pixel averages every input pixel under the stretched
+ *      triangle) and plain bilinear with half-pixel centres when upscaling; separable, in
+ *      Pillow 13's order (vertical pass first when the height shrinks by more than twice as
+ *      many pixels as the width, else horizontal first; older Pillow sources always go
+ *      horizontal first, which rounds some pixels one level apart); 22-bit fixed-point
+ *      weights; both passes rounded to uint8 as Pillow rounds them. Bit-identical to
+ *      Pillow 13.0 + torch (tests/test_captions.c keeps hashes of their outputs).
+ *   2. CenterCrop(R): top = round((h' - R) / 2), left = round((w' - R) / 2) with Python's
+ *      round (half to even); or, with c->sd_random_crop, RandomCrop(R): top drawn in
+ *      0..h'-R then left in 0..w'-R (vl_rng_below), no draws when the image is R x R.
+ *   3. RandomHorizontalFlip(p = 0.5) when c->sd_flip: flipped when one uniform draw is < 0.5.
+ *   4. ToTensor and Normalize([0.5], [0.5]): v -> (v / 255.0f - 0.5f) / 0.5f in float, so
+ *      0 -> -1 and 255 -> 1 exactly, as torch computes it.
+ * Only the R x R window that survives the crop is resampled (every output pixel is what the
+ * whole resize would give there). dst gets (3, R, R) CHW floats. img must be HWC with
+ * c = 3, w, h >= 1 and R * long / short below 2^29 (the loader refuses a longer image as
+ * VL_ERR_INVALID); c->crop in 1..VL_LOADER_CROP_MAX. scratch holds at least
+ * vl_transform_sd_scratch_bytes(c->crop, img->w, img->h) bytes, aligned as malloc aligns. */
+void vl_transform_sd(const vl_loader_cfg *c, const vl_image *img, vl_rng *rng, float *dst,
+                     void *scratch);
+/* Working memory of vl_transform_sd for a w x h image at resolution crop: the filter's taps
+ * and a few resampled rows (21 KiB for a 640x480 image at 512). */
+size_t vl_transform_sd_scratch_bytes(int crop, int w, int h);
+/* A bound on vl_transform_sd_scratch_bytes(crop, w, h) over every image of at most
+ * max_pixels pixels (the host-memory bound's term). */
+size_t vl_transform_sd_scratch_bound(int crop, size_t max_pixels);
 
 #ifdef __cplusplus
 }
