@@ -1,4 +1,4 @@
-/* Stable Diffusion 1.5's frozen encoders (engine/models/sd_vae.c, sd_clip.c): full-scale
+/* Stable Diffusion 1.5's encoders (engine/models/sd_vae.c, sd_clip.c): full-scale
  * parameter names, shapes and counts against the PyTorch listings; full-scale planned peaks
  * (fp16, B = 1 and 8) and the time a plan takes; planned peak == measured peak on the CPU at
  * tiny scale (fp32 and bf16, classic and efficient attention); classic == efficient up to
@@ -6,6 +6,15 @@
  * the middle of a forward frees everything; parity with diffusers' AutoencoderKL and
  * transformers' CLIPTextModel (float64 references on tiny configurations,
  * tests/fixtures/sd_{vae,clip}_parity.bin from tests/torch/make_sd_fixture.py).
+ *
+ * LoRA training of the text encoder (section 6): full-scale LoRA counts (peft's), names and
+ * storage; full-scale plans of a training step (fp16, r=4, B = 1 and 8, both target sets,
+ * both attentions, checkpointing on and off); planned == measured peaks of a tiny training
+ * step (fp32 / bf16, classic / efficient, checkpointing on / off, both target sets);
+ * checkpointed == plain bit for bit and the training forward == encode; finite differences
+ * of LoRA gradients; misuse and OOM; parity of the LoRA forward and of every LoRA gradient
+ * with transformers + peft in float64 (the same fp32 tolerance as the forward: max
+ * normalised errors below 1e-6 seen).
  *
  * Parity tolerances. The references are float64 on float32-exact weights and inputs, so in
  * fp32 the only error is the engine's float32 rounding through ~20 layers: max |got - ref| /
@@ -783,37 +792,29 @@ static void test_vae_parity(void **state) {
   sdfx_close(&f);
 }
 
-static void clip_parity_run(const sdfx_file *f, vl_dtype dt, vl_attn_impl impl, bool perturb,
-                            double *err_out) {
-  vl_sd_clip_cfg g;
-  vl_sd_clip_preset("tiny", &g);
-  g.vocab = fx_i64(f, "config.vocab_size");
-  g.dim = fx_i64(f, "config.hidden_size");
-  g.ffn = fx_i64(f, "config.intermediate_size");
-  g.n_layers = fx_i64(f, "config.num_hidden_layers");
-  g.n_heads = fx_i64(f, "config.num_attention_heads");
-  g.n_pos = fx_i64(f, "config.max_position_embeddings");
-  g.eps = (float)fx_f64(f, "config.layer_norm_eps");
-  g.act = VL_ACT_QUICK_GELU;
-  g.weights = g.acts = dt;
-  g.out = VL_F32;
-  g.attn = impl;
-  vl_ctx *c = mkctx(VL_DEV_CPU, VL_NO_CAP);
-  vl_sd_clip *m;
-  OK(vl_sd_clip_create(c, &g, 5, &m));
-  /* the SD 1.5 checkpoint's keys (and make_sd_fixture.py's) may carry "text_model."; the
-   * live CLIPTextModel of transformers 5 and sd15_params_text_encoder.txt do not */
+/* The fixture's CLIPTextConfig over the tiny preset (frozen). */
+static void clip_fixture_cfg(const sdfx_file *f, vl_sd_clip_cfg *g) {
+  vl_sd_clip_preset("tiny", g);
+  g->vocab = fx_i64(f, "config.vocab_size");
+  g->dim = fx_i64(f, "config.hidden_size");
+  g->ffn = fx_i64(f, "config.intermediate_size");
+  g->n_layers = fx_i64(f, "config.num_hidden_layers");
+  g->n_heads = fx_i64(f, "config.num_attention_heads");
+  g->n_pos = fx_i64(f, "config.max_position_embeddings");
+  g->eps = (float)fx_f64(f, "config.layer_norm_eps");
+  g->act = VL_ACT_QUICK_GELU;
+}
+
+/* The fixture's frozen weights into m. The SD 1.5 checkpoint's keys (and make_sd_fixture.py's)
+ * may carry "text_model."; the live CLIPTextModel of transformers 5 and
+ * sd15_params_text_encoder.txt do not. */
+static void clip_fixture_load(vl_ctx *c, vl_sd_clip *m, const sdfx_file *f) {
   bool pre = sdfx_find(f, "param.text_model.embeddings.token_embedding.weight") != NULL;
   fx_load_params(c, vl_sd_clip_params(m), f, pre ? "text_model." : "");
-  if (perturb) {
-    vl_param *q = vl_sd_clip_param(m, "encoder.layers.1.self_attn.q_proj.weight");
-    assert_non_null(q);
-    float *h = malloc((size_t)(q->rows * q->cols) * sizeof *h);
-    OK(vl_param_read(c, q, h));
-    h[5] += 0.05f;
-    OK(vl_param_load(c, q, h));
-    free(h);
-  }
+}
+
+/* The fixture's token ids as a VL_MEM_DATA (B, T) VL_I32 tensor. */
+static vl_tensor clip_fixture_tokens(vl_ctx *c, const sdfx_file *f) {
   const sdfx_record *ids = sdfx_find(f, "input.input_ids");
   assert_non_null(ids);
   assert_int_equal(ids->ndim, 2);
@@ -823,9 +824,37 @@ static void clip_parity_run(const sdfx_file *f, vl_dtype dt, vl_attn_impl impl, 
   char err[512];
   if (sdfx_read_i64(f, "input.input_ids", id64, B * T, err, sizeof err)) fail_msg("%s", err);
   for (int64_t i = 0; i < B * T; i++) id32[i] = (int32_t)id64[i];
-  vl_tensor tok, hid;
+  vl_tensor tok;
   OK(vl_tensor_alloc2(c, &tok, VL_I32, VL_MEM_DATA, B, T));
   OK(c->be->upload(c, &tok, 0, id32, tok.bytes));
+  free(id64);
+  free(id32);
+  return tok;
+}
+
+static void clip_parity_run(const sdfx_file *f, vl_dtype dt, vl_attn_impl impl, bool perturb,
+                            double *err_out) {
+  vl_sd_clip_cfg g;
+  clip_fixture_cfg(f, &g);
+  g.weights = g.acts = dt;
+  g.out = VL_F32;
+  g.attn = impl;
+  vl_ctx *c = mkctx(VL_DEV_CPU, VL_NO_CAP);
+  vl_sd_clip *m;
+  OK(vl_sd_clip_create(c, &g, 5, &m));
+  clip_fixture_load(c, m, f);
+  if (perturb) {
+    vl_param *q = vl_sd_clip_param(m, "encoder.layers.1.self_attn.q_proj.weight");
+    assert_non_null(q);
+    float *h = malloc((size_t)(q->rows * q->cols) * sizeof *h);
+    OK(vl_param_read(c, q, h));
+    h[5] += 0.05f;
+    OK(vl_param_load(c, q, h));
+    free(h);
+  }
+  vl_tensor tok = clip_fixture_tokens(c, f), hid;
+  int64_t B = tok.shape[0], T = tok.shape[1];
+  char err[512];
   OK(vl_sd_clip_encode(m, &tok, &hid, VL_MEM_DATA));
   int64_t dims[3] = {B, T, g.dim};
   if (sdfx_check_shape(f, "out.last_hidden_state", 3, dims, err, sizeof err)) fail_msg("%s", err);
@@ -835,8 +864,6 @@ static void clip_parity_run(const sdfx_file *f, vl_dtype dt, vl_attn_impl impl, 
   *err_out = norm_err(got, want, hid.n);
   free(got);
   free(want);
-  free(id64);
-  free(id32);
   vl_tensor_free(c, &hid);
   vl_tensor_free(c, &tok);
   vl_sd_clip_destroy(m);
@@ -864,6 +891,645 @@ static void test_clip_parity(void **state) {
   sdfx_close(&f);
 }
 
+/* ---- (6) LoRA training of the text encoder ------------------------------------------------ */
+
+/* A training setup: the model (with optimizer state when asked), tokens and the loss weights
+ * R (B, T, dim) fp32 of loss = sum(hidden * R), so dL/dhidden = R. */
+typedef struct {
+  vl_ctx *c;
+  vl_sd_clip *m;
+  vl_tensor tok, R;
+  float *rh;     /* R on the host */
+  size_t base;   /* live bytes of the bare context (a CUDA plan's fixed cuBLAS workspace) */
+  size_t before; /* live bytes before the step */
+} ctrain;
+
+static vl_sd_clip_cfg lora_cfg(const char *scale, vl_dtype dt, vl_attn_impl attn, bool ck,
+                               vl_sd_clip_lora_targets tg, int rank, float alpha) {
+  vl_sd_clip_cfg g;
+  assert_int_equal(vl_sd_clip_preset(scale, &g), 0);
+  g.weights = g.acts = g.out = dt;
+  g.attn = attn;
+  g.checkpoint = ck;
+  g.lora_targets = tg;
+  g.lora_rank = rank;
+  g.lora_alpha = alpha;
+  return g;
+}
+
+/* LoRA factors as the fixture sets them: A ~ N(0, 1/in), B ~ N(0, 0.2^2) (B non-zero, so
+ * neither gradient vanishes). */
+static void randomize_lora(vl_sd_clip *m, vl_ctx *c, uint64_t seed) {
+  int n;
+  vl_param *p = vl_sd_clip_trainable(m, &n);
+  for (int i = 0; i < n; i++) {
+    bool isA = strstr(p[i].name, ".lora_A.") != NULL;
+    float *h = tu_randn_new(p[i].rows * p[i].cols, isA ? 1.0f / sqrtf((float)p[i].cols) : 0.2f,
+                            seed + (uint64_t)i);
+    OK(vl_param_load(c, &p[i], h));
+    free(h);
+  }
+}
+
+/* The model on context c (the setup owns it from here). */
+static void ctrain_make(ctrain *t, vl_ctx *c, const vl_sd_clip_cfg *g, int64_t B, int64_t T,
+                        bool optim, uint64_t lora_seed) {
+  memset(t, 0, sizeof *t);
+  t->c = c;
+  t->base = live(c);
+  OK(vl_sd_clip_create(t->c, g, 12, &t->m));
+  if (optim) {
+    vl_optim_cfg oc;
+    vl_optim_cfg_default(&oc, 1e-3f);
+    OK(vl_sd_clip_alloc_optim(t->m, &oc));
+  }
+  if (lora_seed && !t->c->plan) randomize_lora(t->m, t->c, lora_seed);
+  t->tok = data_tokens(t->c, B, T, g->vocab, 23);
+  int64_t rs[3] = {B, T, g->dim};
+  t->R = data_f32(t->c, 3, rs, 31);
+  t->rh = tu_randn_new(B * T * g->dim, 1.0f, 31); /* data_f32's values */
+  t->before = live(t->c);
+}
+
+static void ctrain_free(ctrain *t) {
+  TU_TFREE(t->c, &t->R, &t->tok);
+  free(t->rh);
+  vl_sd_clip_destroy(t->m);
+  vl_mem_stats s;
+  vl_arena_stats(t->c->arena, &s);
+  assert_int_equal(s.cur_total, t->base); /* the model gave back everything it took */
+  assert_int_equal(s.n_bad_free, 0);
+  vl_ctx_destroy(t->c);
+  memset(t, 0, sizeof *t);
+}
+
+/* One step: forward (train), dL/dhidden = R, backward, then AdamW when apply. The loss
+ * sum(hidden * R) (0 on a plan context); the hidden state into *hid (malloc'd) when asked. */
+static double ctrain_step(ctrain *t, bool apply, float **hid) {
+  vl_ctx *c = t->c;
+  vl_tensor hidden;
+  OK(vl_sd_clip_forward(t->m, &t->tok, true, &hidden));
+  double loss = 0;
+  if (!c->plan) {
+    float *h = host_of(&hidden);
+    loss = tu_dot(h, t->rh, hidden.n);
+    if (hid) *hid = h;
+    else free(h);
+  }
+  OK(vl_sd_clip_backward(t->m, &t->R));
+  vl_tensor_free(c, &hidden);
+  if (apply) {
+    vl_optim_cfg oc;
+    vl_optim_cfg_default(&oc, 1e-3f);
+    vl_scaler sc;
+    vl_scaler_init(&sc, vl_sd_clip_config(t->m)->acts == VL_F16, 65536.0f, 2000);
+    bool skipped;
+    double norm;
+    OK(vl_sd_clip_apply(t->m, &oc, 1.0f, &sc, &skipped, &norm));
+    assert_false(skipped);
+    assert_true(c->plan || norm > 0);
+  }
+  vl_mem_stats s;
+  vl_arena_stats(c->arena, &s);
+  assert_int_equal(s.cur[VL_MEM_ACTS] + s.cur[VL_MEM_TEMP], 0); /* the step gave it all back */
+  return loss;
+}
+
+static float *clip_lora_grads(ctrain *t, int64_t *n_out) {
+  int n;
+  vl_param *p = vl_sd_clip_trainable(t->m, &n);
+  int64_t tot = 0;
+  for (int i = 0; i < n; i++) tot += p[i].rows * p[i].cols;
+  float *g = malloc((size_t)tot * 4), *q = g;
+  for (int i = 0; i < n; i++) {
+    OK(vl_param_read_grad(t->c, &p[i], q));
+    q += p[i].rows * p[i].cols;
+  }
+  *n_out = tot;
+  return g;
+}
+
+/* (1) the LoRA factors at full scale: counts (peft's, tests/torch/sd_param_counts.py), names,
+ * shapes, storage; configuration errors. */
+static void test_clip_lora_params(void **state) {
+  (void)state;
+  const int64_t want[2] = {294912, 663552}; /* r=4 on q/k/v/out_proj; kohya adds fc1, fc2 */
+  const int n_tensors[2] = {12 * 4 * 2, 12 * 6 * 2};
+  for (int k = 0; k < 2; k++) {
+    vl_ctx *p = mkctx(VL_DEV_PLAN, VL_NO_CAP);
+    vl_mem_stats s0, s;
+    vl_arena_stats(p->arena, &s0);
+    vl_sd_clip_cfg g = lora_cfg("full", VL_F16, VL_ATTN_EFFICIENT, false,
+                                (vl_sd_clip_lora_targets)k, 4, 4.0f);
+    vl_sd_clip *m;
+    OK(vl_sd_clip_create(p, &g, 1, &m));
+    int n;
+    vl_param *lp = vl_sd_clip_trainable(m, &n);
+    int64_t tot = 0;
+    for (int i = 0; i < n; i++) {
+      assert_true(lp[i].trainable && lp[i].has_master); /* fp16: fp32 master + fp16 copy */
+      assert_int_equal(lp[i].w.dtype, VL_F16);
+      assert_int_equal(lp[i].master.cat, VL_MEM_PARAMS);
+      assert_int_equal(lp[i].grad.cat, VL_MEM_GRADS);
+      assert_ptr_equal(vl_sd_clip_param(m, lp[i].name), &lp[i]);
+      tot += lp[i].rows * lp[i].cols;
+    }
+    print_message("  full-scale LoRA r=4 targets %s: %lld parameters in %d tensors\n",
+                  vl_sd_clip_lora_targets_name(g.lora_targets), (long long)tot, n);
+    assert_int_equal(n, n_tensors[k]);
+    assert_int_equal(tot, want[k]);
+    assert_int_equal(vl_sd_clip_n_trainable(m), want[k]);
+    assert_int_equal(vl_sd_clip_n_params(m), 123060480); /* the frozen count is unchanged */
+    check_listing(vl_sd_clip_params(m), CLIP_LISTING, 123060480);
+    /* peft's order and names: layer 0 k_proj A, B, then v_proj, q_proj, out_proj, ... */
+    assert_string_equal(lp[0].name, "encoder.layers.0.self_attn.k_proj.lora_A.weight");
+    assert_string_equal(lp[1].name, "encoder.layers.0.self_attn.k_proj.lora_B.weight");
+    assert_string_equal(lp[4].name, "encoder.layers.0.self_attn.q_proj.lora_A.weight");
+    assert_true(lp[0].rows == 4 && lp[0].cols == 768 && lp[1].rows == 768 && lp[1].cols == 4);
+    vl_param *fc2b = vl_sd_clip_param(m, "encoder.layers.11.mlp.fc2.lora_B.weight");
+    vl_param *fc1a = vl_sd_clip_param(m, "encoder.layers.3.mlp.fc1.lora_A.weight");
+    if (k) {
+      assert_true(fc2b && fc2b->rows == 768 && fc2b->cols == 4);
+      assert_true(fc1a && fc1a->rows == 4 && fc1a->cols == 768);
+      assert_string_equal(lp[n - 1].name, "encoder.layers.11.mlp.fc2.lora_B.weight");
+    } else {
+      assert_true(!fc2b && !fc1a);
+      assert_string_equal(lp[n - 1].name, "encoder.layers.11.self_attn.out_proj.lora_B.weight");
+    }
+    vl_arena_stats(p->arena, &s);
+    assert_true(s.cur[VL_MEM_GRADS] >= (size_t)want[k] * 4);
+    assert_true(s.cur[VL_MEM_PARAMS] >= (size_t)want[k] * 6);
+    vl_sd_clip_destroy(m);
+    vl_arena_stats(p->arena, &s);
+    assert_int_equal(s.cur_total, s0.cur_total);
+    vl_ctx_destroy(p);
+  }
+  /* frozen by default: nothing trainable */
+  vl_ctx *c = mkctx(VL_DEV_CPU, VL_NO_CAP);
+  vl_sd_clip_cfg g;
+  vl_sd_clip_preset("full", &g);
+  assert_int_equal(g.lora_rank, 0);
+  vl_sd_clip_preset("tiny", &g);
+  vl_sd_clip *m = NULL;
+  OK(vl_sd_clip_create(c, &g, 1, &m));
+  int n = -1;
+  assert_null(vl_sd_clip_trainable(m, &n));
+  assert_int_equal(n, 0);
+  assert_int_equal(vl_sd_clip_n_trainable(m), 0);
+  vl_sd_clip_destroy(m);
+  /* the init: A ~ N(0, 1/r^2), B = 0 (peft's "gaussian", the U-Net's) */
+  g = lora_cfg("tiny", VL_F32, VL_ATTN_EFFICIENT, false, VL_SD_CLIP_LORA_KOHYA, 4, 4.0f);
+  OK(vl_sd_clip_create(c, &g, 1, &m));
+  vl_param *lp = vl_sd_clip_trainable(m, &n);
+  double ss = 0, bs = 0;
+  int64_t na = 0;
+  for (int i = 0; i < n; i++) {
+    float *h = malloc((size_t)(lp[i].rows * lp[i].cols) * 4);
+    OK(vl_param_read(c, &lp[i], h));
+    for (int64_t j = 0; j < lp[i].rows * lp[i].cols; j++) {
+      if (i % 2 == 0) ss += (double)h[j] * h[j], na++;
+      else bs += fabs(h[j]);
+    }
+    free(h);
+  }
+  double sd = sqrt(ss / (double)na);
+  print_message("  tiny LoRA init: std(A) %.4f (1/r = 0.25), sum |B| %g\n", sd, bs);
+  assert_true(fabs(sd - 0.25) < 0.02 && bs == 0);
+  vl_sd_clip_destroy(m);
+  /* configuration errors */
+  g.lora_alpha = 0;
+  assert_int_equal(vl_sd_clip_create(c, &g, 1, &m), VL_ERR_INVALID);
+  g.lora_alpha = 4, g.lora_rank = -1;
+  assert_int_equal(vl_sd_clip_create(c, &g, 1, &m), VL_ERR_INVALID);
+  g.lora_rank = 4, g.lora_targets = VL_SD_CLIP_LORA_TARGETS_COUNT;
+  assert_int_equal(vl_sd_clip_create(c, &g, 1, &m), VL_ERR_INVALID);
+  vl_sd_clip_lora_targets tg;
+  assert_int_equal(vl_sd_clip_lora_targets_parse("kohya", &tg), 0);
+  assert_int_equal(tg, VL_SD_CLIP_LORA_KOHYA);
+  assert_int_equal(vl_sd_clip_lora_targets_parse("attn", &tg), 0);
+  assert_int_equal(tg, VL_SD_CLIP_LORA_ATTN);
+  assert_int_equal(vl_sd_clip_lora_targets_parse("mlp", &tg), -1);
+  vl_mem_stats s;
+  vl_arena_stats(c->arena, &s);
+  assert_int_equal(s.cur_total, 0);
+  vl_ctx_destroy(c);
+}
+
+/* (2) full-scale plans of a training step (forward, backward, AdamW), fp16, r=4. */
+static vl_mem_stats plan_train_full(int64_t B, vl_attn_impl attn, bool ck,
+                                    vl_sd_clip_lora_targets tg, double *secs, double *flops) {
+  vl_sd_clip_cfg g = lora_cfg("full", VL_F16, attn, ck, tg, 4, 4.0f);
+  double t0 = vl_now();
+  ctrain t;
+  vl_ctx *p;
+  OK(vl_ctx_create(&p, VL_DEV_PLAN, VL_NO_CAP)); /* the CUDA target's workspace rules */
+  ctrain_make(&t, p, &g, B, 77, true, 0);
+  ctrain_step(&t, true, NULL);
+  *secs = vl_now() - t0;
+  *flops = t.c->flops;
+  vl_mem_stats s;
+  vl_arena_stats(t.c->arena, &s);
+  ctrain_free(&t);
+  return s;
+}
+
+static void test_clip_lora_plan_full(void **state) {
+  (void)state;
+  char b[VL_MEM_NCAT][32], tot[32];
+  for (int bi = 0; bi < 2; bi++) {
+    int64_t B = bi ? 8 : 1;
+    vl_mem_stats r[2][2][2]; /* [targets][attn][ck] */
+    double fr[2][2][2];
+    for (int tg = 0; tg < 2; tg++)
+      for (int a = 0; a < 2; a++)
+        for (int k = 0; k < 2; k++) {
+          double secs, fl;
+          vl_mem_stats s = plan_train_full(B, (vl_attn_impl)a, k, (vl_sd_clip_lora_targets)tg,
+                                           &secs, &fl);
+          r[tg][a][k] = s;
+          fr[tg][a][k] = fl;
+          for (int cat = 0; cat < VL_MEM_NCAT; cat++) vl_fmt_bytes(s.at_peak[cat], b[cat], 32);
+          print_message("  full B=%lld %-5s %-9s ckpt %d: peak %s (frozen %s params %s grads %s "
+                        "optim %s acts %s temp %s ws %s data %s) %.1f GFLOP, plan %.3f s\n",
+                        (long long)B, vl_sd_clip_lora_targets_name((vl_sd_clip_lora_targets)tg),
+                        vl_attn_impl_name((vl_attn_impl)a), k,
+                        vl_fmt_bytes(s.peak_total, tot, sizeof tot), b[VL_MEM_FROZEN],
+                        b[VL_MEM_PARAMS], b[VL_MEM_GRADS], b[VL_MEM_OPTIM], b[VL_MEM_ACTS],
+                        b[VL_MEM_TEMP], b[VL_MEM_WORKSPACE], b[VL_MEM_DATA], fl / 1e9, secs);
+          assert_true(secs < 0.5);
+          int64_t ntr = tg ? 663552 : 294912;
+          assert_true(s.peak[VL_MEM_GRADS] >= (size_t)ntr * 4);
+          assert_true(s.peak[VL_MEM_OPTIM] >= (size_t)ntr * 8);
+          assert_true(s.at_peak[VL_MEM_FROZEN] >= (size_t)123060480 * 2);
+          assert_true(s.at_peak[VL_MEM_FROZEN] < (size_t)123060480 * 2 + (1u << 20));
+          assert_true(s.peak[VL_MEM_ACTS] > 0);
+        }
+    for (int tg = 0; tg < 2; tg++)
+      for (int a = 0; a < 2; a++) {
+        /* checkpointing keeps one (B, 77, 768) input per layer instead of everything */
+        assert_true(r[tg][a][1].peak[VL_MEM_ACTS] < r[tg][a][0].peak[VL_MEM_ACTS] / 3);
+        assert_true(r[tg][a][1].peak_total < r[tg][a][0].peak_total);
+        /* and changes no model FLOP (its re-runs are recompute) */
+        assert_true(fabs(fr[tg][a][1] - fr[tg][a][0]) < 1e-9 * fr[tg][a][0]);
+      }
+    /* kohya's targets keep fc1's and fc2's inputs too */
+    assert_true(r[1][1][0].peak[VL_MEM_ACTS] > r[0][1][0].peak[VL_MEM_ACTS]);
+  }
+}
+
+/* (3) planned peak == measured peak of a training step on the CPU at tiny scale. */
+static void test_clip_lora_plan_equals_measured(void **state) {
+  (void)state;
+  const vl_dtype dts[2] = {VL_F32, VL_BF16};
+  for (int d = 0; d < 2; d++)
+    for (int a = 0; a < 2; a++)
+      for (int k = 0; k < 2; k++)
+        for (int tg = 0; tg < 2; tg++) {
+          vl_sd_clip_cfg g = lora_cfg("tiny", dts[d], (vl_attn_impl)a, k,
+                                      (vl_sd_clip_lora_targets)tg, 4, 4.0f);
+          ctrain tc, tp;
+          ctrain_make(&tc, mkctx(VL_DEV_CPU, VL_NO_CAP), &g, 2, g.n_pos, true, 0);
+          ctrain_make(&tp, mkctx(VL_DEV_PLAN, VL_NO_CAP), &g, 2, g.n_pos, true, 0);
+          double t0 = vl_now();
+          double loss = ctrain_step(&tc, true, NULL);
+          double secs = vl_now() - t0;
+          ctrain_step(&tp, true, NULL);
+          vl_mem_stats sm, sp;
+          vl_arena_stats(tc.c->arena, &sm);
+          vl_arena_stats(tp.c->arena, &sp);
+          print_message("  tiny %s %-9s ckpt %d %-5s: peak %zu planned, %zu measured (acts %zu); "
+                        "loss %.4f; step %.1f ms\n", vl_dtype_name(dts[d]),
+                        vl_attn_impl_name((vl_attn_impl)a), k,
+                        vl_sd_clip_lora_targets_name((vl_sd_clip_lora_targets)tg), sp.peak_total,
+                        sm.peak_total, sm.peak[VL_MEM_ACTS], loss, secs * 1e3);
+          assert_true(isfinite(loss) && loss != 0);
+          if (sm.peak_total != sp.peak_total)
+            fail_msg("measured peak %zu, planned %zu", sm.peak_total, sp.peak_total);
+          assert_memory_equal(sm.peak, sp.peak, sizeof sm.peak);
+          assert_memory_equal(sm.at_peak, sp.at_peak, sizeof sm.at_peak);
+          assert_memory_equal(sm.cur, sp.cur, sizeof sm.cur);
+          assert_int_equal(sm.n_alloc, sp.n_alloc);
+          assert_true(tc.c->flops == tp.c->flops && tc.c->flops > 0);
+          assert_true(tc.c->flops_recompute == tp.c->flops_recompute);
+          assert_true(k ? tc.c->flops_recompute > 0 : tc.c->flops_recompute == 0);
+          assert_true(sm.peak[VL_MEM_ACTS] > 0);
+          ctrain_free(&tc);
+          ctrain_free(&tp);
+        }
+}
+
+/* (4) checkpointed == plain bit for bit; the training forward == encode; classic ~ efficient. */
+static float *clip_grads_of(const vl_sd_clip_cfg *g, int64_t *n, double *loss, float **hid) {
+  ctrain t;
+  ctrain_make(&t, mkctx(VL_DEV_CPU, VL_NO_CAP), g, 3, g->n_pos, false, 77);
+  *loss = ctrain_step(&t, false, hid);
+  float *gr = clip_lora_grads(&t, n);
+  ctrain_free(&t);
+  return gr;
+}
+
+static void test_clip_lora_equivalences(void **state) {
+  (void)state;
+  const vl_dtype dts[2] = {VL_F32, VL_BF16};
+  for (int d = 0; d < 2; d++)
+    for (int tg = 0; tg < 2; tg++) {
+      vl_sd_clip_cfg g = lora_cfg("tiny", dts[d], VL_ATTN_EFFICIENT, false,
+                                  (vl_sd_clip_lora_targets)tg, 4, 8.0f);
+      int64_t n0, n1, n2;
+      double l0, l1, l2;
+      float *h0, *h1, *h2;
+      float *plain = clip_grads_of(&g, &n0, &l0, &h0);
+      g.checkpoint = true;
+      float *ck = clip_grads_of(&g, &n1, &l1, &h1);
+      g.checkpoint = false;
+      g.attn = VL_ATTN_CLASSIC;
+      float *cl = clip_grads_of(&g, &n2, &l2, &h2);
+      assert_int_equal(n0, n1);
+      assert_int_equal(n0, n2);
+      int64_t nh = 3 * g.n_pos * g.dim;
+      /* checkpointing changes memory, not math: the same bits */
+      assert_true(l0 == l1);
+      assert_memory_equal(h0, h1, (size_t)nh * 4);
+      assert_memory_equal(plain, ck, (size_t)n0 * 4);
+      double amax = 0, e = norm_err_f(cl, plain, n0);
+      for (int64_t i = 0; i < n0; i++) amax = fmax(amax, fabs(plain[i]));
+      print_message("  %s %-5s: %lld LoRA gradient entries, max |g| %.3f, loss %.5f; "
+                    "classic vs efficient: gradients %.2e, hidden %.2e\n", vl_dtype_name(dts[d]),
+                    vl_sd_clip_lora_targets_name((vl_sd_clip_lora_targets)tg), (long long)n0,
+                    amax, l0, e, norm_err_f(h2, h0, nh));
+      assert_true(amax > 1e-2);
+      assert_true(e < (d ? 3e-2 : 2e-6));
+      /* the training forward computes what encode does, LoRA included */
+      vl_ctx *c = mkctx(VL_DEV_CPU, VL_NO_CAP);
+      vl_sd_clip *m;
+      g.attn = VL_ATTN_EFFICIENT;
+      OK(vl_sd_clip_create(c, &g, 12, &m));
+      randomize_lora(m, c, 77);
+      vl_tensor tok = data_tokens(c, 3, g.n_pos, g.vocab, 23), hid;
+      OK(vl_sd_clip_encode(m, &tok, &hid, VL_MEM_DATA));
+      float *he = host_of(&hid);
+      assert_memory_equal(he, h0, (size_t)nh * 4);
+      free(he);
+      vl_tensor_free(c, &hid);
+      vl_tensor_free(c, &tok);
+      vl_sd_clip_destroy(m);
+      vl_ctx_destroy(c);
+      free(plain);
+      free(ck);
+      free(cl);
+      free(h0);
+      free(h1);
+      free(h2);
+    }
+}
+
+/* (5) finite differences of the LoRA gradients (fp32, random non-zero B) on
+ * loss = sum(hidden * R). */
+typedef struct {
+  ctrain *t;
+  vl_param *p; /* the parameter perturbed */
+  float *ph;   /* its values on the host */
+} clip_fd;
+
+static double clip_fd_loss(void *v) {
+  clip_fd *f = v;
+  vl_ctx *c = f->t->c;
+  OK(vl_param_load(c, f->p, f->ph));
+  vl_tensor hid;
+  OK(vl_sd_clip_forward(f->t->m, &f->t->tok, false, &hid));
+  float *h = host_of(&hid);
+  double s = tu_dot(h, f->t->rh, hid.n);
+  free(h);
+  vl_tensor_free(c, &hid);
+  return s;
+}
+
+static void test_clip_lora_finite_differences(void **state) {
+  (void)state;
+  static const char *const names[] = {
+      "encoder.layers.0.self_attn.q_proj.lora_A.weight", /* the first sink: no input gradient */
+      "encoder.layers.0.self_attn.k_proj.lora_B.weight",
+      "encoder.layers.0.self_attn.v_proj.lora_A.weight",
+      "encoder.layers.0.mlp.fc1.lora_A.weight",
+      "encoder.layers.1.self_attn.out_proj.lora_B.weight",
+      "encoder.layers.1.mlp.fc2.lora_A.weight",
+      "encoder.layers.1.mlp.fc2.lora_B.weight"};
+  for (int k = 0; k < 2; k++) { /* plain and checkpointed */
+    vl_sd_clip_cfg g = lora_cfg("tiny", VL_F32, VL_ATTN_CLASSIC, k, VL_SD_CLIP_LORA_KOHYA, 4, 8.0f);
+    ctrain t;
+    ctrain_make(&t, mkctx(VL_DEV_CPU, VL_NO_CAP), &g, 2, 9, false, 99);
+    ctrain_step(&t, false, NULL);
+    clip_fd f = {.t = &t};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+      f.p = vl_sd_clip_param(t.m, names[i]);
+      assert_non_null(f.p);
+      assert_true(f.p->trainable);
+      int64_t n = f.p->rows * f.p->cols;
+      f.ph = malloc((size_t)n * 4);
+      float *an = malloc((size_t)n * 4);
+      OK(vl_param_read(t.c, f.p, f.ph));
+      OK(vl_param_read_grad(t.c, f.p, an));
+      int64_t best = 0; /* the 3 entries of largest gradient, checked where they sit */
+      for (int64_t j = 0; j < n; j++)
+        if (fabsf(an[j]) > fabsf(an[best])) best = j;
+      int64_t j0 = best > n - 3 ? n - 3 : best;
+      char what[48];
+      snprintf(what, sizeof what, "ck%d %s", k, strstr(names[i], "layers.") + 7);
+      what[sizeof what - 1] = 0;
+      tu_fd_check(clip_fd_loss, &f, f.ph + j0, 3, an + j0, 1e-2f, 5e-3, what);
+      OK(vl_param_load(t.c, f.p, f.ph));
+      free(an);
+      free(f.ph);
+    }
+    ctrain_free(&t);
+  }
+}
+
+/* Misuse and OOM: backward without a training forward, training without LoRA, a bad
+ * dhidden, a training forward dropped by encode or release, OOM inside a step. */
+static void test_clip_lora_misuse_and_oom(void **state) {
+  (void)state;
+  vl_sd_clip_cfg g =
+      lora_cfg("tiny", VL_F32, VL_ATTN_EFFICIENT, false, VL_SD_CLIP_LORA_ATTN, 4, 4.0f);
+  ctrain t;
+  ctrain_make(&t, mkctx(VL_DEV_CPU, VL_NO_CAP), &g, 2, g.n_pos, true, 0);
+  vl_ctx *c = t.c;
+  vl_tensor hid;
+  assert_int_equal(vl_sd_clip_backward(t.m, &t.R), VL_ERR_INVALID);
+  assert_non_null(strstr(c->err, "without a training forward"));
+  OK(vl_sd_clip_forward(t.m, &t.tok, false, &hid)); /* keeps nothing: no backward */
+  assert_int_equal(hid.cat, VL_MEM_TEMP);
+  assert_int_equal(vl_sd_clip_backward(t.m, &hid), VL_ERR_INVALID);
+  vl_tensor_free(c, &hid);
+  assert_int_equal(live(c), t.before);
+  /* a bad dhidden: refused, and the forward's activations are freed */
+  OK(vl_sd_clip_forward(t.m, &t.tok, true, &hid));
+  vl_mem_stats s;
+  vl_arena_stats(c->arena, &s);
+  assert_true(s.cur[VL_MEM_ACTS] > 0);
+  assert_int_equal(vl_sd_clip_backward(t.m, &t.tok), VL_ERR_INVALID);
+  assert_int_equal(live(c), t.before + (hid.bytes + 255) / 256 * 256);
+  /* a training forward dropped by the next encode, and by release */
+  vl_tensor h2, h3;
+  OK(vl_sd_clip_forward(t.m, &t.tok, true, &h2));
+  OK(vl_sd_clip_encode(t.m, &t.tok, &h3, VL_MEM_DATA));
+  vl_arena_stats(c->arena, &s);
+  assert_int_equal(s.cur[VL_MEM_ACTS], 0);
+  assert_int_equal(vl_sd_clip_backward(t.m, &t.R), VL_ERR_INVALID);
+  TU_TFREE(c, &h3, &h2, &hid);
+  assert_int_equal(live(c), t.before);
+  OK(vl_sd_clip_forward(t.m, &t.tok, true, &hid));
+  vl_sd_clip_release(t.m);
+  vl_tensor_free(c, &hid);
+  assert_int_equal(live(c), t.before);
+  assert_int_equal(vl_sd_clip_backward(t.m, &t.R), VL_ERR_INVALID);
+  ctrain_free(&t);
+  /* without LoRA nothing can train */
+  vl_sd_clip_cfg gf = g;
+  gf.lora_rank = 0;
+  ctrain_make(&t, mkctx(VL_DEV_CPU, VL_NO_CAP), &gf, 2, g.n_pos, false, 0);
+  assert_int_equal(vl_sd_clip_forward(t.m, &t.tok, true, &hid), VL_ERR_INVALID);
+  assert_false(hid.owned);
+  assert_int_equal(live(t.c), t.before);
+  ctrain_free(&t);
+
+  /* OOM inside a step under caps below its peak: a status; everything the step made is
+   * freed; the same model then steps a smaller batch */
+  ctrain tp;
+  g.checkpoint = true;
+  ctrain_make(&tp, mkctx(VL_DEV_PLAN, VL_NO_CAP), &g, 4, g.n_pos, true, 0);
+  ctrain_step(&tp, false, NULL);
+  size_t before = tp.before, peak = peak_of(tp.c);
+  ctrain_free(&tp);
+  const double frac[3] = {0.3, 0.8, 0.99};
+  for (int f = 0; f < 3; f++) {
+    size_t cap = before + (size_t)(frac[f] * (double)(peak - before));
+    ctrain_make(&t, mkctx(VL_DEV_CPU, cap), &g, 4, g.n_pos, true, 0);
+    assert_int_equal(t.before, before);
+    vl_status st = vl_sd_clip_forward(t.m, &t.tok, true, &hid);
+    if (st == VL_OK) {
+      st = vl_sd_clip_backward(t.m, &t.R);
+      vl_tensor_free(t.c, &hid);
+    } else {
+      assert_false(hid.owned);
+    }
+    assert_int_equal(st, VL_ERR_OOM);
+    vl_arena_stats(t.c->arena, &s);
+    assert_int_equal(s.cur_total, before);
+    assert_int_equal(s.n_bad_free, 0);
+    vl_tensor one = vl_tensor_rows(&t.tok, 0, 1), r1 = vl_tensor_rows(&t.R, 0, 1);
+    if (frac[f] > 0.5) {
+      OK(vl_sd_clip_forward(t.m, &one, true, &hid));
+      OK(vl_sd_clip_backward(t.m, &r1));
+      vl_tensor_free(t.c, &hid);
+    }
+    ctrain_free(&t);
+  }
+}
+
+/* (6) parity with transformers' CLIPTextModel + peft LoRA (r=2, alpha 2 on q/k/v/out_proj, B
+ * non-zero) in float64: the fixture's LoRA step, loss = sum(last_hidden_state * R). The
+ * normalised errors (max |got - ref| / max |ref|) of the hidden state, of the loss and, per
+ * LoRA matrix, of its gradient (the worst matrix reported). */
+typedef struct {
+  double hid, loss, grad;
+  char worst[96];
+} lora_parity;
+
+static lora_parity clip_lora_parity_run(const sdfx_file *f, vl_attn_impl impl, bool ck,
+                                        bool perturb) {
+  lora_parity out = {0};
+  char err[512];
+  vl_sd_clip_cfg g;
+  clip_fixture_cfg(f, &g);
+  g.weights = g.acts = g.out = VL_F32;
+  g.attn = impl;
+  g.checkpoint = ck;
+  g.lora_rank = (int)fx_i64(f, "config.lora_rank");
+  g.lora_alpha = (float)fx_i64(f, "config.lora_alpha");
+  g.lora_targets = VL_SD_CLIP_LORA_ATTN;
+  vl_ctx *c = mkctx(VL_DEV_CPU, VL_NO_CAP);
+  vl_sd_clip *m;
+  OK(vl_sd_clip_create(c, &g, 5, &m));
+  clip_fixture_load(c, m, f);
+  int n;
+  vl_param *lp = vl_sd_clip_trainable(m, &n);
+  assert_int_equal(n, 2 * 4 * 2);
+  assert_int_equal(sdfx_count_prefix(f, "lora."), n);
+  for (int i = 0; i < n; i++) { /* every LoRA factor by its name */
+    char rec[160];
+    snprintf(rec, sizeof rec, "lora.%s", lp[i].name);
+    if (sdfx_check_shape(f, rec, 2, (int64_t[]){lp[i].rows, lp[i].cols}, err, sizeof err))
+      fail_msg("%s", err);
+    float *h = malloc((size_t)(lp[i].rows * lp[i].cols) * 4);
+    if (sdfx_read_f32(f, rec, h, lp[i].rows * lp[i].cols, err, sizeof err)) fail_msg("%s", err);
+    if (perturb && !strcmp(lp[i].name, "encoder.layers.0.self_attn.q_proj.lora_B.weight"))
+      h[3] += 0.05f;
+    OK(vl_param_load(c, &lp[i], h));
+    free(h);
+  }
+  vl_tensor tok = clip_fixture_tokens(c, f), R = fx_input(c, f, "input.R"), hid;
+  OK(vl_sd_clip_forward(m, &tok, true, &hid));
+  int64_t dims[3] = {tok.shape[0], tok.shape[1], g.dim};
+  if (sdfx_check_shape(f, "out.lora_last_hidden_state", 3, dims, err, sizeof err))
+    fail_msg("%s", err);
+  double *want = sdfx_get_f64(f, "out.lora_last_hidden_state", NULL, err, sizeof err);
+  assert_non_null(want);
+  float *got = host_of(&hid), *rh = host_of(&R);
+  out.hid = norm_err(got, want, hid.n);
+  double lw;
+  if (sdfx_read_f64(f, "out.lora_loss", &lw, 1, err, sizeof err)) fail_msg("%s", err);
+  out.loss = fabs(tu_dot(got, rh, hid.n) - lw) / fabs(lw);
+  free(want);
+  free(got);
+  free(rh);
+  OK(vl_sd_clip_backward(m, &R));
+  vl_tensor_free(c, &hid);
+  for (int i = 0; i < n; i++) {
+    char rec[160];
+    snprintf(rec, sizeof rec, "grad.%s", lp[i].name);
+    int64_t gn = 0;
+    double *gw = sdfx_get_f64(f, rec, &gn, err, sizeof err);
+    if (!gw) fail_msg("%s", err);
+    assert_int_equal(gn, lp[i].rows * lp[i].cols);
+    float *gh = malloc((size_t)gn * 4);
+    OK(vl_param_read_grad(c, &lp[i], gh));
+    double e = norm_err(gh, gw, gn);
+    if (e >= out.grad) {
+      out.grad = e;
+      snprintf(out.worst, sizeof out.worst, "%s", lp[i].name);
+    }
+    free(gh);
+    free(gw);
+  }
+  TU_TFREE(c, &R, &tok);
+  vl_sd_clip_destroy(m);
+  vl_ctx_destroy(c);
+  return out;
+}
+
+static void test_clip_lora_parity(void **state) {
+  (void)state;
+  sdfx_file f;
+  fx_open(&f, "sd_clip_parity.bin");
+  for (int a = 0; a < VL_ATTN_IMPL_COUNT; a++)
+    for (int k = 0; k < 2; k++) {
+      lora_parity p = clip_lora_parity_run(&f, (vl_attn_impl)a, k, false);
+      print_message("  clip LoRA fp32 %-9s ckpt %d vs transformers + peft (float64): hidden %.2e, "
+                    "loss %.2e, LoRA gradients max normalised error %.2e (%s)\n",
+                    vl_attn_impl_name((vl_attn_impl)a), k, p.hid, p.loss, p.grad, p.worst);
+      assert_true(p.hid <= PARITY_TOL_F32);
+      assert_true(p.loss <= PARITY_TOL_F32);
+      assert_true(p.grad <= PARITY_TOL_F32);
+    }
+  /* can fail: one LoRA weight moved by 0.05 */
+  lora_parity p = clip_lora_parity_run(&f, VL_ATTN_EFFICIENT, false, true);
+  print_message("  clip LoRA with one q_proj lora_B weight + 0.05: hidden %.2e, gradients %.2e\n",
+                p.hid, p.grad);
+  assert_true(p.hid > 10 * PARITY_TOL_F32 && p.grad > 10 * PARITY_TOL_F32);
+  sdfx_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest t[] = {
       cmocka_unit_test(test_full_params),
@@ -875,6 +1541,13 @@ int main(void) {
       cmocka_unit_test(test_oom),
       cmocka_unit_test(test_vae_parity),
       cmocka_unit_test(test_clip_parity),
+      cmocka_unit_test(test_clip_lora_params),
+      cmocka_unit_test(test_clip_lora_plan_full),
+      cmocka_unit_test(test_clip_lora_plan_equals_measured),
+      cmocka_unit_test(test_clip_lora_equivalences),
+      cmocka_unit_test(test_clip_lora_finite_differences),
+      cmocka_unit_test(test_clip_lora_misuse_and_oom),
+      cmocka_unit_test(test_clip_lora_parity),
   };
   return cmocka_run_group_tests(t, NULL, NULL);
 }

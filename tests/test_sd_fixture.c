@@ -196,8 +196,10 @@ static void test_clip(void **state) {
   sdfx_file f;
   char err[1024];
   open_fx(&f, CLIP_FILE);
-  assert_int_equal(f.n, 50);
+  assert_int_equal(f.n, 87); /* 50 of the frozen encoder, 37 of its LoRA step */
   assert_int_equal(sdfx_count_prefix(&f, "param."), 36);
+  assert_int_equal(sdfx_count_prefix(&f, "lora."), 16); /* 2 layers x q, k, v, out_proj x A, B */
+  assert_int_equal(sdfx_count_prefix(&f, "grad."), 16);
   expect_shape(&f, "param.embeddings.token_embedding.weight", 2, (int64_t[]){100, 32});
   expect_shape(&f, "param.embeddings.position_embedding.weight", 2, (int64_t[]){7, 32});
   expect_shape(&f, "param.encoder.layers.1.mlp.fc1.weight", 2, (int64_t[]){64, 32});
@@ -222,6 +224,12 @@ static void test_clip(void **state) {
     if (!(fabs(m) < 1e-9 && fabs(v - 1) < 1e-3)) fail_msg("token %d: normalised mean %g, variance %g", t, m, v);
   }
   free(h); free(w); free(b);
+  /* the LoRA step's loss is sum(lora_last_hidden_state * R) */
+  double *lh = get64(&f, "out.lora_last_hidden_state", 14 * 32), *R = get64(&f, "input.R", 14 * 32);
+  double *loss = get64(&f, "out.lora_loss", 1), sum = 0;
+  for (int i = 0; i < 14 * 32; i++) sum += lh[i] * R[i];
+  expect_close(sum, loss[0], 1e-12, "clip LoRA loss vs sum(hidden * R)");
+  free(lh); free(R); free(loss);
   check_param_sums(&f);
   sdfx_close(&f);
 }

@@ -171,6 +171,18 @@ static void test_full_scale(void **state) {
   assert_int_equal(q.params.total, 859520964 + 797184 + 34163664 + 123060480);
   assert_true(q.mem.at_peak[VL_MEM_FROZEN] > (size_t)2 * (859520964 + 34163664 + 123060480));
   vl_plan_result_free(&q);
+  /* and the text encoder trained: peft's count for r=4 on q/k/v/out_proj is 294,912 */
+  cfg.clip.lora_rank = 4;
+  cfg.clip.lora_alpha = 4;
+  OK(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &q));
+  assert_int_equal(q.params.trainable, 797184 + 294912);
+  assert_int_equal(q.params.module_count[3], 797184 + 294912);
+  vl_plan_result_free(&q);
+  /* it needs the text encoder in the step */
+  cfg.encoders_in_step = false;
+  assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &q), VL_ERR_INVALID);
+  vl_plan_result_free(&q);
+  assert_non_null(strstr(q.err, "text-encoder LoRA"));
 }
 
 /* ---- planned == measured; accumulation -------------------------------------------------- */
@@ -211,9 +223,12 @@ static void free_batch(host_batch *h) {
   free(h->lat); free(h->ctx); free(h->noise); free(h->img); free(h->vnoise); free(h->t); free(h->tok);
 }
 
-static void planned_equals_measured(bool in_step, vl_attn_impl attn, bool ckpt, vl_dtype dt) {
+static void planned_equals_measured(bool in_step, vl_attn_impl attn, bool ckpt, vl_dtype dt, int text_rank) {
   vl_sd_cfg cfg;
   assert_int_equal(vl_sd_preset("tiny", &cfg), 0);
+  cfg.clip.lora_rank = text_rank;
+  cfg.clip.lora_alpha = (float)text_rank;
+  cfg.clip.checkpoint = ckpt;
   vl_sd_set_precision(&cfg, dt, dt);
   cfg.encoders_in_step = in_step;
   cfg.unet.attn = cfg.vae.attn = cfg.clip.attn = attn;
@@ -244,10 +259,13 @@ static void planned_equals_measured(bool in_step, vl_attn_impl attn, bool ckpt, 
 
 static void test_planned_equals_measured(void **state) {
   (void)state;
-  planned_equals_measured(false, VL_ATTN_EFFICIENT, false, VL_F32);
-  planned_equals_measured(false, VL_ATTN_CLASSIC, true, VL_BF16);
-  planned_equals_measured(true, VL_ATTN_EFFICIENT, false, VL_F32);
-  planned_equals_measured(true, VL_ATTN_CLASSIC, true, VL_BF16);
+  planned_equals_measured(false, VL_ATTN_EFFICIENT, false, VL_F32, 0);
+  planned_equals_measured(false, VL_ATTN_CLASSIC, true, VL_BF16, 0);
+  planned_equals_measured(true, VL_ATTN_EFFICIENT, false, VL_F32, 0);
+  planned_equals_measured(true, VL_ATTN_CLASSIC, true, VL_BF16, 0);
+  /* the text encoder trained too: its activations, gradients and optimizer state */
+  planned_equals_measured(true, VL_ATTN_EFFICIENT, false, VL_F32, 4);
+  planned_equals_measured(true, VL_ATTN_CLASSIC, true, VL_BF16, 2);
 }
 
 /* LoRA gradients after fwd_bwd over mb (n micro-batches), as one host array. */

@@ -19,6 +19,8 @@ static const vl_knob_decl knobs[] = {
     {"lora_alpha", "4", "LoRA alpha (scale alpha / rank)", VL_KNOB_RUNG},
     {"batch", "1", "micro-batch images, or max (the largest that fits the cap at full scale)", VL_KNOB_RUNG},
     {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
+    {"text_lora_rank", "0", "LoRA rank on the text encoder's q/k/v/out_proj (0: frozen; needs cache = false)",
+     VL_KNOB_RUNG},
     {"cache", "true", "latents and text embeddings given (true) or VAE and text encoder in the step", VL_KNOB_RUNG},
     {"lr", "1e-4", "AdamW learning rate", VL_KNOB_RUNG},
     VL_CASE_CARD_KNOBS,
@@ -56,6 +58,11 @@ static vl_status parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
   long v;
   VL_TRY(vl_case_knob_int(env, k, "lora_rank", knobs, 1, 1024, &v));
   r->model.unet.lora_rank = (int)v;
+  VL_TRY(vl_case_knob_int(env, k, "text_lora_rank", knobs, 0, 1024, &v));
+  r->model.clip.lora_rank = (int)v;
+  r->model.clip.lora_alpha = (float)v; /* alpha = rank, as the script's default */
+  if (v > 0 && !r->model.encoders_in_step)
+    return vl_case_fail(env, VL_ERR_INVALID, "text_lora_rank = %ld trains the text encoder in the step: set cache = false", v);
   double d;
   VL_TRY(vl_case_knob_double(env, k, "lora_alpha", knobs, 1e-6, 1e6, &d));
   r->model.unet.lora_alpha = (float)d;

@@ -16,6 +16,10 @@ typedef struct {
   vl_sd_vae *vae;   /* encoders_in_step only */
   vl_sd_clip *clip; /* encoders_in_step only */
   int64_t n_vae, n_clip;
+  bool train_text;  /* LoRA on the text encoder too (kohya's default) */
+  vl_param *train;  /* with train_text: the U-Net's and the text encoder's LoRA factors,
+                       one array, so one global norm clips both */
+  int n_train;
   float abar[VL_DDPM_STEPS];
   vl_scaler sc;
 } sd_state;
@@ -74,6 +78,7 @@ static void destroy(void *state) {
   vl_sd_unet_destroy(s->unet);
   vl_sd_vae_destroy(s->vae);
   vl_sd_clip_destroy(s->clip);
+  free(s->train);
   free(s);
 }
 
@@ -106,6 +111,11 @@ static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state)
   s->cfg = *(const vl_sd_cfg *)cfg;
   vl_ddpm_alphas_cumprod(VL_DDPM_STEPS, 0.00085, 0.012, s->abar);
   vl_scaler_init(&s->sc, s->cfg.unet.acts == VL_F16, s->cfg.loss_scale, s->cfg.loss_scale_window);
+  s->train_text = s->cfg.clip.lora_rank > 0;
+  if (s->train_text && !s->cfg.encoders_in_step)
+    return vl_fail(c, VL_ERR_INVALID, "text-encoder LoRA trains the text encoder inside the step: "
+                   "it needs the encoders in the step (no cached text embeddings)");
+  s->cfg.unet.ctx_grad |= s->train_text; /* dL/dcontext feeds the text encoder's backward */
   VL_TRY(vl_sd_unet_create(c, &s->cfg.unet, seed, &s->unet));
   VL_TRY(vl_sd_unet_alloc_optim(s->unet, &s->cfg.optim));
   if (!s->cfg.encoders_in_step) return count_encoders(s);
@@ -113,6 +123,16 @@ static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state)
   VL_TRY(vl_sd_clip_create(c, &s->cfg.clip, seed ^ 0x434cu, &s->clip));
   s->n_vae = vl_sd_vae_n_params(s->vae);
   s->n_clip = vl_sd_clip_n_params(s->clip);
+  if (!s->train_text) return VL_OK;
+  VL_TRY(vl_sd_clip_alloc_optim(s->clip, &s->cfg.optim));
+  /* one array of both models' trainable parameters (the structs, sharing their tensors) */
+  int nu, nt;
+  vl_param *pu = vl_sd_unet_trainable(s->unet, &nu), *pt = vl_sd_clip_trainable(s->clip, &nt);
+  s->train = malloc((size_t)(nu + nt) * sizeof *s->train);
+  if (!s->train) return vl_fail(c, VL_ERR_OOM, "sd: host memory for %d parameters", nu + nt);
+  memcpy(s->train, pu, (size_t)nu * sizeof *pu);
+  memcpy(s->train + nu, pt, (size_t)nt * sizeof *pt);
+  s->n_train = nu + nt;
   return VL_OK;
 }
 
@@ -121,10 +141,11 @@ static void params(const void *state, vl_param_counts *out) {
   const sd_state *s = state;
   vl_param_counts u = {0};
   vl_sd_unet_counts(s->unet, &u);
-  int64_t counts[4] = {u.total - u.trainable, s->n_vae, s->n_clip, u.trainable};
+  int64_t text_lora = s->train_text ? vl_sd_clip_n_trainable(s->clip) : 0;
+  int64_t counts[4] = {u.total - u.trainable, s->n_vae, s->n_clip, u.trainable + text_lora};
   memset(out, 0, sizeof *out);
-  out->trainable = u.trainable;
-  out->total = u.total + (s->cfg.encoders_in_step ? s->n_vae + s->n_clip : 0);
+  out->trainable = u.trainable + text_lora;
+  out->total = u.total + text_lora + (s->cfg.encoders_in_step ? s->n_vae + s->n_clip : 0);
   out->n_modules = 4;
   for (int i = 0; i < 4; i++) {
     out->module_name[i] = names[i];
@@ -233,7 +254,8 @@ static vl_status inputs(sd_state *s, const vl_batch *b, int64_t B, micro_t *m,
   VL_TRY(upload(c, vn, &m->in[1]));
   VL_TRY(upload(c, tk, &m->in[2]));
   VL_TRY(vl_sd_vae_encode(s->vae, &m->in[0], &m->in[1], &m->latents, NULL, VL_MEM_TEMP));
-  VL_TRY(vl_sd_clip_encode(s->clip, &m->in[2], &m->context, VL_MEM_TEMP));
+  if (s->train_text) VL_TRY(vl_sd_clip_forward(s->clip, &m->in[2], true, &m->context));
+  else VL_TRY(vl_sd_clip_encode(s->clip, &m->in[2], &m->context, VL_MEM_TEMP));
   *lat = &m->latents;
   *ctx = &m->context;
   return VL_OK;
@@ -300,7 +322,9 @@ static vl_status micro(sd_state *s, const vl_batch *b, int idx, float dscale, do
   if (st == VL_OK) st = vl_sd_unet_forward(s->unet, &m.noisy, &m.t, ctx, true, &m.pred);
   if (st == VL_OK) st = mse(s, B, dscale, loss_sum, &m);
   if (st == VL_OK) st = vl_sd_unet_backward(s->unet, &m.pred32);
-  if (st != VL_OK) vl_sd_unet_release(s->unet);
+  if (st == VL_OK && s->train_text) st = vl_sd_clip_backward(s->clip, vl_sd_unet_dctx(s->unet));
+  vl_sd_unet_release(s->unet); /* dL/dcontext, or what a failed step left */
+  if (st != VL_OK && s->train_text) vl_sd_clip_release(s->clip);
   micro_free(c, &m);
   return st;
 }
@@ -331,6 +355,9 @@ static vl_status fwd_bwd(void *state, const vl_batch *mb, int n, vl_step_info *i
 
 static vl_status apply(void *state, vl_step_info *info) {
   sd_state *s = state;
+  if (s->train_text)
+    return vl_params_apply(s->c, s->train, s->n_train, &s->cfg.optim, s->cfg.clip_norm, &s->sc,
+                           &info->skipped, &info->grad_norm);
   return vl_sd_unet_apply(s->unet, &s->cfg.optim, s->cfg.clip_norm, &s->sc, &info->skipped,
                           &info->grad_norm);
 }

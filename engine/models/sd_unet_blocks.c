@@ -1,7 +1,8 @@
 /* The SD U-Net's layers, forward and backward (llm.c style, over vl_op_run): the linear
- * layer with its optional LoRA path, the time embedding, ResnetBlock2D, Transformer2DModel
- * (GroupNorm, proj_in, one BasicTransformerBlock, proj_out), the downsampler, the upsampler,
- * conv_in and the head (conv_norm_out, SiLU, conv_out).
+ * layer with its optional LoRA path (sd_lora.c's, shared with the CLIP text encoder), the
+ * time embedding, ResnetBlock2D, Transformer2DModel (GroupNorm, proj_in, one
+ * BasicTransformerBlock, proj_out), the downsampler, the upsampler, conv_in and the head
+ * (conv_norm_out, SiLU, conv_out).
  *
  * Every weight is frozen except the LoRA factors, so a backward computes input gradients
  * and LoRA gradients only, and a forward keeps only what those need: the inputs of the
@@ -15,6 +16,7 @@
  * recomputing the block output. Every tensor lives in a slot of the model (its blocks,
  * nodes, m->tmp), so a failed step frees everything (sd_unet.c). */
 #include "sd_unet_internal.h"
+#include "sd_lora.h"
 
 #include <string.h>
 
@@ -90,29 +92,23 @@ static vl_status conv_bwd_x(vl_sd_unet *m, const vl_conv *cv, vl_tensor *dx, con
                               &(vl_conv_bwd_data_args){.cv = *cv, .dx = dx, .dy = dy, .w = fw(m, w)});
 }
 
-/* ---- the linear layer with LoRA ---------------------------------------------------------- */
+/* ---- the linear layer with LoRA (sd_lora.c, shared with the CLIP text encoder) ---------- */
 
-static float lora_scale(const vl_sd_unet *m) {
-  return m->cfg.lora_alpha / (float)m->cfg.lora_rank;
+static sd_lora_lin lora_lin(vl_sd_unet *m, const sd_lin *L) {
+  bool lora = L->la >= 0;
+  return (sd_lora_lin){.w = fw(m, L->w), .b = L->b >= 0 ? fw(m, L->b) : NULL,
+                       .A = lora ? &m->lora[L->la] : NULL, .B = lora ? &m->lora[L->lb] : NULL,
+                       .in = L->in, .out = L->out, .r = m->cfg.lora_rank,
+                       .scale = lora ? m->cfg.lora_alpha / (float)m->cfg.lora_rank : 0.0f,
+                       .acts = m->cfg.acts};
 }
 
 /* y (R, out) (beta 0 overwrites, 1 accumulates: the residual) = x (R, in) W^T [+ b]
  * [+ s (x A^T) B^T]. keep: x A^T (R, r) stays in *xa (VL_MEM_ACTS) for dB, else it is freed. */
 static vl_status lin_fwd(vl_sd_unet *m, const sd_lin *L, vl_tensor *y, const vl_tensor *x,
                          int64_t R, float beta, bool keep, vl_tensor *xa) {
-  vl_ctx *c = m->c;
-  VL_TRY(vl_linear_fwd(c, y, x, fw(m, L->w), R, L->in, L->out, beta));
-  if (L->b >= 0) VL_TRY(bias(m, y, L->b, R, L->out, 1));
-  if (L->la < 0) return VL_OK;
-  int64_t r = m->cfg.lora_rank;
-  VL_TRY(vl_tensor_alloc2(c, xa, m->cfg.acts, kcat(keep), R, r));
-  VL_TRY(vl_linear_fwd(c, xa, x, &m->lora[L->la].w, R, L->in, r, 0.0f));
-  vl_gemm g = {.ta = false, .tb = true, .M = R, .N = L->out, .K = r, .alpha = lora_scale(m),
-               .beta = 1.0f, .A = xa, .lda = r, .B = &m->lora[L->lb].w, .ldb = r, .C = y,
-               .ldc = L->out, .batch = 1};
-  VL_TRY(vl_gemm_run(c, &g));
-  if (!keep) sd_free(m, xa);
-  return VL_OK;
+  sd_lora_lin l = lora_lin(m, L);
+  return sd_lora_lin_fwd(m->c, &l, y, x, R, beta, keep, xa);
 }
 
 /* From dy (R, out): LoRA gradients dB += s dy^T xa and dA += (s dy B)^T x (xa is freed);
@@ -120,23 +116,8 @@ static vl_status lin_fwd(vl_sd_unet *m, const sd_lin *L, vl_tensor *y, const vl_
  * weight and bias get no gradient. */
 static vl_status lin_bwd(vl_sd_unet *m, const sd_lin *L, vl_tensor *dx, float beta,
                          const vl_tensor *dy, const vl_tensor *x, vl_tensor *xa, int64_t R) {
-  vl_ctx *c = m->c;
-  if (dx) VL_TRY(vl_linear_bwd_x(c, dx, dy, fw(m, L->w), R, L->in, L->out, beta));
-  if (L->la < 0) return VL_OK;
-  int64_t r = m->cfg.lora_rank;
-  float s = lora_scale(m);
-  vl_param *A = &m->lora[L->la], *Bp = &m->lora[L->lb];
-  VL_TRY(vl_linear_bwd_w(c, &Bp->grad, dy, xa, R, r, L->out, s));
-  sd_free(m, xa);
-  vl_tensor *dxa = &m->lt; // (R, r) s dy B
-  VL_TRY(vl_tensor_alloc2(c, dxa, m->cfg.acts, VL_MEM_TEMP, R, r));
-  vl_gemm g = {.ta = false, .tb = false, .M = R, .N = r, .K = L->out, .alpha = s, .beta = 0.0f,
-               .A = dy, .lda = L->out, .B = &Bp->w, .ldb = r, .C = dxa, .ldc = r, .batch = 1};
-  VL_TRY(vl_gemm_run(c, &g));
-  VL_TRY(vl_linear_bwd_w(c, &A->grad, dxa, x, R, L->in, r, 1.0f));
-  if (dx) VL_TRY(vl_linear_bwd_x(c, dx, dxa, &A->w, R, L->in, r, 1.0f));
-  sd_free(m, dxa);
-  return VL_OK;
+  sd_lora_lin l = lora_lin(m, L);
+  return sd_lora_lin_bwd(m->c, &l, dx, beta, dy, x, xa, &m->lt, R);
 }
 
 /* ---- time embedding, conv_in ---------------------------------------------------------------- */

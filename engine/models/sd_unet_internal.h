@@ -1,7 +1,7 @@
 /* The SD U-Net's internals shared by its files: the model struct, its blocks and the
  * nodes of the forward graph (sd_unet.c: build, step, API; sd_unet_blocks.c: the LoRA
- * linear, ResnetBlock2D, Transformer2DModel, the samplers and the head, forward and
- * backward). Not a public header.
+ * linear (over sd_lora.c), ResnetBlock2D, Transformer2DModel, the samplers and the head,
+ * forward and backward). Not a public header.
  *
  * Shapes: B the batch of the step, a node's output (B, C, H, W) NCHW; T = H*W tokens,
  * R = B*T rows of a transformer's token layout (B, T, C); L context tokens. Activations

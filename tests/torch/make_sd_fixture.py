@@ -7,7 +7,9 @@ LoRA) on tiny configurations, read by the C side through tests/sd_fixture.{h,c}:
                                      examples/text_to_image/train_text_to_image_lora.py does it
   tests/fixtures/sd_vae_parity.bin   the VAE encoder + quant_conv, latent sampling, * 0.18215
   tests/fixtures/sd_clip_parity.bin  the CLIP text encoder's last_hidden_state (after
-                                     final_layer_norm: what SD feeds as encoder_hidden_states)
+                                     final_layer_norm: what SD feeds as encoder_hidden_states),
+                                     then one LoRA step of it (the text encoder trained, as
+                                     kohya's train_network.py does by default)
 
 Usage (from the repository root; needs torch, diffusers, transformers, peft; CPU only, ~6 s):
   python3 tests/torch/make_sd_fixture.py [output directory, default tests/fixtures]
@@ -36,6 +38,10 @@ VAE: AutoencoderKL block_out_channels (32, 64), DownEncoderBlock2D x 2, layers_p
   latents = (mean + std * noise) * 0.18215.
 CLIP: vocab 100, hidden 32, intermediate 64, 2 layers, 4 heads, 7 positions, quick_gelu
   (x * sigmoid(1.702 x)), LayerNorm eps 1e-5, causal self-attention, pre-LN blocks.
+  LoRA step, after the frozen records: peft LoraConfig(r=2, lora_alpha=2, target_modules
+  ["q_proj", "k_proj", "v_proj", "out_proj"]) + text_encoder.add_adapter (A, B as the
+  U-Net's below, B non-zero), loss = (last_hidden_state * R).sum() with R (2, 7, 32) N(0, 1)
+  rounded to float32; gradients of every LoRA A / B.
 
 Weights and inputs
 ------------------
@@ -95,7 +101,7 @@ Record names
              out_channels, lora_rank, lora_alpha, num_train_timesteps; VAE block_out_channels,
              layers_per_block, norm_num_groups, latent_channels; CLIP vocab_size,
              hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-             max_position_embeddings.  float64: config.scaling_factor (VAE), config.*_eps.
+             max_position_embeddings, lora_rank, lora_alpha.  float64: config.scaling_factor (VAE), config.*_eps.
   param.<name>   frozen weights, <name> = the diffusers / transformers state_dict name (the
                  same names and shapes as tests/fixtures/sd15_params_*.txt for SD 1.5; the
                  VAE file holds encoder.* and quant_conv.* only; CLIP names are transformers
@@ -103,18 +109,20 @@ Record names
                  the checkpoint and transformers 4 put "text_model." in front), in
                  state_dict order.
   lora.<module>.lora_A.weight (rank, in), lora.<module>.lora_B.weight (out, rank), <module>
-                 e.g. down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0: the
-                 names of diffusers' saved LoRA state dict (get_peft_model_state_dict, without
-                 the "unet." prefix); in peft's live module tree they read
+                 e.g. down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0 (CLIP:
+                 encoder.layers.0.self_attn.q_proj): the names of diffusers' saved LoRA state
+                 dict (get_peft_model_state_dict, without the "unet." / "text_encoder." and
+                 "text_model." prefixes); in peft's live module tree they read
                  <module>.lora_A.default.weight.
   grad.<module>.lora_A.weight / lora_B.weight   d loss / d that LoRA matrix (float64).
   input.*    U-Net: latents (2,4,8,8), noise (2,4,8,8), timesteps int64 (2,),
              encoder_hidden_states (2,7,24); VAE: image (2,3,16,16), noise (2,4,8,8);
-             CLIP: input_ids int64 (2,7).
+             CLIP: input_ids int64 (2,7), R (2,7,32) the LoRA step's loss weights.
   ddpm.alphas_cumprod (1000,) float32 (diffusers' values), ddpm.alphas_cumprod_t (2,)
              float64 at the two timesteps.
   out.*      U-Net: noisy_latents, model_pred (2,4,8,8), loss (scalar); VAE: mean, logvar,
-             std (2,4,8,8), latents (2,4,8,8); CLIP: last_hidden_state (2,7,32).
+             std (2,4,8,8), latents (2,4,8,8); CLIP: last_hidden_state (2,7,32) (frozen),
+             lora_last_hidden_state (2,7,32) and lora_loss (scalar) of the LoRA step.
   act.<module>   outputs of a few modules, for localising a mismatch (U-Net: time_proj
              (2,32) sinusoidal embedding, time_embedding (2,128), conv_in, each down block's
              hidden states, mid_block, each up block, the first transformer, conv_norm_out;
@@ -170,6 +178,7 @@ SCALING = 0.18215
 CLIP_CFG = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=7, hidden_act="quick_gelu", layer_norm_eps=1e-5,
                 bos_token_id=98, eos_token_id=99, pad_token_id=1)
+CLIP_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 B, T_TEXT, TIMESTEPS = 2, 7, (10, 700)
 
 
@@ -600,7 +609,54 @@ def make_clip():
         w.f32("act." + n, acts.out[n])
     w.f64("check.param_sum", [psum])
     w.f64("check.param_sumsq", [psumsq])
-    return w, len(named)
+    n_lora = clip_lora_step(te, ids, g, w)
+    return w, len(named), n_lora
+
+
+def clip_lora_step(te, ids, g, w):
+    """The text encoder LoRA-trained (kohya trains it beside the U-Net): peft LoRA r=2, alpha 2
+    on q/k/v/out_proj of every layer, non-zero random B, loss = (last_hidden_state * R).sum().
+    Appends its records after the frozen encoder's (which it leaves as they were)."""
+    te.requires_grad_(False)
+    te.add_adapter(LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, init_lora_weights="gaussian",
+                              target_modules=CLIP_LORA_TARGETS))
+    lora = [(clip_name(n).replace(".default.", "."), p) for n, p in te.named_parameters() if "lora_" in n]
+    assert all(p.requires_grad for _, p in lora) and len(lora) == CLIP_CFG["num_hidden_layers"] * 4 * 2, len(lora)
+    with torch.no_grad():
+        for n, p in lora:
+            if ".lora_A." in n:
+                p.copy_(randn32(p.shape, g, 1.0 / math.sqrt(p.shape[1])))
+            else:
+                p.copy_(randn32(p.shape, g, 0.2))
+    R = randn32((B, T_TEXT, CLIP_CFG["hidden_size"]), g)
+    te.zero_grad()
+    out = te(input_ids=ids).last_hidden_state
+    loss = (out * R).sum()
+    loss.backward()
+    print(f"clip LoRA: loss {loss.item():.12f}, |last_hidden_state| max {out.abs().max().item():.3f}")
+
+    def no_lora_out(t):
+        for n, m in t.named_modules():
+            if n.endswith("out_proj") and hasattr(m, "scaling"):
+                m.scaling = {k: 0.0 for k in m.scaling}
+
+    t = copy.deepcopy(te)
+    no_lora_out(t)
+    with torch.no_grad():
+        alt = t(input_ids=ids).last_hidden_state
+    report_moves("clip LoRA", {"LoRA left off out_proj": rel_move(alt, out)}, must={"LoRA left off out_proj"})
+
+    w.i64("config.lora_rank", [LORA_R])
+    w.i64("config.lora_alpha", [LORA_ALPHA])
+    w.f32("input.R", R)
+    for n, p in lora:
+        w.f32("lora." + n, p)
+    w.f64("out.lora_last_hidden_state", out)
+    w.f64("out.lora_loss", loss.detach().reshape(()))
+    for n, p in lora:
+        assert p.grad is not None and p.grad.abs().max() > 0, n
+        w.f64("grad." + n, p.grad)
+    return len(lora)
 
 
 def main():
@@ -608,10 +664,10 @@ def main():
     os.makedirs(outdir, exist_ok=True)
     wu, n_unet, n_lora = make_unet()
     wv, n_vae = make_vae()
-    wc, n_clip = make_clip()
+    wc, n_clip, n_clip_lora = make_clip()
     for fname, wr, what in (("sd_unet_parity.bin", wu, f"{n_unet} params, {n_lora} LoRA matrices"),
                             ("sd_vae_parity.bin", wv, f"{n_vae} params"),
-                            ("sd_clip_parity.bin", wc, f"{n_clip} params")):
+                            ("sd_clip_parity.bin", wc, f"{n_clip} params, {n_clip_lora} LoRA matrices")):
         path = os.path.join(outdir, fname)
         size = wr.write(path)
         assert size < 600_000, f"{path}: {size} bytes"

@@ -9,6 +9,9 @@
  *   cached:   latents (B, 4, h, w) and context (B, L, ctx_dim), any float dtype
  *   in step:  images (B, 3, H, W) f32, vae_noise (B, 4, h, w) f32, tokens (B, L) i32
  *   always:   noise (B, 4, h, w) f32 (the epsilon to predict), timesteps (B) i32 in [0, 1000)
+ * With clip.lora_rank > 0 the text encoder trains too (kohya's default; it must then run
+ * in the step): the U-Net hands dL/dcontext to its backward and one global gradient norm
+ * clips both models' LoRA factors.
  * noisy = sqrt(abar_t) latents + sqrt(1 - abar_t) noise, abar from DDPM's scaled-linear betas
  * (0.00085 -> 0.012 over 1000 steps) computed in float32 as diffusers' DDPMScheduler does. */
 #ifndef VRAMLAB_SD_H
@@ -54,7 +57,8 @@ extern const vl_model_type vl_model_sd;
 vl_sd_unet *vl_sd_model_unet(vl_model *m);
 
 /* Parameter modules vl_model_params reports, in order: unet (frozen), vae_encoder and
- * text_encoder (frozen; counted whether or not they run in the step), lora (trainable). */
+ * text_encoder (frozen; counted whether or not they run in the step), lora (trainable:
+ * the U-Net's and, when it trains, the text encoder's). */
 #define VL_SD_MODULES {"unet", "vae_encoder", "text_encoder", "lora"}
 
 #ifdef __cplusplus
