@@ -54,6 +54,9 @@ int64_t vl_sd_image_side(const vl_sd_cfg *cfg) {
   return side;
 }
 
+uint64_t vl_sd_vae_seed(uint64_t seed) { return seed ^ 0x5644u; }
+uint64_t vl_sd_clip_seed(uint64_t seed) { return seed ^ 0x434cu; }
+
 void vl_ddpm_alphas_cumprod(int n, double beta_start, double beta_end, float *out) {
   /* torch's CPU cumprod accumulates float in double (acc_type) and rounds each output */
   /* the script's Python floats: beta ** 0.5 in double, then float32 (linspace's endpoints) */
@@ -103,10 +106,23 @@ static vl_status count_encoders(sd_state *s) {
   return st;
 }
 
+static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, uint64_t seed);
+
+/* vl_model_create keeps nothing of a failed create: everything made is freed here. */
 static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
   sd_state *s = calloc(1, sizeof *s);
-  *state = s;
+  *state = NULL;
   if (!s) return vl_fail(c, VL_ERR_OOM, "sd: host memory for the model");
+  vl_status st = build(s, c, cfg, seed);
+  if (st != VL_OK) {
+    destroy(s);
+    return st;
+  }
+  *state = s;
+  return VL_OK;
+}
+
+static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, uint64_t seed) {
   s->c = c;
   s->cfg = *(const vl_sd_cfg *)cfg;
   vl_ddpm_alphas_cumprod(VL_DDPM_STEPS, 0.00085, 0.012, s->abar);
@@ -119,8 +135,8 @@ static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state)
   VL_TRY(vl_sd_unet_create(c, &s->cfg.unet, seed, &s->unet));
   VL_TRY(vl_sd_unet_alloc_optim(s->unet, &s->cfg.optim));
   if (!s->cfg.encoders_in_step) return count_encoders(s);
-  VL_TRY(vl_sd_vae_create(c, &s->cfg.vae, seed ^ 0x5644u, &s->vae));
-  VL_TRY(vl_sd_clip_create(c, &s->cfg.clip, seed ^ 0x434cu, &s->clip));
+  VL_TRY(vl_sd_vae_create(c, &s->cfg.vae, vl_sd_vae_seed(seed), &s->vae));
+  VL_TRY(vl_sd_clip_create(c, &s->cfg.clip, vl_sd_clip_seed(seed), &s->clip));
   s->n_vae = vl_sd_vae_n_params(s->vae);
   s->n_clip = vl_sd_clip_n_params(s->clip);
   if (!s->train_text) return VL_OK;
