@@ -53,6 +53,9 @@ static void usage(FILE *f) {
           "  --step RUNG                        one rung only\n"
           "  --set key=value | rung.key=value   override the ladder (repeatable)\n"
           "  --vram SIZE                        card memory for plan (e.g. 24GiB)\n"
+          "  --model-config FILE                llm-lora: the model of a Hugging Face config.json\n"
+          "                                     (Llama/Mistral family) at every scale (plan, run,\n"
+          "                                     bench; = --set model_config=FILE)\n"
           "  --json                             machine-readable output (plan, list)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
@@ -60,7 +63,7 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind;
+  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config;
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes, profile;
   int64_t seed;
@@ -95,7 +98,7 @@ static int parse_args(int argc, char **argv, args *a) {
     /* an empty value is never meant: --out "" would write results under "/" */
 #define OPT(name, field) if (!strcmp(s, name)) { if (!next || !*next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
-    OPT("--results", results) OPT("--kind", kind)
+    OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config)
     if (!strcmp(s, "--out")) {
       if (!next || !*next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
       a->out = next; a->out_given = 1; i++; continue;
@@ -173,6 +176,17 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
   if (a->vram && vl_case_check_setting(&env, c, "card") != VL_OK) {
     fprintf(stderr, "vramlab: --vram: %s plans no card memory\n", c->id);
     return NULL;
+  }
+  /* --model-config is the setting model_config: the case reads (and checks) it like any other */
+  if (a->model_config) {
+    if (vl_case_check_setting(&env, c, "model_config") != VL_OK) {
+      fprintf(stderr, "vramlab: --model-config: %s takes no model config\n", c->id);
+      return NULL;
+    }
+    if (vl_knob_set_err(&L->setting, "model_config", a->model_config, err, sizeof err)) {
+      fprintf(stderr, "vramlab: --model-config: %s\n", err);
+      return NULL;
+    }
   }
   if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
   /* the setting alone first (a rung without knobs), so its errors do not name a rung */
@@ -412,6 +426,10 @@ int main(int argc, char **argv) {
   /* an option that would change nothing is refused, not ignored: the user expects a table */
   if (a.profile && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
     fprintf(stderr, "vramlab: --profile applies to run and bench only\n");
+    return 2;
+  }
+  if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
+    fprintf(stderr, "vramlab: --model-config applies to plan, run and bench only\n");
     return 2;
   }
   char results[PATH_MAX] = "";

@@ -1,6 +1,7 @@
 /* llm-lora's knobs and what they mean: the knob table, a rung's knobs and the setting
  * mapped to a Mistral model and training config, and the step (spec) a rung plans and
- * runs. */
+ * runs. The model: the scale's preset, else the model_config file's (hfconfig.c), then
+ * each size knob given (layers, dim, ffn, heads, kv_heads, vocab, seq) over it. */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -23,7 +24,21 @@ const vl_knob_decl vl_llm_knobs[] = {
     {"clip", "1.0", "gradient clipping by global norm (0: off)", VL_KNOB_RUNG},
     {"weight_decay", "0", "decoupled weight decay", VL_KNOB_RUNG},
     VL_CASE_CARD_KNOBS,
-    {"seq", "512", "sequence length at full scale (reduced scales keep their own)", VL_KNOB_SETTING},
+    {"seq", "preset",
+     "sequence length planned (and longest run batch); preset: the scale's (512 full, 128 small, 32 tiny)",
+     VL_KNOB_SETTING},
+    {"run_seq", "0", "runs: 0 = variable-length dialogue batches; N = every batch exactly N tokens (like-for-like)",
+     VL_KNOB_SETTING},
+    {"model_config", "none",
+     "a Hugging Face config.json (Llama/Mistral) as the model at every scale (--model-config); none: the preset",
+     VL_KNOB_SETTING},
+    {"layers", "preset", "decoder layers; preset: the scale's (or model_config's)", VL_KNOB_SETTING},
+    {"dim", "preset", "hidden size; preset: the scale's (or model_config's)", VL_KNOB_SETTING},
+    {"ffn", "preset", "SwiGLU intermediate size; preset: the scale's (or model_config's)", VL_KNOB_SETTING},
+    {"heads", "preset", "attention heads, dividing dim (head_dim = dim / heads); preset: the scale's", VL_KNOB_SETTING},
+    {"kv_heads", "preset", "key/value heads (GQA), dividing heads; preset: the scale's (or model_config's)",
+     VL_KNOB_SETTING},
+    {"vocab", "preset", "vocabulary size; preset: the scale's (or model_config's)", VL_KNOB_SETTING},
     {"seed", "1", "seed of weights and data", VL_KNOB_SETTING},
     {"steps", "12", "timed steps per rung and repetition", VL_KNOB_SETTING},
     {"warmup", "2", "untimed steps before them", VL_KNOB_SETTING},
@@ -39,18 +54,64 @@ static vl_status parse_dtype(vl_case_env *env, const vl_knobs *k, const char *ke
   return VL_OK;
 }
 
-vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_llm_rung *r) {
-  memset(r, 0, sizeof *r);
-  vl_mistral_cfg *mc = &r->model.mc;
-  vl_train_cfg *tc = &r->model.tc;
+/* A size knob: "preset" leaves *v as it is (the preset's or the model config's), a number
+ * in [lo, hi] replaces it; *given says which. */
+static vl_status size_knob(vl_case_env *env, const char *key, long lo, long hi, int64_t *v, bool *given) {
+  const char *t = vl_knob_str(env->setting, key, vl_llm_knobs);
+  *given = strcasecmp(t, "preset") != 0;
+  if (!*given) return VL_OK;
+  long x;
+  VL_TRY(vl_case_knob_int(env, env->setting, key, vl_llm_knobs, lo, hi, &x));
+  *v = x;
+  return VL_OK;
+}
+
+/* The model's sizes: the scale's preset, the model config over it, the size knobs over
+ * both; every relation the model needs checked here, naming the knobs. */
+static vl_status parse_model(vl_case_env *env, const char *scale, vl_mistral_cfg *mc, int64_t *max_pos) {
   if (vl_mistral_preset(scale, mc))
     return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
+  *max_pos = 0;
+  const char *path = vl_knob_str(env->setting, "model_config", vl_llm_knobs);
+  bool cfg = strcasecmp(path, "none") != 0;
+  if (cfg) VL_TRY(vl_llm_hf_config_load(env, path, mc, max_pos));
+  const vl_llm_dim_limits *X = &vl_llm_dim_max;
+  bool g_layers, g_dim, g_ffn, g_heads, g_kv, g_vocab, g_seq;
+  VL_TRY(size_knob(env, "layers", 1, X->layers, &mc->n_layers, &g_layers));
+  VL_TRY(size_knob(env, "dim", 2, X->dim, &mc->dim, &g_dim));
+  VL_TRY(size_knob(env, "ffn", 1, X->ffn, &mc->ffn, &g_ffn));
+  VL_TRY(size_knob(env, "heads", 1, X->heads, &mc->n_heads, &g_heads));
+  VL_TRY(size_knob(env, "kv_heads", 1, X->heads, &mc->n_kv_heads, &g_kv));
+  VL_TRY(size_knob(env, "vocab", 2, X->vocab, &mc->vocab, &g_vocab));
+  VL_TRY(size_knob(env, "seq", 1, X->seq, &mc->seq, &g_seq));
+  if (g_dim || g_heads) { /* a head size of its own (a config's head_dim) holds only while both stand */
+    if (mc->dim % mc->n_heads)
+      return vl_case_fail(env, VL_ERR_INVALID, "heads = %lld does not divide dim = %lld", (long long)mc->n_heads,
+                          (long long)mc->dim);
+    mc->head_dim = mc->dim / mc->n_heads;
+    if (mc->head_dim % 2)
+      return vl_case_fail(env, VL_ERR_INVALID, "dim / heads = %lld: the head size must be even (RoPE)",
+                          (long long)mc->head_dim);
+  }
+  if (mc->n_heads % mc->n_kv_heads)
+    return vl_case_fail(env, VL_ERR_INVALID, "kv_heads = %lld does not divide heads = %lld", (long long)mc->n_kv_heads,
+                        (long long)mc->n_heads);
+  if (cfg && mc->seq > *max_pos)
+    return vl_case_fail(env, VL_ERR_INVALID, "seq = %lld exceeds max_position_embeddings %lld of model_config '%s'",
+                        (long long)mc->seq, (long long)*max_pos, path);
+  return VL_OK;
+}
+
+vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_llm_rung *r) {
+  memset(r, 0, sizeof *r);
+  vl_train_cfg *tc = &r->model.tc;
+  VL_TRY(parse_model(env, scale, &r->model.mc, &r->max_pos));
   vl_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
-  long seq;
-  VL_TRY(vl_case_knob_int(env, s, "seq", vl_llm_knobs, 1, 1 << 20, &seq));
-  /* The article's sequence length applies at full scale; reduced scales keep their own. */
-  if (!strcasecmp(scale, "full")) mc->seq = seq;
+  VL_TRY(vl_case_knob_int(env, s, "run_seq", vl_llm_knobs, 0, vl_llm_dim_max.seq, &r->run_seq));
+  if (r->max_pos && r->run_seq > r->max_pos)
+    return vl_case_fail(env, VL_ERR_INVALID, "run_seq = %ld exceeds max_position_embeddings %lld of model_config",
+                        r->run_seq, (long long)r->max_pos);
   VL_TRY(vl_case_card_parse(env, k, &r->card));
   VL_TRY(vl_case_knob_int(env, s, "seed", vl_llm_knobs, 0, 1L << 40, &r->seed));
   VL_TRY(vl_case_knob_int(env, s, "steps", vl_llm_knobs, 1, 100000, &r->steps));

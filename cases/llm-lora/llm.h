@@ -1,5 +1,6 @@
 /* llm-lora's own pieces shared by its files: a rung's settings as a Mistral config and its
- * knob table (config.c), the step a rung plans and runs, the timed run (run.c). */
+ * knob table (config.c), a Hugging Face config.json as the model (hfconfig.c), the step a
+ * rung plans and runs, the timed run (run.c). */
 #ifndef VRAMLAB_LLM_LORA_H
 #define VRAMLAB_LLM_LORA_H
 
@@ -13,7 +14,29 @@ typedef struct {
   vl_case_card card;
   size_t run_cap;   /* arena cap of the timed runs (VL_NO_CAP: uncapped) */
   long seed, steps, warmup, oom_batches;
+  long run_seq;     /* runs: 0 = variable-length dialogue batches; N = every batch N tokens */
+  int64_t max_pos;  /* the model config's max_position_embeddings; 0 without one */
 } vl_llm_rung;
+
+/* Upper bounds of the model's sizes, for the knobs and the config reader alike. */
+typedef struct {
+  long vocab, dim, ffn, layers, heads, head_dim, seq;
+} vl_llm_dim_limits;
+extern const vl_llm_dim_limits vl_llm_dim_max;
+
+/* A Hugging Face config.json of the Llama/Mistral family (hfconfig.c: the fields read,
+ * refused and ignored) over the sizes of *mc (seq is left alone: a training setting) and
+ * its max_position_embeddings into *max_pos. Strict: a missing, mistyped, non-integer or
+ * out-of-range field, heads not dividing the hidden size, a key given twice, trailing text
+ * is VL_ERR_INVALID with a message naming the file and the field; *mc is then unchanged.
+ * `name` names the text in messages. */
+#define VL_LLM_HF_CONFIG_MAX_BYTES (1u << 20)
+vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, const char *name, vl_mistral_cfg *mc,
+                                 int64_t *max_pos);
+/* The same from a file (a regular file of at most VL_LLM_HF_CONFIG_MAX_BYTES, read with
+ * vl_file_read_text); a file that cannot be read is VL_ERR_INVALID too (a bad value of the
+ * model_config setting). */
+vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos);
 
 /* Every knob a rung may set and every setting the case reads (config.c). */
 extern const vl_knob_decl vl_llm_knobs[];

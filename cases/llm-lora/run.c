@@ -1,9 +1,11 @@
 /* llm-lora's timed run: a rung's Mistral model trained on dialogue batches by the engine's
  * timed loop on env->device at env->scale, with OOM triage, tokens/s and the planner's
- * peak for the longest step seen. */
+ * peak for the longest step seen. Batches are variable-length (padded to their longest
+ * dialogue) or, with run_seq = N, every one exactly N tokens, for like-for-like timings. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "interrupt.h"
 #include "llm.h"
@@ -23,7 +25,7 @@ static vl_status llm_next(void *user, long step, const vl_batch **mb, int *n, do
   int64_t B = L->r->batch, T = L->r->model.mc.seq;
   for (int64_t j = 0; j < L->r->accum; j++) {
     int32_t *tok = L->tok + j * B * T, *tgt = L->tgt + j * B * T;
-    int64_t Tj = vl_dialogue_batch(&L->gen, B, 0, tok, tgt);
+    int64_t Tj = vl_dialogue_batch(&L->gen, B, L->r->run_seq, tok, tgt);
     L->mb[j] = vl_llm_token_batch(B, Tj, tok, tgt);
   }
   *mb = L->mb;
@@ -40,6 +42,26 @@ static void llm_after(void *user, long step, bool timed, const vl_step_info *inf
     vl_progress("  step %ld/%ld  loss %.4f  %.3f s", step + 1, total, info->loss, dt);
 }
 
+/* A model config or size knobs can make a reduced scale any size: a step this machine's
+ * memory cannot hold is refused before anything is allocated (the plan follows the CPU's
+ * workspace rules, so it is the run's peak). */
+static vl_status cpu_fits(vl_case_env *env, const vl_llm_rung *r) {
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || psz <= 0) return VL_OK;
+  double mem = (double)pages * (double)psz;
+  vl_step_spec spec = vl_llm_step_spec(r, r->batch, r->model.mc.seq);
+  vl_plan_result p;
+  vl_run_plan(&spec, VL_NO_CAP, VL_DEV_CPU, false, &p);
+  vl_status s = VL_OK;
+  if (p.status != VL_OK) s = vl_case_fail(env, p.status, "planning the run's step failed: %s", p.err);
+  else if ((double)p.mem.peak_total > 0.9 * mem)
+    s = vl_case_fail(env, VL_ERR_UNSUPPORTED,
+                     "the step needs %.1f GB (planned), more than 90%% of this machine's %.1f GB: use a smaller model, "
+                     "batch or seq, or --device plan", (double)p.mem.peak_total / 1e9, mem / 1e9);
+  vl_plan_result_free(&p);
+  return s;
+}
+
 vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_llm_rung r;
   VL_TRY(vl_llm_parse_rung(env, env->scale, k, &r));
@@ -54,6 +76,9 @@ vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
     return vl_case_fail(env, VL_ERR_UNSUPPORTED,
                         "a full-scale (7B) step does not run on the CPU here: use --scale small or tiny, or --device plan");
+  /* a fixed run length above the sequence limit raises the limit: the batch is what was asked */
+  if (r.run_seq > r.model.mc.seq) r.model.mc.seq = r.run_seq;
+  if (env->device == VL_DEV_CPU) VL_TRY(cpu_fits(env, &r));
   vl_ctx *c;
   vl_status s = vl_ctx_create(&c, env->device, r.run_cap);
   if (s != VL_OK)

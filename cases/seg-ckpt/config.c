@@ -1,6 +1,7 @@
 /* seg-ckpt's knobs and what they mean: the knob table, a rung's knobs and the setting
  * mapped to a ResNet-101 U-Net model, training and loader config, and the step (spec) a
- * rung plans and runs. */
+ * rung plans and runs. The model: the scale's preset, then each size knob given (image,
+ * width_div, blocks) over it. */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -24,6 +25,13 @@ const vl_knob_decl vl_seg_knobs[] = {
     {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG},
     VL_CASE_CARD_KNOBS,
     {"classes", "5", "segmentation classes, background included (2..255)", VL_KNOB_SETTING},
+    {"image", "preset", "image side, a multiple of 32 (32..2048); preset: the scale's (512 full, 128 small, 32 tiny)",
+     VL_KNOB_SETTING},
+    {"width_div", "preset",
+     "widths of ResNet-101 and the decoder divided by 1, 2, 4 .. 64 (decoder >= 2); preset: 1 full, 4 small, 16 tiny",
+     VL_KNOB_SETTING},
+    {"blocks", "preset", "bottlenecks per stage, 4 comma-separated (ResNet-101: 3,4,23,3); preset: the scale's",
+     VL_KNOB_SETTING},
     {"seed", "1", "seed of weights, data order and the data sets", VL_KNOB_SETTING},
     {"epochs", "3", "training epochs per rung at the run scale", VL_KNOB_SETTING},
     {"train_images", "256", "training split at the run scale (made on first use)", VL_KNOB_SETTING},
@@ -33,12 +41,45 @@ const vl_knob_decl vl_seg_knobs[] = {
     {NULL, NULL, NULL, 0},
 };
 
+/* The model's sizes: the scale's preset, then image, width_div and blocks when given (not
+ * "preset"). Dividing the full widths by d gives every preset (small d = 4, tiny d = 16:
+ * decoder widths floor(w / d), at least 2). */
+static vl_status parse_model(vl_case_env *env, const char *scale, vl_resunet_cfg *mc) {
+  if (vl_resunet_preset(scale, mc))
+    return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
+  const vl_knobs *s = env->setting;
+  long v;
+  if (strcasecmp(vl_knob_str(s, "image", vl_seg_knobs), "preset")) {
+    VL_TRY(vl_case_knob_int(env, s, "image", vl_seg_knobs, 32, VL_SEGSET_SIZE_MAX, &v));
+    if (v % 32) return vl_case_fail(env, VL_ERR_INVALID, "image = %ld: expected a multiple of 32 (the encoder's stride)", v);
+    mc->image = v;
+  }
+  if (strcasecmp(vl_knob_str(s, "width_div", vl_seg_knobs), "preset")) {
+    VL_TRY(vl_case_knob_int(env, s, "width_div", vl_seg_knobs, 1, 64, &v));
+    vl_resunet_cfg full;
+    vl_resunet_preset("full", &full);
+    if (full.width % v)
+      return vl_case_fail(env, VL_ERR_INVALID, "width_div = %ld: expected 1, 2, 4, 8, 16, 32 or 64 (dividing %lld)", v,
+                          (long long)full.width);
+    mc->width = full.width / v;
+    for (int i = 0; i < 5; i++) mc->dec[i] = full.dec[i] / v > 2 ? full.dec[i] / v : 2;
+  }
+  if (strcasecmp(vl_knob_str(s, "blocks", vl_seg_knobs), "preset")) {
+    long b[4];
+    int n = 0;
+    VL_TRY(vl_case_knob_int_list(env, s, "blocks", vl_seg_knobs, 1, 64, b, 4, &n));
+    if (n != 4)
+      return vl_case_fail(env, VL_ERR_INVALID, "blocks: expected 4 numbers (one per stage), got %d", n);
+    for (int i = 0; i < 4; i++) mc->blocks[i] = (int)b[i];
+  }
+  return VL_OK;
+}
+
 vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r) {
   memset(r, 0, sizeof *r);
   vl_resunet_cfg *mc = &r->model.mc;
   vl_seg_train_cfg *tc = &r->model.tc;
-  if (vl_resunet_preset(scale, mc))
-    return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
+  VL_TRY(parse_model(env, scale, mc));
   vl_seg_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long v;

@@ -1,0 +1,205 @@
+/* A Hugging Face config.json of the Llama/Mistral family as llm-lora's model: the strict
+ * reader behind the model_config setting (vramlab plan llm-lora --model-config FILE).
+ *
+ * Read (field -> vl_mistral_cfg): hidden_size -> dim, intermediate_size -> ffn,
+ * num_hidden_layers -> n_layers, num_attention_heads -> n_heads, num_key_value_heads ->
+ * n_kv_heads (absent: = num_attention_heads, as transformers does), vocab_size -> vocab,
+ * head_dim (absent: hidden_size / num_attention_heads, which must divide), rope_theta
+ * (absent: 10000), rms_norm_eps (absent: 1e-6, transformers' default) and
+ * max_position_embeddings (the longest seq the model takes; seq itself stays a training
+ * setting). model_type must be llama or mistral.
+ * Refused, since the engine's Mistral has none of them: tie_word_embeddings true (its LM
+ * head is untied), attention_bias / mlp_bias true, hidden_act other than silu, a non-zero
+ * attention_dropout.
+ * Ignored (neither memory nor FLOPs of the step depend on them): rope_scaling (only the
+ * RoPE frequencies), sliding_window (the engine attends over the whole causal window: the
+ * same at seq <= sliding_window), torch_dtype (the rung's compute/frozen knobs say the
+ * dtypes), quantization_config, token ids, initializer_range, use_cache, pretraining_tp,
+ * architectures, transformers_version and every other key. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm.h"
+#include "vramlab/fileio.h"
+
+/* Bounds of every size, shared with the knobs (config.c): generous (Llama-3.1-405B is
+ * 16384 / 53248 / 126 layers / 128 heads) and far from int64 overflow in the planner. */
+const vl_llm_dim_limits vl_llm_dim_max = {.vocab = 1L << 22, .dim = 1L << 17, .ffn = 1L << 20, .layers = 1024,
+                                          .heads = 1024, .head_dim = 4096, .seq = 1L << 20};
+
+/* The reader's context: the file's name for messages, the env they go to. */
+typedef struct {
+  vl_case_env *env;
+  const char *name;
+  const cJSON *root;
+} hf_reader;
+
+static vl_status hf_fail(const hf_reader *h, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static vl_status hf_fail(const hf_reader *h, const char *field, const char *fmt, ...) {
+  char m[VL_CASE_ERR_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  if (field) return vl_case_fail(h->env, VL_ERR_INVALID, "model_config '%s': %s: %s", h->name, field, m);
+  return vl_case_fail(h->env, VL_ERR_INVALID, "model_config '%s': %s", h->name, m);
+}
+
+static const char *type_name(const cJSON *v) {
+  if (cJSON_IsString(v)) return "a string";
+  if (cJSON_IsBool(v)) return "a boolean";
+  if (cJSON_IsNull(v)) return "null";
+  if (cJSON_IsArray(v)) return "an array";
+  if (cJSON_IsObject(v)) return "an object";
+  return "a number";
+}
+
+/* An integer field in [lo, hi]; absent: *out untouched and *present (when given) false, or
+ * an error when required. */
+static vl_status hf_int(const hf_reader *h, const char *field, bool required, int64_t lo, int64_t hi, int64_t *out,
+                        bool *present) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
+  if (present) *present = v != NULL;
+  if (!v) return required ? hf_fail(h, field, "missing (required)") : VL_OK;
+  if (!cJSON_IsNumber(v)) return hf_fail(h, field, "expected an integer, got %s", type_name(v));
+  double d = v->valuedouble;
+  if (!isfinite(d) || d != floor(d)) return hf_fail(h, field, "expected an integer, got %.17g", d);
+  if (d < (double)lo || d > (double)hi)
+    return hf_fail(h, field, "%.17g out of range [%lld, %lld]", d, (long long)lo, (long long)hi);
+  *out = (int64_t)d;
+  return VL_OK;
+}
+
+/* A positive finite number below hi, optional. */
+static vl_status hf_pos(const hf_reader *h, const char *field, double hi, float *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
+  if (!v) return VL_OK;
+  if (!cJSON_IsNumber(v)) return hf_fail(h, field, "expected a number, got %s", type_name(v));
+  double d = v->valuedouble;
+  if (!isfinite(d) || !(d > 0) || !(d < hi) || !((float)d > 0))
+    return hf_fail(h, field, "%.17g: expected a positive number below %g", d, hi);
+  *out = (float)d;
+  return VL_OK;
+}
+
+/* An optional boolean that the engine supports only as `want` (absent = want). */
+static vl_status hf_flag(const hf_reader *h, const char *field, bool want, const char *why) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
+  if (!v) return VL_OK;
+  if (!cJSON_IsBool(v)) return hf_fail(h, field, "expected true or false, got %s", type_name(v));
+  if ((bool)cJSON_IsTrue(v) != want) return hf_fail(h, field, "%s is not supported: %s", want ? "false" : "true", why);
+  return VL_OK;
+}
+
+/* An optional string that must be one of the NULL-terminated list. */
+static vl_status hf_str(const hf_reader *h, const char *field, bool required, const char *const *ok, const char *why) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
+  if (!v) return required ? hf_fail(h, field, "missing (required: %s)", why) : VL_OK;
+  if (!cJSON_IsString(v)) return hf_fail(h, field, "expected a string, got %s", type_name(v));
+  for (int i = 0; ok[i]; i++)
+    if (!strcmp(v->valuestring, ok[i])) return VL_OK;
+  return hf_fail(h, field, "'%.60s' is not supported (%s)", v->valuestring, why);
+}
+
+/* The parse error's line and column (1-based) at offset `at` of text. */
+static void line_col(const char *text, size_t at, int *line, int *col) {
+  *line = 1;
+  *col = 1;
+  for (size_t i = 0; i < at && text[i]; i++) {
+    if (text[i] == '\n') { (*line)++; *col = 1; }
+    else (*col)++;
+  }
+}
+
+static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
+  const vl_llm_dim_limits *X = &vl_llm_dim_max;
+  static const char *const families[] = {"llama", "mistral", NULL};
+  static const char *const acts[] = {"silu", NULL};
+  VL_TRY(hf_str(h, "model_type", true, families, "the Llama/Mistral family: llama or mistral"));
+  int64_t dim = 0, ffn = 0, layers = 0, heads = 1, kv = 1, vocab = 0, pos = 0, hd = 0;
+  bool has_kv, has_hd;
+  VL_TRY(hf_int(h, "hidden_size", true, 2, X->dim, &dim, NULL));
+  VL_TRY(hf_int(h, "intermediate_size", true, 1, X->ffn, &ffn, NULL));
+  VL_TRY(hf_int(h, "num_hidden_layers", true, 1, X->layers, &layers, NULL));
+  VL_TRY(hf_int(h, "num_attention_heads", true, 1, X->heads, &heads, NULL));
+  VL_TRY(hf_int(h, "num_key_value_heads", false, 1, X->heads, &kv, &has_kv));
+  VL_TRY(hf_int(h, "vocab_size", true, 2, X->vocab, &vocab, NULL));
+  VL_TRY(hf_int(h, "max_position_embeddings", true, 1, X->seq, &pos, NULL));
+  VL_TRY(hf_int(h, "head_dim", false, 2, X->head_dim, &hd, &has_hd));
+  if (!has_hd) {
+    if (dim % heads)
+      return hf_fail(h, "num_attention_heads", "%lld does not divide hidden_size %lld (and no head_dim is given)",
+                     (long long)heads, (long long)dim);
+    hd = dim / heads;
+  }
+  if (!has_kv) kv = heads; /* transformers: multi-head attention when absent */
+  if (heads % kv)
+    return hf_fail(h, "num_key_value_heads", "%lld does not divide num_attention_heads %lld", (long long)kv,
+                   (long long)heads);
+  if (hd % 2) return hf_fail(h, has_hd ? "head_dim" : "num_attention_heads", "head_dim %lld is odd (RoPE rotates pairs)",
+                             (long long)hd);
+  float theta = 10000.0f, eps = 1e-6f; /* transformers' defaults for both families */
+  VL_TRY(hf_pos(h, "rope_theta", 1e12, &theta));
+  VL_TRY(hf_pos(h, "rms_norm_eps", 1, &eps));
+  VL_TRY(hf_flag(h, "tie_word_embeddings", false, "the engine's LM head is its own matrix (untied)"));
+  VL_TRY(hf_flag(h, "attention_bias", false, "the engine's linears have no biases"));
+  VL_TRY(hf_flag(h, "mlp_bias", false, "the engine's linears have no biases"));
+  VL_TRY(hf_str(h, "hidden_act", false, acts, "the engine's MLP is SwiGLU: silu"));
+  const cJSON *drop = cJSON_GetObjectItemCaseSensitive(h->root, "attention_dropout");
+  if (drop && !cJSON_IsNumber(drop)) return hf_fail(h, "attention_dropout", "expected a number, got %s", type_name(drop));
+  if (drop && drop->valuedouble != 0) return hf_fail(h, "attention_dropout", "%g is not supported: the engine has no dropout",
+                                                     drop->valuedouble);
+  mc->vocab = vocab;
+  mc->dim = dim;
+  mc->n_layers = layers;
+  mc->n_heads = heads;
+  mc->n_kv_heads = kv;
+  mc->head_dim = hd;
+  mc->ffn = ffn;
+  mc->rope_theta = theta;
+  mc->norm_eps = eps;
+  *max_pos = pos;
+  return VL_OK;
+}
+
+vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, const char *name, vl_mistral_cfg *mc,
+                                 int64_t *max_pos) {
+  hf_reader h = {env, name, NULL};
+  if (strlen(text) != n) return hf_fail(&h, NULL, "not JSON text: a NUL byte at offset %zu", strlen(text));
+  const char *end = NULL;
+  /* n + 1: the terminator, which require_null_terminated looks for after the value */
+  cJSON *root = cJSON_ParseWithLengthOpts(text, n + 1, &end, 1);
+  if (!root) {
+    int line, col;
+    size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : n;
+    line_col(text, at, &line, &col);
+    return hf_fail(&h, NULL, "not valid JSON at line %d, column %d", line, col);
+  }
+  h.root = root;
+  vl_status s = VL_OK;
+  if (!cJSON_IsObject(root)) s = hf_fail(&h, NULL, "expected a JSON object, got %s", type_name(root));
+  /* a key given twice would be read as its first value: refused, not guessed */
+  for (const cJSON *a = root->child; s == VL_OK && a; a = a->next)
+    for (const cJSON *b = a->next; s == VL_OK && b; b = b->next)
+      if (a->string && b->string && !strcmp(a->string, b->string)) s = hf_fail(&h, a->string, "given twice");
+  vl_mistral_cfg tmp = *mc; /* mc is changed only by a config that is read whole */
+  if (s == VL_OK) s = hf_fields(&h, &tmp, max_pos);
+  if (s == VL_OK) *mc = tmp;
+  cJSON_Delete(root);
+  return s;
+}
+
+vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos) {
+  char m[VL_CASE_ERR_LEN] = "";
+  size_t n = 0;
+  char *text = vl_file_read_text(path, VL_LLM_HF_CONFIG_MAX_BYTES, "the 1 MiB limit of a model config", &n, m, sizeof m);
+  /* a config that cannot be read is a bad value of the setting, like any other */
+  if (!text) return vl_case_fail(env, VL_ERR_INVALID, "model_config: %s", m);
+  vl_status s = vl_llm_hf_config_parse(env, text, n, path, mc, max_pos);
+  free(text);
+  return s;
+}

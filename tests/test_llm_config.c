@@ -1,0 +1,584 @@
+/* Model-size knobs and Hugging Face model configs (cases/llm-lora/hfconfig.c, config.c,
+ * cases/seg-ckpt/config.c): the config reader's errors, each naming the file and the field;
+ * Mistral-7B-v0.1's published config.json planning exactly as the built-in full preset
+ * (every rung, every number); Llama-3-8B's planned at sequence 2048 on 24 GB; the size knobs
+ * of both model cases ("preset" = the scale's, a value overriding it, the relations
+ * refused with the knob's name); run_seq (every batch of a run exactly N tokens); the
+ * --model-config option of the command line. */
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "case.h"
+#include "llm-lora/llm.h"
+#include "seg-ckpt/seg.h"
+#include "testutil.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic error "-Wformat-truncation"
+#endif
+
+#define MISTRAL_JSON VRAMLAB_SOURCE_DIR "/cases/llm-lora/configs/mistral-7b.json"
+#define LLAMA3_JSON VRAMLAB_SOURCE_DIR "/cases/llm-lora/configs/llama-3-8b.json"
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+  (void)state;
+  return tu_tmpdir(tmpdir, sizeof tmpdir, "vramlab-llmcfg-");
+}
+
+static int teardown(void **state) {
+  (void)state;
+  tu_rmtree(tmpdir);
+  return 0;
+}
+
+static char *slurp_text(const char *path) {
+  uint8_t *t;
+  size_t n = tu_slurp(path, &t);
+  char *s = realloc(t, n + 1);
+  assert_non_null(s);
+  s[n] = 0;
+  return s;
+}
+
+/* ---- the config reader ------------------------------------------------------------------ */
+
+/* Parse text; on failure the message must contain every NULL-terminated string of want and
+ * the config must be left as it was. */
+static void expect_error(const char *text, const char *const *want) {
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg mc, before;
+  assert_int_equal(vl_mistral_preset("tiny", &mc), 0);
+  before = mc;
+  int64_t pos = -7;
+  vl_status s = vl_llm_hf_config_parse(&env, text, strlen(text), "x.json", &mc, &pos);
+  if (s != VL_ERR_INVALID) fail_msg("accepted (status %d): %.300s", (int)s, text);
+  for (int i = 0; want[i]; i++)
+    if (!strstr(env.err, want[i])) fail_msg("message '%s' lacks '%s'", env.err, want[i]);
+  assert_non_null(strstr(env.err, "model_config 'x.json'"));
+  assert_memory_equal(&mc, &before, sizeof mc);
+}
+
+/* The Mistral config with one key set to a JSON value (raw text), or removed (NULL). */
+static char *mistral_with(const char *key, const char *raw) {
+  char *t = slurp_text(MISTRAL_JSON);
+  cJSON *o = cJSON_Parse(t);
+  free(t);
+  assert_non_null(o);
+  cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+  if (raw) {
+    cJSON *v = cJSON_Parse(raw);
+    assert_non_null(v);
+    cJSON_AddItemToObject(o, key, v);
+  }
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+static void expect_field_error(const char *key, const char *raw, const char *want) {
+  char *t = mistral_with(key, raw);
+  expect_error(t, (const char *const[]){key, want, NULL});
+  free(t);
+}
+
+static void test_parser_errors(void **state) {
+  (void)state;
+  /* every required field, missing */
+  const char *req[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "vocab_size", "max_position_embeddings", "model_type"};
+  for (size_t i = 0; i < sizeof req / sizeof *req; i++) expect_field_error(req[i], NULL, "missing");
+  /* negative, zero, fractional, mistyped, out of range */
+  expect_field_error("hidden_size", "-4096", "out of range");
+  expect_field_error("num_hidden_layers", "0", "out of range");
+  expect_field_error("intermediate_size", "14336.5", "expected an integer, got 14336.5");
+  expect_field_error("num_attention_heads", "\"32\"", "expected an integer, got a string");
+  expect_field_error("vocab_size", "true", "got a boolean");
+  expect_field_error("num_key_value_heads", "null", "got null");
+  expect_field_error("vocab_size", "1e300", "out of range");
+  expect_field_error("head_dim", "[128]", "got an array");
+  expect_field_error("rope_theta", "-1", "positive");
+  expect_field_error("rms_norm_eps", "\"1e-5\"", "expected a number");
+  /* relations: heads must divide hidden (without head_dim), kv heads must divide heads */
+  expect_field_error("num_attention_heads", "30", "does not divide hidden_size 4096");
+  expect_field_error("num_key_value_heads", "5", "does not divide num_attention_heads 32");
+  expect_field_error("head_dim", "127", "odd");
+  /* what the engine's Mistral does not have is refused, never ignored */
+  expect_field_error("tie_word_embeddings", "true", "untied");
+  expect_field_error("tie_word_embeddings", "1", "expected true or false");
+  expect_field_error("attention_bias", "true", "biases");
+  expect_field_error("mlp_bias", "true", "biases");
+  expect_field_error("hidden_act", "\"gelu\"", "silu");
+  expect_field_error("attention_dropout", "0.1", "dropout");
+  expect_field_error("model_type", "\"qwen2\"", "llama or mistral");
+  /* the text itself */
+  expect_error("{\n  \"hidden_size\": 4096,\n  \"vocab_size\": ,\n}", (const char *const[]){"line 3", "not valid JSON", NULL});
+  expect_error("[1, 2]", (const char *const[]){"expected a JSON object, got an array", NULL});
+  expect_error("", (const char *const[]){"not valid JSON", NULL});
+  char *t = mistral_with("vocab_size", "32000");
+  size_t n = strlen(t);
+  char *two = malloc(n + 64);
+  assert_non_null(two);
+  snprintf(two, n + 64, "%s {}", t); /* a second value after the object */
+  expect_error(two, (const char *const[]){"not valid JSON", NULL});
+  snprintf(two, n + 64, "%.*s,\"hidden_size\":2048}", (int)(n - 1), t); /* a key given twice */
+  expect_error(two, (const char *const[]){"hidden_size: given twice", NULL});
+  /* a NUL byte inside the text */
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg mc;
+  int64_t pos;
+  vl_mistral_preset("tiny", &mc);
+  memcpy(two, t, n + 1);
+  two[5] = 0;
+  assert_int_equal(vl_llm_hf_config_parse(&env, two, n, "x.json", &mc, &pos), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "NUL byte at offset 5"));
+  /* transformers' defaults for the optional fields: multi-head attention, theta 1e4, eps 1e-6 */
+  char *opt = mistral_with("num_key_value_heads", NULL);
+  cJSON *oo = cJSON_Parse(opt);
+  cJSON_DeleteItemFromObject(oo, "rope_theta");
+  cJSON_DeleteItemFromObject(oo, "rms_norm_eps");
+  free(opt);
+  opt = cJSON_PrintUnformatted(oo);
+  cJSON_Delete(oo);
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(mc.n_kv_heads, 32);
+  assert_true(mc.rope_theta == 10000.0f && mc.norm_eps == 1e-6f);
+  free(opt);
+  /* an explicit head_dim (Mistral-Nemo's 128 at hidden 5120, 32 heads) is the head size */
+  opt = mistral_with("head_dim", "96");
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(mc.head_dim, 96);
+  free(opt);
+  /* the unchanged text parses: the failures above are the changes' */
+  assert_int_equal(vl_llm_hf_config_parse(&env, t, n, "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(pos, 32768);
+  free(two);
+  free(t);
+}
+
+/* Files: what cannot be read is refused unread, with the reason and the setting's name. */
+static void test_file_errors(void **state) {
+  (void)state;
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg mc;
+  int64_t pos;
+  char path[512];
+  vl_mistral_preset("tiny", &mc);
+  snprintf(path, sizeof path, "%s/absent.json", tmpdir);
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "model_config"));
+  assert_non_null(strstr(env.err, "cannot open"));
+  assert_int_equal(vl_llm_hf_config_load(&env, tmpdir, &mc, &pos), VL_ERR_INVALID); /* a directory */
+  assert_non_null(strstr(env.err, "not a regular file"));
+  snprintf(path, sizeof path, "%s/fifo.json", tmpdir);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID); /* never blocks */
+  assert_non_null(strstr(env.err, "not a regular file (fifo)"));
+  snprintf(path, sizeof path, "%s/huge.json", tmpdir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"model_type\": \"llama\", \"pad\": \"", f);
+  for (int i = 0; i < (1 << 20); i++) fputc('x', f);
+  fputs("\"}", f);
+  fclose(f);
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "exceeds the 1 MiB limit"));
+  vl_mistral_cfg tiny;
+  vl_mistral_preset("tiny", &tiny);
+  assert_memory_equal(&mc, &tiny, sizeof mc);
+}
+
+/* ---- Mistral-7B-v0.1's config.json is the full preset ----------------------------------- */
+
+static void test_mistral_config_is_the_preset(void **state) {
+  (void)state;
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg full, mc;
+  int64_t pos = 0;
+  assert_int_equal(vl_mistral_preset("full", &full), 0);
+  assert_int_equal(vl_mistral_preset("tiny", &mc), 0);
+  if (vl_llm_hf_config_load(&env, MISTRAL_JSON, &mc, &pos)) fail_msg("%s", env.err);
+  assert_int_equal(pos, 32768);
+  mc.seq = full.seq; /* a training setting, not the config's */
+  assert_memory_equal(&mc, &full, sizeof mc);
+}
+
+/* Strip the planner's timings from a plan (measurements, not part of the plan). */
+static char *plan_text(cJSON *o) {
+  cJSON_DeleteItemFromObject(o, "plan_seconds");
+  cJSON_DeleteItemFromObject(o, "max_batch_search_seconds");
+  char *s = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return s;
+}
+
+/* Every rung of the ladder planned at full scale with model_config = mistral-7b.json gives
+ * exactly the plan of the built-in preset: parameters, peak, every category, FLOPs, fits,
+ * max batch, OOM rate, the timeline and the batch curve. And at tiny scale too: the config
+ * is the model at every scale. */
+static void test_mistral_config_plans_as_the_preset(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("llm-lora");
+  assert_non_null(c);
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[512] = "";
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  vl_knobs *with = malloc(sizeof *with);
+  assert_non_null(with);
+  *with = L->setting;
+  assert_int_equal(vl_knob_set(with, "model_config", MISTRAL_JSON), 0);
+  vl_case_env e0 = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  vl_case_env e1 = {.scale = "full", .device = VL_DEV_PLAN, .setting = with, .quiet = 1};
+  for (int i = 0; i < L->n_rungs; i++) {
+    cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
+    if (c->plan(&e0, "full", &L->rungs[i].knobs, a)) fail_msg("%s", e0.err);
+    if (c->plan(&e1, "full", &L->rungs[i].knobs, b)) fail_msg("%s", e1.err);
+    double pa = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "params_total"));
+    double ka = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
+    double fa = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "flops_per_step"));
+    assert_true(pa == cJSON_GetNumberValue(cJSON_GetObjectItem(b, "params_total")));
+    assert_true(ka == cJSON_GetNumberValue(cJSON_GetObjectItem(b, "peak_bytes")));
+    assert_true(fa == cJSON_GetNumberValue(cJSON_GetObjectItem(b, "flops_per_step")));
+    char *sa = plan_text(a), *sb = plan_text(b);
+    if (strcmp(sa, sb)) fail_msg("rung %s: the config plans differently:\n%.400s\n%.400s", L->rungs[i].name, sa, sb);
+    if (i == 0) print_message("  mistral-7b.json = full preset: params %.0f, peak %.0f B, %.6g FLOP/step\n", pa, ka, fa);
+    free(sa);
+    free(sb);
+  }
+  /* at tiny scale the config is still the 7B model: its plan is full's but for seq (32) */
+  cJSON *t = cJSON_CreateObject();
+  int q = vl_ladder_find(L, "qlora");
+  e1.scale = "tiny";
+  if (c->plan(&e1, "tiny", &L->rungs[q].knobs, t)) fail_msg("%s", e1.err);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "params_total")) == 7248547840.0);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "seq")) == 32.0);
+  cJSON_Delete(t);
+  free(with);
+  free(L);
+}
+
+/* ---- Llama-3-8B at sequence 2048 on 24 GB ------------------------------------------------ */
+
+static void test_llama3_8b_at_2048(void **state) {
+  (void)state;
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg mc;
+  int64_t pos = 0;
+  vl_mistral_preset("full", &mc);
+  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos)) fail_msg("%s", env.err);
+  assert_int_equal(mc.dim, 4096);
+  assert_int_equal(mc.ffn, 14336);
+  assert_int_equal(mc.n_layers, 32);
+  assert_int_equal(mc.n_heads, 32);
+  assert_int_equal(mc.n_kv_heads, 8);
+  assert_int_equal(mc.head_dim, 128);
+  assert_int_equal(mc.vocab, 128256);
+  assert_true(mc.rope_theta == 500000.0f && mc.norm_eps == 1e-5f);
+  assert_int_equal(pos, 8192);
+
+  const vl_case *c = vl_case_find("llm-lora");
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[512] = "";
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  assert_int_equal(vl_knob_set(&L->setting, "model_config", LLAMA3_JSON), 0);
+  assert_int_equal(vl_knob_set(&L->setting, "seq", "2048"), 0);
+  assert_int_equal(vl_knob_set(&L->setting, "batch", "1"), 0);
+  assert_int_equal(vl_knob_set(&L->setting, "card", "24GiB"), 0);
+  env.setting = &L->setting;
+  const char *rungs[] = {"baseline", "lora", "qlora"};
+  double peak[3];
+  for (int i = 0; i < 3; i++) {
+    int r = vl_ladder_find(L, rungs[i]);
+    assert_true(r >= 0);
+    cJSON *o = cJSON_CreateObject();
+    if (c->plan(&env, "full", &L->rungs[r].knobs, o)) fail_msg("%s", env.err);
+    double params = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "params_total"));
+    double trainable = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "params_trainable"));
+    peak[i] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "peak_bytes"));
+    /* Meta-Llama-3-8B: 8,030,261,248 parameters (untied 128256 x 4096 embedding and head) */
+    if (i == 0) assert_true(params == 8030261248.0);
+    else assert_true(params == 8030261248.0 + trainable); /* + LoRA r=8 on q, k, v, o */
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "seq")) == 2048.0);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "batch")) == 1.0);
+    print_message("  Llama-3-8B seq 2048 batch 1, %-8s: peak %.2f GB (%.2f GiB), weights %.2f GB, acts %.2f GB, "
+                  "%.1f TFLOP, fits 24 GiB: %s, max batch %.0f\n",
+                  rungs[i], peak[i] / 1e9, peak[i] / 1073741824.0,
+                  cJSON_GetNumberValue(cJSON_GetObjectItem(o, "weight_bytes")) / 1e9,
+                  cJSON_GetNumberValue(cJSON_GetObjectItem(o, "acts_bytes")) / 1e9,
+                  cJSON_GetNumberValue(cJSON_GetObjectItem(o, "flops_per_step")) / 1e12,
+                  cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no",
+                  cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch")));
+    cJSON_Delete(o);
+  }
+  assert_true(peak[2] < peak[1] && peak[1] < peak[0]);
+  /* seq past the config's max_position_embeddings is refused, naming both */
+  assert_int_equal(vl_knob_set(&L->setting, "seq", "8193"), 0);
+  cJSON *o = cJSON_CreateObject();
+  assert_int_equal(c->plan(&env, "full", &L->rungs[0].knobs, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "max_position_embeddings 8192"));
+  assert_non_null(strstr(env.err, "seq = 8193"));
+  assert_int_equal(vl_knob_set(&L->setting, "seq", "preset"), 0);
+  assert_int_equal(vl_knob_set(&L->setting, "run_seq", "9000"), 0);
+  assert_int_equal(c->check(&env, &L->rungs[0].knobs), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err, "run_seq = 9000"));
+  cJSON_Delete(o);
+  free(L);
+}
+
+/* ---- the size knobs ---------------------------------------------------------------------- */
+
+/* llm-lora's rung parsed at scale with the setting's key=value pairs (NULL-terminated). */
+static vl_status llm_rung(const char *scale, const char *const *kv, vl_llm_rung *r, vl_case_env *env) {
+  static vl_knobs setting, none;
+  memset(&setting, 0, sizeof setting);
+  for (int i = 0; kv[i]; i += 2) assert_int_equal(vl_knob_set(&setting, kv[i], kv[i + 1]), 0);
+  *env = (vl_case_env){.scale = scale, .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
+  return vl_llm_parse_rung(env, scale, &none, r);
+}
+
+static void expect_llm_refused(const char *const *kv, const char *want) {
+  vl_llm_rung r;
+  vl_case_env env;
+  assert_int_equal(llm_rung("tiny", kv, &r, &env), VL_ERR_INVALID);
+  if (!strstr(env.err, want)) fail_msg("'%s' lacks '%s'", env.err, want);
+}
+
+static void test_llm_size_knobs(void **state) {
+  (void)state;
+  vl_llm_rung a, b;
+  vl_case_env env;
+  /* "preset" everywhere is the preset, at every scale */
+  const char *scales[] = {"tiny", "small", "full"};
+  for (int i = 0; i < 3; i++) {
+    vl_mistral_cfg p;
+    vl_mistral_preset(scales[i], &p);
+    const char *kv[] = {"layers", "preset", "dim", "preset", "ffn", "preset", "heads", "preset", "kv_heads",
+                        "preset", "vocab", "preset", "seq", "preset", "model_config", "none", "run_seq", "0", NULL};
+    if (llm_rung(scales[i], kv, &a, &env)) fail_msg("%s", env.err);
+    assert_memory_equal(&a.model.mc, &p, sizeof p);
+    assert_int_equal(a.run_seq, 0);
+  }
+  /* each knob sets its size; heads sets the head size dim / heads */
+  const char *kv[] = {"layers", "3", "dim", "96", "ffn", "200", "heads", "6", "kv_heads", "3", "vocab", "1000",
+                      "seq", "48", NULL};
+  if (llm_rung("tiny", kv, &a, &env)) fail_msg("%s", env.err);
+  vl_mistral_cfg w = {1000, 96, 3, 6, 3, 16, 200, 48, 10000.0f, 1e-5f};
+  assert_memory_equal(&a.model.mc, &w, sizeof w);
+  /* seq applies at every scale now (it applied at full only) */
+  if (llm_rung("small", (const char *const[]){"seq", "64", NULL}, &a, &env)) fail_msg("%s", env.err);
+  assert_int_equal(a.model.mc.seq, 64);
+  /* one more layer adds exactly one layer's parameters: q, k, v, o, gate, up, down, 2 norms */
+  if (llm_rung("tiny", (const char *const[]){"layers", "3", NULL}, &a, &env)) fail_msg("%s", env.err);
+  if (llm_rung("tiny", (const char *const[]){NULL}, &b, &env)) fail_msg("%s", env.err);
+  vl_plan_result pa, pb;
+  vl_step_spec sa = vl_llm_step_spec(&a, 1, 8), sb = vl_llm_step_spec(&b, 1, 8);
+  assert_int_equal(vl_run_plan(&sa, VL_NO_CAP, VL_DEV_CUDA, false, &pa), VL_OK);
+  assert_int_equal(vl_run_plan(&sb, VL_NO_CAP, VL_DEV_CUDA, false, &pb), VL_OK);
+  assert_int_equal(pa.params.total - pb.params.total, 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64);
+  vl_plan_result_free(&pa);
+  vl_plan_result_free(&pb);
+  /* a model config, then a knob over it */
+  if (llm_rung("tiny", (const char *const[]){"model_config", LLAMA3_JSON, "layers", "16", NULL}, &a, &env))
+    fail_msg("%s", env.err);
+  assert_int_equal(a.model.mc.n_layers, 16);
+  assert_int_equal(a.model.mc.vocab, 128256);
+  assert_int_equal(a.model.mc.seq, 32); /* tiny's: seq is a training setting */
+  assert_int_equal(a.max_pos, 8192);
+  /* relations and values refused, naming the knob */
+  expect_llm_refused((const char *const[]){"heads", "5", NULL}, "heads = 5 does not divide dim = 64");
+  expect_llm_refused((const char *const[]){"kv_heads", "3", NULL}, "kv_heads = 3 does not divide heads = 4");
+  expect_llm_refused((const char *const[]){"dim", "100", NULL}, "must be even");
+  expect_llm_refused((const char *const[]){"layers", "0", NULL}, "layers");
+  expect_llm_refused((const char *const[]){"vocab", "lots", NULL}, "vocab");
+  expect_llm_refused((const char *const[]){"ffn", "-1", NULL}, "ffn");
+  expect_llm_refused((const char *const[]){"seq", "2.5", NULL}, "seq");
+  expect_llm_refused((const char *const[]){"run_seq", "-1", NULL}, "run_seq");
+  expect_llm_refused((const char *const[]){"model_config", "/nonexistent/config.json", NULL}, "model_config");
+}
+
+/* seg-ckpt's rung parsed at scale with the setting's pairs. */
+static vl_status seg_rung(const char *scale, const char *const *kv, vl_seg_rung *r, vl_case_env *env) {
+  static vl_knobs setting, none;
+  memset(&setting, 0, sizeof setting);
+  for (int i = 0; kv[i]; i += 2) assert_int_equal(vl_knob_set(&setting, kv[i], kv[i + 1]), 0);
+  *env = (vl_case_env){.scale = scale, .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
+  return vl_seg_parse_rung(env, scale, &none, r);
+}
+
+static int64_t seg_params(const vl_seg_rung *r, int module) {
+  vl_plan_result p;
+  vl_step_spec s = vl_seg_step_spec(r, 2, 1);
+  assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &p), VL_OK);
+  int64_t n = module < 0 ? p.params.total : p.params.module_count[module];
+  vl_plan_result_free(&p);
+  return n;
+}
+
+static void test_seg_size_knobs(void **state) {
+  (void)state;
+  vl_seg_rung r;
+  vl_case_env env;
+  vl_resunet_cfg small, tiny, full;
+  vl_resunet_preset("small", &small);
+  vl_resunet_preset("tiny", &tiny);
+  vl_resunet_preset("full", &full);
+  /* the presets are full's with image and width_div: small = 128 / 4, tiny = 32 / 16 */
+  if (seg_rung("full", (const char *const[]){"image", "128", "width_div", "4", NULL}, &r, &env)) fail_msg("%s", env.err);
+  assert_memory_equal(&r.model.mc, &small, sizeof small);
+  if (seg_rung("full", (const char *const[]){"image", "32", "width_div", "16", NULL}, &r, &env)) fail_msg("%s", env.err);
+  assert_memory_equal(&r.model.mc, &tiny, sizeof tiny);
+  if (seg_rung("tiny", (const char *const[]){"image", "preset", "width_div", "preset", "blocks", "preset", NULL}, &r,
+               &env))
+    fail_msg("%s", env.err);
+  assert_memory_equal(&r.model.mc, &tiny, sizeof tiny);
+  /* the full-width ResNet-101 at the small image size: full's parameters, small's image */
+  if (seg_rung("small", (const char *const[]){"width_div", "1", NULL}, &r, &env)) fail_msg("%s", env.err);
+  assert_int_equal(r.model.mc.image, 128);
+  assert_int_equal(r.model.mc.width, 64);
+  vl_seg_rung rf;
+  if (seg_rung("full", (const char *const[]){NULL}, &rf, &env)) fail_msg("%s", env.err);
+  assert_int_equal(seg_params(&r, -1), seg_params(&rf, -1));
+  /* blocks 3,4,6,3: torchvision's ResNet-50 without fc, 23,508,032 parameters */
+  if (seg_rung("full", (const char *const[]){"blocks", "3,4,6,3", NULL}, &r, &env)) fail_msg("%s", env.err);
+  assert_int_equal(seg_params(&r, 0), 23508032);
+  assert_int_equal(seg_params(&rf, 0), 42500160);
+  /* refused, naming the knob */
+  const char *bad[][3] = {{"image", "100", "multiple of 32"},   {"image", "4096", "image"},
+                          {"image", "big", "image"},            {"width_div", "3", "width_div = 3"},
+                          {"width_div", "0", "width_div"},      {"blocks", "3,4", "blocks: expected 4 numbers"},
+                          {"blocks", "3,4,0,3", "blocks"},      {"blocks", "3,4,23,3,1", "blocks"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    if (seg_rung("small", (const char *const[]){bad[i][0], bad[i][1], NULL}, &r, &env) != VL_ERR_INVALID)
+      fail_msg("%s = %s accepted", bad[i][0], bad[i][1]);
+    if (!strstr(env.err, bad[i][2])) fail_msg("'%s' lacks '%s'", env.err, bad[i][2]);
+  }
+}
+
+/* ---- run_seq: every batch of a run exactly N tokens ------------------------------------- */
+
+/* A tiny CPU run of the baseline rung with run_seq = n: its model FLOPs per step are those
+ * of a (2, n) step exactly, and its measured peak that step's planned peak, so every timed
+ * micro-batch was (2, n). n above tiny's seq (32) raises the model's limit. */
+static void run_fixed(long n) {
+  const vl_case *c = vl_case_find("llm-lora");
+  char num[32];
+  snprintf(num, sizeof num, "%ld", n);
+  vl_knobs *setting = calloc(1, sizeof *setting), *k = calloc(1, sizeof *k);
+  assert_true(setting && k);
+  assert_int_equal(vl_knob_set(setting, "steps", "3"), 0);
+  assert_int_equal(vl_knob_set(setting, "warmup", "1"), 0);
+  assert_int_equal(vl_knob_set(setting, "run_seq", num), 0);
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = setting, .quiet = 1};
+  cJSON *out = cJSON_CreateObject();
+  if (c->run(&env, k, 0, out)) fail_msg("%s", env.err);
+  vl_llm_rung r;
+  assert_int_equal(vl_llm_parse_rung(&env, "tiny", k, &r), VL_OK);
+  if (n > r.model.mc.seq) r.model.mc.seq = n;
+  vl_step_spec s = vl_llm_step_spec(&r, 2, n);
+  vl_plan_result p;
+  assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CPU, false, &p), VL_OK);
+  double flops = cJSON_GetNumberValue(cJSON_GetObjectItem(out, "model_flops_per_step"));
+  double measured = cJSON_GetNumberValue(cJSON_GetObjectItem(out, "measured_peak_bytes"));
+  if (flops != p.flops) fail_msg("run_seq %ld: %.17g FLOP/step, a (2, %ld) step plans %.17g", n, flops, n, p.flops);
+  assert_true(measured == (double)p.mem.peak_total);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(out, "plan_matches_measured")));
+  vl_plan_result_free(&p);
+  cJSON_Delete(out);
+  free(setting);
+  free(k);
+}
+
+static void test_run_seq(void **state) {
+  (void)state;
+  run_fixed(24);
+  run_fixed(40);
+}
+
+/* ---- the command line ---------------------------------------------------------------------- */
+
+static int run_cli(const char *args, char **out) {
+  char cmd[2048], path[512];
+  snprintf(path, sizeof path, "%s/cli.txt", tmpdir);
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s/vramlab %s >%s 2>&1", VRAMLAB_SOURCE_DIR, VRAMLAB_BINARY_DIR, args, path);
+  int st = system(cmd);
+  *out = slurp_text(path);
+  return WEXITSTATUS(st);
+}
+
+static void strip_timings(cJSON *o) {
+  cJSON *r;
+  cJSON_ArrayForEach(r, o) {
+    cJSON_DeleteItemFromObject(r, "plan_seconds");
+    cJSON_DeleteItemFromObject(r, "max_batch_search_seconds");
+  }
+}
+
+static void test_cli_model_config(void **state) {
+  (void)state;
+  char *a, *b;
+  assert_int_equal(run_cli("plan llm-lora --json", &a), 0);
+  assert_int_equal(run_cli("plan llm-lora --json --model-config cases/llm-lora/configs/mistral-7b.json", &b), 0);
+  cJSON *ja = cJSON_Parse(a), *jb = cJSON_Parse(b);
+  if (!ja || !jb) fail_msg("not JSON:\n%.300s\n%.300s", a, b);
+  strip_timings(ja);
+  strip_timings(jb);
+  char *sa = cJSON_PrintUnformatted(ja), *sb = cJSON_PrintUnformatted(jb);
+  assert_string_equal(sa, sb);
+  free(sa); free(sb); free(a); free(b);
+  cJSON_Delete(ja);
+  cJSON_Delete(jb);
+  /* a Llama-3-8B step at 2048 tokens plans; the option equals --set model_config */
+  assert_int_equal(run_cli("plan llm-lora --step qlora --json --set seq=2048 --set batch=1 "
+                           "--model-config cases/llm-lora/configs/llama-3-8b.json", &a), 0);
+  assert_int_equal(run_cli("plan llm-lora --step qlora --json --set seq=2048 --set batch=1 "
+                           "--set model_config=cases/llm-lora/configs/llama-3-8b.json", &b), 0);
+  ja = cJSON_Parse(a);
+  jb = cJSON_Parse(b);
+  assert_true(ja && jb);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ja, "params_total")) > 8.03e9);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(ja, "peak_bytes")) ==
+              cJSON_GetNumberValue(cJSON_GetObjectItem(jb, "peak_bytes")));
+  cJSON_Delete(ja);
+  cJSON_Delete(jb);
+  free(a); free(b);
+  /* refused, exit 2, with the reason */
+  const struct { const char *args, *want; } bad[] = {
+      {"plan llm-lora --model-config /nonexistent/config.json", "model_config: /nonexistent/config.json: cannot open"},
+      {"plan llm-lora --model-config", "--model-config needs a value"},
+      {"plan llm-lora --model-config ''", "--model-config needs a value"},
+      {"plan seg-ckpt --model-config cases/llm-lora/configs/mistral-7b.json", "seg-ckpt takes no model config"},
+      {"list --model-config cases/llm-lora/configs/mistral-7b.json", "applies to plan, run and bench only"},
+      {"plan llm-lora --model-config cases/llm-lora/ladder.ini", "not valid JSON at line 1"},
+      {"plan llm-lora --set seq=40000 --model-config cases/llm-lora/configs/mistral-7b.json",
+       "exceeds max_position_embeddings 32768"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = run_cli(bad[i].args, &a);
+    if (rc != 2 || !strstr(a, bad[i].want)) fail_msg("%s: rc %d, '%s' (want '%s')", bad[i].args, rc, a, bad[i].want);
+    free(a);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parser_errors),
+      cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_mistral_config_is_the_preset),
+      cmocka_unit_test(test_mistral_config_plans_as_the_preset),
+      cmocka_unit_test(test_llama3_8b_at_2048),
+      cmocka_unit_test(test_llm_size_knobs),
+      cmocka_unit_test(test_seg_size_knobs),
+      cmocka_unit_test(test_run_seq),
+      cmocka_unit_test(test_cli_model_config),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
