@@ -46,6 +46,10 @@ int vl_sd_preset(const char *scale, vl_sd_cfg *out);
 void vl_sd_set_precision(vl_sd_cfg *cfg, vl_dtype frozen, vl_dtype acts);
 /* Image side of the VAE's input for the U-Net's latent side (8x). */
 int64_t vl_sd_image_side(const vl_sd_cfg *cfg);
+/* The seeds vl_model_sd gives its VAE encoder and text encoder for the model seed `seed`, so
+ * a latent or text-embedding cache is built by the very encoders the uncached step runs. */
+uint64_t vl_sd_vae_seed(uint64_t seed);
+uint64_t vl_sd_clip_seed(uint64_t seed);
 
 /* diffusers' DDPMScheduler(beta_schedule="scaled_linear"): betas = linspace(sqrt(b0),
  * sqrt(b1), n)^2 and alphas_cumprod = cumprod(1 - betas), the same float32 values torch
