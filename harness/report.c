@@ -183,6 +183,26 @@ const char *vl_rep_fmt(const char *fmt, double v) {
   return b;
 }
 
+const cJSON *vl_rep_plan(const cJSON *rung) { return cJSON_GetObjectItem(rung, "plan"); }
+
+const cJSON *vl_rep_run0(const cJSON *rung) {
+  const cJSON *runs = cJSON_GetObjectItem(rung, "runs");
+  return cJSON_IsArray(runs) ? cJSON_GetArrayItem(runs, 0) : NULL;
+}
+
+const cJSON *vl_rep_rung(const cJSON *res, const char *name) {
+  const cJSON *r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
+    if (n && name && !strcmp(n, name)) return r;
+  }
+  return NULL;
+}
+
+const char *vl_rep_yes_no(const cJSON *b) {
+  return cJSON_IsTrue(b) ? "yes" : cJSON_IsFalse(b) ? "**no**" : "—";
+}
+
 const char *vl_rep_str(const cJSON *o, const char *k) {
   const char *s = cJSON_GetStringValue(cJSON_GetObjectItem(o, k));
   if (!s) return "—";

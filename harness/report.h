@@ -33,6 +33,13 @@ const char *vl_rep_fmt(const char *fmt, double v);
 /* The string member k of o for a markdown table cell (no '|', no line breaks or control
  * bytes, at most ~250 bytes), or "—" when absent; same ring of buffers as vl_rep_fmt. */
 const char *vl_rep_str(const cJSON *o, const char *k);
+/* A results file's pieces the case reports read: a rung's plan, its first run (NULL when
+ * none), the rung called `name` (NULL when none), and a JSON boolean as "yes" / "**no**" /
+ * "—" (missing). */
+const cJSON *vl_rep_plan(const cJSON *rung);
+const cJSON *vl_rep_run0(const cJSON *rung);
+const cJSON *vl_rep_rung(const cJSON *res, const char *name);
+const char *vl_rep_yes_no(const cJSON *b);
 
 /* ---- plots -------------------------------------------------------------------------------- */
 /* Any outside string (a rung name, a label, a title) made safe for a gnuplot script or data

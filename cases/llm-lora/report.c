@@ -88,7 +88,6 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   }
 }
 
-static const char *yes_no(const cJSON *b) { return cJSON_IsTrue(b) ? "yes" : cJSON_IsFalse(b) ? "**no**" : "—"; }
 
 /* the largest finite value of plan key k over the rungs; NaN when none has it */
 static double max_over_rungs(const cJSON *res, const char *k) {
@@ -116,7 +115,7 @@ void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_
             vl_rep_fmt("%.2f", vl_rep_num(p, "weight_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "grads_bytes") / G),
             vl_rep_fmt("%.2f", vl_rep_num(p, "optim_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "acts_bytes") / G),
             vl_rep_fmt("%.2f", vl_rep_num(p, "peak_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "cap_bytes") / G),
-            yes_no(cJSON_GetObjectItem(p, "fits")),
+            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")),
             cJSON_IsTrue(cJSON_GetObjectItem(p, "max_batch_at_search_limit")) ? "≥" : "",
             vl_rep_fmt("%.0f", vl_rep_num(p, "max_batch")), vl_rep_fmt("%.0f%%", 100 * vl_rep_num(p, "oom_rate")),
             vl_rep_fmt("%.1f", vl_rep_num(p, "flops_per_step") / 1e12));

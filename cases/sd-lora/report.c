@@ -12,26 +12,12 @@
 #include "report.h"
 #include "sdl.h"
 
-static const cJSON *plan_of(const cJSON *r) { return cJSON_GetObjectItem(r, "plan"); }
-static const cJSON *run0_of(const cJSON *r) {
-  const cJSON *runs = cJSON_GetObjectItem(r, "runs");
-  return cJSON_IsArray(runs) ? cJSON_GetArrayItem(runs, 0) : NULL;
-}
-static const cJSON *rung_named(const cJSON *res, const char *name) {
-  const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
-    if (n && name && !strcmp(n, name)) return r;
-  }
-  return NULL;
-}
 static const cJSON *last_rung(const cJSON *res) {
   const cJSON *r, *last = NULL;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
   return last;
 }
 static double gb(double b) { return b / 1e9; }
-static const char *yes_no(const cJSON *b) { return cJSON_IsTrue(b) ? "yes" : cJSON_IsFalse(b) ? "**no**" : "—"; }
 
 /* ---- tables ------------------------------------------------------------------------------- */
 static void planned_ladder(const cJSON *res, FILE *md) {
@@ -41,17 +27,17 @@ static void planned_ladder(const cJSON *res, FILE *md) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *p = plan_of(r), *c = cJSON_GetObjectItem(p, "by_category");
+    const cJSON *p = vl_rep_plan(r), *c = cJSON_GetObjectItem(p, "by_category");
     fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", vl_rep_str(r, "name"),
-            vl_rep_str(r, "label"), yes_no(cJSON_GetObjectItem(p, "encoders_in_step")),
+            vl_rep_str(r, "label"), vl_rep_yes_no(cJSON_GetObjectItem(p, "encoders_in_step")),
             vl_rep_fmt("%g", vl_rep_num(p, "batch")), vl_rep_fmt("%.2f", gb(vl_rep_num(p, "peak_bytes"))),
             vl_rep_fmt("%.2f", gb(vl_rep_num(c, "frozen"))), vl_rep_fmt("%.2f", gb(vl_rep_num(c, "acts"))),
             vl_rep_fmt("%.2f", gb(vl_rep_num(c, "temp"))), vl_rep_fmt("%.3f", gb(vl_rep_num(c, "data"))),
-            yes_no(cJSON_GetObjectItem(p, "fits")), vl_rep_fmt("%.0f", vl_rep_num(p, "max_batch")),
+            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")), vl_rep_fmt("%.0f", vl_rep_num(p, "max_batch")),
             vl_rep_fmt("%.0f", vl_rep_num(p, "max_batch_48")), vl_rep_fmt("%.1f", vl_rep_num(p, "flops_per_step") / 1e12),
             vl_rep_fmt("%.2f", vl_rep_num(p, "modeled_step_s")));
   }
-  const cJSON *p0 = plan_of(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0)), *L = plan_of(last_rung(res));
+  const cJSON *p0 = vl_rep_plan(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0)), *L = vl_rep_plan(last_rung(res));
   const cJSON *pm = cJSON_GetObjectItem(p0, "params_by_module");
   char a[24], b[24], c[24], d[24];
   fprintf(md, "\nParameters: U-Net %s, VAE encoder %s, text encoder %s (frozen), LoRA %s (trainable). Peak = the "
@@ -74,7 +60,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
           vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"));
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *r0 = run0_of(r);
+    const cJSON *r0 = vl_rep_run0(r);
     if (!r0) continue;
     if (!cJSON_GetObjectItem(r0, "step_time")) {
       fprintf(md, "| %s | %s: %s |||||||||||||| \n", vl_rep_str(r, "name"),
@@ -96,7 +82,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
             vl_rep_fmt("%.2f", vl_rep_run_metric(r, "cache_ram_bytes") / 1e6),
             vl_rep_fmt("%.2f", vl_rep_run_metric(r, "payoff_epochs")));
   }
-  const cJSON *r0 = run0_of(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0));
+  const cJSON *r0 = vl_rep_run0(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0));
   fprintf(md, "\n**Consumer** (the column says which each rung used; the ladder's default is the modeled "
               "accelerator for every rung, because a real U-Net step at the run scale takes seconds on a CPU and "
               "would hide the input pipeline entirely; `--set consumer=model` trains the real step, and then "
@@ -121,8 +107,8 @@ static void measured_ladder(const cJSON *res, FILE *md) {
 
 static void cache_section(const cJSON *res, FILE *md) {
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics"), *sz = cJSON_GetObjectItem(cm, "cache_sizes_50k");
-  const cJSON *cr = rung_named(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_rung")));
-  const cJSON *ur = rung_named(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_against")));
+  const cJSON *cr = vl_rep_rung(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_rung")));
+  const cJSON *ur = vl_rep_rung(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_against")));
   double n = vl_rep_num(cm, "cache_build_images");
   fprintf(md, "## The cache\n\n"
               "**Build** (one-time, measured on this CPU at the run scale, %s images): %s s = decode + transform "
@@ -145,7 +131,7 @@ static void cache_section(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.2f", vl_rep_num(cm, "cache_build_s_payoff")), vl_rep_fmt("%.2f", vl_rep_num(cm, "payoff_epochs")),
           vl_rep_fmt("%.2f", vl_rep_num(cm, "cache_build_s")),
           vl_rep_fmt("%.1f", vl_rep_num(cm, "payoff_epochs_cpu_build")), vl_rep_str(cm, "payoff_against"));
-  const cJSON *c0 = run0_of(cr);
+  const cJSON *c0 = vl_rep_run0(cr);
   fprintf(md, "**Files** (at the run scale; `%s` %s them%s%s%s): %s records, %s MB on disk (latents %s MB, text embeddings %s MB); "
               "size = the format's (256-byte header + records with a CRC-32 each): %s. In RAM (`ram_cache`): %s MB. "
               "Key: the encoders' weights as the device holds them, read back and hashed (with their activation "
@@ -163,7 +149,7 @@ static void cache_section(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.2f", vl_rep_num(c0, "cache_latent_disk_bytes") / 1e6),
           vl_rep_fmt("%.2f", vl_rep_num(c0, "cache_text_disk_bytes") / 1e6),
           cJSON_IsTrue(cJSON_GetObjectItem(c0, "cache_bytes_match_format")) ? "yes, byte for byte" : "**no**",
-          vl_rep_fmt("%.2f", vl_rep_run_metric(rung_named(res, "ram_cache"), "cache_ram_bytes") / 1e6));
+          vl_rep_fmt("%.2f", vl_rep_run_metric(vl_rep_rung(res, "ram_cache"), "cache_ram_bytes") / 1e6));
   fprintf(md, "**50k images at 512 px** (the format's sizes, checked above against the files):\n\n"
               "| what | fp16 GB | fp32 GB |\n|---|---|---|\n"
               "| latents, moments (8×64×64: mean and log-variance) | %s | %s |\n"
@@ -207,7 +193,7 @@ static void loss_section(const cJSON *res, FILE *md) {
               "trained: an untrained VAE's log-variance is near 0, so here the sample's noise is as large as its "
               "mean; a trained VAE's is far smaller.)\n\n",
           vl_rep_fmt("%.2e", vl_rep_num(cm, "loss_max_rel_diff_moments")),
-          vl_rep_str(cJSON_GetObjectItem(rung_named(res, vl_rep_str(cm, "payoff_rung")), "knobs"), "cache_dtype"),
+          vl_rep_str(cJSON_GetObjectItem(vl_rep_rung(res, vl_rep_str(cm, "payoff_rung")), "knobs"), "cache_dtype"),
           vl_rep_fmt("%.2e", vl_rep_num(cm, "loss_max_rel_diff_sample")),
           vl_rep_fmt("%.3f", vl_rep_num(cm, "latent_epoch_change_moments")),
           vl_rep_fmt("%.3f", vl_rep_num(cm, "latent_epoch_change_sample")));
@@ -249,8 +235,8 @@ static void plot_load(const cJSON *res, const char *dir, FILE *md, const char *c
 /* Cumulative wall time against epochs: uncached, and cached with the build first. */
 static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
-  const cJSON *u = rung_named(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_against")));
-  const cJSON *c = rung_named(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_rung")));
+  const cJSON *u = vl_rep_rung(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_against")));
+  const cJSON *c = vl_rep_rung(res, cJSON_GetStringValue(cJSON_GetObjectItem(cm, "payoff_rung")));
   const cJSON *a = last_rung(res);
   double eu = vl_rep_run_metric(u, "epoch_s"), ec = vl_rep_run_metric(c, "epoch_s"), ea = vl_rep_run_metric(a, "epoch_s");
   double build = vl_rep_num(cm, "cache_build_s_payoff"), pay = vl_rep_num(cm, "payoff_epochs");
@@ -290,7 +276,7 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
 /* Peak memory against batch: the last rung's curve with the caps of both cards; and classic
  * against efficient attention. */
 static void plot_batch(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
-  const cJSON *a = last_rung(res), *p = plan_of(a);
+  const cJSON *a = last_rung(res), *p = vl_rep_plan(a);
   char why[1600], s[2048], caps[256] = "", name[VL_REP_GP_MAX + 1];
   double c24 = gb(vl_rep_num(p, "cap_bytes")), c48 = gb(vl_rep_num(p, "cap_48_bytes"));
   if (isfinite(c24)) snprintf(caps, sizeof caps, ", %.4f with lines lw 2 lc rgb 'red' title 'cap, 24 GB card'", c24);
@@ -342,7 +328,7 @@ void vl_sd_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_i
   planned_ladder(res, md);
   bool ran = false;
   const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= run0_of(r) != NULL;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;
   if (ran) measured_ladder(res, md);
   else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   if (cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "cache_sizes_50k")))

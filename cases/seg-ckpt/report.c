@@ -10,22 +10,6 @@
 #include "report.h"
 
 static const char *name_of(const cJSON *r) { return vl_rep_str(r, "name"); }
-static const cJSON *plan_of(const cJSON *r) { return cJSON_GetObjectItem(r, "plan"); }
-static const cJSON *run0_of(const cJSON *r) {
-  const cJSON *runs = cJSON_GetObjectItem(r, "runs");
-  return cJSON_IsArray(runs) ? cJSON_GetArrayItem(runs, 0) : NULL;
-}
-
-static const cJSON *rung_named(const cJSON *res, const char *name) {
-  const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
-    if (n && !strcmp(n, name)) return r;
-  }
-  return NULL;
-}
-
-static const char *yes_no(const cJSON *b) { return cJSON_IsTrue(b) ? "yes" : cJSON_IsFalse(b) ? "**no**" : "—"; }
 
 /* a number in a gnuplot script, or the fallback where it is missing */
 static const char *gp_num(const char *fmt, double v, char *b, size_t n) {
@@ -43,7 +27,7 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
   const cJSON *last = NULL, *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
-  const cJSON *lp = plan_of(last), *bc = cJSON_GetObjectItem(lp, "batch_curve");
+  const cJSON *lp = vl_rep_plan(last), *bc = cJSON_GetObjectItem(lp, "batch_curve");
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(last, "name")), false, name, sizeof name);
   if (!cJSON_GetArraySize(bc)) {
     vl_rep_plot_missing(md, dir, "batch", "the results hold no batch curve for the last rung");
@@ -77,7 +61,7 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   int nr = 0;
   char plot[4096] = "plot ";
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *acc = cJSON_GetObjectItem(run0_of(r), "pixel_accuracy_per_epoch"), *e;
+    const cJSON *acc = cJSON_GetObjectItem(vl_rep_run0(r), "pixel_accuracy_per_epoch"), *e;
     if (!cJSON_IsArray(acc)) continue;
     int valid = 0; /* a line without one point is a gnuplot error: leave such a rung out */
     cJSON_ArrayForEach(e, acc) valid += !isnan(vl_rep_numv(e));
@@ -112,7 +96,7 @@ static double max_over_rungs(const cJSON *res, const char *k) {
   double m = NAN;
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    double v = vl_rep_num(plan_of(r), k);
+    double v = vl_rep_num(vl_rep_plan(r), k);
     if (!isnan(v) && (isnan(m) || v > m)) m = v;
   }
   return m;
@@ -125,20 +109,20 @@ static void planned_ladder(const cJSON *res, FILE *md) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *p = plan_of(r), *pk = cJSON_GetObjectItem(p, "peak_by_category");
+    const cJSON *p = vl_rep_plan(r), *pk = cJSON_GetObjectItem(p, "peak_by_category");
     fprintf(md, "| %s | %s | %s×%s | %s | %s | %s | %s | %s | %s | %s | %s | %s%s | %s | %s |\n",
             name_of(r), vl_rep_str(r, "label"), vl_rep_fmt("%g", vl_rep_num(p, "batch")),
             vl_rep_fmt("%g", vl_rep_num(p, "accum")), vl_rep_fmt("%.2f", vl_rep_num(p, "model_bytes") / G),
             vl_rep_fmt("%.2f", vl_rep_num(p, "acts_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(pk, "temp") / G),
             vl_rep_fmt("%.2f", vl_rep_num(pk, "workspace") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "peak_bytes") / G),
             vl_rep_fmt("%.1f%%", 100 * vl_rep_num(p, "extent_overhead")),
-            vl_rep_fmt("%.2f", vl_rep_num(p, "cap_bytes") / G), yes_no(cJSON_GetObjectItem(p, "fits")),
+            vl_rep_fmt("%.2f", vl_rep_num(p, "cap_bytes") / G), vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")),
             cJSON_IsTrue(cJSON_GetObjectItem(p, "max_batch_at_search_limit")) ? "≥" : "",
             vl_rep_fmt("%.0f", vl_rep_num(p, "max_batch")),
             vl_rep_fmt("%.0f%%", 100 * vl_rep_num(p, "recompute_share")),
             vl_rep_fmt("%.2f", vl_rep_num(p, "flops_per_step") / 1e12));
   }
-  const cJSON *p0 = plan_of(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0));
+  const cJSON *p0 = vl_rep_plan(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0));
   const cJSON *pm = cJSON_GetObjectItem(p0, "params_by_module");
   char c1[24], c2[24], c3[24];
   fprintf(md, "\nParameters: encoder %s (torchvision's ResNet-101 without its classifier has 42,500,160; "
@@ -160,7 +144,7 @@ static void planned_ladder(const cJSON *res, FILE *md) {
 static void linear_model(const cJSON *res, FILE *md) {
   const cJSON *last = NULL, *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) last = r;
-  const cJSON *p = plan_of(last), *bc = cJSON_GetObjectItem(p, "batch_curve");
+  const cJSON *p = vl_rep_plan(last), *bc = cJSON_GetObjectItem(p, "batch_curve");
   if (!p) return;
   fprintf(md, "## Memory vs batch (rung `%s`)\n\n"
               "Least squares over %d planned peaks: **memory = %s GB + batch × %s GB** (R² = %s). "
@@ -182,7 +166,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
           vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"));
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *r0 = run0_of(r);
+    const cJSON *r0 = vl_rep_run0(r);
     if (!r0) continue;
     if (cJSON_IsTrue(cJSON_GetObjectItem(r0, "oom"))) {
       fprintf(md, "| %s | out of memory: %s |||||||||||| \n", name_of(r), vl_rep_str(r0, "error"));
@@ -208,7 +192,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
             cJSON_GetObjectItem(r0, "planned_peak_bytes") ? (match ? "yes" : "**no**") : "—",
             vl_rep_fmt("%.0f%%", sg > 0 ? 100 * vl_rep_run_metric(r, "flops_per_s") / sg : NAN));
   }
-  const cJSON *b = rung_named(res, "before"), *ck = rung_named(res, "ckpt"), *ro = rung_named(res, "relu_off");
+  const cJSON *b = vl_rep_rung(res, "before"), *ck = vl_rep_rung(res, "ckpt"), *ro = vl_rep_rung(res, "relu_off");
   double tb = vl_rep_run_metric(b, "interleaved_step_seconds"),
          tc = vl_rep_run_metric(ck, "interleaved_step_seconds"),
          tr = vl_rep_run_metric(ro, "interleaved_step_seconds");
@@ -220,7 +204,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
                                                           "interleaved_steps"), "rounds")),
           vl_rep_fmt("%.3f", tb), vl_rep_fmt("%.3f", tc), vl_rep_fmt("%+.1f%%", 100 * (tc / tb - 1)),
           vl_rep_fmt("%.3f", tr), vl_rep_fmt("%+.1f%%", 100 * (tr / tc - 1)),
-          vl_rep_fmt("%.0f%%", 100 * vl_rep_num(plan_of(ck), "recompute_share")));
+          vl_rep_fmt("%.0f%%", 100 * vl_rep_num(vl_rep_plan(ck), "recompute_share")));
   fprintf(md, "\nsgemm reference of this run: %s GFLOP/s (1024³, best of 5, the higher of the "
               "measurements before and after the ladder). Model FLOPs exclude recomputation (MLPerf "
               "rule). Data wait = share of the timed steps' wall time spent in the loader's `next`; "
@@ -236,7 +220,7 @@ void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_
   linear_model(res, md);
   bool ran = false;
   const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= run0_of(r) != NULL;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;
   if (ran) measured_ladder(res, md);
   else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   fprintf(md, "## Plots\n\n");
