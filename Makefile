@@ -38,8 +38,13 @@ plan: build
 report: build
 	./$(BUILD)/vramlab report $(CASE) $(ARGS)
 
+# REQUIRE_GPU=1: fail when no case ran on a GPU (no device, or no CUDA backend) -- GPU runners
+REQUIRE_GPU ?=
 gpu-check: build
-	@if [ -x ./$(BUILD)/vramlab-gpu-check ]; then ./$(BUILD)/vramlab-gpu-check; \
+	@if [ -x ./$(BUILD)/vramlab-gpu-check ]; then \
+	   ./$(BUILD)/vramlab-gpu-check $(if $(filter 1,$(REQUIRE_GPU)),--require-gpu) $(ARGS); \
+	 elif [ "$(REQUIRE_GPU)" = 1 ]; then \
+	   echo "gpu-check: --require-gpu: no case ran on a GPU (this build has no CUDA backend: nvcc not found)"; exit 1; \
 	 else echo "gpu-check: skipped: this build has no CUDA backend (nvcc not found)"; fi
 
 # libFuzzer targets (clang, ASan + UBSan) over every parser of outside bytes, FUZZ_TIME

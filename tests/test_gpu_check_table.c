@@ -1,6 +1,7 @@
 /* The gpu-check case table (tools/gpu_check_cases.c): every operation of the enum has at
  * least one case, cases are well formed, and, where the CUDA build made the tool, its
- * --list, its no-GPU skip and its --self-test (CPU against CPU) work. */
+ * --list, its no-GPU skip, --require-gpu (fails when nothing ran on a GPU) and its
+ * --self-test (CPU against CPU) work. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -91,11 +92,26 @@ static void test_tool(void **state) {
     print_error("self-test: %s", last);
     fail();
   }
-  /* without a GPU nothing passes: every case is skipped, and that is not a failure */
+  /* --require-gpu cannot be met by the self-test (CPU against CPU): a usage error */
+  assert_int_equal(run_tool("--require-gpu --self-test", last, sizeof last), 2);
+  assert_non_null(strstr(last, "exclude each other"));
+  /* without a GPU nothing passes: every case is skipped, and that is not a failure... */
   if (!vl_cuda_available()) {
     assert_int_equal(run_tool("", last, sizeof last), 0);
     snprintf(want, sizeof want, "gpu-check: %zu cases skipped, none run", VL_GC_NCASES);
     assert_non_null(strstr(last, want));
+    /* ...unless --require-gpu says a GPU runner must run them: then it is one */
+    assert_int_equal(run_tool("--require-gpu", last, sizeof last), 1);
+    snprintf(want, sizeof want, "gpu-check: --require-gpu: no case ran on a GPU (%zu skipped)",
+             VL_GC_NCASES);
+    if (!strstr(last, want)) {
+      print_error("--require-gpu: %s", last);
+      fail();
+    }
+    assert_int_equal(run_tool("--op rmsnorm_bwd --require-gpu", last, sizeof last), 1);
+    assert_non_null(strstr(last, "no case ran on a GPU (4 skipped)"));
+    /* --list runs nothing, so there is nothing for --require-gpu to judge */
+    assert_int_equal(run_tool("--list --require-gpu", last, sizeof last), 0);
   }
 }
 

@@ -12,9 +12,11 @@
  *   vramlab-gpu-check --list            print the cases, run nothing
  *   vramlab-gpu-check --self-test ...   the CPU backend on both sides: checks this tool where
  *                                       there is no GPU (every case must agree exactly)
+ *   vramlab-gpu-check --require-gpu ... as without it, but exit status 1 when no case ran on
+ *                                       a GPU (GPU runners: a skip must not read as a pass)
  * Without a GPU every case prints "SKIP (no GPU)" and the exit status is 0: skipped, never
- * passed. With one, one line per case with PASS/FAIL and the NMSE; exit status 1 when any
- * case fails.
+ * passed (1 with --require-gpu). With one, one line per case with PASS/FAIL and the NMSE;
+ * exit status 1 when any case fails.
  *
  * One builder per operation (below) makes the case's tensors from its shape, dtypes and
  * flags, marks its outputs, and fills the operation's argument struct for each side. */
@@ -976,13 +978,20 @@ static bool selected(const vl_gc_case *c, int kind, const char *word) {
   return (kind < 0 || c->kind == kind) && (!word || strstr(c->name, word));
 }
 
+/* --require-gpu: nothing ran on a GPU is a failure (n cases were skipped). */
+static int require_gpu_failed(int n) {
+  printf("gpu-check: --require-gpu: no case ran on a GPU (%d skipped)\n", n);
+  return 1;
+}
+
 int main(int argc, char **argv) {
-  bool self = false, list = false;
+  bool self = false, list = false, require_gpu = false;
   int kind = -1;
   const char *word = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--self-test")) self = true;
     else if (!strcmp(argv[i], "--list")) list = true;
+    else if (!strcmp(argv[i], "--require-gpu")) require_gpu = true;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc) {
       kind = vl_gc_kind_parse(argv[++i]);
       if (kind < 0) {
@@ -992,13 +1001,18 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else if (argv[i][0] == '-') {
-      fprintf(stderr, "usage: vramlab-gpu-check [--list] [--self-test] [--op NAME] [WORD]\n");
+      fprintf(stderr, "usage: vramlab-gpu-check [--list] [--self-test] [--require-gpu] [--op NAME]"
+                      " [WORD]\n");
       return 2;
     } else {
       word = argv[i];
     }
   }
-  if (list) {
+  if (self && require_gpu) { /* the self-test is CPU against CPU: it never runs on a GPU */
+    fprintf(stderr, "gpu-check: --require-gpu and --self-test exclude each other\n");
+    return 2;
+  }
+  if (list) { /* runs nothing: --require-gpu has nothing to judge */
     int n = 0;
     for (size_t i = 0; i < VL_GC_NCASES; i++) {
       const vl_gc_case *c = &VL_GC_CASES[i];
@@ -1022,7 +1036,7 @@ int main(int argc, char **argv) {
     }
     printf("gpu-check: %d cases skipped, none run: %s\n", n,
            vl_backend_cuda() ? "no CUDA device visible" : "built without CUDA");
-    return 0;
+    return require_gpu ? require_gpu_failed(n) : 0;
   }
   /* --self-test: the CPU backend on both sides. Checks this tool (inputs, guards, NMSE) on a
    * machine without a GPU; every case must come out at nmse 0. Not a GPU result. */
@@ -1066,5 +1080,6 @@ int main(int argc, char **argv) {
          self ? "self-test: cpu against cpu, NOT a GPU result" : "device: cuda, reference: cpu");
   vl_ctx_destroy(r.ctx[CU]);
   vl_ctx_destroy(r.ctx[CPU]);
+  if (require_gpu && ran == 0) return require_gpu_failed(0); /* WORD/--op matched nothing */
   return failed ? 1 : 0;
 }
