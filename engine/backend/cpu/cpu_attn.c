@@ -1,16 +1,18 @@
 /* CPU backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): OpenMP loops over
- * the single-source bodies of engine/kernels/attn.h, one call per query row (forward, delta,
- * dq) or key row (dk, dv), the rows of all (batch, head) pairs in one parallel loop.
+ * the single-source bodies of engine/kernels/attn.h, one call per query row (forward,
+ * delta); the backward's dq and dk, dv run here per block of BLK query (key) rows of one
+ * (batch, head), the same arithmetic as the bodies vl_k_attn_dq_row / vl_k_attn_dkdv_row,
+ * bit for bit, with each k, v (q, dout) row converted once and reused across the block.
  * Arguments are checked by engine/backend/attn_args.h, the same checks as the CUDA backend.
  *
- * Scratch: each thread has a stack array of VL_K_ATTN_WS(VL_K_ATTN_DMAX) floats (8 KiB),
- * contiguous (stride 1). Where all tensors share one dtype, the loops are written out with
- * that dtype and the stride as literals inside the parallel region (OpenMP outlines the
- * region, so a constant must be spelled there), the bodies are force-inlined, the dtype
- * switches fold away and the fp32 dot products vectorise; mixed dtypes run the same bodies
- * with the runtime dtypes.
+ * Scratch: each thread has a stack array, contiguous (stride 1): VL_K_ATTN_WS(VL_K_ATTN_DMAX)
+ * floats (8 KiB) forward, BWD_SCRATCH (160 KiB) backward; the arena's workspace stays the
+ * descriptor's (delta). Where all tensors share one dtype, the loops are written out with
+ * that dtype as a literal inside the parallel region (OpenMP outlines the region, so a
+ * constant must be spelled there), the bodies are force-inlined, the dtype switches fold away
+ * and the fp32 math vectorises; mixed dtypes run the same code with the runtime dtypes.
  *
- * Determinism: each output row is written by one call and every sum is taken in a fixed
+ * Determinism: each output row is written by one task and every sum is taken in a fixed
  * order, so results do not depend on the thread count or the (dynamic) schedule. */
 #include "cpu_internal.h"
 #include "../attn_args.h"
@@ -68,25 +70,197 @@ vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
 
 /* ---- backward --------------------------------------------------------------------------- */
 
-/* delta per query row, then (in a second region: both read delta) dq per query row and dk,
- * dv per key row. The dtypes of q, k, v, o, dout, dq, dk, dv. */
+/* The backward passes take a block of BLK query rows (dq) or key rows (dk, dv) of one (batch,
+ * head) per task: each k, v (resp. q, dout) row is converted to fp32 once and reused across
+ * the block, and the block's BLK scores against it are computed together, one vector lane per
+ * row. The arithmetic is that of vl_k_attn_dq_row / vl_k_attn_dkdv_row, operation for
+ * operation (the same products, partial sums, tree and order), so the results are theirs bit
+ * for bit (test_attention checks the CUDA bodies against this backend). */
+#define BLK 16
+
+/* out[r] = vl_k_attn_dot(a_r, x) for the BLK rows a_r stored transposed, at[d*BLK + r]: the
+ * dot's 32 partial sums (chain c, lane u in S[8c + u]: d = 32n + 8c + u, then the runs of 8
+ * into chain 0), its lane sums (s0 + s1) + (s2 + s3), its 8-lane tree and its sequential tail,
+ * each for all rows at once (one vector lane per row). */
+static inline void dot_blk(float *restrict out, const float *restrict at,
+                           const float *restrict x, int64_t D) {
+  float S[32][BLK], t[BLK];
+  for (int e = 0; e < 32; e++)
+    for (int r = 0; r < BLK; r++) S[e][r] = 0.0f;
+  for (int r = 0; r < BLK; r++) t[r] = 0.0f;
+  int64_t d = 0;
+  for (; d + 32 <= D; d += 32)
+    for (int e = 0; e < 32; e++) {
+      const float *a = at + (d + e) * BLK;
+      float xe = x[d + e];
+      VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) S[e][r] += a[r] * xe;
+    }
+  for (; d + 8 <= D; d += 8)
+    for (int e = 0; e < 8; e++) {
+      const float *a = at + (d + e) * BLK;
+      float xe = x[d + e];
+      VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) S[e][r] += a[r] * xe;
+    }
+  for (; d < D; d++) {
+    const float *a = at + d * BLK;
+    float xd = x[d];
+    VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) t[r] += a[r] * xd;
+  }
+  float c[8][BLK];
+  for (int u = 0; u < 8; u++)
+    VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) c[u][r] =
+        (S[u][r] + S[8 + u][r]) + (S[16 + u][r] + S[24 + u][r]);
+  VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) out[r] =
+      (((c[0][r] + c[1][r]) + (c[2][r] + c[3][r])) + ((c[4][r] + c[5][r]) + (c[6][r] + c[7][r]))) +
+      t[r];
+}
+
+/* at[d*BLK + r] = row r of x (n rows from offset off, row stride HD) as fp32, 0 past n. */
+static inline VL_K_ATTN_INL void load_t(float *restrict at, const void *x, int xdt, int64_t off,
+                                        int64_t HD, int n, int64_t D) {
+  for (int r = 0; r < BLK; r++)
+    for (int64_t d = 0; d < D; d++)
+      at[d * BLK + r] = r < n ? vl_ld(x, xdt, off + r * HD + d) : 0.0f;
+}
+
+/* dq of query rows i0 .. i0+n of (batch, head) bh. */
+static inline VL_K_ATTN_INL void dq_blk(void *dq, int dqdt, const void *dout, int ddt,
+                                        const float *lse, const float *delta, const void *q,
+                                        int qdt, const void *k, int kdt, const void *v, int vdt,
+                                        vl_k_attn_dims s, float *w, int64_t bh, int64_t i0,
+                                        int n) {
+  int64_t D = s.D, HD = s.H * s.D, h = bh % s.H, b = bh / s.H;
+  int64_t qo = vl_k_attn_off(&s, b, h, s.Tq, i0), k0 = vl_k_attn_off(&s, b, h, s.Tk, 0);
+  int64_t nk = s.causal ? i0 + n : s.Tk; /* keys the block's last row sees */
+  float *qt = w, *dt_ = w + BLK * D, *acc = w + 2 * BLK * D, *kf = w + 3 * BLK * D,
+        *vf = kf + D;
+  load_t(qt, q, qdt, qo, HD, n, D);
+  load_t(dt_, dout, ddt, qo, HD, n, D);
+  for (int64_t x = 0; x < BLK * D; x++) acc[x] = 0.0f;
+  float L[BLK], dl[BLK], sq[BLK], sv[BLK];
+  for (int r = 0; r < BLK; r++) {
+    L[r] = r < n ? lse[bh * s.Tq + i0 + r] : 0.0f;
+    dl[r] = r < n ? delta[bh * s.Tq + i0 + r] : 0.0f;
+  }
+  for (int64_t j = 0; j < nk; j++) {
+    int64_t ko = k0 + j * HD;
+    for (int64_t d = 0; d < D; d++) {
+      kf[d] = vl_ld(k, kdt, ko + d);
+      vf[d] = vl_ld(v, vdt, ko + d);
+    }
+    dot_blk(sq, qt, kf, D);
+    dot_blk(sv, dt_, vf, D);
+    int r0 = s.causal && j > i0 ? (int)(j - i0) : 0; /* rows i0 + r >= j see key j */
+    float ds[BLK];
+    if (r0 == 0) { /* every row: all lanes (the padding rows' are never stored) */
+      for (int r = 0; r < BLK; r++) {
+        float p = expf(s.scale * sq[r] - L[r]);
+        ds[r] = p * (sv[r] - dl[r]);
+      }
+      for (int64_t d = 0; d < D; d++) {
+        float *ad = acc + d * BLK;
+        float kd = kf[d];
+        VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) ad[r] += ds[r] * kd;
+      }
+    } else {
+      for (int r = r0; r < n; r++) {
+        float p = expf(s.scale * sq[r] - L[r]);
+        float g = p * (sv[r] - dl[r]);
+        for (int64_t d = 0; d < D; d++) acc[d * BLK + r] += g * kf[d];
+      }
+    }
+  }
+  for (int r = 0; r < n; r++)
+    for (int64_t d = 0; d < D; d++) vl_st(dq, dqdt, qo + r * HD + d, s.scale * acc[d * BLK + r]);
+}
+
+/* dk and dv of key rows j0 .. j0+n of (batch, head) bh. */
+static inline VL_K_ATTN_INL void dkdv_blk(void *dk, int dkdt, void *dv, int dvdt, const void *dout,
+                                          int ddt, const float *lse, const float *delta,
+                                          const void *q, int qdt, const void *k, int kdt,
+                                          const void *v, int vdt, vl_k_attn_dims s, float *w,
+                                          int64_t bh, int64_t j0, int n) {
+  int64_t D = s.D, HD = s.H * s.D, h = bh % s.H, b = bh / s.H;
+  int64_t ko = vl_k_attn_off(&s, b, h, s.Tk, j0), q0 = vl_k_attn_off(&s, b, h, s.Tq, 0);
+  float *kt = w, *vt = w + BLK * D, *gk = w + 2 * BLK * D, *gv = w + 3 * BLK * D,
+        *qf = w + 4 * BLK * D, *df = qf + D;
+  load_t(kt, k, kdt, ko, HD, n, D);
+  load_t(vt, v, vdt, ko, HD, n, D);
+  for (int64_t x = 0; x < 2 * BLK * D; x++) gk[x] = 0.0f;
+  float sk[BLK], sv[BLK];
+  for (int64_t i = s.causal ? j0 : 0; i < s.Tq; i++) {
+    int64_t qo = q0 + i * HD, ri = bh * s.Tq + i;
+    for (int64_t d = 0; d < D; d++) {
+      qf[d] = vl_ld(q, qdt, qo + d);
+      df[d] = vl_ld(dout, ddt, qo + d);
+    }
+    dot_blk(sk, kt, qf, D);
+    dot_blk(sv, vt, df, D);
+    int rn = s.causal && i - j0 + 1 < n ? (int)(i - j0 + 1) : n; /* rows j0 + r <= i */
+    float L = lse[ri], dl = delta[ri];
+    if (rn == n) { /* every row: all lanes (the padding rows' are never stored) */
+      float p[BLK], ds[BLK];
+      for (int r = 0; r < BLK; r++) {
+        p[r] = expf(s.scale * sk[r] - L);
+        ds[r] = p[r] * (sv[r] - dl);
+      }
+      for (int64_t d = 0; d < D; d++) {
+        float *vd = gv + d * BLK, *kd = gk + d * BLK;
+        float dd = df[d], qd = qf[d];
+        VL_K_ATTN_SIMD for (int r = 0; r < BLK; r++) {
+          vd[r] += p[r] * dd;
+          kd[r] += ds[r] * qd;
+        }
+      }
+    } else {
+      for (int r = 0; r < rn; r++) {
+        float p = expf(s.scale * sk[r] - L);
+        float g = p * (sv[r] - dl);
+        for (int64_t d = 0; d < D; d++) {
+          gv[d * BLK + r] += p * df[d];
+          gk[d * BLK + r] += g * qf[d];
+        }
+      }
+    }
+  }
+  for (int r = 0; r < n; r++)
+    for (int64_t d = 0; d < D; d++) {
+      vl_st(dk, dkdt, ko + r * HD + d, s.scale * gk[d * BLK + r]);
+      vl_st(dv, dvdt, ko + r * HD + d, gv[d * BLK + r]);
+    }
+}
+
+/* Scratch floats of a backward block: q, dout (resp. k, v) of the block transposed, the
+ * block's accumulators, one converted k, v (resp. q, dout) row. */
+#define BWD_SCRATCH (5 * BLK * VL_K_ATTN_DMAX)
+
+/* delta per query row, then (in a second region: both read delta) dq per block of query rows
+ * and dk, dv per block of key rows, blocks inside one (batch, head). The dtypes of q, k, v,
+ * o, dout, dq, dk, dv. */
 #define BWD_LOOP(QD, KD, VD, OD, DD, DQD, DKD, DVD)                                        \
   _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < rows; r++)          \
       vl_k_attn_delta_row(delta, dout, DD, o, OD, s, r);                                   \
   _Pragma("omp parallel") {                                                                \
-    float w[SCRATCH];                                                                      \
-    _Pragma("omp for schedule(dynamic, 8) nowait") for (int64_t r = 0; r < rows; r++)  \
-        vl_k_attn_dq_row(dq, DQD, dout, DD, lse, delta, q, QD, k, KD, v, VD, s, w, 1, r);  \
-    _Pragma("omp for schedule(dynamic, 8)") for (int64_t r = 0; r < krows; r++)        \
-        vl_k_attn_dkdv_row(dk, DKD, dv, DVD, dout, DD, lse, delta, q, QD, k, KD, v, VD, s, \
-                           w, 1, r);                                                       \
+    float w[BWD_SCRATCH];                                                                  \
+    _Pragma("omp for schedule(dynamic, 1) nowait") for (int64_t t = 0; t < qblks; t++) {   \
+      int64_t bh = t / qpb, i0 = (t % qpb) * BLK;                                          \
+      int n = (int)(a->Tq - i0 < BLK ? a->Tq - i0 : BLK);                                  \
+      dq_blk(dq, DQD, dout, DD, lse, delta, q, QD, k, KD, v, VD, s, w, bh, i0, n);         \
+    }                                                                                      \
+    _Pragma("omp for schedule(dynamic, 1)") for (int64_t t = 0; t < kblks; t++) {          \
+      int64_t bh = t / kpb, j0 = (t % kpb) * BLK;                                          \
+      int n = (int)(a->Tk - j0 < BLK ? a->Tk - j0 : BLK);                                  \
+      dkdv_blk(dk, DKD, dv, DVD, dout, DD, lse, delta, q, QD, k, KD, v, VD, s, w, bh, j0,  \
+               n);                                                                         \
+    }                                                                                      \
   }
 
 vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   const vl_attn_bwd_args *a = args;
   int64_t rows = 0;
   VL_TRY(vl_attn_check_bwd(c, a, &rows));
-  int64_t krows = a->B * a->H * a->Tk;
+  int64_t qpb = (a->Tq + BLK - 1) / BLK, kpb = (a->Tk + BLK - 1) / BLK; /* blocks per head */
+  int64_t qblks = a->B * a->H * qpb, kblks = a->B * a->H * kpb;
   vl_k_attn_dims s = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);
   void *dq = a->dq->data, *dk = a->dk->data, *dv = a->dv->data;
   const void *dout = a->dout->data, *o = a->o->data, *q = a->q->data, *k = a->k->data,
