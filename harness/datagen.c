@@ -19,6 +19,12 @@ static void progress(int64_t done, int64_t total, void *user) {
   }
 }
 
+/* A generation or a reopen failed: the message, exit status 1. */
+static int gen_failed(const char *err) {
+  fprintf(stderr, "vramlab: data gen: %s\n", err);
+  return 1;
+}
+
 static int gen_jpeg(const vl_datagen_opts *o) {
   int last = 0;
   vl_jpegset_gen_cfg g;
@@ -30,10 +36,10 @@ static int gen_jpeg(const vl_datagen_opts *o) {
   g.user = &last;
   char err[512];
   double t0 = vl_now();
-  if (vl_jpegset_generate_ex(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_jpegset_generate_ex(o->out, &g, err, sizeof err)) return gen_failed(err);
   double dt = vl_now() - t0;
   vl_jpegset *s;
-  if (vl_jpegset_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_jpegset_open(&s, o->out, err, sizeof err)) return gen_failed(err);
   vl_jpegset_info in;
   vl_jpegset_info_get(s, &in);
   printf("%s: %lld images, %.1f KB average, %.1f s (%.0f images/s)\n", o->out, (long long)in.n,
@@ -61,10 +67,10 @@ static int gen_seg(const vl_datagen_opts *o) {
   g.user = &last;
   char err[512];
   double t0 = vl_now();
-  if (vl_segset_generate(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_segset_generate(o->out, &g, err, sizeof err)) return gen_failed(err);
   double dt = vl_now() - t0;
   vl_segset *s;
-  if (vl_segset_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_segset_open(&s, o->out, err, sizeof err)) return gen_failed(err);
   vl_segset_info in;
   vl_segset_info_get(s, &in);
   printf("%s: %lld %dx%d images + masks, %d classes, %.1f KB JPEG average, %.1f s (%.0f images/s)\n",
@@ -86,10 +92,10 @@ static int gen_captions(const vl_datagen_opts *o) {
   g.user = &last;
   char err[512];
   double t0 = vl_now();
-  if (vl_captions_generate(o->out, &g, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_captions_generate(o->out, &g, err, sizeof err)) return gen_failed(err);
   double dt = vl_now() - t0;
   vl_captions *s;
-  if (vl_captions_open(&s, o->out, err, sizeof err)) { fprintf(stderr, "vramlab: data gen: %s\n", err); return 1; }
+  if (vl_captions_open(&s, o->out, err, sizeof err)) return gen_failed(err);
   vl_captions_info in;
   vl_captions_info_get(s, &in);
   printf("%s: %lld captioned images (short side %d..%d, 1:1..16:9), %.1f KB JPEG average, "
