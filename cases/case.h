@@ -60,9 +60,15 @@ typedef struct vl_case {
   const char *method;
   /* The case's own report sections after the claims (tables, plots into dir). */
   void (*report)(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+  /* Optional: the process a case starts on every rank under mpirun (`vramlab worker CASE
+   * ARGS...`, multi-gpu); returns the process's exit status. */
+  int (*worker)(int argc, char **argv);
 } vl_case;
 
 const vl_case *vl_case_find(const char *id);
+/* `vramlab worker CASE ARGS...`: argv[0] is CASE; its worker hook's exit status, 2 when the
+ * case is unknown or has none (case_worker.c). */
+int vl_case_worker_main(int argc, char **argv);
 const vl_case *const *vl_case_all(int *n);
 /* The declaration of name in the case's table (or, for a setting, the harness's) when it
  * may be set `where` (VL_KNOB_RUNG, VL_KNOB_SETTING); NULL otherwise. */

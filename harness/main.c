@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "case.h"
+#include "collbench.h"
 #include "datagen.h"
 #include "interrupt.h"
 #include "list.h"
@@ -37,6 +38,9 @@ static void usage(FILE *f) {
           "  report CASE [--results FILE]       write reports/CASE.md and plots from results\n"
           "  bench CASE                         run + report\n"
           "  bench gemm [--n N]                 this machine's sgemm FLOP/s\n"
+          "  bench allreduce|reduce_scatter|allgather [--ranks N] [--min-bytes B] [--max-bytes B]\n"
+          "                                     collective bandwidth over N ranks (the\n"
+          "                                     nccl-tests table; --help for all options)\n"
           "  data gen --out DIR [--n N] [--seed S] [--quality Q]\n"
           "                                     make a synthetic JPEG set (dataloader case)\n"
           "  data gen --kind seg --out DIR [--n N] [--seed S] [--quality Q] [--size S]\n"
@@ -421,6 +425,10 @@ static int cmd_data_gen(const args *a) {
 }
 
 int main(int argc, char **argv) {
+  /* the collective benchmarks and a case's per-rank worker parse their own arguments */
+  if (argc >= 3 && !strcmp(argv[1], "bench") && vl_collbench_is(argv[2]))
+    return vl_collbench_main(argc - 2, argv + 2);
+  if (argc >= 2 && !strcmp(argv[1], "worker")) return vl_case_worker_main(argc - 2, argv + 2);
   args a;
   if (parse_args(argc, argv, &a)) return 2;
   /* an option that would change nothing is refused, not ignored: the user expects a table */

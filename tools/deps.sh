@@ -3,7 +3,7 @@
 # sudo when not root and sudo can run without a password (GitHub's ubuntu runners); else
 # print the exact apt-get line and stop.
 set -euo pipefail
-pkgs=(cmake pkg-config libopenblas-dev libopenblas-openmp-dev libcmocka-dev libcjson-dev libinih-dev libturbojpeg0-dev libdnnl-dev gnuplot-nox)
+pkgs=(cmake pkg-config libopenblas-dev libopenblas-openmp-dev libcmocka-dev libcjson-dev libinih-dev libturbojpeg0-dev libdnnl-dev gnuplot-nox libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

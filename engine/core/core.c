@@ -23,6 +23,7 @@ const char *vl_status_name(vl_status s) {
     case VL_ERR_UNSUPPORTED: return "unsupported";
     case VL_ERR_BACKEND: return "backend failure";
     case VL_ERR_INTERRUPTED: return "interrupted";
+    case VL_ERR_COMM: return "communication failure";
   }
   return "unknown status";
 }

@@ -86,3 +86,10 @@ vl_status vl_model_predict(vl_model *m, const vl_batch *b, int32_t *pred) {
     return vl_fail(m->c, VL_ERR_UNSUPPORTED, "model %s has no predict", m->type->name);
   return m->type->predict(m->state, b, pred);
 }
+
+vl_status vl_model_train_state(vl_model *m, vl_train_state *out) {
+  memset(out, 0, sizeof *out);
+  if (!m->type->train_state)
+    return vl_fail(m->c, VL_ERR_UNSUPPORTED, "model %s does not hand out its parameters", m->type->name);
+  return m->type->train_state(m->state, out);
+}

@@ -20,7 +20,8 @@ typedef enum {
   VL_ERR_NUMERIC,     /* NaN/Inf where it must not be (e.g. loss) */
   VL_ERR_UNSUPPORTED, /* a combination this backend does not support */
   VL_ERR_BACKEND,     /* CUDA/cuBLAS/OpenBLAS failure */
-  VL_ERR_INTERRUPTED  /* SIGINT/SIGTERM seen: the run stopped cleanly */
+  VL_ERR_INTERRUPTED, /* SIGINT/SIGTERM seen: the run stopped cleanly */
+  VL_ERR_COMM         /* a collective failed or timed out (a peer rank died or hangs) */
 } vl_status;
 
 const char *vl_status_name(vl_status s);
@@ -153,6 +154,7 @@ double vl_now(void); /* CLOCK_MONOTONIC seconds */
 /* ---- context ---------------------------------------------------------------------- */
 struct vl_backend;
 struct vl_op_profile;
+struct vl_param;
 
 typedef struct vl_ctx {
   const struct vl_backend *be;
@@ -171,6 +173,14 @@ typedef struct vl_ctx {
   bool plan;            /* plan device: ops are counted, never computed (vl_op_run) */
   bool profile;         /* vl_op_run fills prof (ops.h: vl_ctx_profile) */
   struct vl_op_profile *prof; /* VL_OP_COUNT entries, made with the context */
+  /* Data parallelism (vramlab/ddp.h). grad_hook: called by vl_grad_ready (nn.h) each time a
+   * model has finished writing a parameter's gradient for one micro-batch, so a reducer
+   * can start that bucket's allreduce while backward goes on; NULL: nobody listens.
+   * optim_deferred: vl_param_alloc_optim allocates nothing (ZeRO-1 allocates the shard of
+   * the optimizer state that this rank owns itself, after the model is made). */
+  void (*grad_hook)(void *user, const struct vl_param *p);
+  void *grad_hook_user;
+  bool optim_deferred;
 } vl_ctx;
 
 /* Create a context for `device` with an arena capped at `cap` bytes. */

@@ -65,6 +65,18 @@ typedef struct {
   int64_t module_count[VL_MODEL_MAX_MODULES];
 } vl_param_counts;
 
+/* What a model trains, for the code that drives training from outside the model: the
+ * data-parallel wrapper (vramlab/ddp.h: bucketed allreduce, ZeRO-1's sharded update) and
+ * checkpoint/resume. p: every parameter of the model in its creation order (the order of
+ * PyTorch's model.parameters()); optim, clip and scaler: what the model's apply uses. */
+typedef struct {
+  vl_param *p;
+  int n;
+  const vl_optim_cfg *optim;
+  float clip; /* global-norm clip (0: none) */
+  vl_scaler *scaler;
+} vl_train_state;
+
 /* ---- the interface ---------------------------------------------------------------------- */
 typedef struct vl_model_type {
   const char *name;
@@ -83,6 +95,9 @@ typedef struct vl_model_type {
   /* Evaluation forward: per-position class ids into pred (host; the U-Net: (B, H, W)).
    * NULL: the model has none (vl_model_predict returns VL_ERR_UNSUPPORTED). */
   vl_status (*predict)(void *state, const vl_batch *b, int32_t *pred);
+  /* Its parameters, optimizer and scaler (above). NULL: the model does not hand them out
+   * (vl_model_train_state returns VL_ERR_UNSUPPORTED): no data parallelism, no resume. */
+  vl_status (*train_state)(void *state, vl_train_state *out);
 } vl_model_type;
 
 typedef struct vl_model {
@@ -100,6 +115,7 @@ vl_status vl_model_apply(vl_model *m, vl_step_info *info);
 /* fwd_bwd, then apply unless the step was skipped (fp16 overflow). */
 vl_status vl_model_step(vl_model *m, const vl_batch *mb, int n, vl_step_info *info);
 vl_status vl_model_predict(vl_model *m, const vl_batch *b, int32_t *pred);
+vl_status vl_model_train_state(vl_model *m, vl_train_state *out);
 
 #ifdef __cplusplus
 }

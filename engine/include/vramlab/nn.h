@@ -25,7 +25,7 @@ typedef enum { VL_OPT_ADAMW = 0, VL_OPT_ADAFACTOR, VL_OPT_SGD, VL_OPT_COUNT } vl
 const char *vl_optimizer_name(vl_optimizer o);
 int vl_optimizer_parse(const char *s, vl_optimizer *o);
 
-typedef struct {
+typedef struct vl_param {
   vl_tensor w;       /* what compute reads: fp32 weights, the AMP working copy, or the
                         frozen storage (fp32/fp16/bf16/nf4) */
   vl_tensor master;  /* fp32 master of a trainable tensor under AMP (else unused) */
@@ -51,7 +51,15 @@ void vl_optim_cfg_default(vl_optim_cfg *o, float lr);
  * when dtype != fp32. Values are set by vl_param_load. */
 vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows, int64_t cols,
                          vl_dtype dtype, bool trainable);
-/* Allocate optimizer state for a trainable parameter (zeroed). */
+/* A model calls this each time it has finished writing p's gradient for one micro-batch
+ * (after the last operation that adds to p->grad in that micro-batch's backward), so a
+ * data-parallel reducer (c->grad_hook, vramlab/ddp.h) can start the allreduce of a bucket
+ * whose gradients are all final while backward goes on. A no-op without a hook. */
+static inline void vl_grad_ready(vl_ctx *c, const vl_param *p) {
+  if (c->grad_hook) c->grad_hook(c->grad_hook_user, p);
+}
+/* Allocate optimizer state for a trainable parameter (zeroed); nothing when
+ * c->optim_deferred (ZeRO-1 allocates its shard itself). */
 vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc);
 /* Set values from host fp32 (quantising/converting into w, copying into master). */
 vl_status vl_param_load(vl_ctx *c, vl_param *p, const float *host);

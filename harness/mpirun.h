@@ -1,0 +1,29 @@
+/* Starting ranks: mpirun with what Open MPI needs to run as root and inside containers,
+ * stdout/stderr passed through, a wall-clock limit so a stuck job never hangs the caller.
+ * Used by `vramlab bench allreduce` (re-exec under mpirun), the multi-gpu case (one mpirun
+ * job per rung repetition) and the tests (tests/mpirun.sh does the same from the shell). */
+#ifndef VRAMLAB_MPIRUN_H
+#define VRAMLAB_MPIRUN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* This machine's cores available to us (sched_getaffinity). */
+int vl_cores(void);
+/* The path of this executable (/proc/self/exe) into buf; 0 on success. */
+int vl_self_exe(char *buf, size_t n);
+
+typedef struct {
+  int np;               /* ranks */
+  bool oversubscribe;   /* allow np > cores (labelled so by the caller) */
+  int threads;          /* OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of every rank (0: leave) */
+  double timeout_s;     /* kill the job after this long (0: 600) */
+  const char *out_path; /* stdout+stderr of the job into this file (NULL: pass through) */
+} vl_mpirun_opts;
+
+/* Run cmd (argv, NULL-terminated; cmd[0] a path) on o->np ranks. Returns the job's exit
+ * status (0..255); -1 with a message in err when mpirun is missing (the apt-get line) or
+ * could not start; 124 when it ran past the timeout (the job is killed). */
+int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn);
+
+#endif
