@@ -10,7 +10,7 @@
  *   allreduce:      send == recv;
  *   reduce_scatter: recv == send + rank * recv_count (send holds size * recv_count);
  *   allgather:      send == recv + rank * send_count (recv holds size * send_count);
- *   broadcast:      one buffer.
+ *   broadcast:      one buffer; any dtype, moved as raw bytes (vl_dtype_bytes; NF4 too).
  *
  * Never a hang: a wait gives up after the communicator's timeout (VRAMLAB_COMM_TIMEOUT
  * seconds, default 120) with VL_ERR_COMM and a message naming this rank, the collective
