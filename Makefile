@@ -6,7 +6,7 @@ DEVICE ?= auto
 JOBS ?= $(shell nproc)
 ARGS ?=
 
-.PHONY: all build deps test asan bench plan report gpu-check fuzz clean
+.PHONY: all build deps test asan bench plan report gpu-check fuzz clean regress regress-update
 
 all: build
 
@@ -31,6 +31,16 @@ asan: deps
 
 bench: build
 	./$(BUILD)/vramlab bench $(CASE) --device $(DEVICE) $(if $(SCALE),--scale $(SCALE)) $(ARGS)
+
+# a short fixed run of every case against reports/baselines/<device-class>.json; exits 1 on a
+# regression (a missing baseline is created). DEVICE=cuda on GPU runners. regress-update
+# rewrites the baseline deliberately and says what changed.
+REGRESS_DEVICE = $(if $(filter auto,$(DEVICE)),cpu,$(DEVICE))
+regress: build
+	./$(BUILD)/vramlab regress --device $(REGRESS_DEVICE) --out $(BUILD)/regress.json $(ARGS)
+
+regress-update: build
+	./$(BUILD)/vramlab regress --update --device $(REGRESS_DEVICE) --out $(BUILD)/regress.json $(ARGS)
 
 plan: build
 	./$(BUILD)/vramlab plan $(CASE) $(ARGS)

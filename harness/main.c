@@ -11,6 +11,7 @@
 
 #include "case.h"
 #include "collbench.h"
+#include "regress.h"
 #include "datagen.h"
 #include "interrupt.h"
 #include "list.h"
@@ -41,6 +42,8 @@ static void usage(FILE *f) {
           "  bench allreduce|reduce_scatter|allgather [--ranks N] [--min-bytes B] [--max-bytes B]\n"
           "                                     collective bandwidth over N ranks (the\n"
           "                                     nccl-tests table; --help for all options)\n"
+          "  regress [--update] [--device D]    short fixed runs of every case against\n"
+          "                                     reports/baselines/<device-class>.json (--help)\n"
           "  data gen --out DIR [--n N] [--seed S] [--quality Q]\n"
           "                                     make a synthetic JPEG set (dataloader case)\n"
           "  data gen --kind seg --out DIR [--n N] [--seed S] [--quality Q] [--size S]\n"
@@ -429,6 +432,7 @@ int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[1], "bench") && vl_collbench_is(argv[2]))
     return vl_collbench_main(argc - 2, argv + 2);
   if (argc >= 2 && !strcmp(argv[1], "worker")) return vl_case_worker_main(argc - 2, argv + 2);
+  if (argc >= 2 && !strcmp(argv[1], "regress")) return vl_regress_main(argc - 1, argv + 1);
   args a;
   if (parse_args(argc, argv, &a)) return 2;
   /* an option that would change nothing is refused, not ignored: the user expects a table */
