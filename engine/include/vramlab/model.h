@@ -75,6 +75,10 @@ typedef struct {
   const vl_optim_cfg *optim;
   float clip; /* global-norm clip (0: none) */
   vl_scaler *scaler;
+  /* State that is not a parameter but that a resume must restore bit for bit (the U-Net's
+   * batch-norm running statistics), as the model's own tensors; none for Mistral. */
+  vl_tensor *const *buffers;
+  int n_buffers;
 } vl_train_state;
 
 /* ---- the interface ---------------------------------------------------------------------- */
