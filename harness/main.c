@@ -11,6 +11,7 @@
 
 #include "case.h"
 #include "collbench.h"
+#include "index.h"
 #include "regress.h"
 #include "datagen.h"
 #include "interrupt.h"
@@ -42,6 +43,7 @@ static void usage(FILE *f) {
           "  bench allreduce|reduce_scatter|allgather [--ranks N] [--min-bytes B] [--max-bytes B]\n"
           "                                     collective bandwidth over N ranks (the\n"
           "                                     nccl-tests table; --help for all options)\n"
+          "  index                              rewrite reports/index.md (bench does it too)\n"
           "  regress [--update] [--device D]    short fixed runs of every case against\n"
           "                                     reports/baselines/<device-class>.json (--help)\n"
           "  data gen --out DIR [--n N] [--seed S] [--quality Q]\n"
@@ -433,6 +435,15 @@ int main(int argc, char **argv) {
     return vl_collbench_main(argc - 2, argv + 2);
   if (argc >= 2 && !strcmp(argv[1], "worker")) return vl_case_worker_main(argc - 2, argv + 2);
   if (argc >= 2 && !strcmp(argv[1], "regress")) return vl_regress_main(argc - 1, argv + 1);
+  if (argc == 2 && !strcmp(argv[1], "index")) {
+    char ierr[512];
+    if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, ierr, sizeof ierr)) {
+      fprintf(stderr, "vramlab: index: %s\n", ierr);
+      return 1;
+    }
+    printf("%s/reports/index.md\n", VRAMLAB_SOURCE_DIR);
+    return 0;
+  }
   args a;
   if (parse_args(argc, argv, &a)) return 2;
   /* an option that would change nothing is refused, not ignored: the user expects a table */
@@ -465,6 +476,11 @@ int main(int argc, char **argv) {
     /* an interrupted run still gets its report (marked, judging only what was measured) */
     if (rc && rc != VL_EXIT_INTERRUPTED) return rc;
     int rrc = cmd_report(&a, results);
+    /* the suite's front page: every case's row and the claims that apply to every case */
+    char ierr[512];
+    if (!rrc && vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, ierr, sizeof ierr))
+      fprintf(stderr, "vramlab: reports/index.md: %s\n", ierr);
+    else if (!rrc) vl_progress("index: %s/reports/index.md", VRAMLAB_SOURCE_DIR);
     return rc ? rc : rrc;
   }
   fprintf(stderr, "vramlab: unknown command '%s'\n", a.cmd);

@@ -8,9 +8,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "case.h"
+#include "index.h"
 #include "interrupt.h"
 #include "vramlab/backend.h"
 
@@ -329,6 +331,13 @@ static int run_all(cJSON *metrics, vl_device dev, const char *data, int reps, ru
 }
 
 /* ---- the command ----------------------------------------------------------------------- */
+static const char *now_utc(void) {
+  static char buf[32];
+  time_t t = time(NULL);
+  strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+  return buf;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: vramlab regress [--update] [--all] [--device cpu|cuda|auto] [--threshold F] [--reps N]\n"
              "                       [--baselines DIR] [--data-dir DIR] [--out FILE]\n"
@@ -424,17 +433,40 @@ int vl_regress_main(int argc, char **argv) {
     }
   } else {
     vl_regress_counts k;
-    printf("regress: %s against %s (threshold %.0f%%, %ld interleaved repetitions)\n\n", cls, path,
-           100 * threshold, reps);
-    vl_regress_compare(base, now, threshold, all_rows ? VL_REGRESS_ROWS_ALL : VL_REGRESS_ROWS_DEFAULT, stdout, &k);
-    printf("\nregress: %d ok, %d regressed (%d missing), %d faster, %d new\n", k.ok, k.regressed, k.missing,
-           k.improved, k.added);
-    if (k.regressed) {
-      printf("regress: FAILED (make regress-update rewrites the baseline when the change is deliberate)\n");
-      rc = 1;
-    } else {
-      printf("regress: passed\n");
+    char *tbl = NULL;
+    size_t tn = 0;
+    FILE *tf = open_memstream(&tbl, &tn);
+    if (tf) {
+      vl_regress_compare(base, now, threshold, all_rows ? VL_REGRESS_ROWS_ALL : VL_REGRESS_ROWS_DEFAULT, tf, &k);
+      fclose(tf);
     }
+    char head[600], summary[300];
+    snprintf(head, sizeof head, "regress: %s against %s (threshold %.0f%%, %ld interleaved repetitions)", cls,
+             path, 100 * threshold, reps);
+    snprintf(summary, sizeof summary, "%d ok, %d regressed (%d missing), %d faster, %d new: %s", k.ok, k.regressed,
+             k.missing, k.improved, k.added, k.regressed ? "FAILED" : "passed");
+    printf("%s\n\n%s\nregress: %s\n", head, tbl ? tbl : "", summary);
+    if (k.regressed) {
+      printf("regress: make regress-update rewrites the baseline when the change is deliberate\n");
+      rc = 1;
+    }
+    /* reports/regress.md and the front page's regression line */
+    char md[PATH_MAX], *mtext = NULL, line[700];
+    snprintf(md, sizeof md, "%s/reports/regress.md", VRAMLAB_SOURCE_DIR);
+    size_t ml = 0;
+    FILE *mf = open_memstream(&mtext, &ml);
+    if (mf) {
+      fprintf(mf, "# vramlab regress — %s\n\n_%s; %s; commit %s._\n\n%s\n**%s**\n", cls, head + 9,
+              now_utc(), cJSON_GetStringValue(cJSON_GetObjectItem(env, "git_commit")), tbl ? tbl : "",
+              summary);
+      fclose(mf);
+    }
+    if (mtext && vl_write_atomic(md, mtext, err, sizeof err)) fprintf(stderr, "vramlab: regress: %s\n", err);
+    free(mtext);
+    free(tbl);
+    snprintf(line, sizeof line, "`make regress` on %s: %s ([regress.md](regress.md)).", cls, summary);
+    if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", line, err, sizeof err))
+      fprintf(stderr, "vramlab: regress: reports/index.md: %s\n", err);
   }
   free(text);
   cJSON_Delete(base);

@@ -733,6 +733,27 @@ static int report_fail(char *err, size_t errn, cJSON *res, char *text, const cha
   return -1;
 }
 
+/* A claim's verdict as the report judges it (a claim needing another device than the
+ * results' is not measurable). */
+static vl_verdict judge_claim(const vl_case *c, const vl_ladder *L, cJSON *res, const vl_claim *cl, double *b,
+                              double *a, bool *other_device) {
+  const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "env"), "device"));
+  *b = metric(c, L, res, cl->before, cl->before_set, cl->metric);
+  *a = metric(c, L, res, cl->after, cl->after_set, cl->metric);
+  vl_verdict v = vl_judge(cl, *b, *a);
+  *other_device = cl->needs[0] && (!dev || strcmp(dev, cl->needs));
+  return *other_device ? VL_NOT_MEASURABLE : v;
+}
+
+void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int counts[4]) {
+  memset(counts, 0, 4 * sizeof *counts);
+  for (int i = 0; i < L->n_claims; i++) {
+    double b, a;
+    bool other;
+    counts[judge_claim(c, L, res, &L->claims[i], &b, &a, &other)]++;
+  }
+}
+
 int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
                     const char *md_path, char *err, size_t errn) {
   size_t n = 0;
@@ -793,18 +814,15 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
 
   fprintf(md, "## Claims\n\n| claim | source | article before → after | measured before → after | verdict | note |\n|---|---|---|---|---|---|\n");
   int counts[4] = {0}, n_missing = 0;
-  const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(env, "device"));
   bool interrupted = cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted"));
   char *miss = NULL;
   size_t miss_len = 0;
   FILE *missf = open_memstream(&miss, &miss_len);
   for (int i = 0; i < L->n_claims; i++) {
     const vl_claim *cl = &L->claims[i];
-    double b = metric(c, L, res, cl->before, cl->before_set, cl->metric);
-    double a = metric(c, L, res, cl->after, cl->after_set, cl->metric);
-    vl_verdict v = vl_judge(cl, b, a);
-    bool other_device = cl->needs[0] && (!dev || strcmp(dev, cl->needs));
-    if (other_device) v = VL_NOT_MEASURABLE;
+    double b, a;
+    bool other_device;
+    vl_verdict v = judge_claim(c, L, res, cl, &b, &a, &other_device);
     counts[v]++;
     /* An interrupted run judges nothing it did not measure: say which claim lost what. */
     const char *vname = vl_verdict_name(v);

@@ -80,6 +80,9 @@ int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title,
 
 /* Read, validate and report a results file: nothing is written (not even the report
  * folder's copy of the results) unless the file is valid. */
+/* The verdict counts of c's claims judged from res (holds, direction only, does not hold,
+ * not measurable), as vl_report_write judges them. */
+void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int counts[4]);
 int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
                     const char *md_path, char *err, size_t errn);
 #endif

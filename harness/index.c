@@ -1,0 +1,304 @@
+/* reports/index.md (index.h): the cases' rows and the claims that apply to every case,
+ * judged from the results the committed reports were made from. */
+#include "index.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "case.h"
+#include "report.h"
+
+#define MAX_CASES 16
+
+typedef struct {
+  const vl_case *c;
+  vl_ladder L;
+  cJSON *res; /* NULL: no results for this case */
+  char why[200];
+} case_res;
+
+static double gb(double b) { return b / 1e9; }
+
+static const cJSON *rung_at(const cJSON *res, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), i); }
+static int n_rungs(const cJSON *res) { return cJSON_GetArraySize(cJSON_GetObjectItem(res, "rungs")); }
+static const char *rung_name(const cJSON *r) { return vl_rep_str(r, "name"); }
+static const char *knob(const cJSON *r, const char *k) {
+  return cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "knobs"), k));
+}
+static double cat(const cJSON *plan, const char *k) {
+  double v = vl_rep_num(cJSON_GetObjectItem(plan, "by_category"), k);
+  return isnan(v) ? 0 : v;
+}
+
+/* ---- the rows ---------------------------------------------------------------------------- */
+static void load_all(const char *reports_dir, case_res *cr, int *n) {
+  int nc;
+  const vl_case *const *all = vl_case_all(&nc);
+  *n = 0;
+  for (int i = 0; i < nc && *n < MAX_CASES; i++) {
+    case_res *x = &cr[(*n)++];
+    memset(x, 0, sizeof *x);
+    x->c = all[i];
+    char path[1200], err[512];
+    snprintf(path, sizeof path, "%s/%s/results.json", reports_dir, x->c->id);
+    if (vl_ladder_load(&x->L, VRAMLAB_SOURCE_DIR, x->c->id, err, sizeof err)) {
+      snprintf(x->why, sizeof x->why, "its ladder does not load");
+      continue;
+    }
+    size_t len;
+    char *text = vl_read_file_max(path, VL_RESULTS_MAX_BYTES, &len, err, sizeof err);
+    if (!text) {
+      snprintf(x->why, sizeof x->why, "no results yet (`make bench CASE=%s`)", x->c->id);
+      continue;
+    }
+    x->res = cJSON_Parse(text);
+    free(text);
+    if (!x->res || vl_results_validate(x->res, x->c, &x->L, err, sizeof err)) {
+      snprintf(x->why, sizeof x->why, "its results file is unreadable");
+      cJSON_Delete(x->res);
+      x->res = NULL;
+    }
+  }
+}
+
+static void cases_table(FILE *md, case_res *cr, int n) {
+  fprintf(md, "## Cases\n\n| case | device | run scale | date | commit | hold | direction only | do not hold | "
+              "not measurable | report |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) {
+      fprintf(md, "| %s | — | — | — | — | — | — | — | — | %s |\n", cr[i].c->id, cr[i].why);
+      continue;
+    }
+    int k[4];
+    vl_report_verdicts(cr[i].c, &cr[i].L, cr[i].res, k);
+    const cJSON *env = cJSON_GetObjectItem(cr[i].res, "env");
+    char date[16];
+    snprintf(date, sizeof date, "%.10s", vl_rep_str(env, "time"));
+    fprintf(md, "| %s | %s | %s | %s | %s | %d | %d | %d | %d | [%s.md](%s.md)%s |\n", cr[i].c->id,
+            vl_rep_str(env, "device"), vl_rep_str(cr[i].res, "run_scale"), date, vl_rep_str(env, "git_commit"), k[0],
+            k[1], k[2], k[3], cr[i].c->id, cr[i].c->id,
+            cJSON_IsTrue(cJSON_GetObjectItem(cr[i].res, "interrupted")) ? " (interrupted)" : "");
+  }
+  fprintf(md, "\n");
+}
+
+/* ---- memory composition (000 §1.1) ---------------------------------------------------------- */
+static bool in(double x, double lo, double hi) { return x >= lo && x <= hi; }
+
+static void composition(FILE *md, case_res *cr, int n) {
+  fprintf(md, "### Memory = parameters + activations + optimizer state + data (000 §1.1)\n\n"
+              "The article: on 24 GB, parameters 20–30%%, activations 40–50%%, optimizer state 10–20%%, data "
+              "buffers 10–15%%. Below: each case's first and last rung, planned at full scale, as shares of the "
+              "planned peak at the moment of the peak. Parameters = trainable + frozen weights; activations = "
+              "kept activations + transient intermediates; the article has no row for gradients, nor for library "
+              "workspace and collective buckets: they are shown apart.\n\n"
+              "| case / rung | planned peak | parameters | activations | optimizer | data | gradients | other | "
+              "in the article's ranges |\n|---|---|---|---|---|---|---|---|---|\n");
+  int rows = 0, all4 = 0;
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) continue;
+    int nr = n_rungs(cr[i].res);
+    for (int j = 0; j < nr; j += (nr > 1 ? nr - 1 : 1)) {
+      const cJSON *r = rung_at(cr[i].res, j), *p = vl_rep_plan(r);
+      double peak = vl_rep_num(p, "peak_bytes");
+      if (!(peak > 0)) continue;
+      double par = (cat(p, "frozen") + cat(p, "params")) / peak, act = (cat(p, "acts") + cat(p, "temp")) / peak;
+      double opt = cat(p, "optim") / peak, dat = cat(p, "data") / peak, grd = cat(p, "grads") / peak;
+      double oth = (cat(p, "workspace") + cat(p, "comm")) / peak;
+      int ok = in(par, .20, .30) + in(act, .40, .50) + in(opt, .10, .20) + in(dat, .10, .15);
+      rows++;
+      all4 += ok == 4;
+      fprintf(md, "| %s / %s | %s GB | %s | %s | %s | %s | %s | %s | %d of 4 |\n", cr[i].c->id, rung_name(r),
+              vl_rep_fmt("%.2f", gb(peak)), vl_rep_fmt("%.0f%%", 100 * par), vl_rep_fmt("%.0f%%", 100 * act),
+              vl_rep_fmt("%.0f%%", 100 * opt), vl_rep_fmt("%.1f%%", 100 * dat), vl_rep_fmt("%.0f%%", 100 * grd),
+              vl_rep_fmt("%.0f%%", 100 * oth), ok);
+      if (nr == 1) break;
+    }
+  }
+  if (!rows) fprintf(md, "\n**Not measurable:** no case has planned results yet.\n\n");
+  else
+    fprintf(md, "\n**Verdict: %s** — all four shares fall in the article's ranges in %d of %d configurations. "
+                "The composition depends on the model and the knobs (a 7B base model is mostly weights, a "
+                "segmentation U-Net at batch 8 mostly activations, input batches are well under 10%% everywhere): "
+                "the split is not a rule to budget by; plan the step instead.\n\n",
+            all4 == rows ? "holds" : all4 ? "holds for some configurations only" : "does not hold", all4, rows);
+}
+
+/* ---- usable = total x fraction - reserve ----------------------------------------------------- */
+static void usable(FILE *md, case_res *cr, int n) {
+  fprintf(md, "### Usable memory = total × fraction − reserve (000 §1.1)\n\n"
+              "The article: usable = total × allocation fraction − an emergency reserve of 5–10%%; on 24 GB a "
+              "fraction of 85–90%% (20.4–21.6 GB). The suite caps its arena at fraction × card, and at most card "
+              "minus the CUDA context (which sits outside PyTorch's cap). Each case's last rung:\n\n"
+              "| case / rung | card | fraction | context | cap (usable) | planned peak | fits | peak / card |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  int rows = 0, fit = 0;
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) continue;
+    const cJSON *r = rung_at(cr[i].res, n_rungs(cr[i].res) - 1), *p = vl_rep_plan(r);
+    double card = vl_rep_num(p, "card_bytes"), cap = vl_rep_num(p, "cap_bytes"), peak = vl_rep_num(p, "peak_bytes");
+    if (isnan(card) || isnan(cap) || isnan(peak)) continue;
+    const char *fr = knob(r, "cap_fraction");
+    bool fits = cJSON_IsTrue(cJSON_GetObjectItem(p, "fits"));
+    rows++;
+    fit += fits;
+    fprintf(md, "| %s / %s | %s GB | %s | %s GB | %s GB | %s GB | %s | %s |\n", cr[i].c->id, rung_name(r),
+            vl_rep_fmt("%.1f", gb(card)), fr ? fr : "1.0", vl_rep_fmt("%.2f", gb(vl_rep_num(p, "cuda_context_bytes"))),
+            vl_rep_fmt("%.2f", gb(cap)), vl_rep_fmt("%.2f", gb(peak)), fits ? "yes" : "**no**",
+            vl_rep_fmt("%.0f%%", 100 * peak / card));
+  }
+  if (!rows) fprintf(md, "\n**Not measurable:** no case plans for a card yet.\n\n");
+  else
+    fprintf(md, "\n**Verdict: %s** — the formula is the suite's cap model; %d of %d last rungs fit under it. The "
+                "reserve is real: the CUDA context alone is outside every cap.\n\n",
+            fit == rows ? "holds" : "holds in direction", fit, rows);
+}
+
+/* ---- FP16 AMP ---------------------------------------------------------------------------------- */
+static bool is_half(const char *c) { return c && (!strcmp(c, "fp16") || !strcmp(c, "bf16")); }
+
+static void amp(FILE *md, case_res *cr, int n) {
+  fprintf(md, "### FP16 AMP halves memory and speeds up training (004)\n\n"
+              "The article (YOLOv10): FP32 batch 8, 14.2 GB, 120 min → AMP batch 16, 13.8 GB, 75 min (memory per "
+              "sample ×0.49, time ×0.63). Every case's AMP rung against the rung before it, at the same batch:\n\n"
+              "| case | rungs | planned peak | ratio | activations ratio | step time ratio (measured) |\n"
+              "|---|---|---|---|---|---|\n");
+  int rows = 0, halves = 0, smaller = 0;
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) continue;
+    for (int j = 1; j < n_rungs(cr[i].res); j++) {
+      const cJSON *a = rung_at(cr[i].res, j - 1), *b = rung_at(cr[i].res, j);
+      if (!is_half(knob(b, "compute")) || is_half(knob(a, "compute"))) continue;
+      double pa = vl_rep_num(vl_rep_plan(a), "peak_bytes"), pb = vl_rep_num(vl_rep_plan(b), "peak_bytes");
+      double aa = vl_rep_num(vl_rep_plan(a), "acts_bytes"), ab = vl_rep_num(vl_rep_plan(b), "acts_bytes");
+      double ta = vl_rep_run_metric(a, "step_seconds"), tb = vl_rep_run_metric(b, "step_seconds");
+      const char *dev = vl_rep_str(cJSON_GetObjectItem(cr[i].res, "env"), "device");
+      char t[120];
+      if (!strcmp(dev, "cuda") && ta > 0 && tb > 0) snprintf(t, sizeof t, "×%.2f", tb / ta);
+      else snprintf(t, sizeof t, "not measured here (%s: no fp16 tensor units; a GPU run judges it)", dev);
+      double r = pb / pa;
+      rows++;
+      halves += r <= 0.6;
+      smaller += r < 1;
+      fprintf(md, "| %s | %s → %s | %s → %s GB | ×%s | ×%s | %s |\n", cr[i].c->id, rung_name(a), rung_name(b),
+              vl_rep_fmt("%.2f", gb(pa)), vl_rep_fmt("%.2f", gb(pb)), vl_rep_fmt("%.2f", r),
+              vl_rep_fmt("%.2f", ab / aa), t);
+    }
+  }
+  if (!rows) fprintf(md, "\n**Not measurable:** no case with results has an AMP rung.\n\n");
+  else
+    fprintf(md, "\n**Verdict on memory: %s** — the peak falls to ≤ 60%% in %d of %d cases, falls in %d. AMP halves "
+                "what is stored in half precision (activations, the working copy of the weights) and adds an fp32 "
+                "master per trainable weight; optimizer state and gradients stay fp32, so the whole peak halves "
+                "only where activations dominate. The speed half is judged on a GPU only.\n\n",
+            halves == rows ? "holds" : smaller ? "holds in direction" : "does not hold", halves, rows, smaller);
+}
+
+/* ---- automatic batch + accumulation ----------------------------------------------------------- */
+static void autobatch(FILE *md, case_res *cr, int n) {
+  fprintf(md, "### Automatic batch size plus accumulation (004)\n\n"
+              "The article: fixed batch 8, 8.3 GB, 100 epochs → automatic batch 12 + accumulation 2, 9.1 GB, 80 "
+              "epochs. The planner's largest batch under each case's cap (the automatic batch, found exactly by "
+              "planning rather than by trial OOMs) against the ladder's first batch:\n\n"
+              "| case | first rung batch | largest batch (rung) | accumulation | effective batch | planned peak |\n"
+              "|---|---|---|---|---|---|\n");
+  int rows = 0;
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) continue;
+    for (int j = 0; j < n_rungs(cr[i].res); j++) {
+      const cJSON *r = rung_at(cr[i].res, j), *p = vl_rep_plan(r);
+      const char *b = knob(r, "batch");
+      if (!b || strcmp(b, "max")) continue;
+      rows++;
+      fprintf(md, "| %s | %s | %s (%s) | %s | %s | %s GB |\n", cr[i].c->id,
+              vl_rep_fmt("%.0f", vl_rep_num(vl_rep_plan(rung_at(cr[i].res, 0)), "batch")),
+              vl_rep_fmt("%.0f", vl_rep_num(p, "batch")), rung_name(r), vl_rep_fmt("%.0f", vl_rep_num(p, "accum")),
+              vl_rep_fmt("%.0f", vl_rep_num(p, "effective_batch")), vl_rep_fmt("%.2f", gb(vl_rep_num(p, "peak_bytes"))));
+      break;
+    }
+  }
+  if (!rows) fprintf(md, "\n**Not measurable:** no case with results has an automatic-batch rung.\n\n");
+  else
+    fprintf(md, "\n**Verdict: the batch half is measured, the epochs half is not measured here** — the largest batch "
+                "and its memory are exact plans; \"80 instead of 100 epochs\" needs training to convergence on the "
+                "article's data, which no case here does.\n\n");
+}
+
+/* ---- failure handling ------------------------------------------------------------------------ */
+static void failures(FILE *md, case_res *cr, int n) {
+  fprintf(md, "### Failure handling (002)\n\n"
+              "The article: save the state dict only, checkpoint every N steps and resume from the latest, clip "
+              "gradients at 1.0, call `empty_cache` between epochs against fragmentation.\n\n");
+  fprintf(md, "- **Checkpoint every N steps and resume**: `vramlab run|bench CASE --save-every N` and `--resume DIR` "
+              "(llm-lora, seg-ckpt); the resumed loss trajectory is bit-identical to an uninterrupted run "
+              "(`test_ckpt`). Ctrl-C finishes the step, saves and writes partial results.\n");
+  fprintf(md, "- **Clip at 1.0**:");
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    const vl_knob_decl *d = vl_case_knob(cr[i].c, "clip", VL_KNOB_RUNG);
+    if (d && d->def) fprintf(md, "%s %s clips at %s by default", k++ ? ";" : "", cr[i].c->id, d->def);
+  }
+  fprintf(md, "%s (global norm, after unscaling, fp16 overflow steps skipped first).\n", k ? "" : " no case has a clip knob");
+  fprintf(md, "- **`empty_cache` between epochs**: ");
+  int rows = 0;
+  for (int i = 0; i < n; i++) {
+    if (!cr[i].res) continue;
+    const cJSON *p = vl_rep_plan(rung_at(cr[i].res, 0));
+    double res = vl_rep_num(p, "reserved_bytes"), peak = vl_rep_num(p, "peak_bytes");
+    if (!(res > 0 && peak > 0)) continue;
+    fprintf(md, "%s%s %s GB reserved for a %s GB peak (+%s)", rows++ ? "; " : "", cr[i].c->id,
+            vl_rep_fmt("%.2f", gb(res)), vl_rep_fmt("%.2f", gb(peak)), vl_rep_fmt("%.1f%%", 100 * (res / peak - 1)));
+  }
+  if (rows)
+    fprintf(md, " (first rungs, planned with the caching allocator's rounding). Emptying the cache returns the "
+                "extent above the live blocks to the driver; the next epoch's first step reserves the same extent "
+                "again, so it changes neither the peak nor what fits: its only effect is on other processes "
+                "sharing the card.\n\n");
+  else
+    fprintf(md, "not measurable: no planned extent in the results.\n\n");
+}
+
+int vl_index_write(const char *reports_dir, const char *regress_line, char *err, size_t errn) {
+  static case_res cr[MAX_CASES];
+  int n;
+  load_all(reports_dir, cr, &n);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *md = open_memstream(&buf, &len);
+  if (!md) {
+    snprintf(err, errn, "cannot build the index: %s", strerror(errno));
+    return -1;
+  }
+  char stamp[32];
+  time_t t = time(NULL);
+  strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+  fprintf(md, "# vramlab — results\n\n_Written by `vramlab bench` and `vramlab regress` (%s) from the results each "
+              "report was made from (`reports/<case>/results.json`)._\n\n", stamp);
+  cases_table(md, cr, n);
+  char rpath[1200];
+  snprintf(rpath, sizeof rpath, "%s/regress.md", reports_dir);
+  if (regress_line) fprintf(md, "**Regression:** %s\n\n", regress_line);
+  else if (access(rpath, F_OK) == 0) fprintf(md, "**Regression:** the last run's table is in [regress.md](regress.md).\n\n");
+  else fprintf(md, "**Regression:** not run yet (`make regress`).\n\n");
+  fprintf(md, "## Claims that apply to every case\n\n");
+  composition(md, cr, n);
+  usable(md, cr, n);
+  amp(md, cr, n);
+  autobatch(md, cr, n);
+  failures(md, cr, n);
+  for (int i = 0; i < n; i++) cJSON_Delete(cr[i].res);
+  bool ok = !ferror(md);
+  if (fclose(md)) ok = false;
+  int rc = -1;
+  char path[1200];
+  snprintf(path, sizeof path, "%s/index.md", reports_dir);
+  if (!ok || !buf) snprintf(err, errn, "cannot build the index: out of memory");
+  else rc = vl_write_atomic(path, buf, err, errn);
+  free(buf);
+  return rc;
+}
