@@ -22,8 +22,11 @@ build: deps $(BUILD)/CMakeCache.txt
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
-# every test under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build, Debug), leaks too
-ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# every test under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build, Debug), leaks too;
+# Open MPI's own process-lifetime allocations are suppressed (tests/lsan.supp: its libraries
+# only, never ours)
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
 asan: deps
 	cmake -S . -B build-asan -DVRAMLAB_CUDA=OFF -DVRAMLAB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	cmake --build build-asan -j $(JOBS)

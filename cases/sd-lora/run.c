@@ -40,7 +40,7 @@ static vl_status mod_fwd_bwd(void *state, const vl_batch *mb, int n, vl_step_inf
 static vl_status mod_apply(void *state, vl_step_info *info) { (void)state; (void)info; return VL_OK; }
 
 const vl_model_type vl_sdl_modeled_model = {"modeled accelerator", mod_create, mod_destroy, mod_params,
-                                            mod_plan_batch, mod_fwd_bwd, mod_apply, NULL, NULL};
+                                            mod_plan_batch, mod_fwd_bwd, mod_apply, NULL, NULL, NULL};
 
 /* ---- the loop's data ---------------------------------------------------------------------- */
 typedef struct {

@@ -287,13 +287,17 @@ static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const
   int64_t N, K;
   lin_shape(&m->mc, lin, &N, &K);
   vl_param *W = linear_param(m, l, lin, 0);
-  if (W->trainable) VL_TRY(vl_linear_bwd_w(m->c, &W->grad, dy, x, R, K, N, 1.0f));
+  if (W->trainable) {
+    VL_TRY(vl_linear_bwd_w(m->c, &W->grad, dy, x, R, K, N, 1.0f));
+    vl_grad_ready(m->c, W);
+  }
   VL_TRY(vl_linear_bwd_x(m->c, dx, dy, &W->w, R, K, N, beta));
   if (!lora_on(m, lin)) return VL_OK;
   int64_t r = m->tc.lora_rank;
   float lora_scale = m->tc.lora_alpha / (float)r;
   vl_param *A = linear_param(m, l, lin, 1), *B = linear_param(m, l, lin, 2);
   VL_TRY(vl_linear_bwd_w(m->c, &B->grad, dy, xa, R, r, N, lora_scale)); /* dB = s dy^T xa */
+  vl_grad_ready(m->c, B);
   tensor_free(m, xa);
   vl_tensor dxa;
   VL_TRY(alloc2(m, &dxa, VL_MEM_TEMP, R, r));
@@ -301,6 +305,7 @@ static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const
                .A = dy, .lda = N, .B = &B->w, .ldb = r, .C = &dxa, .ldc = r, .batch = 1};
   vl_status status = vl_gemm_run(m->c, &g);
   if (status == VL_OK) status = vl_linear_bwd_w(m->c, &A->grad, &dxa, x, R, K, r, 1.0f);
+  if (status == VL_OK) vl_grad_ready(m->c, A);
   if (status == VL_OK) status = vl_linear_bwd_x(m->c, dx, &dxa, &A->w, R, K, r, 1.0f);
   tensor_free(m, &dxa);
   return status;
@@ -430,6 +435,7 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   vl_param *n2 = layer_param(m, l, P_LN2);
   VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n2->trainable ? &n2->grad : NULL,
                                                      &t[2], &a->res2, &n2->w, &a->rstd2, R, C}));
+  if (n2->trainable) vl_grad_ready(c, n2);
   tensor_free(m, &t[2]);
   tensor_free(m, &a->rstd2);
   tensor_free(m, &a->ln2);
@@ -480,6 +486,7 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   vl_param *n1 = layer_param(m, l, P_LN1);
   VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n1->trainable ? &n1->grad : NULL,
                                                      &t[6], &m->res[l], &n1->w, &a->rstd1, R, C}));
+  if (n1->trainable) vl_grad_ready(c, n1);
   tensor_free(m, &t[6]);
   tensor_free(m, &a->rstd1);
   tensor_free(m, &a->ln1);
@@ -529,8 +536,10 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   }
   tensor_free(m, &step->loss);
   VL_TRY(alloc2(m, &step->dlnf, VL_MEM_TEMP, R, C));
-  if (HW->trainable)
+  if (HW->trainable) {
     VL_TRY(vl_linear_bwd_w(c, &HW->grad, &step->logits, &step->lnf, R, C, V, 1.0f));
+    vl_grad_ready(c, HW);
+  }
   VL_TRY(vl_linear_bwd_x(c, &step->dlnf, &step->logits, &HW->w, R, C, V, 0.0f));
   tensor_free(m, &step->logits);
   VL_TRY(alloc2(m, &step->dres, VL_MEM_TEMP, R, C));
@@ -538,6 +547,7 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){&step->dres, NF->trainable ? &NF->grad : NULL,
                                                      &step->dlnf, &m->res[L], &NF->w, &step->rstdf,
                                                      R, C}));
+  if (NF->trainable) vl_grad_ready(c, NF);
   tensor_free(m, &step->dlnf);
   tensor_free(m, &step->rstdf);
   tensor_free(m, &step->lnf);
@@ -554,8 +564,10 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
     VL_TRY(layer_bwd(m, l, B, T, &step->dres));
     if (l > 0) tensor_free(m, &m->res[l]);
   }
-  if (E->trainable)
+  if (E->trainable) {
     VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){&E->grad, &step->dres, &step->tok, R, C}));
+    vl_grad_ready(c, E);
+  }
   tensor_free(m, &step->dres);
   tensor_free(m, &m->res[0]);
   tensor_free(m, &step->data);
@@ -632,6 +644,16 @@ vl_status vl_mistral_step(vl_mistral *m, const vl_mistral_batch *mb, int n_micro
 }
 
 vl_param *vl_mistral_params(vl_mistral *m, int *n) { *n = m->n_params; return m->params; }
+
+/* vl_model_mistral's train_state (mistral_model.c): the parameter table in creation order
+ * (embed; per layer norm1, norm2, then q, k, v, o, gate, up, down, each followed by its
+ * LoRA A and B slots, unused ones empty; norm; lm_head), the optimizer, clip and scaler;
+ * no buffers. */
+vl_status vl_mistral_train_state(vl_mistral *m, vl_train_state *out) {
+  *out = (vl_train_state){m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc, NULL, 0};
+  return VL_OK;
+}
+
 const vl_mistral_cfg *vl_mistral_config(const vl_mistral *m) { return &m->mc; }
 vl_ctx *vl_mistral_ctx(const vl_mistral *m) { return m->c; }
 const vl_train_cfg *vl_mistral_train_config(const vl_mistral *m) { return &m->tc; }

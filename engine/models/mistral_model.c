@@ -66,6 +66,11 @@ static vl_status apply(void *state, vl_step_info *info) {
   return s;
 }
 
+
+static vl_status train_state(void *state, vl_train_state *out) {
+  return vl_mistral_train_state(state, out);
+}
+
 const vl_model_type vl_model_mistral = {
     .name = "mistral",
     .create = create,
@@ -75,4 +80,5 @@ const vl_model_type vl_model_mistral = {
     .fwd_bwd = fwd_bwd,
     .apply = apply,
     .predict = NULL,
+    .train_state = train_state,
 };

@@ -87,6 +87,10 @@ vl_status vl_model_predict(vl_model *m, const vl_batch *b, int32_t *pred) {
   return m->type->predict(m->state, b, pred);
 }
 
+void vl_model_step_end(vl_model *m) {
+  if (m->type->step_end) m->type->step_end(m->state);
+}
+
 vl_status vl_model_train_state(vl_model *m, vl_train_state *out) {
   memset(out, 0, sizeof *out);
   if (!m->type->train_state)

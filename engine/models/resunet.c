@@ -71,6 +71,9 @@ struct vl_resunet {
   vl_tensor tmp[4];        // short-lived gradients in flight (the shapes of their
                            // activations); tmp[3]: unit_fwd's BN output without in-place ReLU
   bool *grad_live;         /* per param: holds this step's gradient already */
+  vl_tensor **bufs;        /* train_state's buffers: each unit's running mean, var (made on
+                              first use) */
+  int n_bufs;
   vl_scaler sc;
   int64_t B;               /* batch of the micro-batch in flight */
 };
@@ -338,6 +341,7 @@ void vl_resunet_destroy(vl_resunet *m) {
   free(m->params);
   free(m->blocks);
   free(m->grad_live);
+  free(m->bufs);
   free(m);
 }
 
@@ -380,6 +384,7 @@ static vl_status conv_bwd_w(vl_resunet *m, const vl_conv *cv, int pw, const vl_t
       m->c, &(vl_conv_bwd_weight_args){.cv = *cv, .dw = &w->grad, .x = x, .dy = dy,
                                        .accumulate = m->grad_live[pw]});
   m->grad_live[pw] = true;
+  if (s == VL_OK) vl_grad_ready(m->c, w);
   return s;
 }
 
@@ -448,6 +453,8 @@ static vl_status unit_bwd(vl_resunet *m, unit *u, vl_tensor *d, const vl_tensor 
   vl_param *g = &m->params[u->pg], *b = &m->params[u->pb];
   VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){d, &g->grad, &b->grad, d, &u->conv, &g->w, &u->mean,
                                            &u->rstd, m->B, u->cout, HW}));
+  vl_grad_ready(c, g);
+  vl_grad_ready(c, b);
   tensor_free(m, &u->rstd);
   tensor_free(m, &u->mean);
   tensor_free(m, &u->conv);
@@ -783,10 +790,14 @@ vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
   return VL_OK;
 }
 
-vl_status vl_resunet_apply(vl_resunet *m, vl_seg_step_info *info) {
-  info->loss_scale = m->sc.scale;
+void vl_resunet_step_end(vl_resunet *m) {
   /* conv gradients are written (not added) by the first backward of the next step */
   memset(m->grad_live, 0, (size_t)m->n_params * sizeof *m->grad_live);
+}
+
+vl_status vl_resunet_apply(vl_resunet *m, vl_seg_step_info *info) {
+  info->loss_scale = m->sc.scale;
+  vl_resunet_step_end(m);
   return vl_params_apply(m->c, m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc,
                          &info->skipped, &info->grad_norm);
 }
@@ -832,6 +843,27 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
   tensor_free(m, &m->data);
   if (s != VL_OK) cleanup(m);
   return s;
+}
+
+/* vl_model_resunet's train_state (resunet_model.c): the parameter table in creation order
+ * (per conv-BN unit: conv weight, BN weight, BN bias; stem, the bottlenecks' conv1..3 and
+ * downsample, the decoder's units, the head; torchvision's and the decoder's
+ * model.parameters() order), the optimizer, clip and scaler, and the buffers: each unit's
+ * BN running mean and variance (made on the first call). */
+vl_status vl_resunet_train_state(vl_resunet *m, vl_train_state *out) {
+  if (!m->bufs) { /* the BN running statistics, unit by unit (the BN parameters' order) */
+    int n = 0;
+    FOR_UNITS(m, u, { (void)u; n += 2; });
+    m->bufs = malloc((size_t)n * sizeof *m->bufs);
+    if (!m->bufs) return vl_fail(m->c, VL_ERR_OOM, "host memory for %d buffer pointers", n);
+    FOR_UNITS(m, u, {
+      m->bufs[m->n_bufs++] = &u->rmean;
+      m->bufs[m->n_bufs++] = &u->rvar;
+    });
+  }
+  *out = (vl_train_state){m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc, m->bufs,
+                          m->n_bufs};
+  return VL_OK;
 }
 
 vl_param *vl_resunet_params(vl_resunet *m, int *n) {

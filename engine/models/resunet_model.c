@@ -92,6 +92,12 @@ static vl_status predict(void *state, const vl_batch *b, int32_t *pred) {
   return vl_resunet_predict(state, x.x, x.B, pred);
 }
 
+static vl_status train_state(void *state, vl_train_state *out) {
+  return vl_resunet_train_state(state, out);
+}
+
+static void step_end(void *state) { vl_resunet_step_end(state); }
+
 const vl_model_type vl_model_resunet = {
     .name = "resunet",
     .create = create,
@@ -101,4 +107,6 @@ const vl_model_type vl_model_resunet = {
     .fwd_bwd = fwd_bwd,
     .apply = apply,
     .predict = predict,
+    .train_state = train_state,
+    .step_end = step_end,
 };

@@ -18,7 +18,50 @@
  *           shard updated, the fp32 parameters all-gathered
  *
  * On a plan context nothing is communicated: world and rank size the buckets and shards, so
- * per-rank memory plans exactly for any number of ranks. */
+ * per-rank memory plans exactly for any number of ranks.
+ *
+ * Details every mode shares:
+ *  - Every parameter (frozen ones too) is broadcast from rank 0 at creation, and the
+ *    model's buffers (train_state's, e.g. the U-Net's BN running statistics) before every
+ *    forward (torch DDP's broadcast_buffers default; DataParallel's replicate does the same).
+ *  - The loss a step reports is the global one: every rank's loss sum over every rank's
+ *    targets (world 1: the model's own number, bit for bit).
+ *  - Each rank's loss is normalised by its own targets and the gradients are averaged (as
+ *    torch DDP): equal to one rank at world x the batch when every rank has as many valid
+ *    targets (fixed-length sequences, fully labelled masks).
+ *  - fp16: a rank whose loss overflows skips; every other rank then skips too (the skip
+ *    flags travel with the loss), and the loss scaler stays the same on every rank.
+ *  - Batch norm uses each rank's own batch statistics (like DDP without SyncBatchNorm):
+ *    N ranks at batch b are not one rank at N*b for the U-Net; the parameters stay the same
+ *    on every rank all the same (averaged gradients, rank 0's running statistics).
+ *  - A model calls vl_grad_ready when a gradient is final in a micro-batch's backward;
+ *    with overlap on, the wrapper's hook (c->grad_hook) copies it into its bucket and
+ *    starts every bucket whose gradients are all final, in bucket order (as torch's
+ *    Reducer), driving MPI's progress meanwhile. A model that never calls it still works:
+ *    every bucket then starts after backward.
+ *
+ * dp: every rank passes fwd_bwd the global batch's shapes (plan_batch(B) gives world * B
+ * samples, the leading dimension a multiple of world); only rank 0's data is read, the
+ * other ranks' data is ignored (NULL is fine). Rows [r*b, (r+1)*b) of every tensor go to
+ * rank r. How it differs from torch.nn.DataParallel: DataParallel gathers the replicas'
+ * outputs on device 0 and computes the loss there; our models fuse forward, loss and
+ * backward, so each replica computes the loss of its shard (only the numbers travel).
+ * That spares rank 0 the gathered outputs and the loss, so the baseline is faster than
+ * DataParallel and its measured idle share is a lower bound. Replicas keep no optimizer
+ * state (as DataParallel's replicas); an NCCL communicator is refused (host scatter).
+ *
+ * zero1: AdamW and SGD only (Adafactor's factored second moment is not elementwise: it
+ * is refused). The global gradient norm is the sum of the shards' sums of squares (the
+ * same on every rank), so clipping, the fp16 overflow skip and the loss scaler decide
+ * alike everywhere. The updated fp32 values are all-gathered through the gradients' flat
+ * buffer (spent by then: no extra bytes) and copied into the parameters (masters under
+ * AMP, whose working copies are then refreshed).
+ *
+ * Stats: compute_s is the inner forward + backward and the update; comm_s each collective
+ * from its start to its completion (seen by a poll during backward or when its wait
+ * returns); exposed_s the time blocked in waits; idle_s (dp, ranks other than 0) the time
+ * blocked waiting for rank 0 (scatter, its decision, the parameters' broadcast). Host
+ * clock, after a device sync on CUDA. */
 #ifndef VRAMLAB_DDP_H
 #define VRAMLAB_DDP_H
 

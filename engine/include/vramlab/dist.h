@@ -47,7 +47,13 @@ vl_status vl_comm_create_mpi(vl_comm **out, char *err, size_t errn);
  * one device per rank (local rank modulo the visible devices), collectives on c's stream.
  * VL_ERR_UNSUPPORTED without the CUDA backend or NCCL. */
 vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, char *err, size_t errn);
-/* Finalizes MPI when vl_comm_create_mpi initialised it. NULL is fine. */
+/* Before the CUDA context of an NCCL rank is made: cudaSetDevice(local rank modulo the
+ * visible devices); the device index, or -1 with a message (no CUDA, no device).
+ * vl_comm_create_nccl refuses a context on another device. */
+int vl_comm_select_device(char *err, size_t errn);
+/* NULL is fine. MPI itself is finalized at exit of the process whose vl_comm_create_mpi
+ * initialised it (so communicators can be made and destroyed any number of times), unless a
+ * collective was left unfinished (a timed-out wait: finalizing would wait on the peer). */
 void vl_comm_destroy(vl_comm *cm);
 
 vl_comm_kind vl_comm_kind_of(const vl_comm *cm);

@@ -67,6 +67,8 @@ vl_status vl_mistral_step(vl_mistral *m, const vl_mistral_batch *mb, int n_micro
 vl_status vl_mistral_zero_grads(vl_mistral *m);
 
 vl_param *vl_mistral_params(vl_mistral *m, int *n);
+/* Parameters, optimizer, clip and scaler (model.h). */
+vl_status vl_mistral_train_state(vl_mistral *m, vl_train_state *out);
 int64_t vl_mistral_n_params(const vl_mistral *m, bool trainable_only);
 const vl_mistral_cfg *vl_mistral_config(const vl_mistral *m);
 vl_ctx *vl_mistral_ctx(const vl_mistral *m);

@@ -102,6 +102,10 @@ typedef struct vl_model_type {
   /* Its parameters, optimizer and scaler (above). NULL: the model does not hand them out
    * (vl_model_train_state returns VL_ERR_UNSUPPORTED): no data parallelism, no resume. */
   vl_status (*train_state)(void *state, vl_train_state *out);
+  /* The step's update was done outside the model (ZeRO-1's sharded update; a DataParallel
+   * replica, which only receives parameters): reset what the model's apply resets besides
+   * the update, e.g. the U-Net's per-step "gradient written" flags. NULL: nothing to do. */
+  void (*step_end)(void *state);
 } vl_model_type;
 
 typedef struct vl_model {
@@ -120,6 +124,7 @@ vl_status vl_model_apply(vl_model *m, vl_step_info *info);
 vl_status vl_model_step(vl_model *m, const vl_batch *mb, int n, vl_step_info *info);
 vl_status vl_model_predict(vl_model *m, const vl_batch *b, int32_t *pred);
 vl_status vl_model_train_state(vl_model *m, vl_train_state *out);
+void vl_model_step_end(vl_model *m);
 
 #ifdef __cplusplus
 }

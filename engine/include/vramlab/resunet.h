@@ -87,6 +87,10 @@ vl_status vl_resunet_step(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
 vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *pred);
 
 vl_param *vl_resunet_params(vl_resunet *m, int *n);
+/* Parameters, optimizer, clip, scaler and batch-norm running statistics (model.h). */
+vl_status vl_resunet_train_state(vl_resunet *m, vl_train_state *out);
+/* The update was done outside the model: the next backward writes (not adds) gradients. */
+void vl_resunet_step_end(vl_resunet *m);
 /* Parameters by module: 0 encoder, 1 decoder, 2 head. */
 int vl_resunet_param_module(const vl_resunet *m, int index);
 int64_t vl_resunet_n_params(const vl_resunet *m, int module); /* module -1: all */

@@ -1,0 +1,248 @@
+/* Starting ranks (mpirun.h): mpirun found at $VRAMLAB_MPIRUN, the path CMake saw, or on PATH,
+ * started with fork/exec (no shell) in a process group of its own, with what Open MPI needs
+ * here (root permission, no CMA single-copy, --oversubscribe when asked, no core binding so
+ * ranks share the machine with whatever else runs), the threads of every rank, the job's
+ * output into a file or passed through, and a wall-clock limit: past it the whole group gets
+ * SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later, and the status is 124. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mpirun.h"
+
+#define MPIRUN_INSTALL "apt-get install libopenmpi-dev openmpi-bin"
+#define MAX_ARGS 256
+
+int vl_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+int vl_self_exe(char *buf, size_t n) {
+  if (!buf || n < 2) return -1;
+  ssize_t k = readlink("/proc/self/exe", buf, n - 1);
+  if (k <= 0 || (size_t)k >= n - 1) return -1;
+  buf[k] = 0;
+  return 0;
+}
+
+static bool executable(const char *p) {
+  struct stat s;
+  return p && *p && stat(p, &s) == 0 && S_ISREG(s.st_mode) && access(p, X_OK) == 0;
+}
+
+/* mpirun's path into buf: $VRAMLAB_MPIRUN when set (and nothing else then), CMake's, else
+ * the first on PATH. */
+static int find_mpirun(char *buf, size_t n) {
+  const char *env = getenv("VRAMLAB_MPIRUN");
+  if (env && *env) {
+    snprintf(buf, n, "%s", env);
+    return executable(env) ? 0 : -1;
+  }
+#ifdef VRAMLAB_MPIRUN
+  if (executable(VRAMLAB_MPIRUN)) {
+    snprintf(buf, n, "%s", VRAMLAB_MPIRUN);
+    return 0;
+  }
+#endif
+  const char *path = getenv("PATH");
+  if (!path) return -1;
+  const char *p = path;
+  while (*p) {
+    const char *e = strchr(p, ':');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len > 0 && len < n - 8) {
+      snprintf(buf, n, "%.*s/mpirun", (int)len, p);
+      if (executable(buf)) return 0;
+    }
+    p += len + (e ? 1 : 0);
+  }
+  return -1;
+}
+
+/* The child: own process group, environment, output, then exec; on failure errno goes to
+ * the parent through the close-on-exec pipe. */
+static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err) {
+  setpgid(0, 0);
+  if (geteuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  const char *asan = getenv("ASAN_OPTIONS");
+  if (asan && *asan && !strstr(asan, "fast_unwind_on_malloc")) {
+    /* under the sanitizers (make asan): Open MPI has no frame pointers, so the fast unwinder
+     * stops at its first frame and tests/lsan.supp cannot see Open MPI allocated a block */
+    char *v = NULL;
+    if (asprintf(&v, "%s:fast_unwind_on_malloc=0", asan) > 0) setenv("ASAN_OPTIONS", v, 1);
+    free(v);
+  }
+  if (o->threads > 0) {
+    char t[16];
+    snprintf(t, sizeof t, "%d", o->threads);
+    setenv("OMP_NUM_THREADS", t, 1);
+    setenv("OPENBLAS_NUM_THREADS", t, 1);
+  }
+  if (o->out_path) {
+    int fd = open(o->out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) goto fail;
+  }
+  execv(argv[0], argv);
+fail:;
+  int e = errno;
+  if (write(fd_err, &e, sizeof e) < 0) {}
+  _exit(127);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Wait for pid until the deadline; 1 when it ended (*st filled), 0 on timeout. */
+static int wait_until(pid_t pid, double deadline, int *st) {
+  for (;;) {
+    pid_t w = waitpid(pid, st, WNOHANG);
+    if (w == pid) return 1;
+    if (w < 0 && errno != EINTR) {
+      *st = 0;
+      return 1;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec + now.tv_nsec * 1e-9 >= deadline) return 0;
+    sleep_ms(20);
+  }
+}
+
+static double mono(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
+/* argv of mpirun: the options, then cmd. */
+static int build_argv(const vl_mpirun_opts *o, const char *mpirun, char *const cmd[], char **av,
+                      char *np, size_t npn, char *err, size_t errn) {
+  int k = 0;
+  snprintf(np, npn, "%d", o->np);
+  av[k++] = (char *)mpirun;
+  av[k++] = "-np";
+  av[k++] = np;
+  av[k++] = "--mca";
+  av[k++] = "btl_vader_single_copy_mechanism";
+  av[k++] = "none";
+  av[k++] = "--bind-to";
+  av[k++] = "none";
+  if (o->oversubscribe) av[k++] = "--oversubscribe";
+  if (o->threads > 0) {
+    av[k++] = "-x";
+    av[k++] = "OMP_NUM_THREADS";
+    av[k++] = "-x";
+    av[k++] = "OPENBLAS_NUM_THREADS";
+  }
+  for (int i = 0; cmd[i]; i++) {
+    if (k >= MAX_ARGS - 1) {
+      snprintf(err, errn, "mpirun: more than %d arguments", MAX_ARGS - 16);
+      return -1;
+    }
+    av[k++] = cmd[i];
+  }
+  av[k] = NULL;
+  return 0;
+}
+
+static int check_opts(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
+  if (!o || !cmd || !cmd[0] || !cmd[0][0]) {
+    snprintf(err, errn, "mpirun: no command to run");
+    return -1;
+  }
+  if (o->np < 1) {
+    snprintf(err, errn, "mpirun: %d ranks: need at least 1", o->np);
+    return -1;
+  }
+  int cores = vl_cores();
+  if (o->np > cores && !o->oversubscribe) {
+    snprintf(err, errn, "mpirun: %d ranks on %d cores: ask for oversubscription (--oversubscribe) "
+                        "to run more ranks than cores", o->np, cores);
+    return -1;
+  }
+  if (o->timeout_s < 0) {
+    snprintf(err, errn, "mpirun: timeout %g s is negative", o->timeout_s);
+    return -1;
+  }
+  return 0;
+}
+
+int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
+  if (check_opts(o, cmd, err, errn)) return -1;
+  char mpirun[4096], np[16];
+  if (find_mpirun(mpirun, sizeof mpirun)) {
+    const char *env = getenv("VRAMLAB_MPIRUN");
+    if (env && *env)
+      snprintf(err, errn, "mpirun not found at VRAMLAB_MPIRUN=%s: %s", env, MPIRUN_INSTALL);
+    else
+      snprintf(err, errn, "mpirun not found (Open MPI is not installed): %s", MPIRUN_INSTALL);
+    return -1;
+  }
+  char *av[MAX_ARGS];
+  if (build_argv(o, mpirun, cmd, av, np, sizeof np, err, errn)) return -1;
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) {
+    snprintf(err, errn, "mpirun: pipe: %s", strerror(errno));
+    return -1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
+    close(pfd[0]), close(pfd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    close(pfd[0]);
+    child(o, av, pfd[1]);
+  }
+  setpgid(pid, pid); /* both sides set it: no race with the kill below */
+  close(pfd[1]);
+  int e = 0;
+  ssize_t got;
+  do got = read(pfd[0], &e, sizeof e); while (got < 0 && errno == EINTR);
+  close(pfd[0]);
+  if (got == (ssize_t)sizeof e) { /* exec (or the output file) failed */
+    int st;
+    waitpid(pid, &st, 0);
+    snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
+             o->out_path ? o->out_path : "", strerror(e));
+    return -1;
+  }
+  double limit = o->timeout_s > 0 ? o->timeout_s : 600;
+  int st = 0;
+  if (!wait_until(pid, mono() + limit, &st)) {
+    kill(-pid, SIGTERM);
+    if (!wait_until(pid, mono() + 5, &st)) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &st, 0);
+    }
+    kill(-pid, SIGKILL); /* ranks mpirun left behind in its group */
+    snprintf(err, errn, "mpirun: the job ran past %g s and was killed", limit);
+    return 124;
+  }
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return 255;
+}
