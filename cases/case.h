@@ -24,6 +24,14 @@ typedef struct {
   int quiet;
   bool profile;            /* --profile: model cases time every operation of the timed steps */
   char err[VL_CASE_ERR_LEN]; /* the last failure's message (vl_case_fail) */
+  /* Checkpoint and resume (run, bench; only cases with `resumable` get them):
+   * --save-every N: a checkpoint every N optimizer steps into ckpt_dir (0: none); ckpt_dir
+   * (<out>/<case>/ckpt/<rung>-rep<k>, set per run by the harness; NULL: no checkpoints,
+   * not even on Ctrl-C); resume: the checkpoint file this run continues from (--resume,
+   * resolved by vl_ckpt_resolve; NULL: a fresh run). */
+  long save_every;
+  const char *ckpt_dir;
+  const char *resume;
 } vl_case_env;
 
 /* The cases' vl_fail: record a message (printf-style) in env->err and return s, so VL_TRY
@@ -63,6 +71,9 @@ typedef struct vl_case {
   /* Optional: the process a case starts on every rank under mpirun (`vramlab worker CASE
    * ARGS...`, multi-gpu); returns the process's exit status. */
   int (*worker)(int argc, char **argv);
+  /* Its run honours env->save_every, env->ckpt_dir and env->resume (--save-every,
+   * --resume); the harness refuses those options for any other case. */
+  bool resumable;
 } vl_case;
 
 const vl_case *vl_case_find(const char *id);

@@ -22,6 +22,7 @@
 #include "report.h"
 #include "sgemm.h"
 #include "vramlab/backend.h"
+#include "vramlab/ckpt.h"
 
 /* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
  * trip it); in this file every path, name and value copy is length-checked, so a copy that
@@ -68,14 +69,19 @@ static void usage(FILE *f) {
           "  --json                             machine-readable output (plan, list)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
-          "                                     steps (a per-operation table in results+report)\n");
+          "                                     steps (a per-operation table in results+report)\n"
+          "  --save-every N                     run/bench: a checkpoint every N training steps in\n"
+          "                                     OUT/CASE/ckpt/RUNG-repK/ (step-N.ckpt + latest);\n"
+          "                                     Ctrl-C then also saves before it stops\n"
+          "  --resume DIR|FILE                  run/bench --step RUNG: continue one repetition from\n"
+          "                                     a checkpoint (a folder's latest, or a file)\n");
 }
 
 typedef struct {
-  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config;
+  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config, *resume;
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes, profile;
-  int64_t seed;
+  int64_t seed, save_every;
   int out_given;
 } args;
 
@@ -107,7 +113,7 @@ static int parse_args(int argc, char **argv, args *a) {
     /* an empty value is never meant: --out "" would write results under "/" */
 #define OPT(name, field) if (!strcmp(s, name)) { if (!next || !*next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
-    OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config)
+    OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config) OPT("--resume", resume)
     if (!strcmp(s, "--out")) {
       if (!next || !*next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
       a->out = next; a->out_given = 1; i++; continue;
@@ -127,6 +133,7 @@ static int parse_args(int argc, char **argv, args *a) {
     if (!strcmp(s, name)) { if (num_opt(name, next, lo, hi, &v)) return -1; a->field = v; i++; continue; }
     NUM("--n", n, 1, INT_MAX) NUM("--seed", seed, 0, INT64_MAX) NUM("--quality", quality, 1, 100)
     NUM("--size", size, VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX) NUM("--classes", classes, 2, VL_SEGSET_CLASSES_MAX)
+    NUM("--save-every", save_every, 1, INT_MAX)
 #undef NUM
     if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
     if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
@@ -284,6 +291,38 @@ __attribute__((format(printf, 3, 4))) static int path_fmt(char *buf, size_t n, c
   return -1;
 }
 
+/* --save-every and --resume: for a case whose run honours them (vl_case.resumable), on a
+ * compute device; --resume continues one rung (--step), from ARG resolved to a file into
+ * resume. 0, or -1 with the reason on stderr. */
+static int ckpt_options(const args *a, const vl_case *c, vl_device dev, char *resume, size_t rn) {
+  if (!a->save_every && !a->resume) return 0;
+  const char *opt = a->resume ? "--resume" : "--save-every";
+  if (!c->resumable) {
+    int n;
+    const vl_case *const *all = vl_case_all(&n);
+    fprintf(stderr, "vramlab: %s: %s has no checkpoints (cases that do:", opt, c->id);
+    for (int i = 0; i < n; i++)
+      if (all[i]->resumable) fprintf(stderr, " %s", all[i]->id);
+    fprintf(stderr, ")\n");
+    return -1;
+  }
+  if (dev == VL_DEV_PLAN) {
+    fprintf(stderr, "vramlab: %s: the plan device trains nothing (use --device cpu or cuda)\n", opt);
+    return -1;
+  }
+  if (!a->resume) return 0;
+  if (!a->step) {
+    fprintf(stderr, "vramlab: --resume continues one rung's run: give --step RUNG\n");
+    return -1;
+  }
+  char err[512];
+  if (vl_ckpt_resolve(a->resume, resume, rn, err, sizeof err)) {
+    fprintf(stderr, "vramlab: --resume: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
 static int write_results(const char *out, const char *case_id, cJSON *res, char *path, size_t pn) {
   char dir[PATH_MAX], latest[PATH_MAX], err[512], stamp[32];
   time_t t = time(NULL);
@@ -313,6 +352,14 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   char err[512];
   long reps;
   if (vl_knob_int(&L.setting, "reps", vl_harness_settings, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
+  char resume[PATH_MAX], ckpt_dir[PATH_MAX];
+  if (ckpt_options(a, c, dev, resume, sizeof resume)) return 2;
+  if (a->resume) {
+    env.resume = resume;
+    if (reps > 1) vl_progress("resume: one repetition (reps = %ld ignored)", reps);
+    reps = 1;
+  }
+  env.save_every = a->save_every;
   vl_interrupt_install();
 
   cJSON *res = cJSON_CreateObject();
@@ -357,6 +404,13 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
       vl_progress("run %s (%s, %s scale, repetition %d/%ld)", name, vl_device_name(dev), scale, rep + 1, reps);
       cJSON *runs = cJSON_GetObjectItem(o, "runs");
       if (!runs) runs = cJSON_AddArrayToObject(o, "runs");
+      /* checkpoints of this rung and repetition in a folder of their own */
+      if ((a->save_every || a->resume) &&
+          path_fmt(ckpt_dir, sizeof ckpt_dir, "%s/%s/ckpt/%s-rep%d", a->out, c->id, name, rep)) {
+        rc = 1;
+        break;
+      }
+      env.ckpt_dir = a->save_every || a->resume ? ckpt_dir : NULL;
       cJSON *ro = cJSON_CreateObject();
       vl_status e = c->run(&env, &r->knobs, rep, ro);
       cJSON_AddItemToArray(runs, ro);
@@ -451,6 +505,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "vramlab: --profile applies to run and bench only\n");
     return 2;
   }
+  if ((a.save_every || a.resume) && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
+    fprintf(stderr, "vramlab: %s applies to run and bench only\n", a.resume ? "--resume" : "--save-every");
+    return 2;
+  }
   if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
     fprintf(stderr, "vramlab: --model-config applies to plan, run and bench only\n");
     return 2;
@@ -467,6 +525,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(a.cmd, "bench")) {
     if (a.case_id && !strcmp(a.case_id, "gemm")) {
+      if (a.save_every || a.resume) { fprintf(stderr, "vramlab: bench gemm trains nothing: no --save-every or --resume\n"); return 2; }
       if (a.n < 16 || a.n > 16384) { fprintf(stderr, "vramlab: --n must be in [16, 16384]\n"); return 2; }
       double f = vl_bench_sgemm(a.n, 5);
       printf("sgemm %dx%dx%d: %.1f GFLOP/s (cpu backend, best of 5)\n", a.n, a.n, a.n, f / 1e9);

@@ -1,9 +1,12 @@
 /* llm-lora's timed run: a rung's Mistral model trained on dialogue batches by the engine's
  * timed loop on env->device at env->scale, with OOM triage, tokens/s and the planner's
  * peak for the longest step seen. Batches are variable-length (padded to their longest
- * dialogue) or, with run_seq = N, every one exactly N tokens, for like-for-like timings. */
+ * dialogue) or, with run_seq = N, every one exactly N tokens, for like-for-like timings.
+ * Checkpoints (--save-every, --resume) hold the dialogue generator's RNG beside the model's
+ * state, so a resumed run draws the same batches. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -31,6 +34,62 @@ static vl_status llm_next(void *user, long step, const vl_batch **mb, int *n, do
   *mb = L->mb;
   *n = (int)L->r->accum;
   return VL_OK;
+}
+
+/* ---- checkpoint state: what a resume needs beside the model ------------------------------ */
+/* Words of the blob (host byte order): the settings that shape the data (a resume with others is refused),
+ * then the generator's RNG. (The longest batch, maxT, is not kept: a resumed run measures
+ * its peak from its own first timed step, so the planner's check covers those steps.) */
+enum { W_VERSION, W_BATCH, W_ACCUM, W_RUN_SEQ, W_VOCAB, W_SEQ, W_RNG0, W_COUNT = W_RNG0 + 4 };
+#define LLM_BLOB_VERSION 1
+static const char *const llm_words[W_COUNT] = {"version", "batch", "accum", "run_seq", "vocab",
+                                               "seq",     "rng[0]", "rng[1]", "rng[2]", "rng[3]"};
+
+static void llm_words_of(const llm_loop *L, uint64_t *w) {
+  w[W_VERSION] = LLM_BLOB_VERSION;
+  w[W_BATCH] = (uint64_t)L->r->batch;
+  w[W_ACCUM] = (uint64_t)L->r->accum;
+  w[W_RUN_SEQ] = (uint64_t)L->r->run_seq;
+  w[W_VOCAB] = (uint64_t)L->gen.vocab;
+  w[W_SEQ] = (uint64_t)L->gen.max_len;
+  for (int i = 0; i < 4; i++) w[W_RNG0 + i] = L->gen.rng.s[i];
+}
+
+static vl_status llm_save_state(void *user, long step, void **blob, size_t *len) {
+  (void)step;
+  llm_loop *L = user;
+  uint64_t *w = malloc(W_COUNT * sizeof *w);
+  if (!w) return VL_ERR_OOM;
+  llm_words_of(L, w);
+  *blob = w;
+  *len = W_COUNT * sizeof *w;
+  return VL_OK;
+}
+
+/* The blob of the checkpoint at path back into L: the settings must match this run's. */
+static vl_status llm_restore(vl_ctx *c, llm_loop *L, const void *blob, size_t len, const char *path) {
+  uint64_t now[W_COUNT], w[W_COUNT];
+  if (len != sizeof w)
+    return vl_fail(c, VL_ERR_INVALID, "checkpoint %s: section 'case' holds %zu bytes, llm-lora's state %zu", path, len,
+                   sizeof w);
+  memcpy(w, blob, sizeof w);
+  llm_words_of(L, now);
+  for (int i = W_VERSION; i < W_RNG0; i++)
+    if (w[i] != now[i])
+      return vl_fail(c, VL_ERR_INVALID, "checkpoint %s: case field '%s' is %llu, this run's %llu", path, llm_words[i],
+                     (unsigned long long)w[i], (unsigned long long)now[i]);
+  for (int i = 0; i < 4; i++) L->gen.rng.s[i] = w[W_RNG0 + i];
+  return VL_OK;
+}
+
+/* The checkpoint keys of a run's results: where it resumed, what it saved. */
+static void llm_ckpt_json(cJSON *out, const vl_loop_result *res) {
+  if (res->resumed_from) cJSON_AddNumberToObject(out, "resumed_from_step", (double)res->resumed_from);
+  if (!res->saves) return;
+  cJSON_AddNumberToObject(out, "checkpoints_saved", (double)res->saves);
+  cJSON_AddNumberToObject(out, "checkpoint_step", (double)res->saved_step);
+  cJSON_AddStringToObject(out, "checkpoint", res->saved_path);
+  cJSON_AddNumberToObject(out, "checkpoint_seconds", res->save_seconds);
 }
 
 static void llm_after(void *user, long step, bool timed, const vl_step_info *info, double dt, double wait) {
@@ -93,12 +152,28 @@ vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_dialogue_init(&L.gen, r.model.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
   vl_loop_cfg lc = {.warmup = r.warmup, .total = r.warmup + r.steps, .reset_peaks_after_warmup = true,
                     .profile = env->profile,
-                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted};
+                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted,
+                    .save_every = env->save_every, .save_dir = env->ckpt_dir, .ckpt_tag = "llm-lora",
+                    .save_state = llm_save_state};
   vl_loop_result res = {0};
+  if (s == VL_OK && env->resume) {
+    vl_ckpt_meta meta;
+    s = vl_run_resume(m, env->resume, "llm-lora", &res, &meta);
+    if (s == VL_OK) s = llm_restore(c, &L, meta.blob, meta.blob_len, env->resume);
+    if (s == VL_OK && res.steps >= lc.total)
+      s = vl_fail(c, VL_ERR_INVALID, "checkpoint %s is at step %ld and this run has %ld steps (warmup + steps): "
+                  "nothing left to run", env->resume, res.steps, lc.total);
+    if (s == VL_OK && !env->quiet) vl_progress("  resumed from %s at step %ld", env->resume, res.steps);
+    vl_ckpt_meta_free(&meta);
+  }
   if (s == VL_OK) s = vl_run_loop(m, &lc, &res);
   bool ran;
   s = vl_case_triage(env, s, c->err, out, &ran);
-  if (ran) {
+  llm_ckpt_json(out, &res);
+  if (ran && res.timed < 1) {
+    s = vl_case_fail(env, VL_ERR_INVALID, "no timed step: the run resumed at step %ld of %ld and its first step "
+                     "after a resume is warm-up", res.resumed_from, lc.total);
+  } else if (ran) {
     vl_mem_stats ms;
     vl_arena_stats(c->arena, &ms);
     vl_stats st;

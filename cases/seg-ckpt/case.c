@@ -108,6 +108,7 @@ const vl_case vl_case_seg_ckpt = {
     .check = seg_check,
     .plan = seg_plan,
     .run = vl_seg_run,
+    .resumable = true, /* --save-every / --resume (run.c) */
     .extra = vl_seg_interleaved,
     .method = "Memory, FLOPs, fit, largest batch and the memory-vs-batch line are **planned at full "
               "scale** (512x512 images, torchvision-exact ResNet-101 encoder, U-Net decoder) by the "

@@ -138,3 +138,13 @@ vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double
   *n = (int)L->r->accum;
   return VL_OK;
 }
+
+vl_status vl_seg_skip(vl_seg_feed *L, long n) {
+  for (long i = 0; i < n; i++) {
+    vl_batch_buf *h = NULL;
+    VL_TRY(vl_loader_next(L->l, &h));
+    if (!h) break;
+    vl_loader_release(L->l, h);
+  }
+  return VL_OK;
+}

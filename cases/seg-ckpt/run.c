@@ -1,17 +1,113 @@
 /* seg-ckpt's timed run: a rung's U-Net trained for the setting's epochs on the synthetic
  * training split through the engine's loader and timed loop, evaluated on the held-out split
- * after every epoch, with OOM triage and the planner's peak beside the measured one. */
+ * after every epoch, with OOM triage and the planner's peak beside the measured one.
+ * Checkpoints (--save-every, --resume) hold, beside the model's state (batch-norm running
+ * statistics included), the epoch in progress, the step it started at and the held-out
+ * scores of the epochs done; a resume restarts that epoch's seeded order and skips the
+ * batches its steps consumed (vl_seg_skip), so the data stream is the same. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "interrupt.h"
 #include "seg.h"
 
+/* The run's state around the feed: what a checkpoint keeps beside the model. */
+typedef struct {
+  vl_seg_feed f;
+  vl_ctx *c;
+  long steps_per_epoch, epochs_done, epoch_start; /* epoch_start: res.steps when epoch epochs_done began */
+  double *acc, *miou;                              /* (epochs) held-out scores of the epochs done */
+} seg_run;
+
+static vl_status seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
+  return vl_seg_next(&((seg_run *)user)->f, step, mb, n, wait);
+}
+
 static void seg_after(void *user, long step, bool timed, const vl_step_info *info, double dt, double wait) {
-  vl_seg_feed *L = user;
+  vl_seg_feed *L = &((seg_run *)user)->f;
   if (!L->env->quiet && ((step + 1) % 10 == 0 || step + 1 == L->max_steps))
     vl_progress("  step %ld/%ld  loss %.4f  %.3f s (data wait %.3f s)", step + 1, L->max_steps, info->loss, dt, wait);
+}
+
+/* ---- checkpoint state --------------------------------------------------------------------- */
+/* Words of the blob (host byte order): the settings that shape the data stream (a resume
+ * with others is refused), the position, then acc and miou of each epoch done (as bits). */
+enum { W_VERSION, W_BATCH, W_ACCUM, W_TRAIN, W_IMAGE, W_CLASSES, W_SEED, W_SPE, W_DONE, W_START, W_HEAD };
+#define SEG_BLOB_VERSION 1
+static const char *const seg_words[W_HEAD] = {"version", "batch",           "accum",       "train_images",
+                                              "image",   "classes",         "seed",        "steps_per_epoch",
+                                              "epochs_done", "epoch_start"};
+
+static void seg_head(const seg_run *R, uint64_t *w) {
+  const vl_seg_rung *r = R->f.r;
+  w[W_VERSION] = SEG_BLOB_VERSION;
+  w[W_BATCH] = (uint64_t)r->batch;
+  w[W_ACCUM] = (uint64_t)r->accum;
+  w[W_TRAIN] = (uint64_t)r->train_images;
+  w[W_IMAGE] = (uint64_t)r->model.mc.image;
+  w[W_CLASSES] = (uint64_t)r->model.mc.classes;
+  w[W_SEED] = (uint64_t)r->seed;
+  w[W_SPE] = (uint64_t)R->steps_per_epoch;
+  w[W_DONE] = (uint64_t)R->epochs_done;
+  w[W_START] = (uint64_t)R->epoch_start;
+}
+
+static vl_status seg_save_state(void *user, long step, void **blob, size_t *len) {
+  (void)step;
+  seg_run *R = user;
+  size_t n = W_HEAD + 2 * (size_t)R->epochs_done;
+  uint64_t *w = malloc(n * sizeof *w);
+  if (!w) return vl_fail(R->c, VL_ERR_OOM, "host memory for the checkpoint's case state");
+  seg_head(R, w);
+  for (long e = 0; e < R->epochs_done; e++) {
+    memcpy(&w[W_HEAD + 2 * e], &R->acc[e], 8);
+    memcpy(&w[W_HEAD + 2 * e + 1], &R->miou[e], 8);
+  }
+  *blob = w;
+  *len = n * sizeof *w;
+  return VL_OK;
+}
+
+/* The blob of the checkpoint at path (resumed at `step`) back into R. */
+static vl_status seg_restore(seg_run *R, const void *blob, size_t len, const char *path, long step) {
+  uint64_t now[W_HEAD], w[W_HEAD];
+  long epochs = R->f.r->epochs;
+  if (len < sizeof w || (len - sizeof w) % 16)
+    return vl_fail(R->c, VL_ERR_INVALID, "checkpoint %s: section 'case' holds %zu bytes, not seg-ckpt's state", path,
+                   len);
+  memcpy(w, blob, sizeof w);
+  seg_head(R, now);
+  for (int i = W_VERSION; i < W_DONE; i++)
+    if (w[i] != now[i])
+      return vl_fail(R->c, VL_ERR_INVALID, "checkpoint %s: case field '%s' is %llu, this run's %llu", path,
+                     seg_words[i], (unsigned long long)w[i], (unsigned long long)now[i]);
+  uint64_t done = w[W_DONE], start = w[W_START];
+  if ((len - sizeof w) / 16 != done || start > (uint64_t)step || (uint64_t)step - start > (uint64_t)R->steps_per_epoch)
+    return vl_fail(R->c, VL_ERR_INVALID, "checkpoint %s: case fields 'epochs_done' %llu and 'epoch_start' %llu do not "
+                   "fit step %ld", path, (unsigned long long)done, (unsigned long long)start, step);
+  if (done >= (uint64_t)epochs)
+    return vl_fail(R->c, VL_ERR_INVALID, "checkpoint %s: %llu epoch(s) done, this run has %ld: nothing left to run",
+                   path, (unsigned long long)done, epochs);
+  const uint8_t *ev = (const uint8_t *)blob + sizeof w;
+  for (uint64_t e = 0; e < done; e++) {
+    memcpy(&R->acc[e], ev + 16 * e, 8);
+    memcpy(&R->miou[e], ev + 16 * e + 8, 8);
+  }
+  R->epochs_done = (long)done;
+  R->epoch_start = (long)start;
+  return VL_OK;
+}
+
+/* The checkpoint keys of a run's results: where it resumed, what it saved. */
+static void seg_ckpt_json(cJSON *out, const vl_loop_result *res) {
+  if (res->resumed_from) cJSON_AddNumberToObject(out, "resumed_from_step", (double)res->resumed_from);
+  if (!res->saves) return;
+  cJSON_AddNumberToObject(out, "checkpoints_saved", (double)res->saves);
+  cJSON_AddNumberToObject(out, "checkpoint_step", (double)res->saved_step);
+  cJSON_AddStringToObject(out, "checkpoint", res->saved_path);
+  cJSON_AddNumberToObject(out, "checkpoint_seconds", res->save_seconds);
 }
 
 vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
@@ -58,34 +154,58 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_dataset ds = vl_segset_dataset(ts);
   char lerr[VL_CASE_ERR_LEN] = ""; /* the data's or the evaluation's message, when one failed */
   long steps_per_epoch = r.train_images / per_step, HW = r.model.mc.image * r.model.mc.image;
-  vl_seg_feed L = {env, &r, NULL, calloc((size_t)r.accum, sizeof(vl_batch_buf *)),
-                   calloc((size_t)r.accum, sizeof(vl_batch)), malloc((size_t)(per_step * 3 * HW) * sizeof(float)),
-                   malloc((size_t)(per_step * HW) * sizeof(int32_t)), steps_per_epoch * r.epochs};
-  if (s == VL_OK) s = vl_loader_create(&L.l, &lc, &ds, lerr, sizeof lerr);
-  double *acc = calloc((size_t)r.epochs, sizeof(double)), *miou = calloc((size_t)r.epochs, sizeof(double));
-  if (!L.held || !L.mb || !L.xs || !L.ys || !acc || !miou) s = VL_ERR_OOM;
+  seg_run R = {{env, &r, NULL, calloc((size_t)r.accum, sizeof(vl_batch_buf *)),
+                calloc((size_t)r.accum, sizeof(vl_batch)), malloc((size_t)(per_step * 3 * HW) * sizeof(float)),
+                malloc((size_t)(per_step * HW) * sizeof(int32_t)), steps_per_epoch * r.epochs},
+               c, steps_per_epoch, 0, 0, calloc((size_t)r.epochs, sizeof(double)),
+               calloc((size_t)r.epochs, sizeof(double))};
+  vl_seg_feed *L = &R.f;
+  double *acc = R.acc, *miou = R.miou;
+  if (s == VL_OK) s = vl_loader_create(&L->l, &lc, &ds, lerr, sizeof lerr);
+  if (!L->held || !L->mb || !L->xs || !L->ys || !acc || !miou) s = VL_ERR_OOM;
   vl_loop_result res = {0};
   /* the first step (primitive creation, page faults) is warm-up */
-  vl_loop_cfg cfg = {.warmup = 1, .next = vl_seg_next, .after = seg_after, .user = &L, .stop = &vl_interrupted,
-                     .profile = env->profile};
+  vl_loop_cfg cfg = {.warmup = 1, .next = seg_next, .after = seg_after, .user = &R, .stop = &vl_interrupted,
+                     .profile = env->profile, .save_every = env->save_every, .save_dir = env->ckpt_dir,
+                     .ckpt_tag = "seg-ckpt", .save_state = seg_save_state};
+  if (s == VL_OK && env->resume) {
+    vl_ckpt_meta meta;
+    s = vl_run_resume(m, env->resume, "seg-ckpt", &res, &meta);
+    if (s == VL_OK) s = seg_restore(&R, meta.blob, meta.blob_len, env->resume, res.steps);
+    if (s == VL_OK && !env->quiet)
+      vl_progress("  resumed from %s at step %ld (epoch %ld)", env->resume, res.steps, R.epochs_done + 1);
+    vl_ckpt_meta_free(&meta);
+  }
   double run_t0 = vl_now();
-  for (long e = 0; s == VL_OK && e < r.epochs; e++) {
-    s = vl_loader_start_epoch(L.l, e);
-    cfg.total = res.steps + steps_per_epoch;
+  bool resumed_epoch = env->resume != NULL; /* the first epoch continues the checkpoint's */
+  for (long e = R.epochs_done; s == VL_OK && e < r.epochs; e++, resumed_epoch = false) {
+    s = vl_loader_start_epoch(L->l, e);
+    if (!resumed_epoch) R.epoch_start = res.steps;
+    /* after a resume: the batches of this epoch that the saved steps consumed */
+    long consumed = (res.steps - R.epoch_start) * r.accum;
+    if (s == VL_OK && consumed > 0 && (s = vl_seg_skip(L, consumed)) != VL_OK) {
+      vl_loader_stats lst;
+      vl_loader_stats_get(L->l, &lst);
+      snprintf(lerr, sizeof lerr, "skipping the %ld batches consumed before the resume: %s", consumed,
+               lst.last_error);
+    }
+    cfg.total = R.epoch_start + steps_per_epoch;
     if (s == VL_OK) s = vl_run_loop(m, &cfg, &res);
     if (s == VL_OK && (s = vl_seg_evaluate(env, m, &r, es, &acc[e], &miou[e])) != VL_OK)
       snprintf(lerr, sizeof lerr, "%s", env->err);
+    if (s == VL_OK) R.epochs_done = e + 1;
     if (s == VL_OK && !env->quiet)
       vl_progress("  epoch %ld: held-out pixel accuracy %.4f, mIoU %.4f", e + 1, acc[e], miou[e]);
   }
   double run_wall = vl_now() - run_t0;
-  if (s != VL_OK && L.l && !lerr[0]) {
+  if (s != VL_OK && L->l && !lerr[0]) {
     vl_loader_stats lst;
-    vl_loader_stats_get(L.l, &lst);
+    vl_loader_stats_get(L->l, &lst);
     if (lst.last_error[0]) snprintf(lerr, sizeof lerr, "%s", lst.last_error);
   }
   bool ran;
   s = vl_case_triage(env, s, s == VL_ERR_OOM || !lerr[0] ? c->err : lerr, out, &ran);
+  seg_ckpt_json(out, &res);
   if (ran && res.timed < 1) {
     s = vl_case_fail(env, VL_ERR_INVALID, "no timed step: %ld training images give %ld step(s) of %ld x %ld",
                      r.train_images, res.steps, B, r.accum);
@@ -116,12 +236,12 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     vl_step_spec spec = vl_seg_step_spec(&r, B, r.accum); /* the planner with this device's rules */
     vl_case_plan_check_json(out, env, &spec, ms.peak_total);
   }
-  if (L.l) vl_loader_destroy(L.l);
+  if (L->l) vl_loader_destroy(L->l);
   vl_loop_result_free(&res);
   vl_model_destroy(m);
   vl_ctx_destroy(c);
   vl_segset_close(ts);
   vl_segset_close(es);
-  free(L.held); free(L.mb); free(L.xs); free(L.ys); free(acc); free(miou);
+  free(L->held); free(L->mb); free(L->xs); free(L->ys); free(acc); free(miou);
   return s;
 }

@@ -55,6 +55,10 @@ typedef struct {
   long max_steps;
 } vl_seg_feed;
 vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait);
+/* Take and release the next n batches of the loader's epoch unused (a resume's position:
+ * the epoch's seeded order restarted, the batches its saved steps consumed passed over,
+ * so corrupt-sample skips fall as they did). The end of the epoch stops it early. */
+vl_status vl_seg_skip(vl_seg_feed *L, long n);
 
 /* One repetition of a rung on env->device at env->scale (run.c): the case's run hook. */
 vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include "vramlab/ckpt.h"
 #include "vramlab/model.h"
 
 #ifdef __cplusplus
@@ -92,6 +93,17 @@ typedef struct {
                 double wait);
   void *user;
   const volatile sig_atomic_t *stop; /* set (Ctrl-C): stop at the next step edge; may be NULL */
+  /* Checkpoints (vramlab/ckpt.h) into save_dir (NULL: none) as step-<n>.ckpt + latest:
+   * after every step that makes res->steps a multiple of save_every (0: none), and, when
+   * `stop` ends the loop, at that step edge before it returns VL_ERR_INTERRUPTED. Each holds
+   * the model's training state, the losses of every step so far and the caller's own state
+   * from save_state. The time spent saving is in no step's time (res->save_seconds). */
+  long save_every;
+  const char *save_dir;
+  const char *ckpt_tag; /* the checkpoint's tag (vl_ckpt_meta.tag), e.g. the case id; may be NULL */
+  /* The caller's state at the edge after `steps` steps (its data position, RNG) as a
+   * malloc'd blob the loop frees; NULL: none. A resume hands it back (vl_run_resume). */
+  vl_status (*save_state)(void *user, long steps, void **blob, size_t *len);
 } vl_loop_cfg;
 
 /* What the loop measured; vl_run_loop appends to it, so a case can run it epoch by epoch
@@ -113,13 +125,27 @@ typedef struct {
   bool profiled;
   vl_op_profile profile[VL_OP_COUNT];
   double flops_recompute;
+  /* Checkpoints: steps restored by vl_run_resume (0: a fresh run), checkpoints written, the
+   * step count of the last one and its path, seconds spent writing them. */
+  long resumed_from;
+  long saves, saved_step;
+  char saved_path[4096];
+  double save_seconds;
 } vl_loop_result;
 
 /* Warm-up, then timed steps (timer_start/timer_stop of the backend around each step).
  * Returns the first failing status with the context's message: VL_ERR_OOM when a step
- * ran out of memory (see vl_run_is_oom), VL_ERR_INTERRUPTED when cfg->stop was set. */
+ * ran out of memory (see vl_run_is_oom), VL_ERR_INTERRUPTED when cfg->stop was set (after
+ * saving a checkpoint at that step edge when cfg->save_dir is set). After a resume the first
+ * step is warm-up again (cold caches and first-use costs), unless cfg->warmup is 0. */
 vl_status vl_run_loop(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res);
 void vl_loop_result_free(vl_loop_result *r);
+
+/* Resume: restore m from the checkpoint at path (vl_ckpt_load; tag as there) and put its
+ * steps and losses into res (fresh: zeroed), so vl_run_loop continues at the saved step
+ * and res->losses holds the whole trajectory. *meta (vl_ckpt_meta_free) carries the
+ * caller's blob back. A refused checkpoint leaves m and res unchanged. */
+vl_status vl_run_resume(vl_model *m, const char *path, const char *tag, vl_loop_result *res, vl_ckpt_meta *meta);
 
 /* Interleaved repetitions: `warm` untimed rounds, then `rounds` timed ones, each one step of
  * every model in turn on the same batch b (one micro-batch), so a noisy neighbour on a
