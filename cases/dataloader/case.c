@@ -37,7 +37,7 @@ static const char *const metrics[] = {
     "first_batch_s", "skipped", "host_bytes_peak", "pin_applies", "h2d_s_per_batch",
     "decode_images_per_s_per_core", "decode_ceiling_images_per_s", "cores", "best_images_per_s", "best_workers",
     "best_prefetch", "best_workers_share", "images_per_s_at_cores", "share_of_decode_ceiling", "torch_images_per_s",
-    "speedup_vs_torch", NULL};
+    "speedup_vs_torch", "torch_decode_jpeg_images_per_s", "speedup_vs_torch_decode_jpeg", NULL};
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 

@@ -110,6 +110,23 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
                 "plot 'wait.dat' using 2:xtic(1) notitle\n");
 }
 
+/* The strongest CPU peer: torchvision.io.decode_jpeg (libjpeg-turbo, as the engine's
+ * TurboJPEG) on uint8 tensors, transforms.v2, a batch per worker call. A results file from
+ * before this reference has neither key: it says so. */
+static void torch_decode_jpeg_line(const cJSON *cm, FILE *md) {
+  if (cJSON_GetStringValue(cJSON_GetObjectItem(cm, "torch_decode_jpeg_not_measured")))
+    fprintf(md, "- PyTorch DataLoader with torchvision.io.decode_jpeg: not measured here: %s.\n",
+            vl_rep_str(cm, "torch_decode_jpeg_not_measured"));
+  else if (isnan(vl_rep_num(cm, "torch_decode_jpeg_images_per_s")))
+    fprintf(md, "- PyTorch DataLoader with torchvision.io.decode_jpeg: not measured in this run.\n");
+  else
+    fprintf(md, "- PyTorch DataLoader with torchvision.io.decode_jpeg (libjpeg-turbo on uint8 tensors, "
+                "transforms.v2, a whole batch per worker call, same files, workers = cores): %s images/s; "
+                "vramlab is %s× it.\n",
+            vl_rep_fmt("%.0f", vl_rep_num(cm, "torch_decode_jpeg_images_per_s")),
+            vl_rep_fmt("%.2f", vl_rep_num(cm, "speedup_vs_torch_decode_jpeg")));
+}
+
 void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
   const cJSON *r, *cm = cJSON_GetObjectItem(res, "case_metrics");
   fprintf(md, "## Ladder (measured; last epoch of each run, mean over repetitions)\n\n"
@@ -162,6 +179,7 @@ void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *cas
                   "vramlab is %s× it (target ≥ 2×).\n",
               vl_rep_fmt("%.0f", vl_rep_num(cm, "torch_images_per_s")),
               vl_rep_fmt("%.2f", vl_rep_num(cm, "speedup_vs_torch")));
+    torch_decode_jpeg_line(cm, md);
     fprintf(md, "\n| workers | prefetch | images/s | CPU util |\n|---|---|---|---|\n");
     cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "sweep"))
       fprintf(md, "| %s | %s | %s | %s |\n", vl_rep_fmt("%g", vl_rep_num(r, "workers")),

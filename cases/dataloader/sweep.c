@@ -1,22 +1,34 @@
 /* dataloader's case-wide measurements after the ladder (the extra hook): the decode-only
  * ceiling on one core, the workers x prefetch sweep with its best setting, and the PyTorch
- * DataLoader reference over the same set when PyTorch is installed. */
+ * DataLoader references over the same set when PyTorch is installed: torchvision/PIL, and
+ * torchvision.io.decode_jpeg on tensors, batched (the strongest CPU peer). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dl.h"
 #include "interrupt.h"
+#include "peers.h"
 #include "proc.h"
 #include "report.h"
 
-/* The PyTorch DataLoader's images/s over the same set with `workers` workers; NaN with the
- * reason in *why when it was not measured. */
-static double torch_reference(const vl_dl_cfg *d, int workers, const char **why) {
+/* The PyTorch DataLoader's images/s over the same set with `workers` workers, decoding with
+ * `decoder` (tools/torch_loader_bench.py: pil, or decode_jpeg: torchvision.io.decode_jpeg on
+ * uint8 tensors with transforms.v2, batched); NaN with the reason in *why when it was not
+ * measured. The interpreter is the peers' ($VRAMLAB_PYTHON, else python3). */
+static double torch_reference(const vl_dl_cfg *d, int workers, const char *decoder, const char **why) {
   char out[256];
-  char *probe[] = {"python3", "-c", "import torch, torchvision, PIL", NULL};
+  const bool tensors = !strcmp(decoder, "decode_jpeg");
+  char *probe[] = {(char *)vl_peer_python(), "-c",
+                   tensors ? "import torch, torchvision\nfrom torchvision.io import decode_jpeg\n"
+                             "from torchvision.transforms import v2"
+                           : "import torch, torchvision, PIL",
+                   NULL};
   if (vl_run_capture(probe, out, sizeof out) != 0) {
-    *why = "PyTorch with torchvision and Pillow is not installed (pip install torch torchvision pillow)";
+    *why = tensors ? "PyTorch with torchvision (io.decode_jpeg, transforms.v2) is not installed (pip install torch "
+                     "torchvision)"
+                   : "PyTorch with torchvision and Pillow is not installed (pip install torch torchvision pillow)";
     return NAN;
   }
   /* no shell: the data folder is passed as it is, whatever characters it holds */
@@ -25,16 +37,39 @@ static double torch_reference(const vl_dl_cfg *d, int workers, const char **why)
   snprintf(w, sizeof w, "%d", workers);
   snprintf(b, sizeof b, "%lld", (long long)d->lc.batch);
   snprintf(crop, sizeof crop, "%d", d->lc.crop);
-  char *argv[] = {"python3", script, "--dir", (char *)d->data_dir, "--workers", w, "--batch", b,
-                  "--crop", crop, "--epochs", "2", NULL};
+  char *argv[] = {(char *)vl_peer_python(), script, "--dir", (char *)d->data_dir, "--workers", w, "--batch", b,
+                  "--crop", crop, "--epochs", "2", "--decoder", (char *)decoder, NULL};
   double v = NAN;
   char *end;
   if (vl_run_capture(argv, out, sizeof out) == 0) {
     v = strtod(out, &end);
-    if (end == out) v = NAN;
+    if (end == out || !(v > 0)) v = NAN;
   }
-  if (isnan(v)) *why = "tools/torch_loader_bench.py failed";
+  if (isnan(v))
+    *why = tensors ? "tools/torch_loader_bench.py --decoder decode_jpeg failed" : "tools/torch_loader_bench.py failed";
   return v;
+}
+
+/* Both references into cm: the PIL pipeline (torch_images_per_s, speedup_vs_torch) and the
+ * decode_jpeg one (torch_decode_jpeg_images_per_s, speedup_vs_torch_decode_jpeg), or each
+ * one's reason it was not measured. */
+static void torch_references(const vl_dl_cfg *d, double at_cores, cJSON *cm) {
+  static const struct { const char *decoder, *rate, *speedup, *not_measured, *progress; } ref[] = {
+      {"pil", "torch_images_per_s", "speedup_vs_torch", "torch_not_measured",
+       "PyTorch DataLoader reference (torchvision/PIL)"},
+      {"decode_jpeg", "torch_decode_jpeg_images_per_s", "speedup_vs_torch_decode_jpeg",
+       "torch_decode_jpeg_not_measured", "PyTorch DataLoader reference (torchvision.io.decode_jpeg, batched)"},
+  };
+  for (size_t i = 0; i < sizeof ref / sizeof *ref && !vl_interrupted; i++) {
+    const char *why = "";
+    vl_progress("%s", ref[i].progress);
+    double t = torch_reference(d, (int)d->cores, ref[i].decoder, &why);
+    if (isnan(t)) cJSON_AddStringToObject(cm, ref[i].not_measured, why);
+    else {
+      cJSON_AddNumberToObject(cm, ref[i].rate, t);
+      cJSON_AddNumberToObject(cm, ref[i].speedup, at_cores / t);
+    }
+  }
 }
 
 vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
@@ -122,14 +157,7 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
   cJSON_AddNumberToObject(cm, "best_workers_share", (double)best_w / (double)d.cores);
   cJSON_AddNumberToObject(cm, "images_per_s_at_cores", at_cores);
   cJSON_AddNumberToObject(cm, "share_of_decode_ceiling", at_cores / (rate * (double)d.cores));
-  const char *why = "";
-  vl_progress("PyTorch DataLoader reference");
-  double t = torch_reference(&d, (int)d.cores, &why);
-  if (isnan(t)) cJSON_AddStringToObject(cm, "torch_not_measured", why);
-  else {
-    cJSON_AddNumberToObject(cm, "torch_images_per_s", t);
-    cJSON_AddNumberToObject(cm, "speedup_vs_torch", at_cores / t);
-  }
+  torch_references(&d, at_cores, cm);
   vl_jpegset_close(js);
   return VL_OK;
 }

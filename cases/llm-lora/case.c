@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "llm.h"
+#include "peer.h"
 #include "datasets/dialogue.h"
 
 /* ---- planning ---------------------------------------------------------------------------- */
@@ -103,7 +104,9 @@ static const char *const metrics[] = {
     "flops_recompute", "bytes_moved_per_step", "card_bytes", "cap_bytes", "usable_fraction", "fits", "max_batch",
     "max_batch_at_search_limit", "cuda_context_bytes", "plan_seconds", "max_batch_search_seconds", "oom_rate",
     "max_len_fit", "oom_batches", "oom", "tokens_per_s", "sec_per_token", "model_flops_per_step", "flops_per_s",
-    "skipped_steps", "loss_scale_end", "measured_peak_bytes", "planned_peak_bytes", "plan_matches_measured", NULL};
+    "skipped_steps", "loss_scale_end", "measured_peak_bytes", "planned_peak_bytes", "plan_matches_measured",
+    /* the extra hook's PyTorch side by side (peer.c), on the compared rungs' first runs */
+    "peer_step_seconds", "speedup_vs_torch", "peer_peak_bytes", NULL};
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
@@ -117,10 +120,12 @@ const vl_case vl_case_llm_lora = {
     .plan = llm_plan,
     .run = vl_llm_run,
     .resumable = true, /* --save-every / --resume (run.c) */
+    .extra = vl_llm_peers,
     .method = "Memory, FLOPs, fit, largest batch and OOM rate are **planned at full scale** (the "
               "article's Mistral-7B and sequence length) by the plan backend, which runs the exact "
               "allocation sequence of a training step through the same arena algorithm as a real "
               "run, with a CUDA card's workspace rules. Step time, tokens/s and loss are measured "
-              "by running each rung at the run scale.",
+              "by running each rung at the run scale; the baseline and lora rungs are then run side by side "
+              "with the same step in PyTorch (Hugging Face Mistral, SDPA, PEFT) when it is installed.",
     .report = vl_llm_lora_report,
 };

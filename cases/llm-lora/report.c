@@ -1,11 +1,13 @@
 /* llm-lora's report sections: the full-scale ladder (planned), the measured ladder, plots
  * (memory by category per rung, memory timeline of one step, batch vs peak with the cap,
- * time per token). The harness writes the header, setting and claims around them. */
+ * time per token), and PyTorch side by side (peer.c). The harness writes the header, setting and
+ * claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "case.h"
+#include "peer.h"
 #include "report.h"
 
 /* A number in a gnuplot script: "?" (an undefined value there) would be a script error, so
@@ -183,6 +185,7 @@ void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_
                 "repetition. Runs are uncapped (the cap is a full-scale notion), so the `cap` row "
                 "repeats `baseline`. Planned peak follows the CPU backend's workspace rules for the "
                 "longest step of the run.\n\n", vl_rep_fmt("%.1f", sg / 1e9));
+    vl_llm_peers_report(res, md);
   } else {
     fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "peer.h"
 #include "seg.h"
 
 /* ---- planning ---------------------------------------------------------------------------- */
@@ -95,9 +96,18 @@ static const char *const metrics[] = {
     "workers", "step_seconds", "sec_per_image", "images_per_s", "data_wait_share", "compute_share",
     "sec_per_batch_data", "model_flops_per_step", "flops_per_s", "optimizer_steps", "images_seen", "run_seconds",
     "pixel_accuracy", "miou", "skipped_steps", "loss_scale_end", "measured_peak_bytes", "measured_acts_bytes",
-    "measured_fragmentation", "planned_peak_bytes", "plan_matches_measured", "interleaved_step_seconds", NULL};
+    "measured_fragmentation", "planned_peak_bytes", "plan_matches_measured", "interleaved_step_seconds",
+    /* the extra hook's PyTorch side by side (peer.c), on the compared rungs' first runs */
+    "peer_step_seconds", "speedup_vs_torch", "peer_peak_bytes", NULL};
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
+
+/* After the ladder: checkpointing's cost with the models in turn (interleaved.c), then the
+ * before and relu_off rungs beside PyTorch (peer.c). */
+static vl_status seg_extra(vl_case_env *env, cJSON *res) {
+  VL_TRY(vl_seg_interleaved(env, res));
+  return vl_seg_peers(env, res);
+}
 
 const vl_case vl_case_seg_ckpt = {
     .id = "seg-ckpt",
@@ -109,13 +119,14 @@ const vl_case vl_case_seg_ckpt = {
     .plan = seg_plan,
     .run = vl_seg_run,
     .resumable = true, /* --save-every / --resume (run.c) */
-    .extra = vl_seg_interleaved,
+    .extra = seg_extra,
     .method = "Memory, FLOPs, fit, largest batch and the memory-vs-batch line are **planned at full "
               "scale** (512x512 images, torchvision-exact ResNet-101 encoder, U-Net decoder) by the "
               "plan backend, which runs a training step's exact allocation sequence through the "
               "arena with a CUDA card's workspace rules. Step time, images/s, the data-wait share "
               "and held-out pixel accuracy / mIoU are measured by training each rung for the same "
               "number of epochs (the same images, in the same seeded order) at the run scale, fed "
-              "by the engine's loader, which decodes the synthetic JPEG set every epoch.",
+              "by the engine's loader, which decodes the synthetic JPEG set every epoch. The before and "
+              "relu_off rungs are then run side by side with the same step in PyTorch when it is installed.",
     .report = vl_seg_ckpt_report,
 };

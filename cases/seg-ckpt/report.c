@@ -1,12 +1,14 @@
 /* seg-ckpt's report sections: the full-scale ladder (planned), the linear memory model, the
  * measured ladder (time, throughput, data wait, accuracy), and plots (memory by category
- * per rung, memory vs batch with the cap and the fitted line, accuracy per epoch per rung).
+ * per rung, memory vs batch with the cap and the fitted line, accuracy per epoch per rung), and
+ * PyTorch side by side (peer.c).
  * The harness writes the header, setting and claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "case.h"
+#include "peer.h"
 #include "report.h"
 
 static const char *name_of(const cJSON *r) { return vl_rep_str(r, "name"); }
@@ -221,8 +223,10 @@ void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_
   bool ran = false;
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;
-  if (ran) measured_ladder(res, md);
-  else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
+  if (ran) {
+    measured_ladder(res, md);
+    vl_seg_peers_report(res, md);
+  } else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   fprintf(md, "## Plots\n\n");
   plots(res, dir, md, case_id, gnuplot);
 }

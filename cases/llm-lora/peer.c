@@ -1,0 +1,156 @@
+/* llm-lora beside its PyTorch peer (tools/peers/llm_lora_peer.py: Hugging Face's Mistral,
+ * SDPA, PEFT LoRA): the extra hook runs the baseline rung (fp32 full fine-tune, the ladder's
+ * start) and the lora rung (the last rung a CPU peer can run: the later ones add an NF4
+ * base, which needs bitsandbytes on a GPU) on one fixed-length batch, engine and PyTorch in
+ * turn (cases/peers.c), and the report shows them side by side. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "interrupt.h"
+#include "llm.h"
+#include "peer.h"
+#include "peers.h"
+#include "report.h"
+
+static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens"};
+static const vl_peer_rounds rounds = {2, 1, 6, 2};
+static const char *const compared[] = {"baseline", "lora"};
+
+/* A half-precision compute dtype PyTorch has no fast kernels for here (hello: fp16_fast,
+ * bf16_fast): the comparison runs the rung with fp32 compute and base on both sides (set
+ * in k) and says why; NULL when the rung runs as it is. */
+static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hello, vl_status *s) {
+  const char *c = vl_knob_str(k, "compute", vl_llm_knobs);
+  bool f16 = !strcasecmp(c, "fp16"), b16 = !strcasecmp(c, "bf16");
+  if ((!f16 && !b16) || cJSON_IsTrue(cJSON_GetObjectItem(hello, f16 ? "fp16_fast" : "bf16_fast"))) return NULL;
+  *s = vl_case_knob_set(env, k, "compute", "fp32");
+  const char *fz = vl_knob_str(k, "frozen", vl_llm_knobs);
+  if (*s == VL_OK && (!strcasecmp(fz, "fp16") || !strcasecmp(fz, "bf16"))) *s = vl_case_knob_set(env, k, "frozen", "fp32");
+  return f16 ? "compute and frozen base in fp32 on both sides: PyTorch has no fast fp16 kernels on this CPU "
+               "(oneDNN's need AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
+             : "compute and frozen base in fp32 on both sides: PyTorch has no fast bf16 kernels on this CPU";
+}
+
+/* The peer's config: the engine's model and training config at this batch and length. */
+static cJSON *setup_json(const vl_llm_rung *r, vl_device dev, int threads, int64_t B, int64_t T) {
+  const vl_mistral_cfg *mc = &r->model.mc;
+  const vl_train_cfg *tc = &r->model.tc;
+  cJSON *s = cJSON_CreateObject();
+  cJSON_AddStringToObject(s, "device", dev == VL_DEV_CUDA ? "cuda" : "cpu");
+  cJSON_AddNumberToObject(s, "threads", threads);
+  cJSON_AddNumberToObject(s, "seed", (double)r->seed);
+  cJSON_AddNumberToObject(s, "batch", (double)B);
+  cJSON_AddNumberToObject(s, "seq", (double)T);
+  cJSON *m = cJSON_AddObjectToObject(s, "model");
+  cJSON_AddNumberToObject(m, "vocab", (double)mc->vocab);
+  cJSON_AddNumberToObject(m, "dim", (double)mc->dim);
+  cJSON_AddNumberToObject(m, "layers", (double)mc->n_layers);
+  cJSON_AddNumberToObject(m, "heads", (double)mc->n_heads);
+  cJSON_AddNumberToObject(m, "kv_heads", (double)mc->n_kv_heads);
+  cJSON_AddNumberToObject(m, "head_dim", (double)mc->head_dim);
+  cJSON_AddNumberToObject(m, "ffn", (double)mc->ffn);
+  cJSON_AddNumberToObject(m, "rope_theta", mc->rope_theta);
+  cJSON_AddNumberToObject(m, "norm_eps", mc->norm_eps);
+  cJSON *t = vl_peer_train_json(&tc->optim, tc->clip, r->accum, tc->compute);
+  cJSON_AddStringToObject(t, "frozen", vl_dtype_name(tc->frozen));
+  cJSON_AddNumberToObject(t, "lora_rank", tc->lora_rank);
+  cJSON_AddNumberToObject(t, "lora_alpha", tc->lora_alpha);
+  cJSON_AddStringToObject(t, "lora_targets", tc->lora_targets == VL_LORA_ALL ? "all" : "qkvo");
+  cJSON_AddBoolToObject(t, "checkpoint", tc->checkpoint);
+  cJSON_AddItemToObject(s, "train", t);
+  return s;
+}
+
+/* Random tokens (B, T) and their next-token targets, the last of each row ignored (as
+ * Hugging Face's shifted labels). */
+static void fill_tokens(int32_t *tok, int32_t *tgt, int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  vl_rng g;
+  vl_rng_seed(&g, seed);
+  for (int64_t i = 0; i < B * T; i++) tok[i] = (int32_t)vl_rng_below(&g, (uint64_t)vocab);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) tgt[b * T + t] = t + 1 < T ? tok[b * T + t + 1] : -1;
+}
+
+static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
+                              cJSON *o) {
+  const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(rung, "name"));
+  vl_knobs k;
+  VL_TRY(vl_case_knobs_of(env, rung, &k));
+  vl_status s = VL_OK;
+  const char *variant = half_variant(env, &k, hello, &s);
+  VL_TRY(s);
+  vl_llm_rung r;
+  VL_TRY(vl_llm_parse_rung(env, env->scale, &k, &r));
+  const char *skip = r.model.tc.frozen == VL_NF4 ? "an NF4 base (QLoRA) needs bitsandbytes on a GPU"
+                     : r.batch == 0            ? "batch = max is compared only at a fixed batch"
+                                               : NULL;
+  if (skip) {
+    cJSON_AddStringToObject(o, "rung", name);
+    cJSON_AddStringToObject(o, "not_measured", skip);
+    return VL_OK;
+  }
+  int64_t B = r.batch, T = r.run_seq > 0 ? r.run_seq : r.model.mc.seq;
+  if (T > r.model.mc.seq) r.model.mc.seq = T; /* as the run: a fixed length above the limit raises it */
+  vl_step_spec spec = vl_llm_step_spec(&r, B, T);
+  vl_ctx *c;
+  s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
+  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
+  vl_model *m = NULL;
+  int32_t *tok = malloc((size_t)(B * T) * sizeof *tok), *tgt = malloc((size_t)(B * T) * sizeof *tgt);
+  s = tok && tgt ? vl_model_create(c, &vl_model_mistral, &r.model, (uint64_t)r.seed, &m) : VL_ERR_OOM;
+  if (s != VL_OK) {
+    s = vl_peer_engine_failed(env, s, c, name, o);
+  } else {
+    fill_tokens(tok, tgt, B, T, r.model.mc.vocab, (uint64_t)r.seed + 1000);
+    vl_batch mb = vl_llm_token_batch(B, T, tok, tgt);
+    cJSON *setup = setup_json(&r, env->device, threads, B, T);
+    vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
+    s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    cJSON_AddNumberToObject(o, "batch", (double)B);
+    cJSON_AddNumberToObject(o, "seq", (double)T);
+    cJSON_Delete(setup);
+  }
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  free(tok);
+  free(tgt);
+  return s;
+}
+
+vl_status vl_llm_peers(vl_case_env *env, cJSON *res) {
+  if (env->device == VL_DEV_PLAN) return VL_OK;
+  const cJSON *which[sizeof compared / sizeof *compared];
+  int n = 0;
+  for (size_t i = 0; i < sizeof compared / sizeof *compared; i++) {
+    const cJSON *r = vl_rep_rung(res, compared[i]);
+    if (r && cJSON_GetObjectItem(r, "runs")) which[n++] = r;
+  }
+  if (!n) return VL_OK; /* a ladder without them: nothing to compare */
+  int threads = omp_get_max_threads();
+  vl_peer p;
+  if (!env->quiet) vl_progress("PyTorch side by side: starting tools/peers/%s", kind.script);
+  cJSON *hello = vl_peer_open(&p, &kind, env->device, threads);
+  cJSON *pe = vl_peer_results(res, hello, p.why, &rounds);
+  vl_status s = VL_OK;
+  for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
+    s = compare_rung(env, &p, hello, which[i], threads, o);
+    vl_peer_rung_metrics(res, o);
+  }
+  vl_peer_stop(&p);
+  cJSON_Delete(hello);
+  return s;
+}
+
+void vl_llm_peers_report(const cJSON *res, FILE *md) {
+  vl_peer_report(res, md, &kind,
+                 "What differs by construction: Hugging Face computes the loss over the T − 1 shifted positions "
+                 "of each row, which the engine's batch matches (its last target of a row is ignored); PEFT "
+                 "initialises LoRA A by Kaiming-uniform where the engine draws N(0, 1/in) (B = 0 on both, so the "
+                 "first steps start from the same function); PyTorch's CPU SDPA keeps no (T × T) probability "
+                 "matrix for backward where the engine's classic attention keeps one per layer (B·H·T² values), "
+                 "part of the engine's larger activations at long sequences.");
+}

@@ -1,0 +1,15 @@
+/* llm-lora beside its PyTorch peer (peer.c): the extra hook's comparison and the report's
+ * side-by-side section. */
+#ifndef VRAMLAB_LLM_LORA_PEER_H
+#define VRAMLAB_LLM_LORA_PEER_H
+
+#include "case.h"
+
+/* The baseline and lora rungs, engine and tools/peers/llm_lora_peer.py in turn, into
+ * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
+ * when PyTorch is not there or fails (VL_OK: never a failure of the bench). */
+vl_status vl_llm_peers(vl_case_env *env, cJSON *res);
+/* "## PyTorch side by side" of the report. */
+void vl_llm_peers_report(const cJSON *res, FILE *md);
+
+#endif

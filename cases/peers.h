@@ -1,0 +1,115 @@
+/* The PyTorch peers of the model cases (DESIGN.md "Measurement rules": peers side by side):
+ * a peer process (tools/peers/<case>_peer.py) driven over a line protocol
+ * (tools/peers/peer_common.py), the same step run in turn with the engine's in one run, and
+ * the report's side-by-side section. Shared by llm-lora and seg-ckpt (each case's peer.c
+ * maps its rungs to the peer's config). A peer that is missing, fails, prints garbage or
+ * stalls is a "not measured here" with the reason, never a failure of the bench. */
+#ifndef VRAMLAB_CASES_PEERS_H
+#define VRAMLAB_CASES_PEERS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "case.h"
+
+#define VL_PEER_WHY_LEN 400
+#define VL_PEER_REPLY_MAX ((size_t)1 << 20) /* a longer reply line is garbage */
+
+/* ---- the process ----------------------------------------------------------------------------- */
+typedef struct {
+  pid_t pid;       /* 0: not running */
+  int fd;          /* our end of the socket that is the peer's stdin and stdout */
+  char *buf;       /* reply bytes read and not yet consumed */
+  size_t len, cap;
+  char log[64];    /* the peer's stderr (a temp file): its last line is the reason it failed */
+  char why[VL_PEER_WHY_LEN]; /* why the last call returned NULL */
+} vl_peer;
+
+/* Start argv (argv[0] found in PATH; no shell) with env_add ("NAME=value", replacing the
+ * same names; NULL-terminated, may be NULL) added to the environment, in its own process
+ * group, and read its first reply (the hello) within timeout_s. Returns the hello (the
+ * caller frees it), or NULL with the reason in p->why (the peer is then stopped). */
+cJSON *vl_peer_start(vl_peer *p, char *const argv[], char *const env_add[], double timeout_s);
+/* Send one request line (no newline) and read one reply within timeout_s. NULL with
+ * p->why: the peer's {"error": ...} (it keeps running), or a reply that is not one JSON
+ * object, its exit, or the timeout (it is then stopped: p->pid is 0). */
+cJSON *vl_peer_call(vl_peer *p, const char *request, double timeout_s);
+/* "quit", up to 5 s for it to exit, else SIGKILL; its log removed. Safe on a stopped peer. */
+void vl_peer_stop(vl_peer *p);
+
+/* ---- pure pieces --------------------------------------------------------------------------- */
+/* One reply line as an object, or NULL with why: not JSON, not an object, or
+ * {"error": "..."} (why: the error). */
+cJSON *vl_peer_parse_reply(const char *line, char *why, size_t n);
+/* reply.times: exactly k finite numbers > 0 into t; 0, or -1 with why. */
+int vl_peer_reply_times(const cJSON *reply, int k, double *t, char *why, size_t n);
+/* Median of n values (sorts t). */
+double vl_peer_median(double *t, int n);
+/* A hello (or its absence) as the reason a case's peer is not measured: NULL when it is a
+ * good hello; else "PyTorch is not installed (<install>): ..." for a missing module or no
+ * interpreter, or the failure as it is, into why. */
+const char *vl_peer_hello_why(const cJSON *hello, const char *start_why, const char *install, char *why, size_t n);
+
+/* ---- a case's comparison --------------------------------------------------------------------- */
+typedef struct {
+  const char *script;  /* under tools/peers/ */
+  const char *install; /* the pip line that installs what it imports */
+  const char *unit;    /* "tokens" or "images": what a step processes */
+} vl_peer_kind;
+
+/* warmup untimed steps each side first; then `rounds` rounds, each of round_warmup untimed and
+ * `steps` timed steps of the engine, then the same of the peer (switching processes leaves
+ * caches and idle thread pools cold for a step, on both sides alike). */
+typedef struct { int warmup, round_warmup, rounds, steps; } vl_peer_rounds;
+
+/* One rung side by side. The engine's model m (in context c) steps on accum copies of the
+ * micro-batch mb; the peer gets `setup` (the same step in PyTorch). */
+typedef struct {
+  const char *rung;
+  const char *variant; /* NULL, or what the comparison changed from the rung and why */
+  vl_ctx *c;
+  vl_model *m;
+  const vl_batch *mb;
+  int64_t accum;
+  double units_per_step; /* tokens or images per step (both sides) */
+  const vl_step_spec *spec; /* the step, for the planned peak */
+  const cJSON *setup;
+} vl_peer_cmp;
+
+/* The Python the peers run on: $VRAMLAB_PYTHON, else python3. */
+const char *vl_peer_python(void);
+/* Start the case's peer for `device` with `threads` threads (on the CPU, with
+ * libvlmemcount.so preloaded when the build has it). The hello, or NULL with the
+ * "not measured here" reason in p->why. */
+cJSON *vl_peer_open(vl_peer *p, const vl_peer_kind *k, vl_device device, int threads);
+/* res.case_metrics.peers: the peer's versions, device, threads and memory method from the
+ * hello (NULL: not_measured = why) and the rounds; its "rungs" array for vl_peer_compare. */
+cJSON *vl_peer_results(cJSON *res, const cJSON *hello, const char *why, const vl_peer_rounds *R);
+/* The rung, engine and peer in turn: the peer's setup, then the rounds of R. Into o: the times of both,
+ * medians, the ratio (PyTorch / engine), units/s, FLOP/s of the engine's model FLOPs at
+ * both times, the engine's planned and measured peak by category, the peer's peak, its
+ * live bytes before the step and what the step adds, parameter counts of both. A peer that
+ * fails leaves o.not_measured and VL_OK; an engine failure is returned (env->err). */
+vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, const vl_peer_rounds *R, cJSON *o);
+/* The engine context's cap for a side-by-side step: none on the CPU (its pages are touched
+ * lazily); on a GPU the step's planned peak and a little, since an uncapped CUDA arena
+ * reserves nearly all the card and the peer process needs the rest. */
+size_t vl_peer_engine_cap(const vl_step_spec *spec, vl_device device);
+/* An engine failure s in a side-by-side rung (context c, may be NULL): out of memory is a
+ * result (o: the rung and not_measured, VL_OK), anything else the failure (env->err). */
+vl_status vl_peer_engine_failed(vl_case_env *env, vl_status s, const vl_ctx *c, const char *rung, cJSON *o);
+/* The rung's first run gets peer_step_seconds, speedup_vs_torch and peer_peak_bytes from o
+ * (claims and the ladder read them like any run metric); nothing for a variant. */
+void vl_peer_rung_metrics(cJSON *res, const cJSON *o);
+/* The peer's optimizer, clipping, accumulation and compute dtype as the setup's "train". */
+cJSON *vl_peer_train_json(const vl_optim_cfg *o, float clip, int64_t accum, vl_dtype compute);
+
+/* ---- the report --------------------------------------------------------------------------- */
+/* "## PyTorch side by side": per compared rung, step times, the ratio, units/s, FLOP/s
+ * shares of the run's sgemm, the planned peak beside PyTorch's measured peak with the
+ * difference; `notes` (markdown, the case's words on what differs) after the table; a
+ * results file without the comparison says why. */
+void vl_peer_report(const cJSON *res, FILE *md, const vl_peer_kind *k, const char *notes);
+
+#endif

@@ -1,0 +1,141 @@
+/* seg-ckpt beside its PyTorch peer (tools/peers/seg_peer.py: the engine-parity ResNet U-Net
+ * of tests/torch/make_resunet_fixture.py built from torchvision's Bottleneck): the extra hook
+ * runs the before rung (fp32, no checkpointing) and the relu_off rung (checkpointing per
+ * bottleneck, in-place ReLU off: the article's "after" model without fp16, which PyTorch has
+ * no fast CPU kernels for, accumulation and the GPU's largest batch) on one batch, engine
+ * and PyTorch in turn (cases/peers.c), and the report shows them side by side. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "interrupt.h"
+#include "peer.h"
+#include "peers.h"
+#include "report.h"
+#include "seg.h"
+
+static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images"};
+static const vl_peer_rounds rounds = {2, 1, 6, 2};
+static const char *const compared[] = {"before", "relu_off"};
+
+/* A half-precision compute dtype PyTorch has no fast kernels for here: the rung runs in
+ * fp32 on both sides (set in k), and says why; NULL when it runs as it is. */
+static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hello, vl_status *s) {
+  const char *c = vl_knob_str(k, "compute", vl_seg_knobs);
+  bool f16 = !strcasecmp(c, "fp16"), b16 = !strcasecmp(c, "bf16");
+  if ((!f16 && !b16) || cJSON_IsTrue(cJSON_GetObjectItem(hello, f16 ? "fp16_fast" : "bf16_fast"))) return NULL;
+  *s = vl_case_knob_set(env, k, "compute", "fp32");
+  return f16 ? "fp32 on both sides: PyTorch has no fast fp16 convolutions on this CPU (oneDNN's need "
+               "AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
+             : "fp32 on both sides: PyTorch has no fast bf16 kernels on this CPU";
+}
+
+static cJSON *setup_json(const vl_seg_rung *r, vl_device dev, int threads, int64_t B) {
+  const vl_resunet_cfg *mc = &r->model.mc;
+  const vl_seg_train_cfg *tc = &r->model.tc;
+  cJSON *s = cJSON_CreateObject();
+  cJSON_AddStringToObject(s, "device", dev == VL_DEV_CUDA ? "cuda" : "cpu");
+  cJSON_AddNumberToObject(s, "threads", threads);
+  cJSON_AddNumberToObject(s, "seed", (double)r->seed);
+  cJSON_AddNumberToObject(s, "batch", (double)B);
+  cJSON *m = cJSON_AddObjectToObject(s, "model");
+  cJSON_AddNumberToObject(m, "image", (double)mc->image);
+  cJSON_AddNumberToObject(m, "width", (double)mc->width);
+  cJSON_AddItemToObject(m, "blocks", cJSON_CreateIntArray(mc->blocks, 4));
+  double dec[5];
+  for (int i = 0; i < 5; i++) dec[i] = (double)mc->dec[i];
+  cJSON_AddItemToObject(m, "dec", cJSON_CreateDoubleArray(dec, 5));
+  cJSON_AddNumberToObject(m, "classes", (double)mc->classes);
+  cJSON_AddNumberToObject(m, "bn_eps", mc->bn_eps);
+  cJSON_AddNumberToObject(m, "bn_momentum", mc->bn_momentum);
+  cJSON *t = vl_peer_train_json(&tc->optim, tc->clip, r->accum, tc->compute);
+  cJSON_AddBoolToObject(t, "checkpoint", tc->checkpoint);
+  cJSON_AddBoolToObject(t, "relu_inplace", tc->relu_inplace);
+  cJSON_AddItemToObject(s, "train", t);
+  return s;
+}
+
+static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
+                              cJSON *o) {
+  const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(rung, "name"));
+  vl_knobs k;
+  VL_TRY(vl_case_knobs_of(env, rung, &k));
+  vl_status s = VL_OK;
+  const char *variant = half_variant(env, &k, hello, &s);
+  VL_TRY(s);
+  vl_seg_rung r;
+  VL_TRY(vl_seg_parse_rung(env, env->scale, &k, &r));
+  if (r.batch == 0) {
+    cJSON_AddStringToObject(o, "rung", name);
+    cJSON_AddStringToObject(o, "not_measured", "batch = max is compared only at a fixed batch");
+    return VL_OK;
+  }
+  const vl_resunet_cfg *mc = &r.model.mc;
+  int64_t B = r.batch, HW = mc->image * mc->image;
+  vl_step_spec spec = vl_seg_step_spec(&r, B, r.accum);
+  vl_ctx *c;
+  s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
+  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
+  vl_model *m = NULL;
+  float *x = malloc((size_t)(B * 3 * HW) * sizeof *x);
+  int32_t *y = malloc((size_t)(B * HW) * sizeof *y);
+  s = x && y ? vl_model_create(c, &vl_model_resunet, &r.model, (uint64_t)r.seed, &m) : VL_ERR_OOM;
+  if (s != VL_OK) {
+    s = vl_peer_engine_failed(env, s, c, name, o);
+  } else {
+    vl_rng g; /* random images and classes, as the interleaved timing's */
+    vl_rng_seed(&g, (uint64_t)r.seed + 77);
+    for (int64_t i = 0; i < B * 3 * HW; i++) x[i] = vl_rng_normal(&g);
+    for (int64_t i = 0; i < B * HW; i++) y[i] = (int32_t)vl_rng_below(&g, (uint64_t)mc->classes);
+    vl_batch mb = {0};
+    vl_batch_add(&mb, "images", VL_F32, 4, (int64_t[4]){B, 3, mc->image, mc->image}, x);
+    vl_batch_add(&mb, "masks", VL_I32, 3, (int64_t[3]){B, mc->image, mc->image}, y);
+    cJSON *setup = setup_json(&r, env->device, threads, B);
+    vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * r.accum), &spec, setup};
+    s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    cJSON_AddNumberToObject(o, "batch", (double)B);
+    cJSON_AddNumberToObject(o, "image", (double)mc->image);
+    cJSON_Delete(setup);
+  }
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  free(x);
+  free(y);
+  return s;
+}
+
+vl_status vl_seg_peers(vl_case_env *env, cJSON *res) {
+  if (env->device == VL_DEV_PLAN) return VL_OK;
+  const cJSON *which[sizeof compared / sizeof *compared];
+  int n = 0;
+  for (size_t i = 0; i < sizeof compared / sizeof *compared; i++) {
+    const cJSON *r = vl_rep_rung(res, compared[i]);
+    if (r && cJSON_GetObjectItem(r, "runs")) which[n++] = r;
+  }
+  if (!n) return VL_OK; /* a ladder without them: nothing to compare */
+  int threads = omp_get_max_threads();
+  vl_peer p;
+  if (!env->quiet) vl_progress("PyTorch side by side: starting tools/peers/%s", kind.script);
+  cJSON *hello = vl_peer_open(&p, &kind, env->device, threads);
+  cJSON *pe = vl_peer_results(res, hello, p.why, &rounds);
+  vl_status s = VL_OK;
+  for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
+    s = compare_rung(env, &p, hello, which[i], threads, o);
+    vl_peer_rung_metrics(res, o);
+  }
+  vl_peer_stop(&p);
+  cJSON_Delete(hello);
+  return s;
+}
+
+void vl_seg_peers_report(const cJSON *res, FILE *md) {
+  vl_peer_report(res, md, &kind,
+                 "What differs by construction: PyTorch's checkpoint re-runs each bottleneck's batch norm in "
+                 "training mode and so updates its running statistics twice per step (the engine's re-run does "
+                 "not); the peer's stem and decoder ReLUs are out of place in every rung (the parity model's "
+                 "`F.relu`), the engine's follow `relu_inplace`; both use NCHW tensors and oneDNN convolutions "
+                 "(the engine reorders into oneDNN's blocked layout in counted workspace).");
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""PyTorch peer of the llm-lora step: Hugging Face's MistralForCausalLM with the engine's
+dimensions (the case passes them: vocab, dim, layers, heads, kv_heads, head_dim, ffn,
+rope_theta, norm_eps), SDPA attention, no sliding window (the engine attends over the whole
+causal window), untied head, no biases; the rung's dtypes (fp32; fp16/bf16 as autocast with
+fp32 master weights, GradScaler for fp16; a LoRA base stored in the frozen dtype), PEFT LoRA
+on the same linears with the same rank and alpha (no dropout), per-layer gradient
+checkpointing when the rung has it, the rung's optimizer (AdamW, SGD, Adafactor) with the
+engine's hyper-parameters, clipping by global norm, the same threads, batch and fixed
+sequence length (random tokens, the labels the inputs: HF shifts them). Gradients are set to
+None after each step, as PyTorch does by default. Protocol and memory: peer_common.py.
+
+  python3 tools/peers/llm_lora_peer.py --config '{"batch": 8, "seq": 128, ...}' --steps 5
+
+Refused (an error reply, the case then says "not measured here"): an NF4 base (QLoRA needs
+bitsandbytes and a GPU) and a half-precision base under fp32 compute."""
+import inspect
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_common  # noqa: E402
+
+TARGETS = {"qkvo": ["q_proj", "k_proj", "v_proj", "o_proj"],
+           "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def mistral_config(m, seq):
+    from transformers import MistralConfig
+    kw = dict(vocab_size=m["vocab"], hidden_size=m["dim"], intermediate_size=m["ffn"],
+              num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+              num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"], hidden_act="silu",
+              max_position_embeddings=max(seq, 32), rms_norm_eps=m["norm_eps"], sliding_window=None,
+              tie_word_embeddings=False, use_cache=False, attention_dropout=0.0)
+    if "rope_parameters" in inspect.signature(MistralConfig.__init__).parameters:  # transformers >= 5
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": m["rope_theta"]}
+    else:
+        kw["rope_theta"] = m["rope_theta"]
+    return MistralConfig(**kw)
+
+
+def build(torch, mem, cfg):
+    from transformers import MistralForCausalLM
+    t = cfg["train"]
+    if t["frozen"] == "nf4":
+        raise ValueError("unsupported: an NF4 base (QLoRA) needs bitsandbytes on a GPU")
+    if t["lora_rank"] > 0 and t["frozen"] != "fp32" and t["compute"] == "fp32":
+        raise ValueError(f"unsupported: a {t['frozen']} base under fp32 compute")
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(cfg["seed"])
+    st = peer_common.Stepper(torch, mem, cfg)
+    dev = st.device
+    with torch.device(dev):  # built where it trains: a 7B model initialised on a GPU, not the host
+        model = MistralForCausalLM._from_config(mistral_config(cfg["model"], cfg["seq"]), attn_implementation="sdpa")
+    if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16"):
+        model = model.to(torch.float16 if t["frozen"] == "fp16" else torch.bfloat16)
+    model = model.to(dev)
+    if t["checkpoint"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if t["lora_rank"] > 0:
+        from peft import LoraConfig, get_peft_model
+        lc = LoraConfig(r=t["lora_rank"], lora_alpha=t["lora_alpha"], lora_dropout=0.0, bias="none",
+                        target_modules=TARGETS[t["lora_targets"]], task_type="CAUSAL_LM")
+        model = get_peft_model(model, lc)  # adapters in fp32 (autocast_adapter_dtype)
+    model.train()
+    st.amp(t["compute"])
+    st.trainable = [p for p in model.parameters() if p.requires_grad]
+    st.opt = st.optimizer(st.trainable, t)
+    g = torch.Generator().manual_seed(cfg["seed"] + 1000)
+    x = torch.randint(0, cfg["model"]["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(dev)
+    st.micro = lambda: model(input_ids=x, labels=x).loss
+    st.model = model
+    ready = st.ready(model)
+    ready["tokens_per_step"] = cfg["batch"] * cfg["seq"] * t["accum"]
+    return st, ready
+
+
+if __name__ == "__main__":
+    peer_common.run(build, __doc__, needs=("transformers", "peft"))
