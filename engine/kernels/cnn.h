@@ -314,15 +314,22 @@ VL_HD static inline vl_k_up_src vl_k_up2_src(int64_t d, int64_t n) {
   return r;
 }
 
-/* Output (pl, oh, ow) of (planes, 2H, 2W), and its per-index form. */
-VL_HD static inline void vl_k_up2_fwd_at(void *y, int ydt, const void *x, int xdt, int64_t H,
-                                         int64_t W, int64_t pl, int64_t oh, int64_t ow) {
-  vl_k_up_src sh = vl_k_up2_src(oh, H), sw = vl_k_up2_src(ow, W);
+/* Output (pl, oh, ow) of (planes, 2H, 2W) from its row and column sources; the same with
+ * the sources computed here; and its per-index form. (The CPU computes each row's and each
+ * column's source once per call.) */
+VL_HD static inline void vl_k_up2_fwd_from(void *y, int ydt, const void *x, int xdt, int64_t H,
+                                           int64_t W, int64_t pl, int64_t oh, int64_t ow,
+                                           vl_k_up_src sh, vl_k_up_src sw) {
   int64_t b = pl * H * W;
   float v00 = vl_ld(x, xdt, b + sh.i0 * W + sw.i0), v01 = vl_ld(x, xdt, b + sh.i0 * W + sw.i1);
   float v10 = vl_ld(x, xdt, b + sh.i1 * W + sw.i0), v11 = vl_ld(x, xdt, b + sh.i1 * W + sw.i1);
   vl_st(y, ydt, (pl * 2 * H + oh) * 2 * W + ow,
         sh.l0 * (sw.l0 * v00 + sw.l1 * v01) + sh.l1 * (sw.l0 * v10 + sw.l1 * v11));
+}
+
+VL_HD static inline void vl_k_up2_fwd_at(void *y, int ydt, const void *x, int xdt, int64_t H,
+                                         int64_t W, int64_t pl, int64_t oh, int64_t ow) {
+  vl_k_up2_fwd_from(y, ydt, x, xdt, H, W, pl, oh, ow, vl_k_up2_src(oh, H), vl_k_up2_src(ow, W));
 }
 
 VL_HD static inline void vl_k_up2_fwd(void *y, int ydt, const void *x, int xdt, int64_t H,
@@ -339,16 +346,22 @@ VL_HD static inline float vl_k_up2_weight(int64_t d, int64_t n, int64_t m) {
 }
 
 /* Backward as a gather, input (pl, h, w): only outputs 2m-1 .. 2m+2 of each dimension
- * read input m, so 16 candidates, summed in row-major output order. */
-VL_HD static inline void vl_k_up2_bwd_at(void *dx, int dxdt, const void *dy, int dydt, int64_t H,
-                                         int64_t W, int64_t pl, int64_t h, int64_t w) {
-  int64_t OH = 2 * H, OW = 2 * W;
-  float wh[4], ww[4]; /* weights of outputs 2h-1+a (rows) and 2w-1+b (columns) */
+ * read input m, so 16 candidates, summed in row-major output order. wt[a] is the weight of
+ * output 2m-1+a in input m of n (0 outside the output). */
+VL_HD static inline void vl_k_up2_bwd_weights(int64_t m, int64_t n, float wt[4]) {
   for (int a = 0; a < 4; a++) {
-    int64_t oh = 2 * h - 1 + a, ow = 2 * w - 1 + a;
-    wh[a] = oh >= 0 && oh < OH ? vl_k_up2_weight(oh, H, h) : 0.0f;
-    ww[a] = ow >= 0 && ow < OW ? vl_k_up2_weight(ow, W, w) : 0.0f;
+    int64_t o = 2 * m - 1 + a;
+    wt[a] = o >= 0 && o < 2 * n ? vl_k_up2_weight(o, n, m) : 0.0f;
   }
+}
+
+/* The gather with the row weights wh (of h) and column weights ww (of w) given; the same with
+ * them computed here. (The CPU computes each row's and each column's weights once per
+ * call.) */
+VL_HD static inline void vl_k_up2_bwd_from(void *dx, int dxdt, const void *dy, int dydt,
+                                           int64_t H, int64_t W, int64_t pl, int64_t h,
+                                           int64_t w, const float *wh, const float *ww) {
+  int64_t OH = 2 * H, OW = 2 * W;
   float acc = 0.0f;
   for (int a = 0; a < 4; a++) {
     if (wh[a] == 0.0f) continue;
@@ -357,6 +370,14 @@ VL_HD static inline void vl_k_up2_bwd_at(void *dx, int dxdt, const void *dy, int
       if (ww[b] != 0.0f) acc += wh[a] * ww[b] * vl_ld(dy, dydt, row + b);
   }
   vl_st(dx, dxdt, (pl * H + h) * W + w, acc);
+}
+
+VL_HD static inline void vl_k_up2_bwd_at(void *dx, int dxdt, const void *dy, int dydt, int64_t H,
+                                         int64_t W, int64_t pl, int64_t h, int64_t w) {
+  float wh[4], ww[4];
+  vl_k_up2_bwd_weights(h, H, wh);
+  vl_k_up2_bwd_weights(w, W, ww);
+  vl_k_up2_bwd_from(dx, dxdt, dy, dydt, H, W, pl, h, w, wh, ww);
 }
 
 VL_HD static inline void vl_k_up2_bwd(void *dx, int dxdt, const void *dy, int dydt, int64_t H,
@@ -434,13 +455,20 @@ VL_HD static inline void vl_k_xent_pix(void *logits, int ldt, float *loss, const
     float v = vl_ld(logits, ldt, base + k * HW);
     mx = v > mx ? v : mx;
   }
-  float sum = 0.0f;
-  for (int64_t k = 0; k < K; k++) sum += expf(vl_ld(logits, ldt, base + k * HW) - mx);
-  loss[p] = logf(sum) + mx - vl_ld(logits, ldt, base + (int64_t)t * HW);
+  /* fp32 logits keep each exp in place (exact), so the last pass does not recompute it;
+   * the target's logit is read first */
+  float lt = vl_ld(logits, ldt, base + (int64_t)t * HW), sum = 0.0f;
+  for (int64_t k = 0; k < K; k++) {
+    float e = expf(vl_ld(logits, ldt, base + k * HW) - mx);
+    sum += e;
+    if (ldt == VL_K_F32) ((float *)logits)[base + k * HW] = e;
+  }
+  loss[p] = logf(sum) + mx - lt;
   float inv = 1.0f / sum;
   for (int64_t k = 0; k < K; k++) {
-    float q = expf(vl_ld(logits, ldt, base + k * HW) - mx) * inv;
-    vl_st(logits, ldt, base + k * HW, s * (q - (k == t ? 1.0f : 0.0f)));
+    float e = ldt == VL_K_F32 ? ((float *)logits)[base + k * HW]
+                              : expf(vl_ld(logits, ldt, base + k * HW) - mx);
+    vl_st(logits, ldt, base + k * HW, s * (e * inv - (k == t ? 1.0f : 0.0f)));
   }
 }
 

@@ -36,13 +36,18 @@ VL_HD static inline void vl_k_embed_fwd(void *out, int odt, const void *wte, int
   vl_st(out, odt, i, vl_ld(wte, wdt, (int64_t)tok[r] * C + c));
 }
 
-/* Column c of dwte accumulates over all rows in row order: deterministic, no atomics. */
+/* Row r's contribution to column c of dwte. */
+VL_HD static inline void vl_k_embed_bwd_add(void *dwte, int wdt, const void *dout, int odt,
+                                            const int32_t *tok, int64_t C, int64_t r, int64_t c) {
+  int64_t j = (int64_t)tok[r] * C + c;
+  vl_st(dwte, wdt, j, vl_ld(dwte, wdt, j) + vl_ld(dout, odt, r * C + c));
+}
+
+/* Column c of dwte accumulates over all rows in row order: deterministic, no atomics. (The
+ * CPU takes blocks of columns row by row: the same adds in the same order per column.) */
 VL_HD static inline void vl_k_embed_bwd_col(void *dwte, int wdt, const void *dout, int odt,
                                             const int32_t *tok, int64_t R, int64_t C, int64_t c) {
-  for (int64_t r = 0; r < R; r++) {
-    int64_t j = (int64_t)tok[r] * C + c;
-    vl_st(dwte, wdt, j, vl_ld(dwte, wdt, j) + vl_ld(dout, odt, r * C + c));
-  }
+  for (int64_t r = 0; r < R; r++) vl_k_embed_bwd_add(dwte, wdt, dout, odt, tok, C, r, c);
 }
 
 /* Source row (of D elements) of destination row r for (B,T,H,D) <-> (B,H,T,D). */
@@ -63,20 +68,34 @@ VL_HD static inline void vl_k_permute(void *y, const void *x, int dt, int64_t T,
   vl_st(y, dt, i, vl_ld(x, dt, src));
 }
 
-/* Rotary embedding, HF "rotate_half" layout: pairs (d, d + D/2). i indexes (B,T,H,D/2). */
+/* Rotary embedding, HF "rotate_half" layout: pairs (d, d + D/2). The angle of pair d at
+ * position t, as its cosine and sine (the sine negated for the inverse rotation). */
+VL_HD static inline void vl_k_rope_angle(int64_t t, int64_t d, int64_t D, float theta, int inverse,
+                                         float *cs, float *sn) {
+  float inv_freq = 1.0f / powf(theta, (float)(2 * d) / (float)D);
+  float ang = (float)t * inv_freq;
+  *cs = cosf(ang);
+  *sn = inverse ? -sinf(ang) : sinf(ang);
+}
+
+/* Rotates the pair (d, d + half) of the row of D = 2*half elements starting at base. */
+VL_HD static inline void vl_k_rope_pair(void *x, int dt, int64_t base, int64_t d, int64_t half,
+                                        float cs, float sn) {
+  float x1 = vl_ld(x, dt, base + d), x2 = vl_ld(x, dt, base + d + half);
+  vl_st(x, dt, base + d, x1 * cs - x2 * sn);
+  vl_st(x, dt, base + d + half, x2 * cs + x1 * sn);
+}
+
+/* One pair; i indexes (B,T,H,D/2). (The CPU computes each (t, d) angle once and rotates
+ * every (b, h) row with it: the same values.) */
 VL_HD static inline void vl_k_rope(void *x, int dt, int64_t T, int64_t H, int64_t D,
                                    float theta, int inverse, int64_t i) {
   int64_t half = D / 2;
   int64_t d = i % half, r = i / half; /* r = (b*T + t)*H + h */
   int64_t t = (r / H) % T;
-  float inv_freq = 1.0f / powf(theta, (float)(2 * d) / (float)D);
-  float ang = (float)t * inv_freq;
-  float cs = cosf(ang), sn = sinf(ang);
-  if (inverse) sn = -sn;
-  int64_t base = r * D;
-  float x1 = vl_ld(x, dt, base + d), x2 = vl_ld(x, dt, base + d + half);
-  vl_st(x, dt, base + d, x1 * cs - x2 * sn);
-  vl_st(x, dt, base + d + half, x2 * cs + x1 * sn);
+  float cs, sn;
+  vl_k_rope_angle(t, d, D, theta, inverse, &cs, &sn);
+  vl_k_rope_pair(x, dt, r * D, d, half, cs, sn);
 }
 
 #endif

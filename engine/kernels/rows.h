@@ -30,13 +30,20 @@ VL_HD static inline void vl_k_rmsnorm_bwd_row(void *dx, int dxdt, const void *dy
   }
 }
 
-/* dw[c] += sum_r dy[r,c] * x[r,c] * rstd[r] */
+/* Row r's term of dw[c]. */
+VL_HD static inline float vl_k_rmsnorm_dw_term(const void *dy, int dydt, const void *x, int xdt,
+                                               const float *rstd, int64_t C, int64_t r,
+                                               int64_t c) {
+  return vl_ld(dy, dydt, r * C + c) * vl_ld(x, xdt, r * C + c) * rstd[r];
+}
+
+/* dw[c] += sum_r dy[r,c] * x[r,c] * rstd[r], the sum in row order from 0. (The CPU takes
+ * blocks of columns row by row: the same sums in the same order.) */
 VL_HD static inline void vl_k_rmsnorm_dw_col(void *dw, int dwdt, const void *dy, int dydt,
                                              const void *x, int xdt, const float *rstd,
                                              int64_t R, int64_t C, int64_t c) {
   float acc = 0.0f;
-  for (int64_t r = 0; r < R; r++)
-    acc += vl_ld(dy, dydt, r * C + c) * vl_ld(x, xdt, r * C + c) * rstd[r];
+  for (int64_t r = 0; r < R; r++) acc += vl_k_rmsnorm_dw_term(dy, dydt, x, xdt, rstd, C, r, c);
   vl_st(dw, dwdt, c, vl_ld(dw, dwdt, c) + acc);
 }
 
@@ -47,11 +54,19 @@ VL_HD static inline void vl_k_softmax_row(void *P, int pdt, const void *S, int s
   int64_t q = causal ? r % T : T - 1, base = r * T;
   float mx = -INFINITY;
   for (int64_t c = 0; c <= q; c++) { float v = scale * vl_ld(S, sdt, base + c); mx = v > mx ? v : mx; }
+  /* An fp32 P keeps each exp where its probability goes (exact: the same value the last
+   * pass would recompute; S[c] is not read again if P is S): one exp per score, not two. */
   float sum = 0.0f;
-  for (int64_t c = 0; c <= q; c++) sum += expf(scale * vl_ld(S, sdt, base + c) - mx);
+  for (int64_t c = 0; c <= q; c++) {
+    float e = expf(scale * vl_ld(S, sdt, base + c) - mx);
+    sum += e;
+    if (pdt == VL_K_F32) ((float *)P)[base + c] = e;
+  }
   float inv = 1.0f / sum;
-  for (int64_t c = 0; c <= q; c++)
-    vl_st(P, pdt, base + c, expf(scale * vl_ld(S, sdt, base + c) - mx) * inv);
+  for (int64_t c = 0; c <= q; c++) {
+    float e = pdt == VL_K_F32 ? ((float *)P)[base + c] : expf(scale * vl_ld(S, sdt, base + c) - mx);
+    vl_st(P, pdt, base + c, e * inv);
+  }
   for (int64_t c = q + 1; c < T; c++) vl_st(P, pdt, base + c, 0.0f);
 }
 
@@ -81,13 +96,20 @@ VL_HD static inline void vl_k_xent_row(void *logits, int ldt, float *loss, const
   }
   float mx = -INFINITY;
   for (int64_t c = 0; c < V; c++) { float v = vl_ld(logits, ldt, base + c); mx = v > mx ? v : mx; }
-  float sum = 0.0f;
-  for (int64_t c = 0; c < V; c++) sum += expf(vl_ld(logits, ldt, base + c) - mx);
-  loss[r] = logf(sum) + mx - vl_ld(logits, ldt, base + t);
+  /* fp32 logits keep each exp in place (exact), so the last pass does not recompute it;
+   * the target's logit is read first */
+  float lt = vl_ld(logits, ldt, base + t), sum = 0.0f;
+  for (int64_t c = 0; c < V; c++) {
+    float e = expf(vl_ld(logits, ldt, base + c) - mx);
+    sum += e;
+    if (ldt == VL_K_F32) ((float *)logits)[base + c] = e;
+  }
+  loss[r] = logf(sum) + mx - lt;
   float inv = 1.0f / sum;
   for (int64_t c = 0; c < V; c++) {
-    float p = expf(vl_ld(logits, ldt, base + c) - mx) * inv;
-    vl_st(logits, ldt, base + c, s * (p - (c == t ? 1.0f : 0.0f)));
+    float e = ldt == VL_K_F32 ? ((float *)logits)[base + c]
+                              : expf(vl_ld(logits, ldt, base + c) - mx);
+    vl_st(logits, ldt, base + c, s * (e * inv - (c == t ? 1.0f : 0.0f)));
   }
 }
 

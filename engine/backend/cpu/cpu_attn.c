@@ -41,7 +41,7 @@ static vl_k_attn_dims dims_of(int64_t H, int64_t Tq, int64_t Tk, int64_t D, floa
 
 /* rows query rows, dtypes OD (o), QD, KD, VD */
 #define FWD_LOOP(OD, QD, KD, VD)                                                           \
-  _Pragma("omp parallel") {                                                                \
+  _Pragma("omp parallel num_threads(nt)") {                                                \
     float w[SCRATCH];                                                                      \
     _Pragma("omp for schedule(dynamic, 8)") for (int64_t r = 0; r < rows; r++)         \
         vl_k_attn_fwd_row(o, OD, lse, q, QD, k, KD, v, VD, s, w, 1, r);                    \
@@ -56,6 +56,7 @@ vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
   void *o = a->o->data;
   float *lse = a->lse->data;
   const void *q = a->q->data, *k = a->k->data, *v = a->v->data;
+  int nt = vl_cpu_threads((double)rows * (double)a->Tk * (double)a->D * NS_ROW);
   switch (common_dt(ts, 4)) {
   case VL_K_F32: FWD_LOOP(VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32) break;
   case VL_K_F16: FWD_LOOP(VL_K_F16, VL_K_F16, VL_K_F16, VL_K_F16) break;
@@ -238,9 +239,9 @@ static inline VL_K_ATTN_INL void dkdv_blk(void *dk, int dkdt, void *dv, int dvdt
  * and dk, dv per block of key rows, blocks inside one (batch, head). The dtypes of q, k, v,
  * o, dout, dq, dk, dv. */
 #define BWD_LOOP(QD, KD, VD, OD, DD, DQD, DKD, DVD)                                        \
-  _Pragma("omp parallel for schedule(static)") for (int64_t r = 0; r < rows; r++)          \
-      vl_k_attn_delta_row(delta, dout, DD, o, OD, s, r);                                   \
-  _Pragma("omp parallel") {                                                                \
+  _Pragma("omp parallel for schedule(static) num_threads(nt)")                             \
+  for (int64_t r = 0; r < rows; r++) vl_k_attn_delta_row(delta, dout, DD, o, OD, s, r);   \
+  _Pragma("omp parallel num_threads(nt)") {                                                \
     float w[BWD_SCRATCH];                                                                  \
     _Pragma("omp for schedule(dynamic, 1) nowait") for (int64_t t = 0; t < qblks; t++) {   \
       int64_t bh = t / qpb, i0 = (t % qpb) * BLK;                                          \
@@ -268,6 +269,7 @@ vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   const float *lse = a->lse->data;
   float *delta = a->ws; /* (B, H, Tq) */
   const vl_tensor *ts[8] = {a->q, a->k, a->v, a->o, a->dout, a->dq, a->dk, a->dv};
+  int nt = vl_cpu_threads((double)rows * (double)a->Tk * (double)a->D * NS_ROW * 2);
   switch (common_dt(ts, 8)) {
   case VL_K_F32:
     BWD_LOOP(VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32, VL_K_F32)

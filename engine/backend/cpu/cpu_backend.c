@@ -1,5 +1,4 @@
-/* CPU backend: OpenBLAS sgemm for GEMM, OpenMP loops over the single-source kernels. */
-#include <cblas.h>
+/* CPU backend: OpenMP loops over the single-source kernels (GEMM: cpu_gemm.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,13 +6,16 @@
 #include "cpu_internal.h"
 #include "../cnn_args.h"
 #include "../../kernels/elem.h"
-#include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
 #include "../../kernels/rows.h"
 
-#define PAR_MIN 8192 /* below this many elements a parallel region costs more than it saves */
+#define F32 VL_K_F32
+#define COLS 16 /* columns per block of the column sums (rmsnorm dw, embedding dw) */
 
 static int dt(const vl_tensor *t) { return (int)t->dtype; }
+static bool all_f32(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
+  return a->dtype == VL_F32 && b->dtype == VL_F32 && (!c || c->dtype == VL_F32);
+}
 
 static vl_status cpu_init(vl_ctx *c) { (void)c; return VL_OK; }
 static void cpu_fini(vl_ctx *c) { (void)c; }
@@ -21,64 +23,6 @@ static vl_status cpu_sync(vl_ctx *c) { (void)c; return VL_OK; }
 static vl_status cpu_timer_start(vl_ctx *c) { c->timer_t0 = vl_now(); return VL_OK; }
 static vl_status cpu_timer_stop(vl_ctx *c, double *sec) { *sec = vl_now() - c->timer_t0; return VL_OK; }
 static size_t cpu_fixed_ws(const vl_ctx *c) { (void)c; return 0; }
-
-/* Copy the (rows, cols) region at p (leading dim ld, dtype d) into packed fp32. */
-static void to_f32(float *dst, const void *p, int d, int64_t off, int64_t rows, int64_t cols,
-                   int64_t ld) {
-#pragma omp parallel for if (rows * cols > PAR_MIN)
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t k = 0; k < cols; k++) dst[r * cols + k] = vl_ld(p, d, off + r * ld + k);
-}
-
-static vl_status cpu_gemm(vl_ctx *c, const void *args) {
-  const vl_gemm *g = args;
-  if (g->ws_bytes < vl_gemm_ws_cpu(g))
-    return vl_fail(c, VL_ERR_INVALID, "gemm workspace %zu < %zu", g->ws_bytes, vl_gemm_ws_cpu(g));
-  float *ws = g->ws;
-  int64_t arows = g->ta ? g->K : g->M, acols = g->ta ? g->M : g->K;
-  int64_t brows = g->tb ? g->N : g->K, bcols = g->tb ? g->K : g->N;
-  float *wa = NULL, *wb = NULL, *wc = NULL;
-  if (g->A->dtype != VL_F32) { wa = ws; ws += arows * acols; }
-  if (g->B->dtype == VL_NF4) {
-    if (g->b_off != 0 || g->ldb != bcols || (size_t)(brows * bcols) != (size_t)g->B->n)
-      return vl_fail(c, VL_ERR_UNSUPPORTED, "nf4 gemm operand must be a whole contiguous matrix");
-    wb = ws; ws += g->B->n;
-    const uint8_t *q = g->B->data;
-    int64_t n = g->B->n;
-#pragma omp parallel for if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) wb[i] = vl_nf4_get(q, n, i);
-  } else if (g->B->dtype != VL_F32) {
-    wb = ws; ws += brows * bcols;
-  }
-  if (g->C->dtype != VL_F32) wc = ws;
-  for (int64_t b = 0; b < g->batch; b++) {
-    const float *pa, *pb;
-    int64_t lda = g->lda, ldb = g->ldb, ldc = g->ldc;
-    if (wa) { to_f32(wa, g->A->data, dt(g->A), g->a_off + b * g->sa, arows, acols, g->lda); pa = wa; lda = acols; }
-    else pa = (const float *)g->A->data + g->a_off + b * g->sa;
-    if (g->B->dtype == VL_NF4) { pb = wb; ldb = bcols; }
-    else if (wb) { to_f32(wb, g->B->data, dt(g->B), g->b_off + b * g->sb, brows, bcols, g->ldb); pb = wb; ldb = bcols; }
-    else pb = (const float *)g->B->data + g->b_off + b * g->sb;
-    float *pc;
-    int64_t coff = g->c_off + b * g->sc;
-    if (wc) {
-      if (g->beta != 0.0f) to_f32(wc, g->C->data, dt(g->C), coff, g->M, g->N, g->ldc);
-      pc = wc; ldc = g->N;
-    } else {
-      pc = (float *)g->C->data + coff;
-    }
-    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
-                (blasint)g->M, (blasint)g->N, (blasint)g->K, g->alpha, pa, (blasint)lda, pb,
-                (blasint)ldb, g->beta, pc, (blasint)ldc);
-    if (wc) {
-      int64_t M = g->M, N = g->N;
-#pragma omp parallel for if (M * N > PAR_MIN)
-      for (int64_t r = 0; r < M; r++)
-        for (int64_t k = 0; k < N; k++) vl_st(g->C->data, dt(g->C), coff + r * g->ldc + k, wc[r * N + k]);
-    }
-  }
-  return VL_OK;
-}
 
 static vl_status cpu_upload(vl_ctx *c, vl_tensor *dst, size_t off, const void *src, size_t n) {
   (void)c;
@@ -108,22 +52,33 @@ static vl_status cpu_convert(vl_ctx *c, const void *p) {
   vl_tensor *y = a->y;
   const vl_tensor *x = a->x;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_MEM);
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
+  if (y->dtype == x->dtype && y->data != x->data && n > 0) { /* a copy */
+    memcpy(y->data, x->data, vl_dtype_bytes(y->dtype, n));
+    return VL_OK;
+  }
+#pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < n; i++) vl_k_convert(y->data, dt(y), x->data, dt(x), i);
   return VL_OK;
 }
+
+#define AXPBY(YD, XD)                                                                      \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t i = 0; i < n; i++)  \
+      vl_k_axpby(py, YD, fa, px, XD, fb, i)
 static vl_status cpu_axpby(vl_ctx *c, const void *p) {
   const vl_axpby_args *a = p;
-  vl_tensor *y = a->y;
-  const vl_tensor *x = a->x;
+  void *py = a->y->data;
+  const void *px = a->x->data;
   int64_t n = a->n;
   float fa = a->a, fb = a->b;
+  int nt = vl_cpu_threads((double)n * NS_MEM);
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) vl_k_axpby(y->data, dt(y), fa, x->data, dt(x), fb, i);
+  if (a->y->dtype == VL_F32 && a->x->dtype == VL_F32) AXPBY(F32, F32);
+  else AXPBY(dt(a->y), dt(a->x));
   return VL_OK;
 }
+
 static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
   const vl_embed_fwd_args *a = p;
   int64_t R = a->R, C = a->C;
@@ -131,61 +86,117 @@ static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
   vl_tensor *out = a->out;
   const vl_tensor *wte = a->wte;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
-#pragma omp parallel for if (R * C > PAR_MIN)
-  for (int64_t i = 0; i < R * C; i++) vl_k_embed_fwd(out->data, dt(out), wte->data, dt(wte), tok, C, i);
+  int nt = vl_cpu_threads((double)(R * C) * NS_MEM);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < R * C; i++)
+    vl_k_embed_fwd(out->data, dt(out), wte->data, dt(wte), tok, C, i);
   return VL_OK;
 }
+
+/* dwte by blocks of COLS columns, each block's rows in order: per column the adds of
+ * vl_k_embed_bwd_col in its order, reading rows instead of striding down columns. */
+#define EMBED_BWD(WD, OD)                                                                  \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t b = 0; b < nb; b++) { \
+    int64_t c0 = b * COLS, c1 = c0 + COLS < C ? c0 + COLS : C;                             \
+    for (int64_t r = 0; r < R; r++)                                                        \
+      for (int64_t k = c0; k < c1; k++) vl_k_embed_bwd_add(pw, WD, po, OD, tok, C, r, k);  \
+  }
 static vl_status cpu_embed_bwd(vl_ctx *c, const void *p) {
   const vl_embed_bwd_args *a = p;
-  int64_t R = a->R, C = a->C;
+  int64_t R = a->R, C = a->C, nb = (C + COLS - 1) / COLS;
   VL_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
-  vl_tensor *dw = a->dwte;
-  const vl_tensor *dout = a->dout;
+  void *pw = a->dwte->data;
+  const void *po = a->dout->data;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
-#pragma omp parallel for if (R * C > PAR_MIN)
-  for (int64_t k = 0; k < C; k++) vl_k_embed_bwd_col(dw->data, dt(dw), dout->data, dt(dout), tok, R, C, k);
+  int nt = vl_cpu_threads((double)(R * C) * NS_MEM);
+  if (a->dwte->dtype == VL_F32 && a->dout->dtype == VL_F32) EMBED_BWD(F32, F32)
+  else EMBED_BWD(dt(a->dwte), dt(a->dout))
   return VL_OK;
 }
+
+#define RMSNORM_FWD(OD, XD, WD)                                                            \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t r = 0; r < R; r++)  \
+      vl_k_rmsnorm_fwd_row(po, OD, rstd, px, XD, pw, WD, C, eps, r)
 static vl_status cpu_rmsnorm_fwd(vl_ctx *c, const void *p) {
   const vl_rmsnorm_fwd_args *a = p;
-  vl_tensor *out = a->out, *rstd = a->rstd;
-  const vl_tensor *x = a->x, *w = a->w;
+  void *po = a->out->data;
+  float *rstd = a->rstd->data;
+  const void *px = a->x->data, *pw = a->w->data;
   int64_t R = a->R, C = a->C;
   float eps = a->eps;
+  int nt = vl_cpu_threads((double)(R * C) * NS_ROW);
   (void)c;
-#pragma omp parallel for if (R * C > PAR_MIN)
-  for (int64_t r = 0; r < R; r++)
-    vl_k_rmsnorm_fwd_row(out->data, dt(out), rstd->data, x->data, dt(x), w->data, dt(w), C, eps, r);
+  if (all_f32(a->out, a->x, a->w)) RMSNORM_FWD(F32, F32, F32);
+  else RMSNORM_FWD(dt(a->out), dt(a->x), dt(a->w));
   return VL_OK;
 }
+
+/* One parallel region: dx row by row, then dw by blocks of COLS columns over every row in
+ * order (vl_k_rmsnorm_dw_col's sums, reading rows instead of striding down columns). */
+#define RMSNORM_BWD(DXD, DYD, XD, WD, DWD)                                                 \
+  _Pragma("omp parallel num_threads(nt) if (nt > 1)") {                                    \
+    _Pragma("omp for") for (int64_t r = 0; r < R; r++)                                     \
+        vl_k_rmsnorm_bwd_row(pdx, DXD, pdy, DYD, px, XD, pw, WD, rstd, C, r);              \
+    if (pdw) {                                                                             \
+      _Pragma("omp for") for (int64_t b = 0; b < nb; b++) {                                \
+        int64_t c0 = b * COLS, c1 = c0 + COLS < C ? c0 + COLS : C;                         \
+        float acc[COLS] = {0.0f};                                                          \
+        for (int64_t r = 0; r < R; r++)                                                    \
+          for (int64_t k = c0; k < c1; k++)                                                \
+            acc[k - c0] += vl_k_rmsnorm_dw_term(pdy, DYD, px, XD, rstd, C, r, k);          \
+        for (int64_t k = c0; k < c1; k++) vl_st(pdw, DWD, k, vl_ld(pdw, DWD, k) + acc[k - c0]); \
+      }                                                                                    \
+    }                                                                                      \
+  }
 static vl_status cpu_rmsnorm_bwd(vl_ctx *c, const void *p) {
   const vl_rmsnorm_bwd_args *a = p;
-  vl_tensor *dx = a->dx, *dw = a->dw;
-  const vl_tensor *dout = a->dout, *x = a->x, *w = a->w, *rstd = a->rstd;
-  int64_t R = a->R, C = a->C;
+  void *pdx = a->dx->data, *pdw = a->dw ? a->dw->data : NULL;
+  const void *pdy = a->dout->data, *px = a->x->data, *pw = a->w->data;
+  const float *rstd = a->rstd->data;
+  int64_t R = a->R, C = a->C, nb = (C + COLS - 1) / COLS;
+  int dwd = a->dw ? dt(a->dw) : F32;
+  int nt = vl_cpu_threads((double)(R * C) * NS_ROW * (a->dw ? 3 : 2));
   (void)c;
-#pragma omp parallel for if (R * C > PAR_MIN)
-  for (int64_t r = 0; r < R; r++)
-    vl_k_rmsnorm_bwd_row(dx->data, dt(dx), dout->data, dt(dout), x->data, dt(x), w->data, dt(w),
-                         rstd->data, C, r);
-  if (dw) {
-#pragma omp parallel for if (R * C > PAR_MIN)
-    for (int64_t k = 0; k < C; k++)
-      vl_k_rmsnorm_dw_col(dw->data, dt(dw), dout->data, dt(dout), x->data, dt(x), rstd->data, R, C, k);
-  }
+  if (all_f32(a->dx, a->dout, a->x) && a->w->dtype == VL_F32 && dwd == F32)
+    RMSNORM_BWD(F32, F32, F32, F32, F32)
+  else
+    RMSNORM_BWD(dt(a->dx), dt(a->dout), dt(a->x), dt(a->w), dwd)
   return VL_OK;
 }
+
+/* Each (t, d) angle once (T*D/2 sines and cosines, not B*T*H*D/2), then every (b, h) row at
+ * position t rotated with it; per element the same values as vl_k_rope. */
+#define ROPE_MAX_HALF 256
+#define ROPE(XD)                                                                           \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t t = 0; t < T; t++) { \
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];                                            \
+    for (int64_t d = 0; d < half; d++)                                                     \
+      vl_k_rope_angle(t, d, D, theta, inverse, &cs[d], &sn[d]);                            \
+    for (int64_t b = 0; b < B; b++)                                                        \
+      for (int64_t h = 0; h < H; h++) {                                                    \
+        int64_t base = ((b * T + t) * H + h) * D;                                          \
+        for (int64_t d = 0; d < half; d++) vl_k_rope_pair(px, XD, base, d, half, cs[d], sn[d]); \
+      }                                                                                    \
+  }
 static vl_status cpu_rope(vl_ctx *c, const void *p) {
   const vl_rope_args *a = p;
-  vl_tensor *x = a->x;
-  int64_t T = a->T, H = a->H, D = a->D, n = a->B * T * H * (D / 2);
+  void *px = a->x->data;
+  int64_t B = a->B, T = a->T, H = a->H, D = a->D, half = D / 2, n = B * T * H * half;
   float theta = a->theta;
   int inverse = a->inverse;
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) vl_k_rope(x->data, dt(x), T, H, D, theta, inverse, i);
+  if (half > ROPE_MAX_HALF) { /* wider heads than the angle table: angle per element */
+    int nt = vl_cpu_threads((double)n * NS_TRIG);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < n; i++) vl_k_rope(px, dt(a->x), T, H, D, theta, inverse, i);
+    return VL_OK;
+  }
+  int nt = vl_cpu_threads((double)n * NS_MEM * 2 + (double)(T * half) * NS_TRIG);
+  if (a->x->dtype == VL_F32) ROPE(F32)
+  else ROPE(dt(a->x))
   return VL_OK;
 }
+
 static vl_status cpu_permute(vl_ctx *c, const void *p) {
   const vl_permute_args *a = p;
   vl_tensor *y = a->y;
@@ -195,81 +206,142 @@ static vl_status cpu_permute(vl_ctx *c, const void *p) {
   if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
   /* whole rows of D contiguous elements: one copy per row, same index map as the kernel */
   size_t rb = vl_dtype_bytes(y->dtype, D);
-#pragma omp parallel for if (n > PAR_MIN)
+  int nt = vl_cpu_threads((double)n * NS_MEM);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t r = 0; r < rows; r++)
-    memcpy((char *)y->data + r * rb, (const char *)x->data + vl_k_permute_src_row(T, H, back, r) * rb, rb);
+    memcpy((char *)y->data + r * rb,
+           (const char *)x->data + vl_k_permute_src_row(T, H, back, r) * rb, rb);
   return VL_OK;
 }
+
+#define SOFTMAX_FWD(PD, SD)                                                                \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t r = 0; r < rows; r++) \
+      vl_k_softmax_row(pP, PD, pS, SD, T, scale, causal, r)
 static vl_status cpu_softmax_fwd(vl_ctx *c, const void *p) {
   const vl_softmax_fwd_args *a = p;
-  vl_tensor *P = a->P;
-  const vl_tensor *S = a->S;
+  void *pP = a->P->data;
+  const void *pS = a->S->data;
   int64_t rows = a->rows, T = a->T;
   float scale = a->scale;
+  int causal = a->causal;
+  int nt = vl_cpu_threads((double)(rows * T) * (causal ? 0.5 : 1.0) * NS_EXP);
   (void)c;
-#pragma omp parallel for if (rows * T > PAR_MIN)
-  for (int64_t r = 0; r < rows; r++) vl_k_softmax_row(P->data, dt(P), S->data, dt(S), T, scale, a->causal, r);
+  if (a->P->dtype == VL_F32 && a->S->dtype == VL_F32) SOFTMAX_FWD(F32, F32);
+  else SOFTMAX_FWD(dt(a->P), dt(a->S));
   return VL_OK;
 }
+
+#define SOFTMAX_BWD(DD, PD)                                                                \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t r = 0; r < rows; r++) \
+      vl_k_softmax_bwd_row(pdS, DD, pdP, DD, pP, PD, T, scale, causal, r)
 static vl_status cpu_softmax_bwd(vl_ctx *c, const void *p) {
   const vl_softmax_bwd_args *a = p;
-  vl_tensor *dS = a->dS;
-  const vl_tensor *dP = a->dP, *P = a->P;
+  void *pdS = a->dS->data;
+  const void *pdP = a->dP->data, *pP = a->P->data;
   int64_t rows = a->rows, T = a->T;
   float scale = a->scale;
+  int causal = a->causal;
+  int nt = vl_cpu_threads((double)(rows * T) * NS_ROW);
   (void)c;
-#pragma omp parallel for if (rows * T > PAR_MIN)
-  for (int64_t r = 0; r < rows; r++)
-    vl_k_softmax_bwd_row(dS->data, dt(dS), dP->data, dt(dP), P->data, dt(P), T, scale, a->causal, r);
+  if (all_f32(a->dS, a->dP, a->P)) {
+    SOFTMAX_BWD(F32, F32);
+  } else {
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < rows; r++)
+      vl_k_softmax_bwd_row(pdS, dt(a->dS), pdP, dt(a->dP), pP, dt(a->P), T, scale, causal, r);
+  }
   return VL_OK;
 }
+
+#define SWIGLU_FWD(OD, GD)                                                                 \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t i = 0; i < n; i++)  \
+      vl_k_swiglu_fwd(po, OD, pg, pu, GD, i)
 static vl_status cpu_swiglu_fwd(vl_ctx *c, const void *p) {
   const vl_swiglu_fwd_args *a = p;
-  vl_tensor *out = a->out;
-  const vl_tensor *g = a->g, *u = a->u;
+  void *po = a->out->data;
+  const void *pg = a->g->data, *pu = a->u->data;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_EXP);
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) vl_k_swiglu_fwd(out->data, dt(out), g->data, u->data, dt(g), i);
+  if (a->out->dtype == VL_F32 && a->g->dtype == VL_F32) SWIGLU_FWD(F32, F32);
+  else SWIGLU_FWD(dt(a->out), dt(a->g));
   return VL_OK;
 }
+
+#define SWIGLU_BWD(GD, OD)                                                                 \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t i = 0; i < n; i++)  \
+      vl_k_swiglu_bwd(pdg, pdu, GD, pdo, OD, pg, pu, GD, i)
 static vl_status cpu_swiglu_bwd(vl_ctx *c, const void *p) {
   const vl_swiglu_bwd_args *a = p;
-  vl_tensor *dg = a->dg, *du = a->du;
-  const vl_tensor *dout = a->dout, *g = a->g, *u = a->u;
+  void *pdg = a->dg->data, *pdu = a->du->data;
+  const void *pdo = a->dout->data, *pg = a->g->data, *pu = a->u->data;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_EXP);
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++)
-    vl_k_swiglu_bwd(dg->data, du->data, dt(dg), dout->data, dt(dout), g->data, u->data, dt(g), i);
+  if (a->dg->dtype == VL_F32 && a->dout->dtype == VL_F32 && a->g->dtype == VL_F32)
+    SWIGLU_BWD(F32, F32);
+  else
+    SWIGLU_BWD(dt(a->dg), dt(a->dout));
   return VL_OK;
 }
+
 static vl_status cpu_xent(vl_ctx *c, const void *p) {
   const vl_xent_fused_args *a = p;
   int64_t R = a->R, V = a->V;
   float s = a->dloss_scale;
   VL_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
-  vl_tensor *logits = a->logits, *loss = a->loss;
+  void *pl = a->logits->data;
+  float *loss = a->loss->data;
   const int32_t *tgt = a->tgt ? a->tgt->data : NULL;
-#pragma omp parallel for if (R * V > PAR_MIN)
-  for (int64_t r = 0; r < R; r++) vl_k_xent_row(logits->data, dt(logits), loss->data, tgt, V, s, r);
+  int nt = vl_cpu_threads((double)(R * V) * NS_EXP);
+  if (a->logits->dtype == VL_F32) {
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < R; r++) vl_k_xent_row(pl, F32, loss, tgt, V, s, r);
+  } else {
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < R; r++) vl_k_xent_row(pl, dt(a->logits), loss, tgt, V, s, r);
+  }
   return VL_OK;
 }
+
+/* Sums over [0, n) in a fixed shape: SUM_PARTS parts of a size that depends on n only, each
+ * summed in order by one thread, then the parts in order; so the sum does not depend on the
+ * thread count. TERM(i) is the double term of element i. */
+#define SUM_PARTS 64
+#define FIXED_SUM(out, n, nt, TERM)                                                        \
+  do {                                                                                     \
+    double part_[SUM_PARTS];                                                               \
+    int64_t len_ = ((n) + SUM_PARTS - 1) / SUM_PARTS;                                      \
+    _Pragma("omp parallel for num_threads(nt) if (nt > 1)")                                \
+    for (int p_ = 0; p_ < SUM_PARTS; p_++) {                                               \
+      int64_t i0_ = p_ * len_, i1_ = i0_ + len_ < (n) ? i0_ + len_ : (n);                  \
+      double acc_ = 0;                                                                     \
+      _Pragma("omp simd reduction(+ : acc_)") for (int64_t i = i0_; i < i1_; i++) acc_ += TERM; \
+      part_[p_] = acc_;                                                                    \
+    }                                                                                      \
+    double s_ = 0;                                                                         \
+    for (int p_ = 0; p_ < SUM_PARTS; p_++) s_ += part_[p_];                                \
+    (out) = s_;                                                                            \
+  } while (0)
+
+static inline double sq(double u) { return u * u; }
+
 static vl_status cpu_sumsq(vl_ctx *c, const void *p) {
   const vl_sumsq_args *a = p;
   const vl_tensor *x = a->x;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_MEM);
   (void)c;
   /* A NaN or Inf element makes the double sum non-finite (a finite float squared cannot
    * overflow a double), so one check at the end finds it. */
   double acc = 0;
   if (x->dtype == VL_F32) {
-    const float *p = x->data;
-#pragma omp parallel for simd reduction(+ : acc) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) acc += (double)p[i] * p[i];
+    const float *px = x->data;
+    FIXED_SUM(acc, n, nt, sq(px[i]));
   } else {
-#pragma omp parallel for reduction(+ : acc) if (n > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) { double v = vl_ld(x->data, dt(x), i); acc += v * v; }
+    const void *px = x->data;
+    int xd = dt(x);
+    FIXED_SUM(acc, n, nt, sq(vl_ld(px, xd, i)));
   }
   *a->nonfinite = !isfinite(acc);
   *a->out = *a->nonfinite ? 0 : acc;
@@ -277,28 +349,30 @@ static vl_status cpu_sumsq(vl_ctx *c, const void *p) {
 }
 static vl_status cpu_adamw(vl_ctx *c, const void *args) {
   const vl_adamw_args *a = args;
-  vl_tensor *p = a->p, *m = a->m, *v = a->v;
-  const vl_tensor *g = a->g;
+  float *p = a->p->data, *m = a->m->data, *v = a->v->data;
+  const float *g = a->g->data;
   const vl_optim_hp *h = a->hp;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_OPT);
   (void)c;
   float bc1 = 1.0f - powf(h->beta1, (float)h->t), bc2 = 1.0f - powf(h->beta2, (float)h->t);
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++)
-    vl_k_adamw(p->data, g->data, m->data, v->data, h->lr, h->beta1, h->beta2, h->eps,
-               h->weight_decay, bc1, bc2, h->grad_scale, i);
+  float lr = h->lr, b1 = h->beta1, b2 = h->beta2, eps = h->eps, wd = h->weight_decay;
+  float gs = h->grad_scale;
+#pragma omp parallel for simd num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < n; i++) vl_k_adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, gs, i);
   return VL_OK;
 }
 static vl_status cpu_sgd(vl_ctx *c, const void *args) {
   const vl_sgd_args *a = args;
-  vl_tensor *p = a->p, *mom = a->mom;
-  const vl_tensor *g = a->g;
+  float *p = a->p->data, *mom = a->mom->data;
+  const float *g = a->g->data;
   const vl_optim_hp *h = a->hp;
   int64_t n = a->n;
+  int nt = vl_cpu_threads((double)n * NS_MEM);
+  float lr = h->lr, mu = h->momentum, wd = h->weight_decay, gs = h->grad_scale;
   (void)c;
-#pragma omp parallel for if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++)
-    vl_k_sgd(p->data, g->data, mom->data, h->lr, h->momentum, h->weight_decay, h->grad_scale, i);
+#pragma omp parallel for simd num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < n; i++) vl_k_sgd(p, g, mom, lr, mu, wd, gs, i);
   return VL_OK;
 }
 static vl_status cpu_adafactor(vl_ctx *c, const void *args) {
@@ -312,26 +386,24 @@ static vl_status cpu_adafactor(vl_ctx *c, const void *args) {
   const float eps1 = 1e-30f;
   float *gp = g->data, *pp = p->data, *vrp = vr->data, *vcp = vc->data;
   int64_t n = R * C;
+  int nt = vl_cpu_threads((double)n * NS_OPT);
   float vr_mean = 0.0f;
   if (R > 1) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < R; r++) vl_k_adafactor_row(vrp, gp, C, b2t, eps1, h->grad_scale, r);
     double s = 0;
     for (int64_t r = 0; r < R; r++) s += vrp[r];
     vr_mean = (float)(s / (double)R);
   }
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t k = 0; k < C; k++) vl_k_adafactor_col(vcp, gp, R, C, b2t, eps1, h->grad_scale, k);
   double ss = 0;
-#pragma omp parallel for reduction(+ : ss) if (n > PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    float u = vl_k_adafactor_u(gp, vrp, vcp, vr_mean, R, C, h->grad_scale, i);
-    ss += (double)u * u;
-  }
+  float gs = h->grad_scale;
+  FIXED_SUM(ss, n, nt, sq(vl_k_adafactor_u(gp, vrp, vcp, vr_mean, R, C, gs, i)));
   float rms = (float)sqrt(ss / (double)n);
   float div = rms / h->clip_thr > 1.0f ? rms / h->clip_thr : 1.0f;
   float *mp = m ? m->data : NULL;
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < n; i++)
     vl_k_adafactor_apply(pp, mp, gp, vrp, vcp, vr_mean, R, C, h->grad_scale, div, h->lr, h->beta1,
                          h->weight_decay, i);
@@ -345,7 +417,7 @@ const vl_backend vl_backend_cpu = {
     .fixed_ws_bytes = cpu_fixed_ws, .upload = cpu_upload, .download = cpu_download,
     .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_async = cpu_upload,
     .ops = {
-        [VL_OP_GEMM] = cpu_gemm,
+        [VL_OP_GEMM] = vl_cpu_gemm,
         [VL_OP_CONV_FWD] = vl_cpu_conv_fwd,
         [VL_OP_CONV_BWD_DATA] = vl_cpu_conv_bwd_data,
         [VL_OP_CONV_BWD_WEIGHT] = vl_cpu_conv_bwd_weight,

@@ -17,7 +17,6 @@
 #include "../cnn_args.h"
 #include "../../kernels/cnn.h"
 
-#define PAR_MIN 8192 /* below this many elements a parallel region costs more than it saves */
 #define F32 VL_K_F32
 #define INLINE static inline __attribute__((always_inline))
 
@@ -62,11 +61,11 @@ static vl_status cpu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_t
   float *pm = mean->data, *pr = rstd->data;
   float *prm = rmean ? rmean->data : NULL, *prv = rvar ? rvar->data : NULL;
   if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t k = 0; k < C; k++)
       bn_train_chan(y->data, F32, x->data, F32, pm, pr, prm, prv, &s, eps, momentum, k);
   } else {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t k = 0; k < C; k++)
       bn_train_chan(y->data, dt(y), x->data, dt(x), pm, pr, prm, prv, &s, eps, momentum, k);
   }
@@ -91,11 +90,11 @@ static vl_status cpu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, co
   bn_shape s = {N, C, HW, gamma->data, beta->data, dt(gamma), dt(beta)};
   const float *rm = rmean->data, *rv = rvar->data;
   if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t p = 0; p < N * C; p++)
       bn_eval_plane(y->data, F32, x->data, F32, rm, rv, &s, eps, p);
   } else {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t p = 0; p < N * C; p++)
       bn_eval_plane(y->data, dt(y), x->data, dt(x), rm, rv, &s, eps, p);
   }
@@ -131,11 +130,11 @@ static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tens
   int dgdt = dgamma ? dt(dgamma) : F32, dbdt = dbeta ? dt(dbeta) : F32;
   const float *pm = mean->data, *pr = rstd->data;
   if (all_f32(dx, dy, x)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t k = 0; k < C; k++)
       bn_bwd_chan(dx->data, F32, dy->data, F32, x->data, F32, dg, dgdt, db, dbdt, pm, pr, &s, k);
   } else {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t k = 0; k < C; k++)
       bn_bwd_chan(dx->data, dt(dx), dy->data, dt(dy), x->data, dt(x), dg, dgdt, db, dbdt, pm, pr,
                   &s, k);
@@ -150,11 +149,11 @@ static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t i = 0; i < n; i++) vl_k_relu_fwd(py, F32, px, F32, i);
   } else {
     int ydt = dt(y), xdt = dt(x);
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t i = 0; i < n; i++) vl_k_relu_fwd(py, ydt, px, xdt, i);
   }
   return VL_OK;
@@ -166,11 +165,11 @@ static vl_status cpu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, con
   void *pdx = dx->data;
   const void *pdy = dy->data, *py = y->data;
   if (all_f32(dx, dy, y)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t i = 0; i < n; i++) vl_k_relu_bwd(pdx, F32, pdy, F32, py, F32, i);
   } else {
     int dxdt = dt(dx), dydt = dt(dy), ydt = dt(y);
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t i = 0; i < n; i++) vl_k_relu_bwd(pdx, dxdt, pdy, dydt, py, ydt, i);
   }
   return VL_OK;
@@ -197,11 +196,11 @@ static vl_status cpu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, in
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (n * k * k > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n * k * k) * NS_ROW))
     for (int64_t r = 0; r < planes * P; r++) pool_fwd_row(py, F32, px, F32, &g, r);
   } else {
     int ydt = dt(y), xdt = dt(x);
-#pragma omp parallel for if (n * k * k > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n * k * k) * NS_ROW))
     for (int64_t r = 0; r < planes * P; r++) pool_fwd_row(py, ydt, px, xdt, &g, r);
   }
   return VL_OK;
@@ -228,15 +227,15 @@ static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, 
   const void *pdy = dy->data, *px = x->data;
   int dxdt = dt(dx), dydt = dt(dy), xdt = dt(x);
   if (all_f32(dx, dy, x)) {
-#pragma omp parallel for if (n * k * k > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n * k * k) * NS_ROW))
     for (int64_t p = 0; p < planes; p++)
       vl_k_maxpool_bwd_plane(pdx, F32, pdy, F32, px, F32, H, W, k, stride, pad, P, Q, p);
   } else if (dx->dtype == VL_F32) {
-#pragma omp parallel for if (n * k * k > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n * k * k) * NS_ROW))
     for (int64_t p = 0; p < planes; p++)
       vl_k_maxpool_bwd_plane(pdx, F32, pdy, dydt, px, xdt, H, W, k, stride, pad, P, Q, p);
   } else {
-#pragma omp parallel for if (n * k * k > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n * k * k) * NS_ROW))
     for (int64_t r = 0; r < planes * H; r++) pool_bwd_row(pdx, dxdt, pdy, dydt, px, xdt, &g, r);
   }
   return VL_OK;
@@ -244,24 +243,41 @@ static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, 
 
 /* ---- 2x upsampling: bilinear, or nearest ------------------------------------------------ */
 
-/* Output row (pl, oh) of 2H rows per plane. */
+/* Bilinear sources of each output column (forward) and weights of each input column
+ * (backward) are tabled once per call when a row has at most UP_TABLE of them; each row's
+ * own are computed once per row. The per-element bodies take them as arguments, so the
+ * values are those of vl_k_up2_fwd_at / vl_k_up2_bwd_at. */
+#define UP_TABLE 1024
+
+/* Output row (pl, oh) of 2H rows per plane; sw: the 2W column sources, or NULL. */
 INLINE void up_fwd_row(void *y, int ydt, const void *x, int xdt, int64_t H, int64_t W,
-                       bool nearest, int64_t row) {
+                       bool nearest, const vl_k_up_src *sw, int64_t row) {
   int64_t pl = row / (2 * H), oh = row - pl * 2 * H;
-  if (nearest)
+  if (nearest) {
     for (int64_t ow = 0; ow < 2 * W; ow++) vl_k_up2n_fwd_at(y, ydt, x, xdt, H, W, pl, oh, ow);
-  else
+  } else if (sw) {
+    vl_k_up_src sh = vl_k_up2_src(oh, H);
+    for (int64_t ow = 0; ow < 2 * W; ow++)
+      vl_k_up2_fwd_from(y, ydt, x, xdt, H, W, pl, oh, ow, sh, sw[ow]);
+  } else {
     for (int64_t ow = 0; ow < 2 * W; ow++) vl_k_up2_fwd_at(y, ydt, x, xdt, H, W, pl, oh, ow);
+  }
 }
 
-/* Input row (pl, h) of H rows per plane. */
+/* Input row (pl, h) of H rows per plane; ww: the W columns' 4 weights each, or NULL. */
 INLINE void up_bwd_row(void *dx, int dxdt, const void *dy, int dydt, int64_t H, int64_t W,
-                       bool nearest, int64_t row) {
+                       bool nearest, const float (*ww)[4], int64_t row) {
   int64_t pl = row / H, h = row - pl * H;
-  if (nearest)
+  if (nearest) {
     for (int64_t w = 0; w < W; w++) vl_k_up2n_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
-  else
+  } else if (ww) {
+    float wh[4];
+    vl_k_up2_bwd_weights(h, H, wh);
+    for (int64_t w = 0; w < W; w++)
+      vl_k_up2_bwd_from(dx, dxdt, dy, dydt, H, W, pl, h, w, wh, ww[w]);
+  } else {
     for (int64_t w = 0; w < W; w++) vl_k_up2_bwd_at(dx, dxdt, dy, dydt, H, W, pl, h, w);
+  }
 }
 
 static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
@@ -270,13 +286,16 @@ static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x,
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
   void *py = y->data;
   const void *px = x->data;
+  vl_k_up_src tab[UP_TABLE];
+  const vl_k_up_src *sw = !nearest && 2 * W <= UP_TABLE ? tab : NULL;
+  for (int64_t ow = 0; sw && ow < 2 * W; ow++) tab[ow] = vl_k_up2_src(ow, W);
   if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, F32, px, F32, H, W, nearest, r);
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nhi) * NS_ROW))
+    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, F32, px, F32, H, W, nearest, sw, r);
   } else {
     int ydt = dt(y), xdt = dt(x);
-#pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, ydt, px, xdt, H, W, nearest, r);
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nhi) * NS_ROW))
+    for (int64_t r = 0; r < planes * 2 * H; r++) up_fwd_row(py, ydt, px, xdt, H, W, nearest, sw, r);
   }
   return VL_OK;
 }
@@ -287,13 +306,16 @@ static vl_status cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *d
   VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
   void *pdx = dx->data;
   const void *pdy = dy->data;
+  float tab[UP_TABLE][4];
+  const float(*ww)[4] = !nearest && W <= UP_TABLE ? (const float(*)[4])tab : NULL;
+  for (int64_t w = 0; ww && w < W; w++) vl_k_up2_bwd_weights(w, W, tab[w]);
   if (all_f32(dx, dy, NULL)) {
-#pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, F32, pdy, F32, H, W, nearest, r);
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nhi) * NS_ROW))
+    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, F32, pdy, F32, H, W, nearest, ww, r);
   } else {
     int dxdt = dt(dx), dydt = dt(dy);
-#pragma omp parallel for if (nhi > PAR_MIN)
-    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, dxdt, pdy, dydt, H, W, nearest, r);
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nhi) * NS_ROW))
+    for (int64_t r = 0; r < planes * H; r++) up_bwd_row(pdx, dxdt, pdy, dydt, H, W, nearest, ww, r);
   }
   return VL_OK;
 }
@@ -321,21 +343,21 @@ static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0
   int ydt = dt(y), xdt = dt(x), acc = accumulate ? 1 : 0;
   if (!accumulate && y->dtype == x->dtype) {
     size_t eb = vl_dtype_bytes(y->dtype, 1);
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t q = 0; q < N * nc; q++) {
       int64_t yo, xo;
       cc_offsets(q, nc, HW, yC, y_c0, xC, x_c0, &yo, &xo);
       memcpy((char *)py + (size_t)yo * eb, (const char *)px + (size_t)xo * eb, (size_t)HW * eb);
     }
   } else if (all_f32(y, x, NULL)) {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t q = 0; q < N * nc; q++) {
       int64_t yo, xo;
       cc_offsets(q, nc, HW, yC, y_c0, xC, x_c0, &yo, &xo);
       for (int64_t j = 0; j < HW; j++) vl_k_chan_copy_at(py, F32, yo + j, px, F32, xo + j, acc);
     }
   } else {
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
     for (int64_t q = 0; q < N * nc; q++) {
       int64_t yo, xo;
       cc_offsets(q, nc, HW, yC, y_c0, xC, x_c0, &yo, &xo);
@@ -360,9 +382,14 @@ static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, con
                      (long long)p, (int)tgt[p], (long long)K);
   void *pl = logits->data;
   float *ploss = loss->data;
-  int ldt = dt(logits);
-#pragma omp parallel for if (n * K > PAR_MIN)
-  for (int64_t p = 0; p < n; p++) vl_k_xent_pix(pl, ldt, ploss, tgt, K, HW, dloss_scale, p);
+  int ldt = dt(logits), nt = vl_cpu_threads((double)(n * K) * NS_EXP);
+  if (ldt == F32) {
+#pragma omp parallel for num_threads(nt)
+    for (int64_t p = 0; p < n; p++) vl_k_xent_pix(pl, F32, ploss, tgt, K, HW, dloss_scale, p);
+  } else {
+#pragma omp parallel for num_threads(nt)
+    for (int64_t p = 0; p < n; p++) vl_k_xent_pix(pl, ldt, ploss, tgt, K, HW, dloss_scale, p);
+  }
   return VL_OK;
 }
 

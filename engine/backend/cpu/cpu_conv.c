@@ -283,11 +283,11 @@ size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
 /* ---- execution ---------------------------------------------------------------------- */
 
 static void to_f32(float *dst, const void *src, int dt, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(vl_cpu_threads((double)n * NS_MEM))
   for (int64_t i = 0; i < n; i++) dst[i] = vl_ld(src, dt, i);
 }
 static void from_f32(void *dst, int dt, const float *src, int64_t n, bool acc) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(vl_cpu_threads((double)n * NS_MEM))
   for (int64_t i = 0; i < n; i++) vl_st(dst, dt, i, src[i] + (acc ? vl_ld(dst, dt, i) : 0.0f));
 }
 
@@ -365,6 +365,7 @@ static vl_status run(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, float *plain
   }
   if (s == dnnl_success && e->reorder[SC]) s = reorder(e, SC, &M, plain[SC], use[SC], rs);
   if (s == dnnl_success) s = dnnl_stream_wait(g.strm);
+  vl_cpu_par_warm(); /* oneDNN's OpenMP workers are still awake (cpu_par.c) */
   for (int i = 0; i < M.n; i++) dnnl_memory_destroy(M.m[i]);
   if (s != dnnl_success) return vl_fail(c, VL_ERR_BACKEND, "conv: oneDNN status %d", (int)s);
   return VL_OK;

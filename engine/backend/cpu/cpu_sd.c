@@ -19,7 +19,6 @@
 #include "../sd_args.h"
 #include "../../kernels/sd.h"
 
-#define PAR_MIN 8192 /* below this many elements a parallel region costs more than it saves */
 #define F32 VL_K_F32
 #define INLINE static inline __attribute__((always_inline))
 #define COLS 16      /* columns per LayerNorm / bias column block: one cache line of fp32 */
@@ -33,7 +32,7 @@ static int same_dt(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
 /* BODY(A, B, C) with the dtypes of three tensors (the third may be NULL: C is then A):
  * compile-time constants when they share fp32, fp16 or bf16, else their runtime values. The
  * loops in BODY parallelise with PAR_FOR, over a count named n. */
-#define PAR_FOR _Pragma("omp parallel for if (n > PAR_MIN)")
+#define PAR_FOR _Pragma("omp parallel for num_threads(vl_cpu_threads((double)n * NS_ROW))")
 #define DISPATCH(ta, tb, tc, BODY)                                                         \
   do {                                                                                     \
     switch (same_dt((ta), (tb), (tc))) {                                                   \
@@ -364,7 +363,7 @@ static vl_status cpu_pad2d_fwd(vl_ctx *c, const vl_pad2d_fwd_args *a) {
   void *py = a->y->data;
   const void *px = nin ? a->x->data : NULL;
   int ydt = dt(a->y), xdt = dt(a->x);
-#pragma omp parallel for if (nout > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nout) * NS_ROW))
   for (int64_t row = 0; row < a->planes * g.OH; row++) {
     int64_t pl = row / g.OH, oh = row - pl * g.OH;
     for (int64_t ow = 0; ow < g.OW; ow++) vl_k_pad_fwd_at(py, ydt, px, xdt, g, pl, oh, ow);
@@ -381,7 +380,7 @@ static vl_status cpu_pad2d_bwd(vl_ctx *c, const vl_pad2d_bwd_args *a) {
   void *pdx = a->dx->data;
   const void *pdy = a->dy->data;
   int dxdt = dt(a->dx), dydt = dt(a->dy);
-#pragma omp parallel for if (nin > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(nin) * NS_ROW))
   for (int64_t row = 0; row < a->planes * a->H; row++) {
     int64_t pl = row / a->H, h = row - pl * a->H;
     for (int64_t w = 0; w < a->W; w++) vl_k_pad_bwd_at(pdx, dxdt, pdy, dydt, g, pl, h, w);
@@ -398,7 +397,7 @@ static vl_status cpu_timestep_embed(vl_ctx *c, const vl_timestep_embed_args *a) 
   const int32_t *t = a->t->data; /* host memory on this backend */
   void *pe = a->emb->data;
   int edt = dt(a->emb), flip = a->flip_sin_to_cos ? 1 : 0;
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
   for (int64_t i = 0; i < n; i++)
     vl_k_timestep_embed(pe, edt, t, a->dim, flip, a->shift, a->max_period, i);
   return VL_OK;
@@ -412,7 +411,7 @@ static vl_status cpu_mse_fused(vl_ctx *c, const vl_mse_fused_args *a) {
   const void *pt = n ? a->target->data : NULL;
   float *pl = a->loss->data;
   int pdt = dt(a->pred), tdt = dt(a->target);
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
   for (int64_t r = 0; r < a->R; r++) vl_k_mse_row(pp, pdt, pl, pt, tdt, a->C, a->dloss_scale, r);
   return VL_OK;
 }
@@ -424,7 +423,7 @@ static vl_status cpu_gauss_sample(vl_ctx *c, const vl_gauss_sample_args *a) {
   void *pz = a->z->data;
   const void *pm = a->moments->data, *pn = a->noise->data;
   int zdt = dt(a->z), mdt = dt(a->moments), ndt = dt(a->noise);
-#pragma omp parallel for if (n > PAR_MIN)
+#pragma omp parallel for num_threads(vl_cpu_threads((double)(n) * NS_ROW))
   for (int64_t i = 0; i < n; i++)
     vl_k_gauss_sample(pz, zdt, pm, mdt, pn, ndt, a->C, a->HW, a->scale, i);
   return VL_OK;
