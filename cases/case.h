@@ -166,6 +166,7 @@ extern const vl_case vl_case_llm_lora;
 extern const vl_case vl_case_sd_lora;
 extern const vl_case vl_case_dataloader;
 extern const vl_case vl_case_seg_ckpt;
+extern const vl_case vl_case_multi_gpu;
 void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);

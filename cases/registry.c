@@ -15,7 +15,8 @@
 #pragma GCC diagnostic error "-Wformat-truncation"
 #endif
 
-static const vl_case *const all_cases[] = {&vl_case_llm_lora, &vl_case_seg_ckpt, &vl_case_sd_lora, &vl_case_dataloader};
+static const vl_case *const all_cases[] = {&vl_case_llm_lora, &vl_case_seg_ckpt, &vl_case_sd_lora, &vl_case_dataloader,
+                                             &vl_case_multi_gpu};
 
 const vl_case *const *vl_case_all(int *n) {
   *n = (int)(sizeof all_cases / sizeof *all_cases);

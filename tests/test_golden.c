@@ -132,6 +132,15 @@ static void test_golden_every_case_has_one(void **state) {
   }
 }
 
+/* ...and every snapshot matches, the cases registered after the four above included
+ * (multi-gpu: per-rank plans of the data-parallel wrapper). */
+static void test_golden_every_case_matches(void **state) {
+  (void)state;
+  int n;
+  const vl_case *const *all = vl_case_all(&n);
+  for (int i = 0; i < n; i++) check_case(all[i]->id);
+}
+
 /* The comparison itself can fail: a changed byte count is found and named. */
 static void test_golden_diff_finds_a_change(void **state) {
   (void)state;
@@ -157,6 +166,7 @@ int main(void) {
       cmocka_unit_test(test_golden_sd_lora),
       cmocka_unit_test(test_golden_dataloader),
       cmocka_unit_test(test_golden_every_case_has_one),
+      cmocka_unit_test(test_golden_every_case_matches),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
