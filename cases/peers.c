@@ -703,3 +703,30 @@ void vl_peer_report(const cJSON *res, FILE *md, const vl_peer_kind *k, const cha
   if (notes && *notes) fprintf(md, "\n%s\n", notes);
   fprintf(md, "\n");
 }
+
+vl_status vl_peer_side_by_side(vl_case_env *env, cJSON *res, const vl_peer_kind *k, const vl_peer_rounds *R,
+                               const char *const *compared, int n_compared, vl_peer_rung_fn fn) {
+  if (env->device == VL_DEV_PLAN) return VL_OK;
+  const cJSON *which[16];
+  int n = 0;
+  for (int i = 0; i < n_compared && n < 16; i++) {
+    const cJSON *r = vl_rep_rung(res, compared[i]);
+    if (r && cJSON_GetObjectItem(r, "runs")) which[n++] = r;
+  }
+  if (!n) return VL_OK; /* a ladder without them: nothing to compare */
+  int threads = omp_get_max_threads();
+  vl_peer p;
+  if (!env->quiet) vl_progress("PyTorch side by side: starting tools/peers/%s", k->script);
+  cJSON *hello = vl_peer_open(&p, k, env->device, threads);
+  cJSON *pe = vl_peer_results(res, hello, p.why, R);
+  vl_status s = VL_OK;
+  for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
+    s = fn(env, &p, hello, which[i], threads, o);
+    vl_peer_rung_metrics(res, o);
+  }
+  vl_peer_stop(&p);
+  cJSON_Delete(hello);
+  return s;
+}

@@ -86,6 +86,15 @@ cJSON *vl_peer_open(vl_peer *p, const vl_peer_kind *k, vl_device device, int thr
 /* res.case_metrics.peers: the peer's versions, device, threads and memory method from the
  * hello (NULL: not_measured = why) and the rounds; its "rungs" array for vl_peer_compare. */
 cJSON *vl_peer_results(cJSON *res, const cJSON *hello, const char *why, const vl_peer_rounds *R);
+/* One rung of a case's side by side: the engine model and its batch made, then
+ * vl_peer_compare into o. */
+typedef vl_status (*vl_peer_rung_fn)(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung,
+                                     int threads, cJSON *o);
+/* A case's extra hook of PyTorch side by side: the rungs named in `compared` that ran (in
+ * res), one peer process for all of them, `fn` for each, res.case_metrics.peers and the
+ * rungs' metrics filled. Nothing on the plan device or for a ladder without those rungs. */
+vl_status vl_peer_side_by_side(vl_case_env *env, cJSON *res, const vl_peer_kind *k, const vl_peer_rounds *R,
+                               const char *const *compared, int n_compared, vl_peer_rung_fn fn);
 /* The rung, engine and peer in turn: the peer's setup, then the rounds of R. Into o: the times of both,
  * medians, the ratio (PyTorch / engine), units/s, FLOP/s of the engine's model FLOPs at
  * both times, the engine's planned and measured peak by category, the peer's peak, its

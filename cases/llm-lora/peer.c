@@ -3,12 +3,10 @@
  * start) and the lora rung (the last rung a CPU peer can run: the later ones add an NF4
  * base, which needs bitsandbytes on a GPU) on one fixed-length batch, engine and PyTorch in
  * turn (cases/peers.c), and the report shows them side by side. */
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "interrupt.h"
 #include "llm.h"
 #include "peer.h"
 #include "peers.h"
@@ -120,29 +118,8 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
 }
 
 vl_status vl_llm_peers(vl_case_env *env, cJSON *res) {
-  if (env->device == VL_DEV_PLAN) return VL_OK;
-  const cJSON *which[sizeof compared / sizeof *compared];
-  int n = 0;
-  for (size_t i = 0; i < sizeof compared / sizeof *compared; i++) {
-    const cJSON *r = vl_rep_rung(res, compared[i]);
-    if (r && cJSON_GetObjectItem(r, "runs")) which[n++] = r;
-  }
-  if (!n) return VL_OK; /* a ladder without them: nothing to compare */
-  int threads = omp_get_max_threads();
-  vl_peer p;
-  if (!env->quiet) vl_progress("PyTorch side by side: starting tools/peers/%s", kind.script);
-  cJSON *hello = vl_peer_open(&p, &kind, env->device, threads);
-  cJSON *pe = vl_peer_results(res, hello, p.why, &rounds);
-  vl_status s = VL_OK;
-  for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
-    s = compare_rung(env, &p, hello, which[i], threads, o);
-    vl_peer_rung_metrics(res, o);
-  }
-  vl_peer_stop(&p);
-  cJSON_Delete(hello);
-  return s;
+  return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
+                              compare_rung);
 }
 
 void vl_llm_peers_report(const cJSON *res, FILE *md) {

@@ -4,12 +4,10 @@
  * bottleneck, in-place ReLU off: the article's "after" model without fp16, which PyTorch has
  * no fast CPU kernels for, accumulation and the GPU's largest batch) on one batch, engine
  * and PyTorch in turn (cases/peers.c), and the report shows them side by side. */
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "interrupt.h"
 #include "peer.h"
 #include "peers.h"
 #include "report.h"
@@ -106,29 +104,8 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
 }
 
 vl_status vl_seg_peers(vl_case_env *env, cJSON *res) {
-  if (env->device == VL_DEV_PLAN) return VL_OK;
-  const cJSON *which[sizeof compared / sizeof *compared];
-  int n = 0;
-  for (size_t i = 0; i < sizeof compared / sizeof *compared; i++) {
-    const cJSON *r = vl_rep_rung(res, compared[i]);
-    if (r && cJSON_GetObjectItem(r, "runs")) which[n++] = r;
-  }
-  if (!n) return VL_OK; /* a ladder without them: nothing to compare */
-  int threads = omp_get_max_threads();
-  vl_peer p;
-  if (!env->quiet) vl_progress("PyTorch side by side: starting tools/peers/%s", kind.script);
-  cJSON *hello = vl_peer_open(&p, &kind, env->device, threads);
-  cJSON *pe = vl_peer_results(res, hello, p.why, &rounds);
-  vl_status s = VL_OK;
-  for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
-    s = compare_rung(env, &p, hello, which[i], threads, o);
-    vl_peer_rung_metrics(res, o);
-  }
-  vl_peer_stop(&p);
-  cJSON_Delete(hello);
-  return s;
+  return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
+                              compare_rung);
 }
 
 void vl_seg_peers_report(const cJSON *res, FILE *md) {
