@@ -273,7 +273,7 @@ cJSON *vl_peer_start(vl_peer *p, char *const argv[], char *const env_add[], doub
   p->pid = pid;
   p->fd = sv[0];
   cJSON *hello = read_reply(p, timeout_s);
-  if (!hello && p->pid) { /* an error answer to the hello: it exits on its own */
+  if (!hello) { /* no hello: stop it if it still runs; its buffer and log go either way */
     char w[VL_PEER_WHY_LEN];
     snprintf(w, sizeof w, "%s", p->why);
     vl_peer_stop(p);
