@@ -1,5 +1,7 @@
-set terminal png size 900,480
-set output 'step_time.png'
+# vramlab report: gnuplot step_time.gp in this folder re-renders step_time.png
+if (!exists("vl_png")) vl_png = 'step_time.png'
+set terminal png size 900,480 noenhanced
+set output vl_png
 set title 'Time per target token (measured at the run scale)'
 set style data histograms
 set style fill solid 0.8 border -1
