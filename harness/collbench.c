@@ -497,6 +497,11 @@ int vl_collbench_main(int argc, char **argv) {
   cb_args a;
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc == 1 ? 0 : rc;
+  if (!vl_comm_have_mpi()) { /* said once here, not by every rank of a job */
+    fprintf(stderr, "vramlab: bench %s: built without MPI: apt-get install libopenmpi-dev openmpi-bin, then rebuild\n",
+            argv[0]);
+    return 2;
+  }
   if (!vl_comm_under_mpirun()) return relaunch(argc, argv, &a);
   return run_ranks(&a);
 }

@@ -261,7 +261,7 @@ static void test_nccl_unsupported(void **state) {
 /* ============================== vl_mpirun =========================================== */
 
 /* A file's bytes as a NUL-terminated string (malloc'd). */
-static char *slurp_text(const char *path) {
+__attribute__((unused)) static char *slurp_text(const char *path) {
   uint8_t *b = NULL;
   size_t n = tu_slurp(path, &b);
   b[n] = 0;
