@@ -184,8 +184,14 @@ static void check_llm_resume(int variant) {
   vl_loop_result_free(&r2);
   vl_loop_result_free(&ref);
 }
-static void test_llm_resume_lora(void **state) { (void)state; check_llm_resume(0); }
-static void test_llm_resume_full_adafactor(void **state) { (void)state; check_llm_resume(1); }
+static void test_llm_resume_lora(void **state) {
+  (void)state;
+  check_llm_resume(0);
+}
+static void test_llm_resume_full_adafactor(void **state) {
+  (void)state;
+  check_llm_resume(1);
+}
 
 /* ---- (4) the interrupt path ----------------------------------------------------------- */
 static void test_interrupt_saves_at_step_edge(void **state) {

@@ -426,7 +426,9 @@ static void test_collbench(void **state) {
   free(text);
 }
 
-static void test_killed_rank(void **state) { fault_job("--die", "die.txt", "rank 1"); }
+static void test_killed_rank(void **state) {
+  fault_job("--die", "die.txt", "rank 1");
+}
 static void test_failed_rank(void **state) {
   fault_job("--fail", "fail.txt", "vramlab: rank 1 of 2: injected failure before an allreduce");
 }
