@@ -11,6 +11,32 @@
 #include "vramlab/data.h"
 #include "vramlab/resunet.h"
 
+/* Knob declarations seg-ckpt shares with the cases built on its U-Net and data (multi-gpu):
+ * each default written once (knobs.h). */
+#define VL_SEG_MODEL_KNOBS                                                                        \
+  {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG}, \
+  {"checkpoint", "false", "activation checkpointing per bottleneck block", VL_KNOB_RUNG},        \
+  {"relu_inplace", "true", "ReLU overwrites its input (no separate output kept)", VL_KNOB_RUNG}
+#define VL_SEG_LOADER_KNOBS                                                                       \
+  {"workers", "0", "loader worker threads, or cores (one per core)", VL_KNOB_RUNG},              \
+  {"prefetch", "2", "batches in flight per worker", VL_KNOB_RUNG},                                \
+  {"pinned", "false", "batches in pinned host staging", VL_KNOB_RUNG},                            \
+  {"lr", "1e-3", "learning rate (Adam)", VL_KNOB_RUNG},                                           \
+  {"corrupt", "error", "a damaged file in the data: error (stop) or skip (leave it out, counted)", \
+   VL_KNOB_RUNG},                                                                                 \
+  {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG}
+#define VL_SEG_SIZE_SETTINGS                                                                      \
+  {"classes", "5", "segmentation classes, background included (2..255)", VL_KNOB_SETTING},      \
+  {"image", "preset",                                                                             \
+   "image side, a multiple of 32 (32..2048); preset: the scale's (512 full, 128 small, 32 tiny)", \
+   VL_KNOB_SETTING},                                                                              \
+  {"width_div", "preset",                                                                         \
+   "widths of ResNet-101 and the decoder divided by 1, 2, 4 .. 64 (decoder >= 2); preset: 1 full, 4 small, 16 tiny", \
+   VL_KNOB_SETTING},                                                                              \
+  {"blocks", "preset", "bottlenecks per stage, 4 comma-separated (ResNet-101: 3,4,23,3); preset: the scale's", \
+   VL_KNOB_SETTING},                                                                              \
+  {"seed", "1", "seed of weights, data order and the data sets", VL_KNOB_SETTING}
+
 typedef struct {
   vl_resunet_model_cfg model;
   long batch;            /* micro-batch; 0 = "max" */
