@@ -4,6 +4,9 @@
 #include "vramlab/backend.h"
 #include "vramlab/nn.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 double vl_bench_sgemm(int n, int reps) {
   vl_ctx *c;
   if (vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP)) return 0;
@@ -27,5 +30,27 @@ double vl_bench_sgemm(int n, int reps) {
     }
   }
   vl_ctx_destroy(c);
+  return best;
+}
+
+/* Best of reps copies of a bytes-sized buffer (after one warm-up copy): bytes read plus bytes
+ * written per second; 0 when the buffers cannot be had. */
+double vl_bench_copy_bw(size_t bytes, int reps) {
+  char *src = malloc(bytes), *dst = malloc(bytes);
+  double best = 0;
+  if (src && dst) {
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    for (int i = 0; i < reps + 1; i++) {
+      double t0 = vl_now();
+      memcpy(dst, src, bytes);
+      double dt = vl_now() - t0;
+      /* keep the copy observable: a compiler may not drop it */
+      __asm__ volatile("" : : "r"(dst) : "memory");
+      if (i > 0 && dt > 0 && 2.0 * (double)bytes / dt > best) best = 2.0 * (double)bytes / dt;
+    }
+  }
+  free(src);
+  free(dst);
   return best;
 }

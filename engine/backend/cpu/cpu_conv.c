@@ -17,6 +17,7 @@
  * the forward one as their hint, as oneDNN requires. */
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,4 +436,32 @@ const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir) {
   char why[256];
   static _Thread_local conv_entry e;
   return entry(cv, dir, false, &e, why, sizeof why) ? e.impl_name : "none";
+}
+
+/* ---- what the CPU's numbers depend on -----------------------------------------------------
+ * oneDNN picks a convolution's kernel, blocked layouts and scratchpad by the host's ISA and
+ * cache sizes, so two hosts of one CPU model may compute and allocate differently. The key
+ * hashes (FNV-1a, 64 bits) every primitive made so far: its shape and direction, the
+ * implementation oneDNN chose, its scratchpad, reorder buffers and reorder scratchpad. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+void vl_cpu_conv_key(char *out, size_t n) {
+  pthread_mutex_lock(&g.mu);
+  uint64_t h = 14695981039346656037ull;
+  for (int i = 0; i < g.n; i++) {
+    const conv_entry *e = &g.e[i];
+    h = fnv(h, &e->k, sizeof e->k);
+    h = fnv(h, e->impl_name, strlen(e->impl_name) + 1);
+    uint64_t sz[2 + NSLOT] = {e->scratch, e->rscratch, e->rbytes[0], e->rbytes[1], e->rbytes[2]};
+    h = fnv(h, sz, sizeof sz);
+  }
+  int prims = g.n;
+  pthread_mutex_unlock(&g.mu);
+  const dnnl_version_t *v = dnnl_version();
+  snprintf(out, n, "onednn-%d.%d-isa%d-%dprims-%016llx", v->major, v->minor, (int)dnnl_get_effective_cpu_isa(),
+           prims, (unsigned long long)h);
 }

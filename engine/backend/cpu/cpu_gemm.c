@@ -18,6 +18,7 @@
  * C's rows are split, B's columns when C's columns are; its part of C); an operand every
  * slice reads is converted by the threads together, behind one barrier. */
 #include <cblas.h>
+#include <stdio.h>
 #include <omp.h>
 #include <stdbool.h>
 
@@ -231,4 +232,11 @@ vl_status vl_cpu_gemm(vl_ctx *c, const void *args) {
   }
   vl_cpu_par_observe(vl_now() - t0, own);
   return VL_OK;
+}
+
+/* OpenBLAS picks its sgemm kernel by CPU core type ("Haswell", "Zen", "SkylakeX"): two
+ * hosts whose cores differ may round a GEMM differently. */
+void vl_cpu_blas_key(char *out, size_t n) {
+  const char *core = openblas_get_corename();
+  snprintf(out, n, "openblas-%s", core && *core ? core : "unknown");
 }

@@ -76,6 +76,13 @@ size_t vl_conv_ws_cuda(const vl_conv *cv, vl_conv_dir dir, bool accumulate);
 /* The oneDNN implementation the CPU backend uses for (cv, dir), e.g. "gemm:jit" ("none"
  * when oneDNN has none), for reports. */
 const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir);
+/* What the CPU backend's numbers depend on beyond the engine's code, as keys a regression
+ * baseline stores beside the numbers they determine: the convolutions oneDNN chose for every
+ * shape run so far in this process (version, ISA, implementation, scratchpad, reorders;
+ * hashed), and OpenBLAS's sgemm kernel (its core name). Equal keys: bit-identical losses and
+ * the same measured peak; different keys: another kernel, judged with a tolerance. */
+void vl_cpu_conv_key(char *out, size_t n);
+void vl_cpu_blas_key(char *out, size_t n);
 
 #ifdef __cplusplus
 }
