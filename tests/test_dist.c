@@ -426,6 +426,37 @@ static void test_collbench(void **state) {
   free(text);
 }
 
+/* #22.12: --min-bytes nan went through (size_t)NaN (undefined; the message said
+ * 9223372036854775808), and a bad --json path was found only after the whole benchmark
+ * (--json DIR made its temporary file beside DIR first). Each is refused before any rank
+ * starts, naming the option and the path. */
+static void test_collbench_bad_args(void **state) {
+  char missing[300], log[300], cmd[1400];
+  tu_join(missing, sizeof missing, tu_tmp, "no/such/folder/x.json");
+  tu_join(log, sizeof log, tu_tmp, "bad.txt");
+  struct { const char *opt, *val, *want; } cases[] = {
+      {"--min-bytes", "nan", "--min-bytes nan: a size >= 1 byte"},
+      {"--json", tu_tmp, "is a folder, not a file name"},
+      {"--json", missing, "its folder " },
+      {"--json", "/proc/vramlab-test.json", "cannot write in /proc"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(cmd, sizeof cmd, "%s/vramlab bench allreduce --max-bytes 64 --iters 1 --warmup 0 %s '%s' > %s 2>&1",
+             VRAMLAB_BINARY_DIR, cases[i].opt, cases[i].val, log);
+    int st = system(cmd);
+    char *text = slurp_text(log);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 2 || !strstr(text, cases[i].want) ||
+        !strstr(text, cases[i].opt) || strstr(text, "# Using devices")) {
+      print_error("%s: status %d, expected 2, '%s' and no benchmark; output:\n%s\n", cmd, st,
+                  cases[i].want, text);
+      fail();
+    }
+    free(text);
+  }
+  struct stat sb;
+  assert_int_equal(stat(missing, &sb), -1);
+}
+
 static void test_killed_rank(void **state) {
   fault_job("--die", "die.txt", "rank 1");
 }
@@ -453,7 +484,7 @@ int main(void) {
 #ifdef VRAMLAB_HAVE_MPI
       cmocka_unit_test(test_mpirun_runs),      cmocka_unit_test(test_mpirun_timeout),
       cmocka_unit_test(test_killed_rank),      cmocka_unit_test(test_failed_rank),
-      cmocka_unit_test(test_collbench),
+      cmocka_unit_test(test_collbench),        cmocka_unit_test(test_collbench_bad_args),
 #endif
   };
   return cmocka_run_group_tests(tests, setup, teardown);
