@@ -2,6 +2,7 @@
 #include <stdio.h>
 
 #include "case.h"
+#include "mpirun.h"
 
 int vl_case_worker_main(int argc, char **argv) {
   if (argc < 1) {
@@ -13,5 +14,7 @@ int vl_case_worker_main(int argc, char **argv) {
     fprintf(stderr, "vramlab: worker: %s '%s'\n", c ? "no per-rank worker in case" : "unknown case", argv[0]);
     return 2;
   }
+  /* a rank ends with the vramlab process that started the job, whatever ended that */
+  if (vl_mpirun_watch_launcher()) return 1;
   return c->worker(argc, argv);
 }

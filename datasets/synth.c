@@ -914,7 +914,7 @@ int vl_synth_first_use(const char *dir, const char *manifest, const char *gen, c
   if (!other[0]) return 1;
   setf(err, errn, "%s is not empty (it holds \"%s\") and has no %s: a data set is made only in "
                   "a new or empty folder (vramlab never writes into one that holds other "
-                  "files); delete the folder or use another, or make a set there yourself with "
-                  "`%s`", dir, other, manifest, gen);
+                  "files); delete the folder or use another%s%s%s", dir, other, manifest,
+       gen ? ", or make a set there yourself with `" : "", gen ? gen : "", gen ? "`" : "");
   return -1;
 }

@@ -297,7 +297,7 @@ int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const ch
  * generation leaves: img_NNNNNNN.jpg, mask_NNNNNNN.pgm and ".NAME.tmp.PID" files, no
  * manifest), -1 with a message naming dir otherwise (not a directory, unreadable, or a
  * folder with other files: never written into). `gen` is the command that makes a set
- * there ("vramlab data gen --out DIR ..."), for the message. */
+ * there ("vramlab data gen --out DIR ..."), for the message (NULL: none, for data gen itself). */
 int vl_synth_first_use(const char *dir, const char *manifest, const char *gen, char *err,
                        size_t errn);
 

@@ -10,7 +10,8 @@
  * algbw = size / time, busbw = algbw * vl_comm_busbw_factor. Sizes: --min-bytes to
  * --max-bytes by --factor, each rounded down to whole elements per rank (size is the full
  * buffer: allreduce's, reduce_scatter's send, allgather's recv, as in nccl-tests).
- * Exit status 1 when any element is wrong; --json FILE writes the table atomically. */
+ * Exit status 1 when any element is wrong; --json FILE writes the table atomically (its path
+ * is checked before any work). */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -23,6 +24,7 @@
 
 #include "collbench.h"
 #include "mpirun.h"
+#include "parse.h"
 #include "engine/kernels/kcommon.h"
 #include "vramlab/backend.h"
 #include "vramlab/dist.h"
@@ -69,18 +71,23 @@ static void usage(FILE *f, const char *coll) {
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 
+/* A size through the strict parser (NaN, "inf", junk and hex refused): a number with an
+ * optional K, M or G (binary, as nccl-tests), at most 1e15 bytes, or vl_parse_bytes's
+ * KiB, MB, ... forms. */
 static int parse_size(const char *s, size_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  double m = 0;
-  if (!*end) m = 1;
-  else if (!end[1] && strchr("kK", *end)) m = 1024.0;
-  else if (!end[1] && strchr("mM", *end)) m = 1048576.0;
-  else if (!end[1] && strchr("gG", *end)) m = 1073741824.0;
-  if (m == 0) return vl_parse_bytes(s, out);
-  if (v * m > 1e15) return -1;
+  static const char units[] = "kKmMgG";
+  static const double mult[] = {1024.0, 1048576.0, 1073741824.0};
+  size_t n = strlen(s);
+  if (!n) return -1;
+  const char *u = strchr(units, s[n - 1]);
+  if (!u && !strchr("0123456789.", s[n - 1])) return vl_parse_bytes(s, out);
+  double m = u ? mult[(u - units) / 2] : 1, v;
+  char num[64];
+  if (u) n--;
+  if (n >= sizeof num) return -1;
+  memcpy(num, s, n);
+  num[n] = 0;
+  if (vl_parse_f64(num, 0, 1e15 / m, &v) != VL_PARSE_OK) return -1;
   *out = (size_t)(v * m);
   return 0;
 }
@@ -95,10 +102,8 @@ static int parse_dtype(const char *s, vl_dtype *dt) {
 }
 
 static int parse_int(const char *s, int lo, int *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || end == s || v < lo || v > INT_MAX) return -1;
+  int64_t v;
+  if (vl_parse_i64(s, lo, INT_MAX, &v) != VL_PARSE_OK) return -1;
   *out = (int)v;
   return 0;
 }
@@ -134,13 +139,11 @@ static int parse_args(int argc, char **argv, cb_args *a) {
       if (parse_size(v, &a->max_bytes) || a->max_bytes < 1 || a->max_bytes > ((size_t)1 << 33))
         return bad_arg(a, o, v, "a size from 1 byte to 8G (8, 1K, 256M)");
     } else if (!strcmp(o, "--factor")) {
-      char *end;
-      a->factor = strtod(v, &end);
-      if (*end || !(a->factor > 1) || a->factor > 1024) return bad_arg(a, o, v, "a factor > 1");
+      if (vl_parse_f64(v, 1, 1024, &a->factor) != VL_PARSE_OK || !(a->factor > 1))
+        return bad_arg(a, o, v, "a factor > 1, at most 1024");
     } else if (!strcmp(o, "--timeout")) {
-      char *end;
-      a->timeout = strtod(v, &end);
-      if (*end || !(a->timeout > 0)) return bad_arg(a, o, v, "seconds > 0");
+      if (vl_parse_f64(v, 0, 1e9, &a->timeout) != VL_PARSE_OK || !(a->timeout > 0))
+        return bad_arg(a, o, v, "seconds > 0, at most 1e9");
     } else if (!strcmp(o, "--dtype")) {
       if (parse_dtype(v, &a->dt)) return bad_arg(a, o, v, "float, half, bfloat16 or int32");
     } else if (!strcmp(o, "--device")) {
@@ -158,6 +161,13 @@ static int parse_args(int argc, char **argv, cb_args *a) {
   if (a->min_bytes > a->max_bytes) {
     fprintf(stderr, "vramlab: bench %s: --min-bytes %zu exceeds --max-bytes %zu\n", a->coll,
             a->min_bytes, a->max_bytes);
+    return 2;
+  }
+  /* the output path before any work: a folder, a missing folder or an unwritable place
+   * was found only after the whole benchmark */
+  char err[512];
+  if (a->json && vl_file_check_writable(a->json, err, sizeof err)) {
+    fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err);
     return 2;
   }
   double sizes = floor(log((double)a->max_bytes / (double)a->min_bytes) / log(a->factor)) + 1;
@@ -457,6 +467,7 @@ static void close_env(cb_env *e) {
 }
 
 static int run_ranks(const cb_args *a) {
+  if (vl_mpirun_watch_launcher()) return 1; /* a rank ends with the bench that started it */
   cb_env e;
   int rc = open_env(&e, a);
   if (rc) return rc;

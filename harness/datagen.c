@@ -1,12 +1,14 @@
 /* The data set registry of `vramlab data gen` (datagen.h). */
 #include "datagen.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "datasets/captions.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
+#include "datasets/synth.h"
 #include "harness.h"
 #include "vramlab/core.h"
 
@@ -19,6 +21,21 @@ static void progress(int64_t done, int64_t total, void *user) {
   }
 }
 
+/* The cases' first-use rule (vl_synth_first_use) for data gen too: a set is made only in a
+ * new or empty folder, or one holding only what an interrupted generation left; a folder
+ * with other files, or with a set already (of any kind: another one would mix with it), is
+ * left as it is. 0, or 1 with the message. */
+static int out_is_new(const char *dir, const char *manifest) {
+  char err[1024];
+  int u = vl_synth_first_use(dir, manifest, NULL, err, sizeof err);
+  if (u == 1) return 0;
+  if (u == 0)
+    snprintf(err, sizeof err, "%s holds a data set already (%s): a set is made only in a new or "
+                              "empty folder; delete the folder or use another", dir, manifest);
+  fprintf(stderr, "vramlab: data gen: --out %s\n", err);
+  return 1;
+}
+
 /* A generation or a reopen failed: the message, exit status 1. */
 static int gen_failed(const char *err) {
   fprintf(stderr, "vramlab: data gen: %s\n", err);
@@ -26,6 +43,7 @@ static int gen_failed(const char *err) {
 }
 
 static int gen_jpeg(const vl_datagen_opts *o) {
+  if (out_is_new(o->out, VL_JPEGSET_MANIFEST)) return 1;
   int last = 0;
   vl_jpegset_gen_cfg g;
   vl_jpegset_gen_cfg_default(&g);
@@ -55,6 +73,7 @@ static int gen_seg(const vl_datagen_opts *o) {
             VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX, VL_SEGSET_CLASSES_MAX);
     return 2;
   }
+  if (out_is_new(o->out, VL_SEGSET_MANIFEST)) return 1;
   int last = 0;
   vl_segset_gen_cfg g;
   vl_segset_gen_cfg_default(&g);
@@ -82,6 +101,7 @@ static int gen_seg(const vl_datagen_opts *o) {
 
 /* The command line's options carry no size for this set: it is made at the default (512). */
 static int gen_captions(const vl_datagen_opts *o) {
+  if (out_is_new(o->out, VL_CAPTIONS_MANIFEST)) return 1;
   int last = 0;
   vl_captions_gen_cfg g;
   vl_captions_gen_cfg_default(&g);
@@ -124,4 +144,11 @@ const vl_dataset_kind *vl_dataset_kind_find(const char *kind) {
   for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
     if (!strcmp(kinds[i].kind, kind)) return &kinds[i];
   return NULL;
+}
+
+bool vl_dataset_kind_reads(const vl_dataset_kind *k, const char *opt) {
+  size_t n = strlen(opt);
+  for (const char *p = strstr(k->options, opt); p; p = strstr(p + 1, opt))
+    if ((p == k->options || p[-1] == ' ') && (p[n] == ' ' || !p[n])) return true;
+  return false;
 }

@@ -82,7 +82,7 @@ typedef struct {
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes, profile;
   int64_t seed, save_every;
-  int out_given;
+  int out_given, device_given, size_given, classes_given; /* refused where they do not apply */
 } args;
 
 /* A numeric option, strictly: the whole argument an integer in [lo, hi] (atoi read "1e3"
@@ -112,6 +112,9 @@ static int parse_args(int argc, char **argv, args *a) {
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
     /* an empty value is never meant: --out "" would write results under "/" */
 #define OPT(name, field) if (!strcmp(s, name)) { if (!next || !*next) { fprintf(stderr, "vramlab: %s needs a value\n", name); return -1; } a->field = next; i++; continue; }
+    a->device_given |= !strcmp(s, "--device");
+    a->size_given |= !strcmp(s, "--size");
+    a->classes_given |= !strcmp(s, "--classes");
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
     OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config) OPT("--resume", resume)
     if (!strcmp(s, "--out")) {
@@ -462,6 +465,26 @@ static int cmd_report(const args *a, const char *path) {
   return 0;
 }
 
+/* --size and --classes belong to the data sets whose registry row lists them: refused
+ * elsewhere (they were silently ignored), naming the kinds that read them. k: the data gen
+ * kind, NULL outside data gen. 0, or -1 with the message on stderr. */
+static int unread_set_opts(const args *a, const vl_dataset_kind *k) {
+  const char *given[] = {a->size_given ? "--size" : NULL, a->classes_given ? "--classes" : NULL};
+  for (size_t i = 0; i < sizeof given / sizeof *given; i++) {
+    if (!given[i] || (k && vl_dataset_kind_reads(k, given[i]))) continue;
+    int n, m = 0;
+    const vl_dataset_kind *all = vl_dataset_kinds(&n);
+    fprintf(stderr, "vramlab: %s applies to data gen --kind ", given[i]);
+    for (int j = 0; j < n; j++)
+      if (vl_dataset_kind_reads(&all[j], given[i])) fprintf(stderr, "%s%s", m++ ? "|" : "", all[j].kind);
+    fprintf(stderr, " only");
+    if (k) fprintf(stderr, " (--kind %s reads %s)", k->kind, k->options);
+    fprintf(stderr, "\n");
+    return -1;
+  }
+  return 0;
+}
+
 /* Through the data set registry (datagen.h): one row per --kind. */
 static int cmd_data_gen(const args *a) {
   if (!a->out_given) { fprintf(stderr, "vramlab: data gen needs --out DIR\n"); return 2; }
@@ -478,6 +501,7 @@ static int cmd_data_gen(const args *a) {
     fprintf(stderr, ")\n");
     return 2;
   }
+  if (unread_set_opts(a, k)) return 2;
   vl_datagen_opts o = {.out = a->out, .n = a->n, .seed = a->seed, .quality = a->quality, .size = a->size,
                        .classes = a->classes};
   return k->generate(&o);
@@ -513,6 +537,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "vramlab: --model-config applies to plan, run and bench only\n");
     return 2;
   }
+  if (a.device_given && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
+    fprintf(stderr, "vramlab: --device applies to run and bench only (%s runs nothing on a device)\n", a.cmd);
+    return 2;
+  }
+  int is_data_gen = !strcmp(a.cmd, "data") && a.case_id && !strcmp(a.case_id, "gen");
+  if (!is_data_gen && unread_set_opts(&a, NULL)) return 2;
   char results[PATH_MAX] = "";
   if (!strcmp(a.cmd, "list")) return vl_cmd_list(a.case_id, a.json);
   if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);

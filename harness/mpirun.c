@@ -3,10 +3,16 @@
  * here (root permission, no CMA single-copy, --oversubscribe when asked, no core binding so
  * ranks share the machine with whatever else runs), the threads of every rank, the job's
  * output into a file or passed through, and a wall-clock limit: past it the whole group gets
- * SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later, and the status is 124. */
+ * SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later, and the status is 124. The job
+ * ends with its launcher: SIGTERM, SIGINT or SIGHUP to the launcher ends the group the same
+ * way before the launcher acts on the signal (mpirun's own group never sees a terminal's
+ * Ctrl-C), and every rank that calls vl_mpirun_watch_launcher ends itself when the launcher
+ * (its PID in VRAMLAB_PARENT_PID) or its own parent is gone (a SIGKILL reaches no handler). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,7 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "interrupt.h"
 #include "mpirun.h"
+#include "parse.h"
 
 #define MPIRUN_INSTALL "apt-get install libopenmpi-dev openmpi-bin"
 #define MAX_ARGS 256
@@ -74,10 +82,103 @@ static int find_mpirun(char *buf, size_t n) {
   return -1;
 }
 
-/* The child: own process group, environment, output, then exec; on failure errno goes to
- * the parent through the close-on-exec pipe. */
-static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err) {
+/* ---- the job ends with its launcher ------------------------------------------------------ */
+
+#define LAUNCHER_ENV "VRAMLAB_PARENT_PID"
+
+/* The signals that end a job: a launcher's own handler (vl_interrupt's, or none: the default
+ * action) runs only after the job is gone. One ignored when the job starts (nohup) stays so. */
+static const int job_signals[] = {SIGTERM, SIGINT, SIGHUP};
+#define N_JOB_SIGNALS (int)(sizeof job_signals / sizeof *job_signals)
+static volatile sig_atomic_t job_signal, job_signal_count;
+
+static void on_job_signal(int sig) {
+  job_signal = sig;
+  job_signal_count++;
+}
+
+static void catch_job_signals(struct sigaction old[N_JOB_SIGNALS]) {
+  job_signal = job_signal_count = 0;
+  struct sigaction sa = {0};
+  sa.sa_handler = on_job_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int i = 0; i < N_JOB_SIGNALS; i++) {
+    sigaction(job_signals[i], NULL, &old[i]);
+    if (old[i].sa_handler != SIG_IGN) sigaction(job_signals[i], &sa, NULL);
+  }
+}
+
+static void restore_job_signals(const struct sigaction old[N_JOB_SIGNALS]) {
+  for (int i = 0; i < N_JOB_SIGNALS; i++) sigaction(job_signals[i], &old[i], NULL);
+}
+
+/* The start time of process pid (field 22 of /proc/PID/stat, clock ticks since boot): a PID
+ * used again by a later process has another; 0 when pid is gone or a zombie. */
+static unsigned long long proc_start(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t k = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (k <= 0) return 0;
+  buf[k] = 0;
+  char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X') return 0;
+  for (int field = 2; field < 22 && p; field++) p = strchr(p + 1, ' ');
+  return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static pid_t watched_launcher, watched_parent;
+static unsigned long long watched_start;
+
+static void *watch_launcher(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec ts = {0, 200 * 1000000L};
+    nanosleep(&ts, NULL);
+    const char *gone = proc_start(watched_launcher) != watched_start ? "the vramlab process that started the job"
+                       : getppid() != watched_parent                 ? "this rank's parent (mpirun)"
+                                                                     : NULL;
+    if (gone) { /* write(2), not stdio: the rank's main thread may hold stderr's lock */
+      char msg[160];
+      int k = snprintf(msg, sizeof msg, "vramlab: rank (pid %d): %s is gone: ending this rank\n", (int)getpid(), gone);
+      if (k > 0 && write(STDERR_FILENO, msg, (size_t)k < sizeof msg ? (size_t)k : sizeof msg - 1) < 0) {}
+      _exit(VL_EXIT_INTERRUPTED);
+    }
+  }
+  return NULL;
+}
+
+int vl_mpirun_watch_launcher(void) {
+  const char *v = getenv(LAUNCHER_ENV);
+  int64_t pid;
+  if (!v || vl_parse_i64(v, 1, INT_MAX, &pid) != VL_PARSE_OK) return 0; /* not started by vl_mpirun */
+  watched_launcher = (pid_t)pid;
+  watched_parent = getppid();
+  watched_start = proc_start(watched_launcher);
+  if (!watched_start) {
+    fprintf(stderr, "vramlab: rank (pid %d): the vramlab process that started the job is gone\n", (int)getpid());
+    return -1;
+  }
+  pthread_t t;
+  if (pthread_create(&t, NULL, watch_launcher, NULL) != 0) return -1;
+  pthread_detach(t);
+  return 0;
+}
+
+/* ---- starting and waiting ------------------------------------------------------------------ */
+
+/* The child: the signals as the launcher had them, own process group, environment, output,
+ * then exec; on failure errno goes to the parent through the close-on-exec pipe. */
+static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err,
+                  const struct sigaction old[N_JOB_SIGNALS]) {
+  restore_job_signals(old);
   setpgid(0, 0);
+  char launcher[24];
+  snprintf(launcher, sizeof launcher, "%ld", (long)getppid());
+  setenv(LAUNCHER_ENV, launcher, 1); /* mpirun hands its environment to the ranks */
   if (geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -112,8 +213,9 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Wait for pid until the deadline; 1 when it ended (*st filled), 0 on timeout. */
-static int wait_until(pid_t pid, double deadline, int *st) {
+/* Wait for pid until the deadline or until the launcher has had more than `signals` of
+ * job_signals; 1 when it ended (*st filled), 0 otherwise. */
+static int wait_until(pid_t pid, double deadline, sig_atomic_t signals, int *st) {
   for (;;) {
     pid_t w = waitpid(pid, st, WNOHANG);
     if (w == pid) return 1;
@@ -123,7 +225,7 @@ static int wait_until(pid_t pid, double deadline, int *st) {
     }
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec + now.tv_nsec * 1e-9 >= deadline) return 0;
+    if (now.tv_sec + now.tv_nsec * 1e-9 >= deadline || job_signal_count > signals) return 0;
     sleep_ms(20);
   }
 }
@@ -132,6 +234,18 @@ static double mono(void) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
+/* The job's process group: SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later or at
+ * one more signal to the launcher, then SIGKILL again for ranks mpirun left behind. */
+static void end_job(pid_t pid, int *st) {
+  sig_atomic_t signals = job_signal_count;
+  kill(-pid, SIGTERM);
+  if (!wait_until(pid, mono() + 5, signals, st)) {
+    kill(-pid, SIGKILL);
+    waitpid(pid, st, 0);
+  }
+  kill(-pid, SIGKILL);
 }
 
 /* argv of mpirun: the options, then cmd. */
@@ -207,15 +321,18 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   }
   fflush(stdout);
   fflush(stderr);
+  struct sigaction old[N_JOB_SIGNALS];
+  catch_job_signals(old); /* before the fork: no signal between it and the wait is lost */
   pid_t pid = fork();
   if (pid < 0) {
     snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
+    restore_job_signals(old);
     close(pfd[0]), close(pfd[1]);
     return -1;
   }
   if (pid == 0) {
     close(pfd[0]);
-    child(o, av, pfd[1]);
+    child(o, av, pfd[1], old);
   }
   setpgid(pid, pid); /* both sides set it: no race with the kill below */
   close(pfd[1]);
@@ -226,19 +343,25 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   if (got == (ssize_t)sizeof e) { /* exec (or the output file) failed */
     int st;
     waitpid(pid, &st, 0);
+    restore_job_signals(old);
     snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
              o->out_path ? o->out_path : "", strerror(e));
     return -1;
   }
   double limit = o->timeout_s > 0 ? o->timeout_s : 600;
   int st = 0;
-  if (!wait_until(pid, mono() + limit, &st)) {
-    kill(-pid, SIGTERM);
-    if (!wait_until(pid, mono() + 5, &st)) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &st, 0);
-    }
-    kill(-pid, SIGKILL); /* ranks mpirun left behind in its group */
+  int ended = wait_until(pid, mono() + limit, 0, &st);
+  int sig = job_signal;
+  if (!ended) end_job(pid, &st);
+  restore_job_signals(old);
+  if (sig) {
+    /* the job is gone; now the launcher's own handling of the signal (the default action
+     * ends it, vl_interrupt's stops the run at its next step edge) */
+    snprintf(err, errn, "mpirun: the job was ended: this process got %s", strsignal(sig));
+    raise(sig);
+    return 128 + sig;
+  }
+  if (!ended) {
     snprintf(err, errn, "mpirun: the job ran past %g s and was killed", limit);
     return 124;
   }

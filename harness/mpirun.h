@@ -23,7 +23,16 @@ typedef struct {
 
 /* Run cmd (argv, NULL-terminated; cmd[0] a path) on o->np ranks. Returns the job's exit
  * status (0..255); -1 with a message in err when mpirun is missing (the apt-get line) or
- * could not start; 124 when it ran past the timeout (the job is killed). */
+ * could not start; 124 when it ran past the timeout (the job is killed). The job ends with
+ * the caller: SIGTERM, SIGINT or SIGHUP to the caller while it waits ends the job (its
+ * process group: SIGTERM, SIGKILL 5 s later), then the caller's own disposition of the
+ * signal runs (raise) and, if the caller lives on, 128 + the signal is returned. */
 int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn);
+
+/* In a rank of a vl_mpirun job: a thread that ends this process (exit status 130) within
+ * a fraction of a second once the launching process, whatever killed it (SIGKILL included),
+ * or this rank's parent (mpirun) is gone. 0 (also outside a vl_mpirun job: nothing to
+ * watch), -1 when the launcher is gone already or the thread cannot start. */
+int vl_mpirun_watch_launcher(void);
 
 #endif

@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -316,7 +317,7 @@ static void test_mpirun_runs(void **state) {
 static bool gone(pid_t pid, double seconds) {
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  for (double t0 = vl_now(); vl_now() - t0 < seconds; usleep(20 * 1000)) {
+  for (double t0 = vl_now();; usleep(20 * 1000)) { /* seconds 0: one look */
     FILE *f = fopen(path, "r");
     if (!f) return true;
     size_t k = fread(buf, 1, sizeof buf - 1, f);
@@ -324,8 +325,8 @@ static bool gone(pid_t pid, double seconds) {
     buf[k] = 0;
     char *rp = strrchr(buf, ')');
     if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X')) return true;
+    if (vl_now() - t0 >= seconds) return false;
   }
-  return false;
 }
 
 /* past the limit the job is killed: 124, quickly, with the sleeping ranks gone */
@@ -426,6 +427,104 @@ static void test_collbench(void **state) {
   free(text);
 }
 
+/* #22.12: --min-bytes nan went through (size_t)NaN (undefined; the message said
+ * 9223372036854775808), and a bad --json path was found only after the whole benchmark
+ * (--json DIR made its temporary file beside DIR first). Each is refused before any rank
+ * starts, naming the option and the path. */
+static void test_collbench_bad_args(void **state) {
+  char missing[300], log[300], cmd[1400];
+  tu_join(missing, sizeof missing, tu_tmp, "no/such/folder/x.json");
+  tu_join(log, sizeof log, tu_tmp, "bad.txt");
+  struct { const char *opt, *val, *want; } cases[] = {
+      {"--min-bytes", "nan", "--min-bytes nan: a size >= 1 byte"},
+      {"--json", tu_tmp, "is a folder, not a file name"},
+      {"--json", missing, "its folder " },
+      {"--json", "/proc/vramlab-test.json", "cannot write in /proc"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(cmd, sizeof cmd, "%s/vramlab bench allreduce --max-bytes 64 --iters 1 --warmup 0 %s '%s' > %s 2>&1",
+             VRAMLAB_BINARY_DIR, cases[i].opt, cases[i].val, log);
+    int st = system(cmd);
+    char *text = slurp_text(log);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 2 || !strstr(text, cases[i].want) ||
+        !strstr(text, cases[i].opt) || strstr(text, "# Using devices")) {
+      print_error("%s: status %d, expected 2, '%s' and no benchmark; output:\n%s\n", cmd, st,
+                  cases[i].want, text);
+      fail();
+    }
+    free(text);
+  }
+  struct stat sb;
+  assert_int_equal(stat(missing, &sb), -1);
+}
+
+/* The live (not zombie) processes whose command line holds marker, but not `except`, into
+ * pids (at most max): the job's mpirun and ranks carry the bench's arguments. */
+static int marked_procs(const char *marker, pid_t except, pid_t *pids, int max) {
+  DIR *d = opendir("/proc");
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) && n < max;) {
+    pid_t pid = (pid_t)atol(e->d_name);
+    if (pid <= 0 || pid == except || pid == getpid() || gone(pid, 0)) continue;
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < k; i++) buf[i] = buf[i] ? buf[i] : ' ';
+    buf[k] = 0;
+    if (strstr(buf, marker)) pids[n++] = pid;
+  }
+  closedir(d);
+  return n;
+}
+
+/* #22.3: `bench allreduce` started in a child (its mpirun in a process group of its own, so
+ * a terminal's Ctrl-C never reaches it); once both ranks run, the child gets sig. Within a
+ * few seconds no process of the job is left: SIGTERM is forwarded to the job, and after a
+ * SIGKILL (no handler runs) each rank sees its launcher gone and ends itself. */
+static void launcher_killed(int sig, const char *name) {
+  char json[300], log[300];
+  tu_join(json, sizeof json, tu_tmp, name); /* unique on the job's command lines */
+  tu_join(log, sizeof log, tu_tmp, "launcher.txt");
+  tu_write_text(log, ""); /* there before the child writes it */
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(127);
+    execl(VRAMLAB_BINARY_DIR "/vramlab", "vramlab", "bench", "allreduce", "--min-bytes", "8", "--max-bytes", "8",
+          "--iters", "2000000000", "--warmup", "0", "--json", json, (char *)NULL);
+    _exit(127);
+  }
+  /* no assertion until the job's processes are killed: a failed test leaves no ranks spinning */
+  pid_t job[8];
+  int started = 0, n = 0;
+  for (double t0 = vl_now(); !started && vl_now() - t0 < 60; usleep(100 * 1000)) {
+    char *text = slurp_text(log); /* rank 0 in its loop, mpirun and both ranks seen */
+    started = strstr(text, "# Using devices") && marked_procs(name, child, job, 8) >= 3;
+    free(text);
+  }
+  kill(child, sig);
+  int st;
+  waitpid(child, &st, 0);
+  double t0 = vl_now();
+  while ((n = marked_procs(name, child, job, 8)) > 0 && vl_now() - t0 < 10) usleep(100 * 1000);
+  for (int i = 0; i < n; i++) kill(job[i], SIGKILL);
+  if (!started || n) {
+    print_error("%s; %d process(es) of the job alive 10 s after the launcher got signal %d\n",
+                started ? "the job ran" : "the job did not start within 60 s", n, sig);
+    fail();
+  }
+  assert_true(WIFSIGNALED(st) && WTERMSIG(st) == sig); /* the launcher then died of it */
+}
+
+static void test_job_ends_with_launcher(void **state) {
+  launcher_killed(SIGTERM, "term-job.json");
+  launcher_killed(SIGKILL, "kill-job.json");
+}
+
 static void test_killed_rank(void **state) {
   fault_job("--die", "die.txt", "rank 1");
 }
@@ -453,7 +552,8 @@ int main(void) {
 #ifdef VRAMLAB_HAVE_MPI
       cmocka_unit_test(test_mpirun_runs),      cmocka_unit_test(test_mpirun_timeout),
       cmocka_unit_test(test_killed_rank),      cmocka_unit_test(test_failed_rank),
-      cmocka_unit_test(test_collbench),
+      cmocka_unit_test(test_collbench),        cmocka_unit_test(test_collbench_bad_args),
+      cmocka_unit_test(test_job_ends_with_launcher),
 #endif
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -584,6 +584,85 @@ static void test_cli_strict_numbers(void **state) {
   }
 }
 
+/* #22.1: data gen kept no first-use rule: it wrote beside a user's files (and, as root, into
+ * "/"), and a second --kind into a set's folder overwrote its manifest and mixed the sets.
+ * Now it writes only into a new or empty folder (or one holding only an interrupted
+ * generation's files), the cases' rule, and leaves any other folder exactly as it was. */
+static void test_data_gen_first_use(void **state) {
+  (void)state;
+  char *out, path[600];
+  write_file("dg-user/other.txt", "mine\n");
+  int rc = run_cli("data gen --out dg-user --n 2", &out);
+  if (rc != 1 || !strstr(out, "--out dg-user is not empty") || !strstr(out, "other.txt")) {
+    print_error("data gen into a folder with other.txt: rc %d:\n%s\n", rc, out);
+    fail();
+  }
+  free(out);
+  snprintf(path, sizeof path, "%s/dg-user/manifest.tsv", tmpdir);
+  assert_int_equal(access(path, F_OK), -1); /* nothing written beside other.txt */
+  snprintf(path, sizeof path, "%s/dg-user/img_0000000.jpg", tmpdir);
+  assert_int_equal(access(path, F_OK), -1);
+  /* a set, then another kind into its folder: refused, the manifest untouched */
+  rc = run_cli("data gen --kind seg --out dg-set --n 2 --size 32", &out);
+  if (rc != 0) { print_error("%s\n", out); fail(); }
+  free(out);
+  snprintf(path, sizeof path, "%s/dg-set/manifest.tsv", tmpdir);
+  char *before = vl_read_file(path, NULL);
+  assert_non_null(before);
+  rc = run_cli("data gen --out dg-set --n 3", &out);
+  if (rc != 1 || !strstr(out, "--out dg-set holds a data set already")) {
+    print_error("a second --kind into a set's folder: rc %d:\n%s\n", rc, out);
+    fail();
+  }
+  free(out);
+  char *after = vl_read_file(path, NULL);
+  assert_non_null(after);
+  assert_string_equal(before, after);
+  free(before);
+  free(after);
+  /* what an interrupted generation leaves is still taken over */
+  write_file("dg-part/img_0000000.jpg", "partial");
+  rc = run_cli("data gen --out dg-part --n 2", &out);
+  if (rc != 0) { print_error("%s\n", out); fail(); }
+  free(out);
+}
+
+/* #22.13: options that change nothing were silently ignored: --size/--classes with a kind
+ * that has no size or classes, --device with plan (even "gpu", no device name), and
+ * --classes 256 though seg-ckpt trains on 255 at most. Each is refused, naming the option
+ * and what it applies to, before anything is made. */
+static void test_unread_options_refused(void **state) {
+  (void)state;
+  struct { const char *args, *expect; } cases[] = {
+      {"data gen --out un1 --n 1 --size 64", "--size applies to data gen --kind seg only (--kind jpeg reads"},
+      {"data gen --kind captions --out un2 --n 1 --classes 3", "--classes applies to data gen --kind seg only"},
+      {"plan dataloader --size 64", "--size applies to data gen --kind seg only"},
+      {"plan dataloader --device gpu", "--device applies to run and bench only"},
+      {"plan dataloader --device cpu", "--device applies to run and bench only"},
+      {"data gen --kind seg --out un3 --n 1 --classes 256", "--classes '256' is out of range: expected an integer in [2, 255]"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *out;
+    int rc = run_cli(cases[i].args, &out);
+    if (rc != 2 || !strstr(out, cases[i].expect)) {
+      print_error("`vramlab %s` exited %d and printed:\n%s\nexpected exit 2 and '%s'\n", cases[i].args, rc, out,
+                  cases[i].expect);
+      fail();
+    }
+    free(out);
+  }
+  char path[600];
+  for (int k = 1; k <= 3; k++) {
+    snprintf(path, sizeof path, "%s/un%d", tmpdir, k);
+    assert_int_equal(access(path, F_OK), -1); /* no set made */
+  }
+  /* the options where they apply still work */
+  char *out;
+  int rc = run_cli("data gen --kind seg --out un4 --n 1 --size 32 --classes 255", &out);
+  if (rc != 0) { print_error("%s\n", out); fail(); }
+  free(out);
+}
+
 /* #11a: accum=4096 made llm-lora's plan step through 4096 micro-batches for every probe of
  * the batch search (minutes); it now plans a bounded number and extrapolates, with the
  * same peak and the FLOPs scaled. */
@@ -1091,6 +1170,7 @@ int main(void) {
       cmocka_unit_test(test_oom_rung_is_a_result), cmocka_unit_test(test_seg_plan_fields),
       cmocka_unit_test(test_set_long_values), cmocka_unit_test(test_out_path_not_truncated),
       cmocka_unit_test(test_empty_values_refused), cmocka_unit_test(test_cli_strict_numbers),
+      cmocka_unit_test(test_data_gen_first_use), cmocka_unit_test(test_unread_options_refused),
       cmocka_unit_test(test_accum_plan_is_fast), cmocka_unit_test(test_ini_strict),
       cmocka_unit_test(test_strict_parsers), cmocka_unit_test(test_knob_set_limits),
       cmocka_unit_test(test_ladder_parse_memory),

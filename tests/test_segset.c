@@ -595,8 +595,8 @@ static void test_generate_errors(void **state) {
   tu_join(dir, sizeof dir, tu_tmp, "bad_cfg");
   static const struct { int field, value; const char *needle; } cases[] = {
       {0, 0, "n must be at least 1"},        {1, 8, "size must be in 16..2048"},
-      {1, 4096, "size must be in"},          {2, 1, "num_classes must be in 2..256"},
-      {2, 257, "num_classes"},               {3, 0, "quality must be in 1..100"},
+      {1, 4096, "size must be in"},          {2, 1, "num_classes must be in 2..255"},
+      {2, 256, "num_classes"},               {3, 0, "quality must be in 1..100"},
       {4, -1, "threads must be >= 0"},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {

@@ -67,7 +67,7 @@ vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
   vl_seg_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long v;
-  VL_TRY(vl_case_knob_int(env, s, "classes", vl_seg_knobs, 2, 255, &v));
+  VL_TRY(vl_case_knob_int(env, s, "classes", vl_seg_knobs, 2, VL_SEGSET_CLASSES_MAX, &v));
   mc->classes = v;
   VL_TRY(vl_case_card_parse(env, k, &r->card));
   VL_TRY(vl_case_knob_int(env, s, "seed", vl_seg_knobs, 0, 1L << 40, &r->seed));

@@ -160,18 +160,51 @@ static int write_all(int fd, const void *data, size_t len) {
   return 0;
 }
 
-int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
-  /* the temporary file: ".<name>.tmp.<pid>" in the same folder (rename is atomic only
-   * within one file system) */
-  char dir[PATH_MAX], tmp[PATH_MAX];
+/* The folder of path into dir and the temporary file vl_file_write_atomic writes first,
+ * ".<name>.tmp.<pid>" in that folder (rename is atomic only within one file system), into
+ * tmp; 0, or -1 with a message when path is no file name (empty, ending in '/') or too long. */
+static int temp_of(const char *path, char dir[PATH_MAX], char tmp[PATH_MAX], char *err, size_t errn) {
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
-  int dn = !slash ? snprintf(dir, sizeof dir, ".")
-           : slash == path ? snprintf(dir, sizeof dir, "/")
-                           : snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  int tn = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, base, (long)getpid());
-  if (!*base || dn < 0 || (size_t)dn >= sizeof dir || tn < 0 || (size_t)tn >= sizeof tmp)
+  int dn = !slash ? snprintf(dir, PATH_MAX, ".")
+           : slash == path ? snprintf(dir, PATH_MAX, "/")
+                           : snprintf(dir, PATH_MAX, "%.*s", (int)(slash - path), path);
+  int tn = snprintf(tmp, PATH_MAX, "%s%s.%s.tmp.%ld", dir, slash == path ? "" : "/", base, (long)getpid());
+  if (!*base || dn < 0 || dn >= PATH_MAX || tn < 0 || tn >= PATH_MAX)
     return failf(err, errn, "path too long or not a file name: %.200s (limit %d)", path, PATH_MAX - 32);
+  return 0;
+}
+
+/* A folder at path: a rename onto it fails only after the temporary file is written. */
+static int not_a_folder(const char *path, char *err, size_t errn) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return failf(err, errn, "%s is a folder, not a file name", path);
+  return 0;
+}
+
+int vl_file_check_writable(const char *path, char *err, size_t errn) {
+  char dir[PATH_MAX], tmp[PATH_MAX];
+  if (!path || !*path) return failf(err, errn, "empty file name");
+  if (temp_of(path, dir, tmp, err, errn) || not_a_folder(path, err, errn)) return -1;
+  struct stat st;
+  if (stat(dir, &st) != 0)
+    return failf(err, errn, "%s: its folder %s %s", path, dir,
+                 errno == ENOENT ? "does not exist" : strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return failf(err, errn, "%s: %s is not a folder", path, dir);
+  /* the one honest test (root passes access(W_OK) on a read-only file system): make the
+   * temporary file the write will make, and remove it */
+  (void)unlink(tmp);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return failf(err, errn, "%s: cannot write in %s: %s", path, dir, strerror(errno));
+  close(fd);
+  unlink(tmp);
+  return 0;
+}
+
+int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
+  char dir[PATH_MAX], tmp[PATH_MAX];
+  if (temp_of(path, dir, tmp, err, errn) || not_a_folder(path, err, errn)) return -1;
   /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
    * that would block the open, a link) is removed, not followed. */
   (void)unlink(tmp);

@@ -27,9 +27,15 @@ char *vl_file_read_text(const char *path, uint64_t max, const char *limit_name, 
 /* mkdir -p; 0, or -1 (also when the path exists and is not a directory). */
 int vl_file_mkdir_p(const char *dir, char *err, size_t errn);
 /* Write len bytes to path atomically: a fresh temporary file beside it (never through a
- * leftover FIFO or a planted link), fsync, rename over path, fsync of the folder. 0 or -1;
+ * leftover FIFO or a planted link), fsync, rename over path, fsync of the folder. 0 or -1
+ * (a folder at path is refused before anything is written);
  * on failure path is untouched and no temporary file is left. */
 int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn);
+/* Whether vl_file_write_atomic(path, ...) can write there, asked before the work whose
+ * result it will hold: 0, or -1 with a message naming path when it is no file name, is a
+ * folder, its folder is missing or not a folder, or nothing can be created there (the
+ * temporary file is made and removed). */
+int vl_file_check_writable(const char *path, char *err, size_t errn);
 /* fsync a folder, so a rename in it survives a crash (best effort). */
 void vl_file_fsync_dir(const char *dir);
 
