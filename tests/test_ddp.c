@@ -213,7 +213,7 @@ static vl_dist_cfg dcfg(const model_case *m, vl_dist_mode mode, int world, int r
 }
 
 static void plan(const vl_model_type *t, const void *cfg, int64_t B, int64_t accum, vl_plan_result *p) {
-  vl_step_spec s = {t, cfg, 1, {0}, accum};
+  vl_step_spec s = {.type = t, .cfg = cfg, .seed = 1, .batch = {0}, .accum = accum};
   vl_step_spec_set_batch(&s, B);
   vl_status st = vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, true, p);
   if (st != VL_OK) print_error("plan: %s\n", p->err);
@@ -421,7 +421,7 @@ static void test_refusals(void **state) {
   model_case m = mc[0];
   m.type = &bare;
   vl_dist_cfg k = dcfg(&m, VL_DIST_DDP, 2, 0);
-  vl_step_spec s = {&vl_model_dist, &k, 1, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_dist, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 2);
   vl_plan_result p;
   assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &p), VL_ERR_UNSUPPORTED);

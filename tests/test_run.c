@@ -32,7 +32,7 @@ static vl_mistral_model_cfg tiny_mistral(void) {
 static void test_plan_equals_direct(void **state) {
   (void)state;
   vl_mistral_model_cfg k = tiny_mistral();
-  vl_step_spec s = {&vl_model_mistral, &k, 1, {0}, 2};
+  vl_step_spec s = {.type = &vl_model_mistral, .cfg = &k, .seed = 1, .batch = {0}, .accum = 2};
   vl_step_spec_set_batch(&s, 3);
   vl_plan_result p;
   assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, true, &p), VL_OK);
@@ -111,7 +111,7 @@ static void test_loop(void **state) {
   vl_model_destroy(m);
   vl_ctx_destroy(c);
   /* planned = measured for the longest step (all T = seq here: dialogue pads to seq at most) */
-  vl_step_spec s = {&vl_model_mistral, &k, 1, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_mistral, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 2);
   size_t planned;
   bool match;
@@ -124,7 +124,7 @@ static void test_loop(void **state) {
 static void test_loop_oom(void **state) {
   (void)state;
   vl_mistral_model_cfg k = tiny_mistral();
-  vl_step_spec s = {&vl_model_mistral, &k, 1, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_mistral, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 2);
   vl_plan_result p;
   assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CPU, false, &p), VL_OK);
@@ -149,7 +149,7 @@ static void test_resunet_model(void **state) {
   vl_resunet_model_cfg k;
   assert_int_equal(vl_resunet_preset("tiny", &k.mc), 0);
   vl_seg_train_cfg_default(&k.tc);
-  vl_step_spec s = {&vl_model_resunet, &k, 1, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_resunet, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 2);
   assert_int_equal(s.batch.n, 2);
   vl_plan_result p;
@@ -170,10 +170,44 @@ static void test_resunet_model(void **state) {
   vl_ctx_destroy(c);
 }
 
+/* Planning a few micro-batches and extrapolating the rest equals planning every one: the
+ * same peak by category, FLOPs, recomputed FLOPs and bytes moved (Mistral with checkpointing;
+ * the U-Net, whose batch norm keeps running statistics across micro-batches). */
+static void expect_extrapolation_exact(vl_step_spec *s) {
+  vl_plan_result all, few;
+  s->accum = 9;
+  s->plan_micro_max = 9;
+  assert_int_equal(vl_run_plan(s, VL_NO_CAP, VL_DEV_CUDA, false, &all), VL_OK);
+  s->plan_micro_max = 2;
+  assert_int_equal(vl_run_plan(s, VL_NO_CAP, VL_DEV_CUDA, false, &few), VL_OK);
+  assert_true(all.mem.peak_total == few.mem.peak_total);
+  for (int k = 0; k < VL_MEM_NCAT; k++) assert_true(all.mem.peak[k] == few.mem.peak[k]);
+  assert_true(all.flops == few.flops);
+  assert_true(all.flops_recompute == few.flops_recompute);
+  assert_true(all.bytes_moved == few.bytes_moved);
+  assert_true(all.flops > 0);
+}
+
+static void test_plan_micro_extrapolation(void **state) {
+  (void)state;
+  vl_mistral_model_cfg k = tiny_mistral();
+  k.tc.checkpoint = true;
+  vl_step_spec s = {.type = &vl_model_mistral, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
+  vl_step_spec_set_batch(&s, 2);
+  expect_extrapolation_exact(&s);
+  vl_resunet_model_cfg r;
+  assert_int_equal(vl_resunet_preset("tiny", &r.mc), 0);
+  vl_seg_train_cfg_default(&r.tc);
+  vl_step_spec u = {.type = &vl_model_resunet, .cfg = &r, .seed = 1, .batch = {0}, .accum = 1};
+  vl_step_spec_set_batch(&u, 2);
+  expect_extrapolation_exact(&u);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_max_true),  cmocka_unit_test(test_plan_equals_direct), cmocka_unit_test(test_loop),
       cmocka_unit_test(test_loop_oom), cmocka_unit_test(test_resunet_model),
+      cmocka_unit_test(test_plan_micro_extrapolation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -142,7 +142,7 @@ static void test_full_scale(void **state) {
   assert_int_equal(vl_sd_preset("full", &cfg), 0);
   vl_sd_set_precision(&cfg, VL_F16, VL_F16);
   assert_int_equal(vl_sd_image_side(&cfg), 512);
-  vl_step_spec s = {&vl_model_sd, &cfg, 1, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_sd, .cfg = &cfg, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 1);
   vl_plan_result p;
   double t0 = vl_now();
@@ -245,7 +245,7 @@ static void planned_equals_measured(bool in_step, vl_attn_impl attn, bool ckpt, 
   assert_true(isfinite(info.loss) && info.loss > 0.1);
   vl_mem_stats ms;
   vl_arena_stats(c->arena, &ms);
-  vl_step_spec s = {&vl_model_sd, &cfg, 1, b, 1};
+  vl_step_spec s = {.type = &vl_model_sd, .cfg = &cfg, .seed = 1, .batch = b, .accum = 1};
   size_t planned;
   bool match;
   vl_run_plan_check(&s, ms.peak_total, &planned, &match);

@@ -172,8 +172,8 @@ vl_batch vl_llm_token_batch(int64_t B, int64_t T, const int32_t *tok, const int3
 }
 
 vl_step_spec vl_llm_step_spec(const vl_llm_rung *r, int64_t B, int64_t T) {
-  return (vl_step_spec){&vl_model_mistral, &r->model, (uint64_t)r->seed, vl_llm_token_batch(B, T, NULL, NULL),
-                        r->accum};
+  return (vl_step_spec){.type = &vl_model_mistral, .cfg = &r->model, .seed = (uint64_t)r->seed,
+                        .batch = vl_llm_token_batch(B, T, NULL, NULL), .accum = r->accum};
 }
 
 int64_t vl_llm_max_batch(const vl_llm_rung *r) {

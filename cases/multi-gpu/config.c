@@ -160,7 +160,7 @@ int64_t vl_mg_rank_batch(const vl_mg_rung *r, int world, int rank) {
 /* The wrapper's planned batch of B: B samples per rank; DataParallel's every rank passes the
  * global batch's shapes (rank 0's data is scattered), so world x B. */
 vl_step_spec vl_mg_step_spec(const vl_mg_rung *r, const vl_dist_cfg *dc) {
-  vl_step_spec s = {&vl_model_dist, dc, (uint64_t)r->seg.seed, {0}, 1};
+  vl_step_spec s = {.type = &vl_model_dist, .cfg = dc, .seed = (uint64_t)r->seg.seed, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, r->seg.batch);
   return s;
 }

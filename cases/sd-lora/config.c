@@ -183,7 +183,7 @@ vl_status vl_sdl_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
 }
 
 vl_step_spec vl_sdl_step_spec(const vl_sdl_rung *r, int64_t B) {
-  vl_step_spec s = {&vl_model_sd, &r->model, (uint64_t)r->seed, {0}, r->accum};
+  vl_step_spec s = {.type = &vl_model_sd, .cfg = &r->model, .seed = (uint64_t)r->seed, .batch = {0}, .accum = r->accum};
   vl_step_spec_set_batch(&s, B);
   return s;
 }

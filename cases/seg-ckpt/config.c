@@ -113,7 +113,7 @@ vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
 }
 
 vl_step_spec vl_seg_step_spec(const vl_seg_rung *r, int64_t B, long accum) {
-  vl_step_spec s = {&vl_model_resunet, &r->model, (uint64_t)r->seed, {0}, accum};
+  vl_step_spec s = {.type = &vl_model_resunet, .cfg = &r->model, .seed = (uint64_t)r->seed, .batch = {0}, .accum = accum};
   vl_step_spec_set_batch(&s, B);
   return s;
 }

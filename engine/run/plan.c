@@ -29,7 +29,8 @@ static void keep_timeline(const vl_arena *a, vl_plan_result *out) {
  * at once) to read what one micro-batch adds, then the optimizer update. */
 static vl_status plan_micro(vl_model *m, const vl_step_spec *s, vl_plan_result *out) {
   vl_ctx *c = m->c;
-  int n = s->accum < VL_PLAN_MICRO_MAX ? (int)s->accum : VL_PLAN_MICRO_MAX;
+  int most = s->plan_micro_max > 0 ? s->plan_micro_max : VL_PLAN_MICRO_MAX;
+  int n = s->accum < most ? (int)s->accum : most;
   vl_batch *mb = malloc((size_t)n * sizeof *mb);
   if (!mb) return vl_fail(c, VL_ERR_OOM, "host memory for %d micro-batches", n);
   for (int i = 0; i < n; i++) mb[i] = s->batch;
