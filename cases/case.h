@@ -23,6 +23,7 @@ typedef struct {
   const vl_knobs *setting; /* the [case] section (after --set) */
   int quiet;
   bool profile;            /* --profile: model cases time every operation of the timed steps */
+  double sgemm_flops;      /* this machine's sgemm FLOP/s, measured before the ladder (0: not) */
   char err[VL_CASE_ERR_LEN]; /* the last failure's message (vl_case_fail) */
   /* Checkpoint and resume (run, bench; only cases with `resumable` get them):
    * --save-every N: a checkpoint every N optimizer steps into ckpt_dir (0: none); ckpt_dir

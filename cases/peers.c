@@ -507,7 +507,7 @@ vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, 
   for (int64_t i = 0; i < cmp->accum; i++) mbs[i] = *cmp->mb;
   fixed_feed feed = {mbs, (int)cmp->accum};
   vl_loop_cfg lc = {.warmup = R->warmup, .total = R->warmup, .reset_peaks_after_warmup = true,
-                    .next = fixed_next, .user = &feed, .stop = &vl_interrupted};
+                    .next = fixed_next, .user = &feed, .stop = &vl_interrupted, .stop_now = &vl_terminated};
   vl_loop_result lr = {0};
   vl_status s = vl_run_loop(cmp->m, &lc, &lr);
   cJSON *mem = cJSON_CreateObject();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 volatile sig_atomic_t vl_interrupted;
+volatile sig_atomic_t vl_terminated;
 
 /* Only async-signal-safe calls here. A step stuck in a blocking read (a FIFO, a hung
  * network file system) never reaches its next step edge: the second signal must not wait
@@ -24,6 +25,14 @@ static void on_signal(int sig) {
     _exit(128 + sig); /* not reached unless the signal is blocked */
   }
   vl_interrupted = 1;
+  if (sig == SIGTERM) {
+    vl_terminated = 1;
+    static const char msg[] = "\n[vramlab] terminated: stopping at the next operation and writing what finished "
+                              "(the step in flight is lost)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    return;
+  }
   static const char msg[] = "\n[vramlab] interrupted: finishing the current step and writing what finished "
                             "(interrupt again to stop at once)\n";
   ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);

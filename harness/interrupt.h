@@ -7,6 +7,9 @@
 
 /* Set by the handler; loops poll it at step edges. */
 extern volatile sig_atomic_t vl_interrupted;
+/* Set by a first SIGTERM too (kill, a job scheduler, `timeout`): the model loops stop between
+ * operations (vl_loop_cfg.stop_now), not at the end of a step that may take minutes. */
+extern volatile sig_atomic_t vl_terminated;
 
 /* Exit status of a run stopped by SIGINT/SIGTERM (the shell's 128 + SIGINT). */
 #define VL_EXIT_INTERRUPTED 130

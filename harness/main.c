@@ -378,6 +378,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   if (dev == VL_DEV_CPU) {
     vl_progress("measuring sgemm FLOP/s (1024^3, best of 5)");
     sg0 = vl_bench_sgemm(1024, 5);
+    env.sgemm_flops = sg0;
   }
   cJSON *rungs = cJSON_AddArrayToObject(res, "rungs");
   int rc = 0;

@@ -101,6 +101,19 @@ static void llm_after(void *user, long step, bool timed, const vl_step_info *inf
     vl_progress("  step %ld/%ld  loss %.4f  %.3f s", step + 1, total, info->loss, dt);
 }
 
+/* A step whose planned FLOPs take this machine's measured sgemm rate more than 30 s is said
+ * before it starts (a 7B --model-config at tiny scale fits in RAM and takes minutes a step):
+ * its FLOPs, a lower bound on its time, and how to stop it. Said even with --quiet. */
+static void warn_long_step(const vl_case_env *env, const vl_llm_rung *r, double flops) {
+  if (!(env->sgemm_flops > 0) || flops / env->sgemm_flops < 30) return;
+  double s = flops / env->sgemm_flops, steps = (double)(r->warmup + r->steps);
+  fprintf(stderr,
+          "[vramlab] warning: one step of this rung is %.1f TFLOP (planned); at this machine's %.0f GFLOP/s sgemm "
+          "(measured) it takes at least %.1f min, %.1f h for the run's %.0f steps. kill (SIGTERM) stops between "
+          "operations, Ctrl-C at the next step edge.\n",
+          flops / 1e12, env->sgemm_flops / 1e9, s / 60, s * steps / 3600, steps);
+}
+
 /* A model config or size knobs can make a reduced scale any size: a step this machine's
  * memory cannot hold is refused before anything is allocated (the plan follows the CPU's
  * workspace rules, so it is the run's peak). */
@@ -117,6 +130,7 @@ static vl_status cpu_fits(vl_case_env *env, const vl_llm_rung *r) {
     s = vl_case_fail(env, VL_ERR_UNSUPPORTED,
                      "the step needs %.1f GB (planned), more than 90%% of this machine's %.1f GB: use a smaller model, "
                      "batch or seq, or --device plan", (double)p.mem.peak_total / 1e9, mem / 1e9);
+  else warn_long_step(env, r, p.flops);
   vl_plan_result_free(&p);
   return s;
 }
@@ -152,7 +166,7 @@ vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_dialogue_init(&L.gen, r.model.mc.vocab, T, (uint64_t)r.seed + 1000 + (uint64_t)rep);
   vl_loop_cfg lc = {.warmup = r.warmup, .total = r.warmup + r.steps, .reset_peaks_after_warmup = true,
                     .profile = env->profile,
-                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted,
+                    .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted, .stop_now = &vl_terminated,
                     .save_every = env->save_every, .save_dir = env->ckpt_dir, .ckpt_tag = "llm-lora",
                     .save_state = llm_save_state};
   vl_loop_result res = {0};

@@ -211,7 +211,7 @@ static vl_status rank_run(vl_case_env *env, const wargs *a, vl_comm *cm) {
   int64_t epoch = 0;
   if (s == VL_OK && F.f.l && (s = vl_loader_start_epoch(F.f.l, 0)) != VL_OK) vl_case_fail(env, s, "loader: epoch 0");
   vl_loop_cfg cfg = {.warmup = r.warmup, .next = F.f.l ? vl_seg_next : next_empty, .user = F.f.l ? (void *)&F.f : &F,
-                     .stop = &vl_interrupted};
+                     .stop = &vl_interrupted, .stop_now = &vl_terminated};
   F.f.max_steps = r.warmup + r.steps;
   if (s == VL_OK && r.warmup > 0) s = loop_to(env, m, &cfg, &F, r.warmup, &epoch, &res);
   if (s == VL_OK) vl_dist_stats_reset(m); /* the wrapper's seconds: timed steps only */

@@ -199,7 +199,7 @@ static vl_status run_setup(vl_case_env *env, const vl_knobs *k, const vl_sdl_run
 static vl_status run_epochs(vl_case_env *env, const vl_sdl_rung *r, run_state *s, long limit, cJSON *eps,
                             epoch_m *last) {
   vl_loop_cfg cfg = {.warmup = r->warmup, .total = -1, .reset_peaks_after_warmup = true, .profile = env->profile,
-                     .next = feed_next, .after = feed_after, .user = &s->L, .stop = &vl_interrupted};
+                     .next = feed_next, .after = feed_after, .user = &s->L, .stop = &vl_interrupted, .stop_now = &vl_terminated};
   for (long e = 1; e <= r->epochs; e++) {
     run_feed *L = &s->L;
     L->steps = L->images = L->batches = 0;

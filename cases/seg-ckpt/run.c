@@ -165,7 +165,7 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   if (!L->held || !L->mb || !L->xs || !L->ys || !acc || !miou) s = VL_ERR_OOM;
   vl_loop_result res = {0};
   /* the first step (primitive creation, page faults) is warm-up */
-  vl_loop_cfg cfg = {.warmup = 1, .next = seg_next, .after = seg_after, .user = &R, .stop = &vl_interrupted,
+  vl_loop_cfg cfg = {.warmup = 1, .next = seg_next, .after = seg_after, .user = &R, .stop = &vl_interrupted, .stop_now = &vl_terminated,
                      .profile = env->profile, .save_every = env->save_every, .save_dir = env->ckpt_dir,
                      .ckpt_tag = "seg-ckpt", .save_state = seg_save_state};
   if (s == VL_OK && env->resume) {

@@ -429,6 +429,9 @@ static size_t *ws_len(void *args, const vl_op_desc *d) { return (size_t *)((char
 vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
   const vl_op_desc *d = vl_op_describe(op);
   if (!d || !args) return vl_fail(c, VL_ERR_INVALID, "vl_op_run: operation %d, args %p", (int)op, args);
+  if (c->stop_ops && *c->stop_ops)
+    return vl_fail(c, VL_ERR_INTERRUPTED, "terminated between operations (before %s): the step in flight is lost",
+                   d->name);
   vl_op_cost k = d->cost(args);
   vl_count(c, k.flops, k.bytes);
   vl_op_profile *pr = c->profile && c->prof ? &c->prof[op] : NULL;

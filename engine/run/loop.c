@@ -95,7 +95,9 @@ vl_status vl_run_loop(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res) 
       c->profile = true;
     }
     vl_status s = c->be->timer_start(c);
+    c->stop_ops = cfg->stop_now;
     if (s == VL_OK) s = vl_model_step(m, mb, n, &info);
+    c->stop_ops = NULL;
     if (s == VL_OK) s = c->be->timer_stop(c, &dt);
     c->profile = was;
     if (s != VL_OK) return s;

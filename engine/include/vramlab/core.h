@@ -3,6 +3,7 @@
 #ifndef VRAMLAB_CORE_H
 #define VRAMLAB_CORE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -181,6 +182,10 @@ typedef struct vl_ctx {
   void (*grad_hook)(void *user, const struct vl_param *p);
   void *grad_hook_user;
   bool optim_deferred;
+  /* Set (SIGTERM) while a step runs: vl_op_run refuses the next operation with
+   * VL_ERR_INTERRUPTED, so a step of minutes stops within one operation (the step in flight
+   * is lost; vl_run_loop sets it for the step only). NULL: never. */
+  const volatile sig_atomic_t *stop_ops;
 } vl_ctx;
 
 /* Create a context for `device` with an arena capped at `cap` bytes. */

@@ -97,6 +97,9 @@ typedef struct {
                 double wait);
   void *user;
   const volatile sig_atomic_t *stop; /* set (Ctrl-C): stop at the next step edge; may be NULL */
+  /* set (SIGTERM): stop between operations, inside a step (ctx->stop_ops while it runs): the
+   * step in flight is lost and nothing is saved for it; may be NULL */
+  const volatile sig_atomic_t *stop_now;
   /* Checkpoints (vramlab/ckpt.h) into save_dir (NULL: none) as step-<n>.ckpt + latest:
    * after every step that makes res->steps a multiple of save_every (0: none), and, when
    * `stop` ends the loop, at that step edge before it returns VL_ERR_INTERRUPTED. Each holds
