@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
   memcpy(d, data, n);
   fix_crcs(d, n);
   vl_ckpt_meta meta;
-  vl_status s = vl_ckpt_read_mem(model, d, n, "fuzz.ckpt", NULL, true, &meta);
+  vl_status s = vl_ckpt_read_mem(model, d, n, "fuzz.ckpt", NULL, NULL, true, &meta);
   if (s == VL_OK) {
     if (meta.n_losses != meta.step || meta.blob_len > VL_CKPT_BLOB_MAX || (meta.blob_len && !meta.blob)) abort();
     vl_ckpt_meta_free(&meta);
