@@ -29,8 +29,9 @@ typedef struct {
    * --save-every N: a checkpoint every N optimizer steps into ckpt_dir (0: none); ckpt_dir
    * (<out>/<case>/ckpt/<rung>-rep<k>, set per run by the harness; NULL: no checkpoints,
    * not even on Ctrl-C); resume: the checkpoint file this run continues from (--resume,
-   * resolved by vl_ckpt_resolve; NULL: a fresh run). */
-  long save_every;
+   * resolved by vl_ckpt_resolve; NULL: a fresh run); keep_last: the step-N.ckpt files
+   * ckpt_dir keeps (--keep-last; 0: every one). */
+  long save_every, keep_last;
   const char *ckpt_dir;
   const char *resume;
 } vl_case_env;

@@ -72,7 +72,10 @@ static void usage(FILE *f) {
           "                                     steps (a per-operation table in results+report)\n"
           "  --save-every N                     run/bench: a checkpoint every N training steps in\n"
           "                                     OUT/CASE/ckpt/RUNG-repK/ (step-N.ckpt + latest);\n"
-          "                                     Ctrl-C then also saves before it stops\n"
+          "                                     Ctrl-C then also saves before it stops; stale\n"
+          "                                     temporary files of killed saves are removed\n"
+          "  --keep-last N                      run/bench: keep the N newest step-N.ckpt of a\n"
+          "                                     folder (default 3; 0 keeps every one)\n"
           "  --resume DIR|FILE                  run/bench --step RUNG: continue one repetition from\n"
           "                                     a checkpoint (a folder's latest, or a file)\n");
 }
@@ -81,8 +84,8 @@ typedef struct {
   const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config, *resume;
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes, profile;
-  int64_t seed, save_every;
-  int out_given, device_given, size_given, classes_given; /* refused where they do not apply */
+  int64_t seed, save_every, keep_last;
+  int out_given, device_given, size_given, classes_given, keep_last_given; /* refused where they do not apply */
 } args;
 
 /* A numeric option, strictly: the whole argument an integer in [lo, hi] (atoi read "1e3"
@@ -106,6 +109,7 @@ static int parse_args(int argc, char **argv, args *a) {
   a->kind = "jpeg";
   a->size = 128;
   a->classes = 5;
+  a->keep_last = VL_CKPT_KEEP_LAST_DEFAULT;
   int pos = 0;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
@@ -137,6 +141,10 @@ static int parse_args(int argc, char **argv, args *a) {
     NUM("--n", n, 1, INT_MAX) NUM("--seed", seed, 0, INT64_MAX) NUM("--quality", quality, 1, 100)
     NUM("--size", size, VL_SEGSET_SIZE_MIN, VL_SEGSET_SIZE_MAX) NUM("--classes", classes, 2, VL_SEGSET_CLASSES_MAX)
     NUM("--save-every", save_every, 1, INT_MAX)
+    if (!strcmp(s, "--keep-last")) {
+      if (num_opt(s, next, 0, INT_MAX, &v)) return -1;
+      a->keep_last = v; a->keep_last_given = 1; i++; continue;
+    }
 #undef NUM
     if (!strcmp(s, "-h") || !strcmp(s, "--help")) { usage(stdout); exit(0); }
     if (s[0] == '-') { fprintf(stderr, "vramlab: unknown option '%s'\n", s); return -1; }
@@ -326,18 +334,22 @@ static int ckpt_options(const args *a, const vl_case *c, vl_device dev, char *re
   return 0;
 }
 
-static int write_results(const char *out, const char *case_id, cJSON *res, char *path, size_t pn) {
+/* The results into OUT/CASE/<stamp>.json and latest.json. A failed run (a refused --resume,
+ * a rung that failed) goes to <stamp>-failed.json alone: the results of the runs before it,
+ * latest.json and a stamp of the same second included, stay as they were. */
+static int write_results(const char *out, const char *case_id, cJSON *res, bool failed, char *path, size_t pn) {
   char dir[PATH_MAX], latest[PATH_MAX], err[512], stamp[32];
   time_t t = time(NULL);
   strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&t));
   /* every path checked before anything is made or written */
-  if (path_fmt(dir, sizeof dir, "%s/%s", out, case_id) || path_fmt(path, pn, "%s/%s.json", dir, stamp) ||
+  if (path_fmt(dir, sizeof dir, "%s/%s", out, case_id) ||
+      path_fmt(path, pn, "%s/%s%s.json", dir, stamp, failed ? "-failed" : "") ||
       path_fmt(latest, sizeof latest, "%s/latest.json", dir))
     return -1;
   if (vl_mkdir_p(dir)) { fprintf(stderr, "vramlab: cannot create %s\n", dir); return -1; }
   char *text = cJSON_Print(res);
   int rc = vl_write_atomic(path, text, err, sizeof err);
-  if (!rc) rc = vl_write_atomic(latest, text, err, sizeof err);
+  if (!rc && !failed) rc = vl_write_atomic(latest, text, err, sizeof err);
   free(text);
   if (rc) fprintf(stderr, "vramlab: %s\n", err);
   return rc;
@@ -363,6 +375,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     reps = 1;
   }
   env.save_every = a->save_every;
+  env.keep_last = (long)a->keep_last;
   vl_interrupt_install();
 
   cJSON *res = cJSON_CreateObject();
@@ -440,8 +453,9 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     cJSON_AddNumberToObject(res, "sgemm_flops_per_s", sg1 > sg0 ? sg1 : sg0);
   }
   if (vl_interrupted) cJSON_AddBoolToObject(res, "interrupted", 1);
-  int wrc = write_results(a->out, c->id, res, results_path, rn);
-  if (!wrc) vl_progress("results: %s", results_path);
+  bool failed = rc && !vl_interrupted;
+  int wrc = write_results(a->out, c->id, res, failed, results_path, rn);
+  if (!wrc) vl_progress("results%s: %s", failed ? " of the failed run (latest.json left as it was)" : "", results_path);
   cJSON_Delete(res);
   if (wrc) return 1;
   /* an interrupted run is never a success, whatever it managed to write (a step that
@@ -530,8 +544,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "vramlab: --profile applies to run and bench only\n");
     return 2;
   }
-  if ((a.save_every || a.resume) && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
-    fprintf(stderr, "vramlab: %s applies to run and bench only\n", a.resume ? "--resume" : "--save-every");
+  if ((a.save_every || a.resume || a.keep_last_given) && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
+    fprintf(stderr, "vramlab: %s applies to run and bench only\n",
+            a.resume ? "--resume" : a.save_every ? "--save-every" : "--keep-last");
     return 2;
   }
   if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
@@ -556,7 +571,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(a.cmd, "bench")) {
     if (a.case_id && !strcmp(a.case_id, "gemm")) {
-      if (a.save_every || a.resume) { fprintf(stderr, "vramlab: bench gemm trains nothing: no --save-every or --resume\n"); return 2; }
+      if (a.save_every || a.resume || a.keep_last_given) { fprintf(stderr, "vramlab: bench gemm trains nothing: no --save-every, --resume or --keep-last\n"); return 2; }
       if (a.n < 16 || a.n > 16384) { fprintf(stderr, "vramlab: --n must be in [16, 16384]\n"); return 2; }
       double f = vl_bench_sgemm(a.n, 5);
       printf("sgemm %dx%dx%d: %.1f GFLOP/s (cpu backend, best of 5)\n", a.n, a.n, a.n, f / 1e9);

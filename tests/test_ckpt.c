@@ -4,10 +4,14 @@
  * seg-ckpt case's loader, evaluation and batch-norm statistics); a damaged or mismatched
  * checkpoint is refused naming the file and the field, and the model is left as it was; an
  * interrupt saves at the step edge; `vramlab run --save-every / --resume` end to end. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +19,7 @@
 #include "case.h"
 #include "datasets/dialogue.h"
 #include "testutil.h"
+#include "vramlab/cache.h" /* vl_crc32 */
 #include "vramlab/ckpt.h"
 #include "vramlab/fileio.h"
 #include "vramlab/mistral.h"
@@ -100,6 +105,7 @@ typedef struct {
   const char *save_dir;  /* NULL: no checkpoints */
   long save_every, stop_after, total;
   const char *final;     /* the final state is saved here (vl_ckpt_save), or NULL */
+  const char *settings;  /* the run's settings (recorded by saves, compared by the resume) */
 } llm_run;
 
 /* One training run of the Mistral on a fresh context: its status; res holds the losses. */
@@ -118,7 +124,7 @@ static vl_status run_llm(const vl_mistral_model_cfg *k, const llm_run *o, vl_loo
   vl_status s = VL_OK;
   if (o->resume) {
     vl_ckpt_meta meta;
-    s = vl_run_resume(m, o->resume, "test", res, &meta);
+    s = vl_run_resume(m, o->resume, "test", o->settings, res, &meta);
     if (s == VL_OK) {
       assert_int_equal(meta.blob_len, sizeof f.g.rng);
       memcpy(&f.g.rng, meta.blob, sizeof f.g.rng);
@@ -127,7 +133,7 @@ static vl_status run_llm(const vl_mistral_model_cfg *k, const llm_run *o, vl_loo
   }
   vl_loop_cfg lc = {.warmup = 1, .total = o->total, .next = feed_next, .after = feed_after, .user = &f,
                     .stop = &f.stop, .save_every = o->save_every, .save_dir = o->save_dir, .ckpt_tag = "test",
-                    .save_state = feed_save};
+                    .ckpt_settings = o->settings, .save_state = feed_save};
   if (s == VL_OK) s = vl_run_loop(m, &lc, res);
   snprintf(last_err, sizeof last_err, "%s", c->err);
   if (s != VL_OK && s != VL_ERR_INTERRUPTED) print_error("run: %s\n", c->err);
@@ -294,16 +300,17 @@ static size_t snapshot(vl_model *m, const char *name, uint8_t **out) {
   return tu_slurp(p, out);
 }
 
-/* Loading bytes d (written to a file) into m fails with status st, a message naming the
- * file and holding `want`, and m unchanged. */
-static void expect_refused(vl_model *m, const uint8_t *d, size_t n, vl_status st, const char *want) {
+/* Loading bytes d (written to a file) into m for a run of `settings` (NULL: none compared)
+ * fails with status st, a message naming the file and holding `want`, and m unchanged. */
+static void expect_refused_for(vl_model *m, const uint8_t *d, size_t n, const char *settings, vl_status st,
+                               const char *want) {
   char p[320];
   path_in(p, sizeof p, "bad.ckpt");
   tu_write_bytes(p, d, n);
   uint8_t *before, *after;
   size_t nb = snapshot(m, "before.snap", &before);
   vl_ckpt_meta meta;
-  vl_status s = vl_ckpt_load(m, p, "test", &meta);
+  vl_status s = vl_ckpt_load(m, p, "test", settings, &meta);
   if (s != st || !strstr(m->c->err, p) || !strstr(m->c->err, want))
     fail_msg("status %s, message \"%s\": wanted %s and \"%s\"", vl_status_name(s), m->c->err, vl_status_name(st), want);
   assert_null(meta.losses);
@@ -312,6 +319,9 @@ static void expect_refused(vl_model *m, const uint8_t *d, size_t n, vl_status st
   assert_memory_equal(before, after, nb);
   free(before);
   free(after);
+}
+static void expect_refused(vl_model *m, const uint8_t *d, size_t n, vl_status st, const char *want) {
+  expect_refused_for(m, d, n, NULL, st, want);
 }
 
 static void test_damaged_and_mismatched(void **state) {
@@ -332,7 +342,7 @@ static void test_damaged_and_mismatched(void **state) {
   vl_ctx *c;
   vl_model *m = make_llm(&c, &k, 42); /* other weights than the file's: a partial load would show */
   assert_int_equal(vl_model_train_state(m, &ts), VL_OK);
-  assert_int_equal(ns, 6 + ts.n + ts.n_buffers);
+  assert_int_equal(ns, 7 + ts.n + ts.n_buffers);
   assert_string_equal(secs[0].name, "header");
   assert_string_equal(secs[ns - 1].name, "end");
   uint8_t *bad = malloc(n + 1);
@@ -371,7 +381,7 @@ static void test_damaged_and_mismatched(void **state) {
   expect_refused(m, bad, n, VL_ERR_IO, "not a vramlab checkpoint (bad magic");
   memcpy(bad, good, n);
   bad[8] = 9;
-  expect_refused(m, bad, n, VL_ERR_IO, "format version 9, this build reads version 1");
+  expect_refused(m, bad, n, VL_ERR_IO, "format version 9, this build reads version 2");
   memcpy(bad, good, n);
   bad[n] = 0;
   expect_refused(m, bad, n + 1, VL_ERR_IO, "1 stray bytes after section 'end'");
@@ -380,10 +390,10 @@ static void test_damaged_and_mismatched(void **state) {
   path_in(p, sizeof p, "tag.ckpt");
   tu_write_bytes(p, good, n);
   vl_ckpt_meta meta;
-  assert_int_equal(vl_ckpt_load(m, p, "other", &meta), VL_ERR_INVALID);
+  assert_int_equal(vl_ckpt_load(m, p, "other", NULL, &meta), VL_ERR_INVALID);
   assert_non_null(strstr(c->err, "field 'tag' is 'test', this run's 'other'"));
   /* the good file loads (so the refusals above were about the damage) and says what it holds */
-  assert_int_equal(vl_ckpt_load(m, p, "test", &meta), VL_OK);
+  assert_int_equal(vl_ckpt_load(m, p, "test", NULL, &meta), VL_OK);
   assert_int_equal(meta.step, 2);
   assert_int_equal(meta.n_losses, 2);
   assert_string_equal(meta.model, "mistral");
@@ -426,6 +436,305 @@ static void test_damaged_and_mismatched(void **state) {
   }
   free(bad);
   free(good);
+}
+
+/* ---- (6) hostile checkpoints (#22): other settings, sizes, non-finite state ------------ */
+/* A checkpoint of a fresh variant-0 model: its bytes (malloc'd) and size; settings recorded. */
+static size_t fresh_ckpt(const char *name, const char *settings, uint8_t **out) {
+  vl_mistral_model_cfg k = llm_cfg(0);
+  vl_ctx *c;
+  vl_model *m = make_llm(&c, &k, 1);
+  double losses[2] = {2.5, 2.25};
+  vl_ckpt_meta meta = {.tag = "test", .step = 2, .n_losses = 2, .losses = losses, .settings = settings};
+  char p[320];
+  path_in(p, sizeof p, name);
+  assert_int_equal(vl_ckpt_save(m, p, &meta), VL_OK);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  return tu_slurp(p, out);
+}
+
+/* The section of d named `name` (asserted present). */
+static sec_t find_sec(const uint8_t *d, size_t n, const char *name) {
+  sec_t secs[128];
+  int ns = walk(d, n, secs, 128);
+  for (int i = 0; i < ns; i++)
+    if (!strcmp(secs[i].name, name)) return secs[i];
+  fail_msg("no section '%s'", name);
+  return secs[0];
+}
+/* Recompute a section's CRC after its payload was changed (what a crafted file does). */
+static void fix_crc(uint8_t *d, const sec_t *s) {
+  uint32_t crc = vl_crc32(0, d + s->start, s->crc_at - s->start);
+  memcpy(d + s->crc_at, &crc, 4);
+}
+
+/* 5: every setting that shapes the trajectory is in the checkpoint and compared by name. */
+static void test_settings_compared(void **state) {
+  (void)state;
+  uint8_t *d;
+  size_t n = fresh_ckpt("settings.ckpt", "lora_alpha=32\nseed=1\n", &d);
+  vl_mistral_model_cfg k = llm_cfg(0);
+  vl_ctx *c;
+  vl_model *m = make_llm(&c, &k, 42);
+  char p[320];
+  path_in(p, sizeof p, "bad.ckpt");
+  expect_refused_for(m, d, n, "lora_alpha=16\nseed=1\n", VL_ERR_INVALID, " was made with lora_alpha=32, this run has lora_alpha=16");
+  expect_refused_for(m, d, n, "lora_alpha=32\nseed=7\n", VL_ERR_INVALID, "was made with seed=1, this run has seed=7");
+  expect_refused_for(m, d, n, "seed=1\n", VL_ERR_INVALID, "was made with lora_alpha=32, this run has no setting 'lora_alpha'");
+  expect_refused_for(m, d, n, "lora_alpha=32\nseed=1\nrope_theta=10000\n", VL_ERR_INVALID,
+                     "was made with no setting 'rope_theta', this run has rope_theta=10000");
+  /* the same settings in another order load; so does a load that compares none */
+  vl_ckpt_meta meta;
+  assert_int_equal(vl_ckpt_load(m, p, "test", "seed=1\nlora_alpha=32\n", &meta), VL_OK);
+  vl_ckpt_meta_free(&meta);
+  assert_int_equal(vl_ckpt_load(m, p, "test", NULL, &meta), VL_OK);
+  vl_ckpt_meta_free(&meta);
+  /* a version-1 checkpoint records no settings: refused by name, not as a damaged file */
+  d[8] = 1;
+  expect_refused(m, d, n, VL_ERR_INVALID, "format version 1 records no settings");
+  /* the builder: float values in their shortest exact form, bad names and overflow refused */
+  char buf[64] = "";
+  assert_int_equal(vl_ckpt_setting_f32(buf, sizeof buf, "rms_norm_eps", 1e-5f), 0);
+  assert_int_equal(vl_ckpt_setting(buf, sizeof buf, "seed", "%d", 7), 0);
+  assert_string_equal(buf, "rms_norm_eps=1e-05\nseed=7\n");
+  assert_int_equal(vl_ckpt_setting(buf, sizeof buf, "a=b", "%d", 1), -1);
+  assert_int_equal(vl_ckpt_setting(buf, sizeof buf, "x", "two\nlines"), -1);
+  assert_int_equal(vl_ckpt_setting(buf, sizeof buf, "long", "%040d", 1), -1);
+  assert_string_equal(buf, "rms_norm_eps=1e-05\nseed=7\n");
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  free(d);
+}
+
+/* 7: a file larger than the model's sections can hold is refused before it is read: a
+ * 64 GiB sparse file with a valid header is a bad checkpoint, not an out-of-memory result.
+ * The load runs in a child whose address space is capped near its present size, so a
+ * reader that allocates the file fails there (VL_ERR_OOM) instead of swapping the machine. */
+static void test_huge_file_refused_unread(void **state) {
+  (void)state;
+  char p[320];
+  path_in(p, sizeof p, "huge.ckpt");
+  int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  assert_true(fd >= 0);
+  uint32_t ver = VL_CKPT_VERSION;
+  assert_int_equal(write(fd, VL_CKPT_MAGIC, 8), 8);
+  assert_int_equal(write(fd, &ver, 4), 4);
+  if (ftruncate(fd, (off_t)64 << 30) != 0) {
+    close(fd);
+    skip(); /* a file system without sparse files */
+  }
+  close(fd);
+  vl_mistral_model_cfg k = llm_cfg(0);
+  vl_ctx *c;
+  vl_model *m = make_llm(&c, &k, 1);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld", &pages) != 1) pages = 0;
+    if (f) fclose(f);
+    struct rlimit rl = {(rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)256 << 20), 0};
+    rl.rlim_max = rl.rlim_cur;
+    if (pages > 0) setrlimit(RLIMIT_AS, &rl);
+    vl_ckpt_meta meta;
+    vl_status s = vl_ckpt_load(m, p, "test", NULL, &meta);
+    bool ok = s == VL_ERR_IO && strstr(c->err, p) && strstr(c->err, "exceeds the most a checkpoint of this model can hold");
+    if (!ok) fprintf(stderr, "huge file: status %s, message \"%s\"\n", vl_status_name(s), c->err);
+    _exit(ok ? 0 : 1);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_int_equal(unlink(p), 0);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+}
+
+/* 10: crafted checkpoints with recomputed checksums: a non-finite loss scale, loss, weight,
+ * master or optimizer state is refused naming the section and field. */
+static void poison(uint8_t *d, vl_dtype dt, bool nan) {
+  if (dt == VL_F32) {
+    uint32_t v = nan ? 0x7fc00000u : 0x7f800000u;
+    memcpy(d, &v, 4);
+  } else {
+    uint16_t v = dt == VL_F16 ? (nan ? 0x7e00u : 0x7c00u) : (nan ? 0x7fc0u : 0x7f80u);
+    memcpy(d, &v, 2);
+  }
+}
+
+/* Poison the element `elem` of tensor slot `which` (0: the first present) of parameter
+ * section sec in a copy of good, checksum fixed; the tensor's dtype into *dt. */
+static uint8_t *poisoned_param(const uint8_t *good, size_t n, const char *sec, int which, int64_t elem, bool nan,
+                               vl_dtype *dt) {
+  uint8_t *d = malloc(n);
+  assert_non_null(d);
+  memcpy(d, good, n);
+  sec_t s = find_sec(d, n, sec);
+  uint32_t nl;
+  memcpy(&nl, d + s.payload, 4);
+  size_t pos = s.payload + 4 + nl + 8 + 8 + 2; /* name, rows, cols, trainable, present */
+  for (int t = 0;; t++) {
+    int nd = d[pos + 1];
+    uint64_t bytes;
+    memcpy(&bytes, d + pos + 2 + 8 * (size_t)nd, 8);
+    size_t data = pos + 2 + 8 * (size_t)nd + 8;
+    if (t == which) {
+      *dt = (vl_dtype)d[pos];
+      size_t w = *dt == VL_F32 ? 4 : 2;
+      assert_true((elem + 1) * (int64_t)w <= (int64_t)bytes);
+      poison(d + data + (size_t)elem * w, *dt, nan);
+      break;
+    }
+    pos = data + bytes;
+    assert_true(pos < s.crc_at);
+  }
+  fix_crc(d, &s);
+  return d;
+}
+
+static void test_non_finite_refused(void **state) {
+  (void)state;
+  uint8_t *good, *d;
+  size_t n = fresh_ckpt("finite.ckpt", NULL, &good);
+  vl_mistral_model_cfg k = llm_cfg(0);
+  vl_ctx *c;
+  vl_model *m = make_llm(&c, &k, 42);
+  d = malloc(n);
+  assert_non_null(d);
+  /* the loss scale: +Inf (a NaN one was refused already) */
+  memcpy(d, good, n);
+  sec_t s = find_sec(d, n, "scaler");
+  float inf = INFINITY;
+  memcpy(d + s.payload + 1, &inf, 4);
+  fix_crc(d, &s);
+  expect_refused(m, d, n, VL_ERR_IO, "scaler fields out of range (scale inf");
+  /* a NaN loss */
+  memcpy(d, good, n);
+  s = find_sec(d, n, "losses");
+  double nan = NAN;
+  memcpy(d + s.payload + 16 + 8, &nan, 8);
+  fix_crc(d, &s);
+  expect_refused(m, d, n, VL_ERR_NUMERIC, "section 'losses': the loss of step 2 is nan");
+  free(d);
+  /* a frozen fp16 weight, and each tensor of a LoRA factor: its weight, fp32 master and both
+   * AdamW moments (fp16 and fp32 values; Inf and NaN) */
+  static const struct {
+    const char *sec;
+    int which;
+    int64_t elem;
+    bool nan;
+    const char *want;
+  } cases[] = {
+      {"param:l0.q", 0, 3, false, "parameter 'l0.q' tensor 'w' holds inf (element 3)"},
+      {"param:l0.q.lora_A", 0, 0, true, "parameter 'l0.q.lora_A' tensor 'w' holds nan (element 0)"},
+      {"param:l0.q.lora_A", 1, 5, true, "parameter 'l0.q.lora_A' tensor 'master' holds nan (element 5)"},
+      {"param:l0.q.lora_A", 2, 7, false, "parameter 'l0.q.lora_A' tensor 'state[0]' holds inf (element 7)"},
+      {"param:l0.q.lora_A", 3, 1, true, "parameter 'l0.q.lora_A' tensor 'state[1]' holds nan (element 1)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    vl_dtype dt;
+    d = poisoned_param(good, n, cases[i].sec, cases[i].which, cases[i].elem, cases[i].nan, &dt);
+    expect_refused(m, d, n, VL_ERR_NUMERIC, cases[i].want);
+    free(d);
+  }
+  /* bf16 values are checked too (the dtype's own exponent) */
+  vl_mistral_model_cfg kb = llm_cfg(0);
+  kb.tc.compute = VL_BF16;
+  kb.tc.frozen = VL_BF16;
+  vl_ctx *cb;
+  vl_model *mb = make_llm(&cb, &kb, 1);
+  char p[320];
+  path_in(p, sizeof p, "bf16.ckpt");
+  assert_int_equal(vl_ckpt_save(mb, p, &(vl_ckpt_meta){.tag = "test"}), VL_OK);
+  uint8_t *gb;
+  size_t nbf = tu_slurp(p, &gb);
+  vl_dtype dt;
+  d = poisoned_param(gb, nbf, "param:l0.q", 0, 2, true, &dt);
+  assert_int_equal(dt, VL_BF16);
+  expect_refused(mb, d, nbf, VL_ERR_NUMERIC, "parameter 'l0.q' tensor 'w' holds nan (element 2)");
+  free(d);
+  free(gb);
+  vl_model_destroy(mb);
+  vl_ctx_destroy(cb);
+  /* the untouched file loads */
+  path_in(p, sizeof p, "finite.ckpt");
+  vl_ckpt_meta meta;
+  assert_int_equal(vl_ckpt_load(m, p, "test", NULL, &meta), VL_OK);
+  vl_ckpt_meta_free(&meta);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  free(good);
+}
+
+/* 9: a save removes the temporary files of killed saves (only ours, only of dead
+ * processes) and keeps the newest keep_last checkpoints up to its own step. */
+static bool exists_in(const char *dir, const char *name) {
+  char p[1500];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return access(p, F_OK) == 0;
+}
+
+static void test_stale_temps_and_keep_last(void **state) {
+  (void)state;
+  char dir[320], p[700], dead_tmp[64], live_tmp[64], other_tmp[64];
+  path_in(dir, sizeof dir, "keep");
+  assert_int_equal(mkdir(dir, 0755), 0);
+  pid_t dead = fork(); /* a pid that was a process and is no more */
+  assert_true(dead >= 0);
+  if (dead == 0) _exit(0);
+  assert_int_equal(waitpid(dead, NULL, 0), dead);
+  snprintf(dead_tmp, sizeof dead_tmp, ".step-3.ckpt.tmp.%ld", (long)dead);
+  snprintf(live_tmp, sizeof live_tmp, ".step-4.ckpt.tmp.%ld", (long)getppid());
+  snprintf(other_tmp, sizeof other_tmp, ".notes.txt.tmp.%ld", (long)dead);
+  const char *planted[] = {dead_tmp, live_tmp, other_tmp, "step-9.ckpt", "step-x.ckpt", "step-01.ckpt"};
+  for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, planted[i]);
+    tu_write_text(p, "left by someone\n");
+  }
+  vl_mistral_model_cfg k = llm_cfg(0);
+  vl_ctx *c;
+  vl_model *m = make_llm(&c, &k, 1);
+  char path[700];
+  for (long step = 1; step <= 5; step++) {
+    vl_ckpt_meta meta = {.tag = "test", .step = step};
+    assert_int_equal(vl_ckpt_save_dir(m, dir, &meta, 3, path, sizeof path), VL_OK);
+    if (step == 1) {
+      assert_false(exists_in(dir, dead_tmp)); /* a killed save's leftover: gone */
+      assert_true(exists_in(dir, live_tmp));  /* a live process's: kept */
+      assert_true(exists_in(dir, other_tmp)); /* not a checkpoint's name: kept */
+    }
+  }
+  assert_false(exists_in(dir, "step-1.ckpt"));
+  assert_false(exists_in(dir, "step-2.ckpt"));
+  for (int i = 3; i <= 5; i++) {
+    snprintf(p, sizeof p, "step-%d.ckpt", i);
+    assert_true(exists_in(dir, p));
+  }
+  /* not this run's: a later step of an earlier run, names that are not ours */
+  assert_true(exists_in(dir, "step-9.ckpt"));
+  assert_true(exists_in(dir, "step-x.ckpt"));
+  assert_true(exists_in(dir, "step-01.ckpt"));
+  /* 0 keeps every one */
+  for (long step = 6; step <= 7; step++) {
+    vl_ckpt_meta meta = {.tag = "test", .step = step};
+    assert_int_equal(vl_ckpt_save_dir(m, dir, &meta, 0, path, sizeof path), VL_OK);
+  }
+  for (int i = 3; i <= 7; i++) {
+    snprintf(p, sizeof p, "step-%d.ckpt", i);
+    assert_true(exists_in(dir, p));
+  }
+  char err[256];
+  snprintf(p, sizeof p, "%s/latest", dir);
+  char *text = vl_file_read_text(p, 100, NULL, NULL, err, sizeof err);
+  assert_non_null(text);
+  assert_string_equal(text, "step-7.ckpt\n");
+  free(text);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
 }
 
 /* ---- (2) the U-Net through the seg-ckpt case: loader position, held-out scores, BN stats */
@@ -509,7 +818,7 @@ static void test_seg_resume_through_case(void **state) {
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &seg_setting, .quiet = 1, .resume = from};
   cJSON *o = cJSON_CreateObject();
   assert_int_not_equal(c->run(&env, &seg_knobs, 0, o), VL_OK);
-  if (!strstr(env.err, "case field 'batch' is 2, this run's 4")) fail_msg("message: %s", env.err);
+  if (!strstr(env.err, "was made with batch=2, this run has batch=4")) fail_msg("message: %s", env.err);
   cJSON_Delete(o);
   cJSON_Delete(r0);
 }
@@ -580,13 +889,51 @@ static void test_cli_save_and_resume(void **state) {
       {"run llm-lora --scale tiny --step lora --resume nowhere", "--resume: nowhere: No such file or directory", 2},
       {"run llm-lora --scale tiny --step lora --device plan --save-every 2", "the plan device trains nothing", 2},
       {"run llm-lora --device cpu --scale tiny --step lora --set steps=6 --set lr=5e-3 --quiet --out cli-d "
-       "--resume cli-a/llm-lora/ckpt/lora-rep0/step-3.ckpt", "optimizer field 'lr' is 0.00100000005, the model's 0.00499999989", 1},
+       "--resume cli-a/llm-lora/ckpt/lora-rep0/step-3.ckpt", "step-3.ckpt was made with lr=0.001, this run has lr=0.005", 1},
+      /* #22: every setting that shapes the trajectory, named (a model config that differs
+       * from the preset in one number only) */
+      {"run llm-lora --device cpu --scale tiny --step lora --set steps=6 --set lora_alpha=32 --quiet --out cli-d "
+       "--resume cli-a/llm-lora/ckpt/lora-rep0", "was made with lora_alpha=16, this run has lora_alpha=32", 1},
+      {"run llm-lora --device cpu --scale tiny --step lora --set steps=6 --set seed=7 --quiet --out cli-d "
+       "--resume cli-a/llm-lora/ckpt/lora-rep0", "was made with seed=1, this run has seed=7", 1},
+      {"run llm-lora --device cpu --scale tiny --step lora --set steps=6 --model-config cfg-theta.json --quiet "
+       "--out cli-d --resume cli-a/llm-lora/ckpt/lora-rep0", "was made with rope_theta=10000, this run has "
+       "rope_theta=500000", 1},
+      {"run llm-lora --device cpu --scale tiny --step lora --set steps=6 --model-config cfg-eps.json --quiet "
+       "--out cli-d --resume cli-a/llm-lora/ckpt/lora-rep0", "was made with rms_norm_eps=1e-05, this run has "
+       "rms_norm_eps=1e-06", 1},
+      {"plan llm-lora --keep-last 2", "--keep-last applies to run and bench only", 2},
+      {"run llm-lora --scale tiny --step lora --save-every 2 --keep-last -1", "--keep-last '-1' ", 2},
   };
+  /* the tiny preset as a config.json, with one number changed */
+  static const char cfg[] = "{\"model_type\": \"mistral\", \"hidden_size\": 64, \"intermediate_size\": 128, "
+                            "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                            "\"vocab_size\": 256, \"max_position_embeddings\": 4096, \"rope_theta\": %s, "
+                            "\"rms_norm_eps\": %s}";
+  char text[512], p[400];
+  snprintf(text, sizeof text, cfg, "500000", "1e-5");
+  path_in(p, sizeof p, "cfg-theta.json");
+  tu_write_text(p, text);
+  snprintf(text, sizeof text, cfg, "10000", "1e-6");
+  path_in(p, sizeof p, "cfg-eps.json");
+  tu_write_text(p, text);
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     int st = cli(bad[i].args, out, sizeof out);
     if (st != bad[i].rc || !strstr(out, bad[i].want))
       fail_msg("vramlab %s: status %d, output:\n%s\nwanted %d and \"%s\"", bad[i].args, st, out, bad[i].rc, bad[i].want);
   }
+  /* #22: a refused resume leaves the results before it as they were (latest.json too) */
+  uint8_t *before, *after;
+  snprintf(p, sizeof p, "%s/cli-a/llm-lora/latest.json", tu_tmp);
+  size_t nb = tu_slurp(p, &before);
+  snprintf(args, sizeof args, "%s --set lora_alpha=8 --out cli-a --resume cli-a/llm-lora/ckpt/lora-rep0", base);
+  assert_int_equal(cli(args, out, sizeof out), 1);
+  if (!strstr(out, "latest.json left as it was")) fail_msg("refused resume: %s", out);
+  size_t na = tu_slurp(p, &after);
+  assert_int_equal(na, nb);
+  assert_memory_equal(before, after, nb);
+  free(before);
+  free(after);
 }
 
 /* Ctrl-C during a run with --save-every: exit 130, a checkpoint at the step edge named by
@@ -642,6 +989,10 @@ int main(void) {
       cmocka_unit_test(test_llm_resume_full_adafactor),
       cmocka_unit_test(test_interrupt_saves_at_step_edge),
       cmocka_unit_test(test_damaged_and_mismatched),
+      cmocka_unit_test(test_settings_compared),
+      cmocka_unit_test(test_huge_file_refused_unread),
+      cmocka_unit_test(test_non_finite_refused),
+      cmocka_unit_test(test_stale_temps_and_keep_last),
       cmocka_unit_test(test_seg_resume_through_case),
       cmocka_unit_test(test_cli_save_and_resume),
       cmocka_unit_test(test_cli_sigint_saves),

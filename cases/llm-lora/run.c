@@ -82,6 +82,50 @@ static vl_status llm_restore(vl_ctx *c, llm_loop *L, const void *blob, size_t le
   return VL_OK;
 }
 
+/* The settings a checkpoint records and a resume must match (vl_ckpt_meta.settings): every
+ * one that changes the loss trajectory or names the run in its results. The model: every
+ * number of its config (the preset's, a --model-config file's, the size knobs'), so two
+ * config files that differ only in rope_theta or rms_norm_eps differ here. Training: the
+ * dtypes, LoRA, optimizer, lr, weight decay, clip; the data: batch, accum, run_seq, seed;
+ * the device (its kernels round differently). Not recorded, as they leave the trajectory
+ * alone: steps and warmup (how long the run goes and which steps are timed),
+ * oom_batches, run_cap, card, cuda_context and cap_fraction (planning and the arena's cap),
+ * model_config itself (a path: its numbers are recorded), checkpoint (recomputation is
+ * bit-identical, test_model), and the harness's reps, --save-every, --keep-last, --out,
+ * --quiet, --profile and the thread count. */
+static vl_status llm_settings(vl_case_env *env, const vl_llm_rung *r, char *buf, size_t n) {
+  const vl_mistral_cfg *mc = &r->model.mc;
+  const vl_train_cfg *tc = &r->model.tc;
+  buf[0] = 0;
+  int e = vl_ckpt_setting(buf, n, "vocab", "%lld", (long long)mc->vocab);
+  e |= vl_ckpt_setting(buf, n, "dim", "%lld", (long long)mc->dim);
+  e |= vl_ckpt_setting(buf, n, "layers", "%lld", (long long)mc->n_layers);
+  e |= vl_ckpt_setting(buf, n, "heads", "%lld", (long long)mc->n_heads);
+  e |= vl_ckpt_setting(buf, n, "kv_heads", "%lld", (long long)mc->n_kv_heads);
+  e |= vl_ckpt_setting(buf, n, "head_dim", "%lld", (long long)mc->head_dim);
+  e |= vl_ckpt_setting(buf, n, "ffn", "%lld", (long long)mc->ffn);
+  e |= vl_ckpt_setting(buf, n, "seq", "%lld", (long long)mc->seq);
+  e |= vl_ckpt_setting_f32(buf, n, "rope_theta", mc->rope_theta);
+  e |= vl_ckpt_setting_f32(buf, n, "rms_norm_eps", mc->norm_eps);
+  e |= vl_ckpt_setting(buf, n, "compute", "%s", vl_dtype_name(tc->compute));
+  e |= vl_ckpt_setting(buf, n, "frozen", "%s", vl_dtype_name(tc->frozen));
+  e |= vl_ckpt_setting(buf, n, "lora_rank", "%d", tc->lora_rank);
+  e |= vl_ckpt_setting_f32(buf, n, "lora_alpha", tc->lora_alpha);
+  e |= vl_ckpt_setting(buf, n, "lora_targets", "%s", tc->lora_targets == VL_LORA_ALL ? "all" : "qkvo");
+  e |= vl_ckpt_setting(buf, n, "optimizer", "%s", vl_optimizer_name(tc->optim.opt));
+  e |= vl_ckpt_setting(buf, n, "adafactor_beta1", "%s", tc->optim.adafactor_beta1 ? "true" : "false");
+  e |= vl_ckpt_setting_f32(buf, n, "lr", tc->optim.hp.lr);
+  e |= vl_ckpt_setting_f32(buf, n, "weight_decay", tc->optim.hp.weight_decay);
+  e |= vl_ckpt_setting_f32(buf, n, "clip", tc->clip);
+  e |= vl_ckpt_setting(buf, n, "batch", "%ld", r->batch);
+  e |= vl_ckpt_setting(buf, n, "accum", "%ld", r->accum);
+  e |= vl_ckpt_setting(buf, n, "run_seq", "%ld", r->run_seq);
+  e |= vl_ckpt_setting(buf, n, "seed", "%ld", r->seed);
+  e |= vl_ckpt_setting(buf, n, "device", "%s", vl_device_name(env->device));
+  if (e) return vl_case_fail(env, VL_ERR_INVALID, "the run's settings do not fit a checkpoint's %zu bytes", n);
+  return VL_OK;
+}
+
 /* The checkpoint keys of a run's results: where it resumed, what it saved. */
 static void llm_ckpt_json(cJSON *out, const vl_loop_result *res) {
   if (res->resumed_from) cJSON_AddNumberToObject(out, "resumed_from_step", (double)res->resumed_from);
@@ -152,6 +196,8 @@ vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   /* a fixed run length above the sequence limit raises the limit: the batch is what was asked */
   if (r.run_seq > r.model.mc.seq) r.model.mc.seq = r.run_seq;
   if (env->device == VL_DEV_CPU) VL_TRY(cpu_fits(env, &r));
+  char settings[1024];
+  VL_TRY(llm_settings(env, &r, settings, sizeof settings));
   vl_ctx *c;
   vl_status s = vl_ctx_create(&c, env->device, r.run_cap);
   if (s != VL_OK)
@@ -168,11 +214,11 @@ vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
                     .profile = env->profile,
                     .next = llm_next, .after = llm_after, .user = &L, .stop = &vl_interrupted, .stop_now = &vl_terminated,
                     .save_every = env->save_every, .save_dir = env->ckpt_dir, .ckpt_tag = "llm-lora",
-                    .save_state = llm_save_state};
+                    .ckpt_settings = settings, .keep_last = env->keep_last, .save_state = llm_save_state};
   vl_loop_result res = {0};
   if (s == VL_OK && env->resume) {
     vl_ckpt_meta meta;
-    s = vl_run_resume(m, env->resume, "llm-lora", &res, &meta);
+    s = vl_run_resume(m, env->resume, "llm-lora", settings, &res, &meta);
     if (s == VL_OK) s = llm_restore(c, &L, meta.blob, meta.blob_len, env->resume);
     if (s == VL_OK && res.steps >= lc.total)
       s = vl_fail(c, VL_ERR_INVALID, "checkpoint %s is at step %ld and this run has %ld steps (warmup + steps): "

@@ -100,6 +100,47 @@ static vl_status seg_restore(seg_run *R, const void *blob, size_t len, const cha
   return VL_OK;
 }
 
+/* The settings a checkpoint records and a resume must match (vl_ckpt_meta.settings): every
+ * one that changes the loss trajectory or the held-out scores, or names the run in its
+ * results. The model: every number of its config (sizes, blocks, decoder widths, classes,
+ * batch norm's eps and momentum); training: compute dtype, optimizer, lr, weight decay,
+ * clip; the data: batch, accum, train_images, eval_images, seed, corrupt, max_file_bytes;
+ * the device (its kernels round differently). Not recorded, as they leave the trajectory
+ * alone: epochs (how long the run goes), curve_points, checkpoint and relu_inplace
+ * (bit-identical, test_resunet), workers, prefetch and pinned (the loader's order is
+ * seeded; its threads only fetch), data_dir (the splits are made from the seed, sizes and
+ * counts recorded here), card, cuda_context and cap_fraction (planning), and the harness's
+ * reps, --save-every, --keep-last, --out, --quiet, --profile and the thread count. */
+static vl_status seg_settings(vl_case_env *env, const vl_seg_rung *r, char *buf, size_t n) {
+  const vl_resunet_cfg *mc = &r->model.mc;
+  const vl_seg_train_cfg *tc = &r->model.tc;
+  buf[0] = 0;
+  int e = vl_ckpt_setting(buf, n, "image", "%lld", (long long)mc->image);
+  e |= vl_ckpt_setting(buf, n, "in_ch", "%lld", (long long)mc->in_ch);
+  e |= vl_ckpt_setting(buf, n, "width", "%lld", (long long)mc->width);
+  e |= vl_ckpt_setting(buf, n, "blocks", "%d,%d,%d,%d", mc->blocks[0], mc->blocks[1], mc->blocks[2], mc->blocks[3]);
+  e |= vl_ckpt_setting(buf, n, "decoder", "%lld,%lld,%lld,%lld,%lld", (long long)mc->dec[0], (long long)mc->dec[1],
+                       (long long)mc->dec[2], (long long)mc->dec[3], (long long)mc->dec[4]);
+  e |= vl_ckpt_setting(buf, n, "classes", "%lld", (long long)mc->classes);
+  e |= vl_ckpt_setting_f32(buf, n, "bn_eps", mc->bn_eps);
+  e |= vl_ckpt_setting_f32(buf, n, "bn_momentum", mc->bn_momentum);
+  e |= vl_ckpt_setting(buf, n, "compute", "%s", vl_dtype_name(tc->compute));
+  e |= vl_ckpt_setting(buf, n, "optimizer", "%s", vl_optimizer_name(tc->optim.opt));
+  e |= vl_ckpt_setting_f32(buf, n, "lr", tc->optim.hp.lr);
+  e |= vl_ckpt_setting_f32(buf, n, "weight_decay", tc->optim.hp.weight_decay);
+  e |= vl_ckpt_setting_f32(buf, n, "clip", tc->clip);
+  e |= vl_ckpt_setting(buf, n, "batch", "%ld", r->batch);
+  e |= vl_ckpt_setting(buf, n, "accum", "%ld", r->accum);
+  e |= vl_ckpt_setting(buf, n, "train_images", "%ld", r->train_images);
+  e |= vl_ckpt_setting(buf, n, "eval_images", "%ld", r->eval_images);
+  e |= vl_ckpt_setting(buf, n, "seed", "%ld", r->seed);
+  e |= vl_ckpt_setting(buf, n, "corrupt", "%s", vl_corrupt_policy_name(r->corrupt));
+  e |= vl_ckpt_setting(buf, n, "max_file_bytes", "%zu", r->max_file_bytes);
+  e |= vl_ckpt_setting(buf, n, "device", "%s", vl_device_name(env->device));
+  if (e) return vl_case_fail(env, VL_ERR_INVALID, "the run's settings do not fit a checkpoint's %zu bytes", n);
+  return VL_OK;
+}
+
 /* The checkpoint keys of a run's results: where it resumed, what it saved. */
 static void seg_ckpt_json(cJSON *out, const vl_loop_result *res) {
   if (res->resumed_from) cJSON_AddNumberToObject(out, "resumed_from_step", (double)res->resumed_from);
@@ -128,6 +169,8 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   if (!strcasecmp(env->scale, "full") && env->device == VL_DEV_CPU)
     return vl_case_fail(env, VL_ERR_UNSUPPORTED, "a full-scale (512x512 ResNet-101) step is too slow for this CPU: "
                         "use --scale small or tiny, or --device plan");
+  char settings[1024];
+  VL_TRY(seg_settings(env, &r, settings, sizeof settings));
   int64_t B = r.batch;
   long per_step = B * r.accum;
   if (per_step > r.train_images)
@@ -167,10 +210,11 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   /* the first step (primitive creation, page faults) is warm-up */
   vl_loop_cfg cfg = {.warmup = 1, .next = seg_next, .after = seg_after, .user = &R, .stop = &vl_interrupted, .stop_now = &vl_terminated,
                      .profile = env->profile, .save_every = env->save_every, .save_dir = env->ckpt_dir,
-                     .ckpt_tag = "seg-ckpt", .save_state = seg_save_state};
+                     .ckpt_tag = "seg-ckpt", .ckpt_settings = settings, .keep_last = env->keep_last,
+                     .save_state = seg_save_state};
   if (s == VL_OK && env->resume) {
     vl_ckpt_meta meta;
-    s = vl_run_resume(m, env->resume, "seg-ckpt", &res, &meta);
+    s = vl_run_resume(m, env->resume, "seg-ckpt", settings, &res, &meta);
     if (s == VL_OK) s = seg_restore(&R, meta.blob, meta.blob_len, env->resume, res.steps);
     if (s == VL_OK && !env->quiet)
       vl_progress("  resumed from %s at step %ld (epoch %ld)", env->resume, res.steps, R.epochs_done + 1);

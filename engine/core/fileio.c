@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -158,6 +160,42 @@ static int write_all(int fd, const void *data, size_t len) {
     len -= (size_t)k;
   }
   return 0;
+}
+
+/* The pid of a temporary file's name ".<name>.tmp.<pid>" (its name into base, bn bytes),
+ * or 0 when the name is not of that form. */
+static long temp_pid(const char *ent, char *base, size_t bn) {
+  const char *tag = ent[0] == '.' ? strrchr(ent, '.') : NULL; /* ".<pid>" */
+  static const char mid[] = ".tmp";
+  if (!tag || tag - ent < (long)sizeof mid || strncmp(tag - (sizeof mid - 1), mid, sizeof mid - 1)) return 0;
+  const char *digits = tag + 1;
+  if (!*digits || strlen(digits) > 9 || digits[0] == '0') return 0;
+  for (const char *d = digits; *d; d++)
+    if (*d < '0' || *d > '9') return 0;
+  size_t k = (size_t)(tag - (sizeof mid - 1) - ent) - 1; /* the name between the dot and ".tmp" */
+  if (k == 0 || k >= bn) return 0;
+  memcpy(base, ent + 1, k);
+  base[k] = 0;
+  return atol(digits);
+}
+
+int vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), char *err, size_t errn) {
+  DIR *d = opendir(dir);
+  if (!d) return failf(err, errn, "cannot read folder %s: %s", dir, strerror(errno));
+  int removed = 0;
+  struct dirent *e;
+  char base[NAME_MAX + 1], path[PATH_MAX];
+  while ((e = readdir(d))) {
+    long pid = temp_pid(e->d_name, base, sizeof base);
+    if (pid <= 0 || pid == (long)getpid() || !owned(base)) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): left */
+    struct stat st;
+    int n = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (n < 0 || (size_t)n >= sizeof path || lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlink(path) == 0) removed++;
+  }
+  closedir(d);
+  return removed;
 }
 
 /* The folder of path into dir and the temporary file vl_file_write_atomic writes first,

@@ -4,12 +4,15 @@
  * the training loop saves into. The format is in vramlab/ckpt.h. */
 #include "vramlab/ckpt.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "vramlab/backend.h"
 #include "vramlab/cache.h" /* vl_crc32 */
@@ -29,6 +32,81 @@ void vl_ckpt_meta_free(vl_ckpt_meta *meta) {
   free(meta->losses);
   free(meta->blob);
   memset(meta, 0, sizeof *meta);
+}
+
+/* ---- settings: "name=value\n" lines ------------------------------------------------------- */
+static bool name_char(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.';
+}
+
+/* Whether text (k bytes) is settings text: lines "name=value\n", name of name_char, value
+ * printable ASCII. */
+static bool settings_ok(const char *t, size_t k) {
+  size_t i = 0;
+  while (i < k) {
+    size_t n0 = i;
+    while (i < k && name_char(t[i])) i++;
+    if (i == n0 || i == k || t[i] != '=') return false;
+    for (i++; i < k && t[i] != '\n'; i++)
+      if (t[i] < 0x20 || t[i] > 0x7e) return false;
+    if (i == k) return false; /* every line ends in a newline */
+    i++;
+  }
+  return true;
+}
+
+int vl_ckpt_setting(char *buf, size_t n, const char *name, const char *fmt, ...) {
+  size_t used = strnlen(buf, n);
+  bool named = *name != 0;
+  for (const char *q = name; *q && named; q++) named = name_char(*q);
+  if (used >= n || !named) return -1;
+  char *line = buf + used;
+  size_t room = n - used;
+  int a = snprintf(line, room, "%s=", name), b = -1;
+  if (a >= 0 && (size_t)a < room) {
+    va_list ap;
+    va_start(ap, fmt);
+    b = vsnprintf(line + a, room - (size_t)a, fmt, ap);
+    va_end(ap);
+  }
+  size_t len = (size_t)a + (size_t)b; /* the line without its newline */
+  if (a < 0 || b < 0 || len + 1 >= room) {
+    *line = 0;
+    return -1;
+  }
+  line[len] = '\n';
+  line[len + 1] = 0;
+  if (!settings_ok(line, len + 1)) {
+    *line = 0;
+    return -1;
+  }
+  return 0;
+}
+
+int vl_ckpt_setting_f32(char *buf, size_t n, const char *name, float v) {
+  char t[32];
+  if (v == truncf(v) && fabsf(v) < 1e9f) /* a whole number as one: 10000, not 1e+04 */
+    snprintf(t, sizeof t, "%.0f", (double)v);
+  else
+    for (int digits = 1; digits <= 9; digits++) { /* 9 significant digits give any float back */
+      snprintf(t, sizeof t, "%.*g", digits, (double)v);
+      if (strtof(t, NULL) == v) break;
+    }
+  return vl_ckpt_setting(buf, n, name, "%s", t);
+}
+
+/* The value of setting `name` (k bytes) in settings text t (n bytes), or NULL; *vn its length. */
+static const char *setting_find(const char *t, size_t n, const char *name, size_t k, size_t *vn) {
+  for (size_t i = 0; i < n;) {
+    const char *line = t + i, *nl = memchr(line, '\n', n - i);
+    size_t ln = nl ? (size_t)(nl - line) : n - i;
+    if (ln > k && line[k] == '=' && !memcmp(line, name, k)) {
+      *vn = ln - k - 1;
+      return line + k + 1;
+    }
+    i += ln + 1;
+  }
+  return NULL;
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
@@ -111,6 +189,10 @@ static vl_status emit(vl_model *m, const vl_train_state *ts, const vl_ckpt_meta 
   put_i64(w, ts->n_buffers);
   sec_end(w, s);
 
+  s = sec_begin(w, "settings");
+  put_str(w, meta->settings ? meta->settings : "");
+  sec_end(w, s);
+
   s = sec_begin(w, "losses");
   put_i64(w, meta->n_losses);
   put_i64(w, meta->skipped);
@@ -187,10 +269,13 @@ static vl_status train_state(vl_model *m, const char *path, vl_train_state *ts) 
 }
 
 static vl_status check_meta(vl_ctx *c, const char *path, const vl_ckpt_meta *meta) {
-  if (strlen(meta->tag) >= VL_CKPT_TAG_MAX || meta->step < 0 || meta->n_losses < 0 || meta->skipped < 0 ||
-      (meta->n_losses && !meta->losses) || (meta->blob_len && !meta->blob) || meta->blob_len > VL_CKPT_BLOB_MAX)
-    return vl_fail(c, VL_ERR_INVALID, "checkpoint %s: bad metadata (step %ld, %ld losses, blob of %zu bytes)", path,
-                   meta->step, meta->n_losses, meta->blob_len);
+  size_t sn = meta->settings ? strnlen(meta->settings, VL_CKPT_SETTINGS_MAX + 1) : 0;
+  if (strnlen(meta->tag, VL_CKPT_TAG_MAX) >= VL_CKPT_TAG_MAX || meta->step < 0 || meta->step > VL_CKPT_STEPS_MAX ||
+      meta->n_losses < 0 || meta->n_losses > VL_CKPT_STEPS_MAX || meta->skipped < 0 ||
+      (meta->n_losses && !meta->losses) || (meta->blob_len && !meta->blob) || meta->blob_len > VL_CKPT_BLOB_MAX ||
+      sn > VL_CKPT_SETTINGS_MAX || (sn && !settings_ok(meta->settings, sn)))
+    return vl_fail(c, VL_ERR_INVALID, "checkpoint %s: bad metadata (step %ld, %ld losses, blob of %zu bytes, "
+                   "settings of %zu)", path, meta->step, meta->n_losses, meta->blob_len, sn);
   return VL_OK;
 }
 
@@ -351,6 +436,32 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 /* One tensor's description against the model's tensor t; *data := its bytes in the file. */
+/* The index of the first element of a float tensor's bytes d (n of them, little-endian, in
+ * dtype dt) whose exponent is all ones (Inf or NaN; *nan says which), or -1. Other dtypes
+ * (i32; nf4, 4-bit codes of frozen weights) have no such value: -1. */
+static int64_t first_non_finite(vl_dtype dt, const uint8_t *d, size_t n, bool *nan) {
+  int w = dt == VL_F32 ? 4 : dt == VL_F16 || dt == VL_BF16 ? 2 : 0;
+  uint32_t exp = dt == VL_F32 ? 0x7f800000u : dt == VL_F16 ? 0x7c00u : 0x7f80u;
+  uint32_t sign = dt == VL_F32 ? 0x80000000u : 0x8000u;
+  for (size_t i = 0; w && i + (size_t)w <= n; i += (size_t)w) {
+    uint32_t v = (uint32_t)get_le(d + i, w);
+    if ((v & exp) != exp) continue;
+    *nan = (v & ~(exp | sign)) != 0;
+    return (int64_t)(i / (size_t)w);
+  }
+  return -1;
+}
+
+/* A restored weight, master, optimizer state or buffer holds no Inf or NaN: the next step
+ * would spread it through the model (a run that diverged saves no such state: its loss is
+ * refused first). */
+static bool finite_tensor(rd *r, const char *what, const vl_tensor *t, const uint8_t *d) {
+  bool nan = false;
+  int64_t at = first_non_finite(t->dtype, d, t->bytes, &nan);
+  if (at < 0) return true;
+  return bad(r, VL_ERR_NUMERIC, "%s holds %s (element %lld)", what, nan ? "nan" : "inf", (long long)at);
+}
+
 static bool get_tensor(rd *r, const char *what, const vl_tensor *t, const uint8_t **data) {
   uint64_t dt, nd;
   int64_t shape[VL_MAX_DIMS], bytes;
@@ -371,7 +482,7 @@ static bool get_tensor(rd *r, const char *what, const vl_tensor *t, const uint8_
   }
   if (bytes < 0 || (uint64_t)bytes != t->bytes)
     return bad(r, VL_ERR_IO, "%s holds %lld bytes, the model's %zu", what, (long long)bytes, t->bytes);
-  return take(r, t->bytes, "data", data);
+  return take(r, t->bytes, "data", data) && finite_tensor(r, what, t, *data);
 }
 
 typedef struct {
@@ -392,6 +503,9 @@ static bool read_header(rd *r, vl_model *m, const vl_train_state *ts, const char
     return bad(r, VL_ERR_IO, "not a vramlab checkpoint (bad magic in its first 8 bytes)");
   if (r->n < 12) return bad(r, VL_ERR_IO, "truncated at byte %zu (magic and format version expected)", r->n);
   ver = get_le(r->d + 8, 4);
+  if (ver == 1)
+    return bad(r, VL_ERR_INVALID, "format version 1 records no settings, so this build (version %u) cannot tell "
+               "whether the run continues it: start a fresh run", VL_CKPT_VERSION);
   if (ver != VL_CKPT_VERSION)
     return bad(r, VL_ERR_IO, "format version %llu, this build reads version %u", (unsigned long long)ver,
                VL_CKPT_VERSION);
@@ -413,6 +527,57 @@ static bool read_header(rd *r, vl_model *m, const vl_train_state *ts, const char
   return true;
 }
 
+/* The first line of settings text a (an bytes) whose setting b (bn bytes) lacks or holds
+ * otherwise: its name into name (at most nn - 1 bytes) and true; false when there is none. */
+static bool first_difference(const char *a, size_t an, const char *b, size_t bn, char *name, size_t nn) {
+  for (size_t i = 0; i < an;) {
+    const char *line = a + i, *eq = memchr(line, '=', an - i), *nl = memchr(line, '\n', an - i);
+    size_t k = (size_t)(eq - line), vn = (size_t)(nl - eq - 1), on = 0;
+    const char *other = setting_find(b, bn, line, k, &on);
+    if (!other || on != vn || memcmp(other, eq + 1, vn)) {
+      snprintf(name, nn, "%.*s", (int)k, line);
+      return true;
+    }
+    i = (size_t)(nl - a) + 1;
+  }
+  return false;
+}
+
+/* "name=value" of setting `name` in text t, or "no setting 'name'", into out. */
+static void describe(char *out, size_t n, const char *t, size_t tn, const char *name) {
+  size_t vn = 0;
+  const char *v = setting_find(t, tn, name, strlen(name), &vn);
+  if (v) snprintf(out, n, "%s=%.*s", name, (int)vn, v);
+  else snprintf(out, n, "no setting '%s'", name);
+}
+
+/* The settings section; when the run names its settings (want), each compared with the
+ * file's, both ways, the first difference refused naming it. */
+static bool read_settings(rd *r, const char *want) {
+  uint64_t k;
+  const uint8_t *p = NULL;
+  if (!sec_open(r, "settings") || !get_uint(r, 4, "settings", &k)) return false;
+  if (k > VL_CKPT_SETTINGS_MAX)
+    return bad(r, VL_ERR_IO, "section 'settings' is %llu bytes long (limit %zu)", (unsigned long long)k,
+               VL_CKPT_SETTINGS_MAX);
+  if (!take(r, (size_t)k, "settings", &p) || !sec_close(r)) return false;
+  const char *t = (const char *)p;
+  if (!settings_ok(t, (size_t)k)) return bad(r, VL_ERR_IO, "section 'settings' is not name=value lines");
+  if (!want) return true;
+  size_t wn = strlen(want);
+  if (wn > VL_CKPT_SETTINGS_MAX || !settings_ok(want, wn))
+    return bad(r, VL_ERR_INVALID, "this run's settings are not name=value lines (a caller's bug)");
+  char name[256], file[320], run[320];
+  if (!first_difference(t, (size_t)k, want, wn, name, sizeof name) &&
+      !first_difference(want, wn, t, (size_t)k, name, sizeof name))
+    return true;
+  describe(file, sizeof file, t, (size_t)k, name);
+  describe(run, sizeof run, want, wn, name);
+  if (r->st == VL_OK) r->st = vl_fail(r->c, VL_ERR_INVALID, "checkpoint %s was made with %s, this run has %s", r->file,
+                                      file, run);
+  return false;
+}
+
 static bool read_losses_case(rd *r, parsed *P) {
   if (!sec_open(r, "losses") || !get_i64(r, "n", &P->n_losses) || !get_i64(r, "skipped", &P->skipped))
     return false;
@@ -422,6 +587,12 @@ static bool read_losses_case(rd *r, parsed *P) {
   if ((uint64_t)P->n_losses > (r->pl_n - r->pl_pos) / 8)
     return bad(r, VL_ERR_IO, "section 'losses' ends inside field 'losses'");
   if (!take(r, (size_t)P->n_losses * 8, "losses", &P->losses) || !sec_close(r)) return false;
+  for (int64_t i = 0; i < P->n_losses; i++) {
+    uint64_t u = get_le(P->losses + 8 * i, 8);
+    double v;
+    memcpy(&v, &u, 8);
+    if (!isfinite(v)) return bad(r, VL_ERR_NUMERIC, "section 'losses': the loss of step %lld is %g", (long long)i + 1, v);
+  }
   if (!sec_open(r, "case")) return false;
   P->blob_len = r->pl_n;
   if (P->blob_len > VL_CKPT_BLOB_MAX)
@@ -468,7 +639,7 @@ static bool read_optim_scaler(rd *r, const vl_train_state *ts, parsed *P) {
   if ((int64_t)(int32_t)window != ts->scaler->window)
     return bad(r, VL_ERR_INVALID, "scaler field 'window' is %d, the model's %d", (int)(int32_t)window,
                ts->scaler->window);
-  if (!(s->scale > 0) || (int32_t)good < 0 || t < 0)
+  if (!(s->scale > 0) || !isfinite(s->scale) || (int32_t)good < 0 || t < 0)
     return bad(r, VL_ERR_IO, "scaler fields out of range (scale %g, good %d, t %lld)", (double)s->scale,
                (int)(int32_t)good, (long long)t);
   s->fp16 = fp16 != 0;
@@ -520,8 +691,10 @@ static bool read_param(rd *r, vl_param *p, int i, const uint8_t **data) {
 }
 
 /* Everything checked; nothing written into the model. */
-static bool parse(rd *r, vl_model *m, const vl_train_state *ts, const char *tag, parsed *P) {
-  if (!read_header(r, m, ts, tag, P) || !read_losses_case(r, P) || !read_optim_scaler(r, ts, P)) return false;
+static bool parse(rd *r, vl_model *m, const vl_train_state *ts, const char *tag, const char *settings, parsed *P) {
+  if (!read_header(r, m, ts, tag, P) || !read_settings(r, settings) || !read_losses_case(r, P) ||
+      !read_optim_scaler(r, ts, P))
+    return false;
   P->data = calloc((size_t)ts->n * N_SLOTS + (size_t)ts->n_buffers + 1, sizeof *P->data);
   if (!P->data) return bad(r, VL_ERR_OOM, "no host memory for %d tensor references", ts->n * N_SLOTS);
   for (int i = 0; i < ts->n; i++)
@@ -536,9 +709,9 @@ static bool parse(rd *r, vl_model *m, const vl_train_state *ts, const char *tag,
   }
   int64_t count;
   if (!sec_open(r, "end") || !get_i64(r, "sections", &count) || !sec_close(r)) return false;
-  if (count != 5 + ts->n + ts->n_buffers)
+  if (count != 6 + ts->n + ts->n_buffers)
     return bad(r, VL_ERR_IO, "section 'end' counts %lld sections, the file has %d", (long long)count,
-               5 + ts->n + ts->n_buffers);
+               6 + ts->n + ts->n_buffers);
   if (r->pos != r->n) return bad(r, VL_ERR_IO, "%zu stray bytes after section 'end'", r->n - r->pos);
   return true;
 }
@@ -582,13 +755,13 @@ static vl_status fill_meta(vl_ctx *c, const char *name, const parsed *P, vl_ckpt
 }
 
 vl_status vl_ckpt_read_mem(vl_model *m, const uint8_t *d, size_t n, const char *name, const char *tag,
-                           bool do_apply, vl_ckpt_meta *meta) {
+                           const char *settings, bool do_apply, vl_ckpt_meta *meta) {
   if (meta) memset(meta, 0, sizeof *meta);
   vl_train_state ts;
   VL_TRY(train_state(m, name, &ts));
   rd r = {.d = d, .n = n, .file = name, .c = m->c, .st = VL_OK};
   parsed P = {0};
-  bool ok = parse(&r, m, &ts, tag, &P);
+  bool ok = parse(&r, m, &ts, tag, settings, &P);
   vl_status s = ok ? VL_OK : r.st;
   if (s == VL_OK && meta) s = fill_meta(m->c, name, &P, meta);
   if (s == VL_OK && do_apply) s = apply(m->c, &ts, &P);
@@ -597,23 +770,90 @@ vl_status vl_ckpt_read_mem(vl_model *m, const uint8_t *d, size_t n, const char *
   return s;
 }
 
-vl_status vl_ckpt_load(vl_model *m, const char *path, const char *tag, vl_ckpt_meta *meta) {
+/* The most bytes a checkpoint of m can hold: its framing and tensors as the writer counts
+ * them, with the longest tag, settings, case blob and loss history the format allows. */
+static vl_status max_file_bytes(vl_model *m, const char *path, uint64_t *max) {
+  vl_train_state ts;
+  VL_TRY(train_state(m, path, &ts));
+  wbuf w = {0};
+  VL_TRY(emit(m, &ts, &(vl_ckpt_meta){0}, &w)); /* counts: an empty tag, blob and history */
+  *max = (uint64_t)w.n + VL_CKPT_TAG_MAX + VL_CKPT_SETTINGS_MAX + VL_CKPT_BLOB_MAX + 8 * (uint64_t)VL_CKPT_STEPS_MAX;
+  return VL_OK;
+}
+
+vl_status vl_ckpt_load(vl_model *m, const char *path, const char *tag, const char *settings, vl_ckpt_meta *meta) {
   if (meta) memset(meta, 0, sizeof *meta);
+  uint64_t max;
+  VL_TRY(max_file_bytes(m, path, &max));
   uint8_t *buf = NULL;
   size_t cap = 0, len = 0;
   char err[512];
-  vl_status s = vl_file_read(path, (uint64_t)SIZE_MAX, NULL, &buf, &cap, &len, err, sizeof err);
+  /* the size is checked before a byte is read: a huge (or sparse) file is refused, not
+   * allocated; and a file that cannot be held is a bad checkpoint, never an out-of-memory
+   * result of the run (VL_ERR_OOM would read as "the device ran out of memory") */
+  vl_status s = vl_file_read(path, max, "the most a checkpoint of this model can hold", &buf, &cap, &len, err,
+                             sizeof err);
   if (s != VL_OK) {
     free(buf);
-    return vl_fail(m->c, s, "checkpoint: %s", err);
+    return vl_fail(m->c, s == VL_ERR_OOM ? VL_ERR_IO : s, "checkpoint: %s", err);
   }
-  s = vl_ckpt_read_mem(m, buf, len, path, tag, true, meta);
+  s = vl_ckpt_read_mem(m, buf, len, path, tag, settings, true, meta);
   free(buf);
   return s;
 }
 
 /* ---- the folder the loop saves into -------------------------------------------------------- */
-vl_status vl_ckpt_save_dir(vl_model *m, const char *dir, const vl_ckpt_meta *meta, char *path, size_t pn) {
+/* The k of a checkpoint's file name "step-<k>.ckpt" (k written as the writer writes it), or
+ * -1 for any other name. */
+static long step_of(const char *name) {
+  if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
+  char *end;
+  errno = 0;
+  long k = strtol(name + 5, &end, 10);
+  char canon[64];
+  if (errno || strcmp(end, ".ckpt")) return -1;
+  snprintf(canon, sizeof canon, "step-%ld.ckpt", k);
+  return strcmp(canon, name) ? -1 : k;
+}
+/* The names whose temporary files the folder's writers leave: checkpoints and `latest`. */
+static int ckpt_owned(const char *name) { return !strcmp(name, "latest") || step_of(name) >= 0; }
+
+static int desc(const void *a, const void *b) {
+  long x = *(const long *)a, y = *(const long *)b;
+  return (x < y) - (x > y);
+}
+
+/* Remove the step-<k>.ckpt files of dir beyond the keep of the highest k <= upto (best
+ * effort: a file that cannot be removed stays, and the save has succeeded anyway). */
+static void prune(const char *dir, long keep, long upto) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  long *steps = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    long k = step_of(e->d_name);
+    if (k < 0 || k > upto) continue;
+    if (n == cap) {
+      long *g = realloc(steps, (cap = cap ? 2 * cap : 64) * sizeof *g);
+      if (!g) { /* an incomplete list could lose one of the newest: prune nothing */
+        n = 0;
+        break;
+      }
+      steps = g;
+    }
+    steps[n++] = k;
+  }
+  closedir(d);
+  if (n) qsort(steps, n, sizeof *steps, desc);
+  char path[4096];
+  for (size_t i = (size_t)keep; i < n; i++)
+    if ((size_t)snprintf(path, sizeof path, "%s/step-%ld.ckpt", dir, steps[i]) < sizeof path) (void)unlink(path);
+  free(steps);
+}
+
+vl_status vl_ckpt_save_dir(vl_model *m, const char *dir, const vl_ckpt_meta *meta, long keep_last, char *path,
+                           size_t pn) {
   vl_ctx *c = m->c;
   char err[512], name[64], latest[4096];
   snprintf(name, sizeof name, "step-%ld.ckpt", meta->step);
@@ -621,11 +861,14 @@ vl_status vl_ckpt_save_dir(vl_model *m, const char *dir, const vl_ckpt_meta *met
   if (k < 0 || (size_t)k >= pn || l < 0 || (size_t)l >= sizeof latest)
     return vl_fail(c, VL_ERR_INVALID, "checkpoint folder %.200s: path too long", dir);
   if (vl_file_mkdir_p(dir, err, sizeof err)) return vl_fail(c, VL_ERR_IO, "checkpoint folder: %s", err);
+  /* a killed writer's half-written file is no checkpoint: its room is this one's */
+  (void)vl_file_remove_stale_temps(dir, ckpt_owned, NULL, 0);
   VL_TRY(vl_ckpt_save(m, path, meta));
   char text[80];
   int tn = snprintf(text, sizeof text, "%s\n", name);
   if (vl_file_write_atomic(latest, text, (size_t)tn, err, sizeof err))
     return vl_fail(c, VL_ERR_IO, "checkpoint: %s", err);
+  if (keep_last > 0) prune(dir, keep_last, meta->step);
   return VL_OK;
 }
 

@@ -40,7 +40,8 @@ static vl_status save(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res) 
   if (cfg->save_state) VL_TRY(cfg->save_state(cfg->user, res->steps, &blob, &len));
   meta.blob = blob;
   meta.blob_len = len;
-  vl_status s = vl_ckpt_save_dir(m, cfg->save_dir, &meta, res->saved_path, sizeof res->saved_path);
+  meta.settings = cfg->ckpt_settings;
+  vl_status s = vl_ckpt_save_dir(m, cfg->save_dir, &meta, cfg->keep_last, res->saved_path, sizeof res->saved_path);
   free(blob);
   if (s != VL_OK) return s;
   res->saves++;
@@ -131,12 +132,13 @@ vl_status vl_run_loop(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res) 
   return VL_OK;
 }
 
-vl_status vl_run_resume(vl_model *m, const char *path, const char *tag, vl_loop_result *res, vl_ckpt_meta *meta) {
+vl_status vl_run_resume(vl_model *m, const char *path, const char *tag, const char *settings, vl_loop_result *res,
+                        vl_ckpt_meta *meta) {
   vl_ctx *c = m->c;
   memset(meta, 0, sizeof *meta);
   if (res->steps)
     return vl_fail(c, VL_ERR_INVALID, "resume from %s into a loop that has taken %ld steps already", path, res->steps);
-  VL_TRY(vl_ckpt_load(m, path, tag, meta));
+  VL_TRY(vl_ckpt_load(m, path, tag, settings, meta));
   vl_status s = reserve(c, res, meta->step + 1);
   vl_train_state ts;
   if (s == VL_OK) s = vl_model_train_state(m, &ts);

@@ -5,7 +5,8 @@
  * than stopping at them; the checksum refusal itself is one comparison, tested in
  * tests/test_ckpt.c. Any bytes must give VL_OK or a refusal whose message names the file;
  * an accepted checkpoint must hold one loss per step. Seed: corpus/fuzz_ckpt/micro.ckpt, a
- * checkpoint of this very model (fuzz_ckpt writes it when FUZZ_CKPT_SEED names a path). */
+ * checkpoint of this very model and settings (format version 2; fuzz_ckpt writes it when
+ * FUZZ_CKPT_SEED names a path). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@
 
 static vl_ctx *ctx;
 static vl_model *model;
+/* the run's settings: recorded in the seed and compared with every input's */
+static const char settings[] = "lora_alpha=16\nseed=1\n";
 
 /* 1 layer of width 8, LoRA r=2 on q, k, v, o, fp16 AMP, AdamW: every kind of tensor slot
  * (frozen fp16 weights, fp32 masters, optimizer state) in a few KiB. */
@@ -36,7 +39,7 @@ static void init(void) {
     double losses[2] = {2.5, 2.25};
     uint64_t blob[2] = {1, 2};
     vl_ckpt_meta meta = {.tag = "fuzz", .step = 2, .n_losses = 2, .losses = losses, .blob = blob,
-                         .blob_len = sizeof blob};
+                         .blob_len = sizeof blob, .settings = settings};
     if (vl_ckpt_save(model, seed, &meta) != VL_OK) {
       fprintf(stderr, "fuzz_ckpt: %s\n", ctx->err);
       abort();
@@ -74,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
   memcpy(d, data, n);
   fix_crcs(d, n);
   vl_ckpt_meta meta;
-  vl_status s = vl_ckpt_read_mem(model, d, n, "fuzz.ckpt", NULL, true, &meta);
+  vl_status s = vl_ckpt_read_mem(model, d, n, "fuzz.ckpt", NULL, settings, true, &meta);
   if (s == VL_OK) {
     if (meta.n_losses != meta.step || meta.blob_len > VL_CKPT_BLOB_MAX || (meta.blob_len && !meta.blob)) abort();
     vl_ckpt_meta_free(&meta);

@@ -36,6 +36,13 @@ int vl_file_write_atomic(const char *path, const void *data, size_t len, char *e
  * folder, its folder is missing or not a folder, or nothing can be created there (the
  * temporary file is made and removed). */
 int vl_file_check_writable(const char *path, char *err, size_t errn);
+/* Remove the temporary files vl_file_write_atomic left in dir when its process was killed
+ * mid-write: regular files named ".<name>.tmp.<pid>" for which owned(name) is true and
+ * whose pid is not a live process (kill(pid, 0) says ESRCH; never this process's own).
+ * Nothing else is touched: other names, folders, links, a live writer's file. (A pid
+ * reused by a new process keeps its file until that process is gone: the safe side.)
+ * The number removed, or -1 when dir cannot be read. */
+int vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), char *err, size_t errn);
 /* fsync a folder, so a rename in it survives a crash (best effort). */
 void vl_file_fsync_dir(const char *dir);
 

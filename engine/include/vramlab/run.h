@@ -108,6 +108,10 @@ typedef struct {
   long save_every;
   const char *save_dir;
   const char *ckpt_tag; /* the checkpoint's tag (vl_ckpt_meta.tag), e.g. the case id; may be NULL */
+  /* The run's settings that shape its trajectory (vl_ckpt_meta.settings), recorded in each
+   * checkpoint for a resume to compare; may be NULL. */
+  const char *ckpt_settings;
+  long keep_last; /* step-N.ckpt files save_dir keeps (vl_ckpt_save_dir); 0: every one */
   /* The caller's state at the edge after `steps` steps (its data position, RNG) as a
    * malloc'd blob the loop frees; NULL: none. A resume hands it back (vl_run_resume). */
   vl_status (*save_state)(void *user, long steps, void **blob, size_t *len);
@@ -148,11 +152,13 @@ typedef struct {
 vl_status vl_run_loop(vl_model *m, const vl_loop_cfg *cfg, vl_loop_result *res);
 void vl_loop_result_free(vl_loop_result *r);
 
-/* Resume: restore m from the checkpoint at path (vl_ckpt_load; tag as there) and put its
+/* Resume: restore m from the checkpoint at path (vl_ckpt_load; tag and settings as there: a
+ * checkpoint made with other settings is refused, naming the first that differs) and put its
  * steps and losses into res (fresh: zeroed), so vl_run_loop continues at the saved step
  * and res->losses holds the whole trajectory. *meta (vl_ckpt_meta_free) carries the
  * caller's blob back. A refused checkpoint leaves m and res unchanged. */
-vl_status vl_run_resume(vl_model *m, const char *path, const char *tag, vl_loop_result *res, vl_ckpt_meta *meta);
+vl_status vl_run_resume(vl_model *m, const char *path, const char *tag, const char *settings, vl_loop_result *res,
+                        vl_ckpt_meta *meta);
 
 /* Interleaved repetitions: `warm` untimed rounds, then `rounds` timed ones, each one step of
  * every model in turn on the same batch b (one micro-batch), so a noisy neighbour on a
