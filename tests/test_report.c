@@ -342,6 +342,21 @@ static void test_schema_rejected_before_writing(void **state) {
       {"run_scale", "1", "run_scale: expected a string"},
       {"case_metrics", "[]", "case_metrics: expected an object"},
       {"sweep", "[1]", "sweep[0]: expected an object"},
+      /* numbers out of their range: negative, zero batch, fractional or too large counts,
+       * fractions above 1 */
+      {"rungs[0].runs[0].batch", "-1", "rungs[0].runs[0].batch: expected a whole number >= 1 (at most 2^53), got -1"},
+      {"rungs[1].plan.batch", "0", "rungs[1].plan.batch: expected a whole number >= 1 (at most 2^53), got 0"},
+      {"rungs[0].plan.peak_bytes", "-1", "rungs[0].plan.peak_bytes: expected a whole number >= 0 (at most 2^53), got -1"},
+      {"rungs[0].plan.peak_bytes", "1e-300", "rungs[0].plan.peak_bytes: expected a whole number >= 0"},
+      {"rungs[0].plan.max_batch", "18446744073709551616",
+       "rungs[0].plan.max_batch: expected a whole number >= 0 (at most 2^53), got 1.8446744073709552e+19"},
+      {"rungs[0].plan.oom_rate", "1e308", "rungs[0].plan.oom_rate: expected a fraction in [0, 1], got 1e+308"},
+      {"rungs[0].plan.by_category", "{\"acts\": -5}", "rungs[0].plan.by_category.acts: expected a whole number >= 0"},
+      {"rungs[0].runs[0].tokens_per_s", "-1", "rungs[0].runs[0].tokens_per_s: expected a number >= 0, got -1"},
+      {"rungs[0].runs[0].step_time.samples[1]", "-0.5", "rungs[0].runs[0].step_time.samples[1]: expected a number >= 0"},
+      {"rungs[0].runs[0].miou", "1.5", "rungs[0].runs[0].miou: expected a fraction in [0, 1], got 1.5"},
+      {"env.cores", "0", "env.cores: expected a whole number >= 1 (at most 2^53), got 0"},
+      {"sgemm_flops_per_s", "-1e308", "sgemm_flops_per_s: expected a number >= 0"},
   };
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
@@ -779,6 +794,34 @@ static void test_read_file_max(void **state) {
   assert_null(vl_read_file_max(f, 100, NULL, NULL, 0)); /* no message wanted */
 }
 
+/* Every number of the file (but schema_version) set to one impossible value at once, as a
+ * hostile results file does: -1, 0, 1e-300, 1e308, 2^64. Each is refused with a path, never
+ * reported ("-100% -> -100%", batch -1). */
+static void set_every_number(cJSON *o, double x) {
+  cJSON *e;
+  cJSON_ArrayForEach(e, o) {
+    if (cJSON_IsNumber(e) && !(e->string && !strcmp(e->string, "schema_version"))) cJSON_SetNumberValue(e, x);
+    else if (cJSON_IsObject(e) || cJSON_IsArray(e)) set_every_number(e, x);
+  }
+}
+
+static void test_schema_rejects_impossible_numbers(void **state) {
+  (void)state;
+  static const double bad[] = {-1, 0, 1e-300, 1e308, 18446744073709551616.0};
+  vl_ladder L;
+  const vl_case *c = load("llm-lora", &L);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cJSON *res = results_for(c, &L);
+    assert_int_equal(vl_results_validate(res, c, &L, (char[8]){0}, 8), 0); /* sound before */
+    set_every_number(res, bad[i]);
+    char err[1024] = "";
+    if (vl_results_validate(res, c, &L, err, sizeof err) == 0) fail_msg("every number %g: accepted", bad[i]);
+    print_message("  every number %g: %s\n", bad[i], err);
+    assert_non_null(strstr(err, ": expected a "));
+    cJSON_Delete(res);
+  }
+}
+
 /* The results files the report folders keep (real runs) pass their own case's validation
  * and are refused by every other case. */
 static void test_validate_real_results(void **state) {
@@ -817,6 +860,7 @@ int main(void) {
       cmocka_unit_test(test_rung_name_cannot_run_commands),
       cmocka_unit_test(test_schema_rejected_before_writing),
       cmocka_unit_test(test_schema_rejects_raw_text),
+      cmocka_unit_test(test_schema_rejects_impossible_numbers),
       cmocka_unit_test(test_missing_fields_print_dash),
       cmocka_unit_test(test_results_path_not_a_file),
       cmocka_unit_test(test_artifacts_whole_under_full_disk),
