@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "mpirun.h"
+#include "vramlab/fileio.h"
 
 #define MPIRUN_INSTALL "apt-get install libopenmpi-dev openmpi-bin"
 #define MAX_ARGS 256
@@ -74,9 +76,10 @@ static int find_mpirun(char *buf, size_t n) {
   return -1;
 }
 
-/* The child: own process group, environment, output, then exec; on failure errno goes to
- * the parent through the close-on-exec pipe. */
-static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err) {
+/* The child: own process group, environment, output (out_fd: the parent's temporary file
+ * for out_path, or -1), then exec; on failure errno goes to the parent through the
+ * close-on-exec pipe. */
+static void child(const vl_mpirun_opts *o, char *const argv[], int out_fd, int fd_err) {
   setpgid(0, 0);
   if (geteuid() == 0) {
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
@@ -96,10 +99,7 @@ static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err) {
     setenv("OMP_NUM_THREADS", t, 1);
     setenv("OPENBLAS_NUM_THREADS", t, 1);
   }
-  if (o->out_path) {
-    int fd = open(o->out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) goto fail;
-  }
+  if (out_fd >= 0 && (dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)) goto fail;
   execv(argv[0], argv);
 fail:;
   int e = errno;
@@ -187,50 +187,9 @@ static int check_opts(const vl_mpirun_opts *o, char *const cmd[], char *err, siz
   return 0;
 }
 
-int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
-  if (check_opts(o, cmd, err, errn)) return -1;
-  char mpirun[4096], np[16];
-  if (find_mpirun(mpirun, sizeof mpirun)) {
-    const char *env = getenv("VRAMLAB_MPIRUN");
-    if (env && *env)
-      snprintf(err, errn, "mpirun not found at VRAMLAB_MPIRUN=%s: %s", env, MPIRUN_INSTALL);
-    else
-      snprintf(err, errn, "mpirun not found (Open MPI is not installed): %s", MPIRUN_INSTALL);
-    return -1;
-  }
-  char *av[MAX_ARGS];
-  if (build_argv(o, mpirun, cmd, av, np, sizeof np, err, errn)) return -1;
-  int pfd[2];
-  if (pipe2(pfd, O_CLOEXEC)) {
-    snprintf(err, errn, "mpirun: pipe: %s", strerror(errno));
-    return -1;
-  }
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
-    close(pfd[0]), close(pfd[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    close(pfd[0]);
-    child(o, av, pfd[1]);
-  }
-  setpgid(pid, pid); /* both sides set it: no race with the kill below */
-  close(pfd[1]);
-  int e = 0;
-  ssize_t got;
-  do got = read(pfd[0], &e, sizeof e); while (got < 0 && errno == EINTR);
-  close(pfd[0]);
-  if (got == (ssize_t)sizeof e) { /* exec (or the output file) failed */
-    int st;
-    waitpid(pid, &st, 0);
-    snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
-             o->out_path ? o->out_path : "", strerror(e));
-    return -1;
-  }
-  double limit = o->timeout_s > 0 ? o->timeout_s : 600;
+/* Wait for the job until timeout_s (0: 600 s); its status, as vl_mpirun returns it. */
+static int wait_job(pid_t pid, double timeout_s, char *err, size_t errn) {
+  double limit = timeout_s > 0 ? timeout_s : 600;
   int st = 0;
   if (!wait_until(pid, mono() + limit, &st)) {
     kill(-pid, SIGTERM);
@@ -245,4 +204,66 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
   return 255;
+}
+
+int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
+  if (check_opts(o, cmd, err, errn)) return -1;
+  char mpirun[4096], np[16];
+  if (find_mpirun(mpirun, sizeof mpirun)) {
+    const char *env = getenv("VRAMLAB_MPIRUN");
+    if (env && *env)
+      snprintf(err, errn, "mpirun not found at VRAMLAB_MPIRUN=%s: %s", env, MPIRUN_INSTALL);
+    else
+      snprintf(err, errn, "mpirun not found (Open MPI is not installed): %s", MPIRUN_INSTALL);
+    return -1;
+  }
+  char *av[MAX_ARGS];
+  if (build_argv(o, mpirun, cmd, av, np, sizeof np, err, errn)) return -1;
+  /* the job's output goes to a fresh file of ours, renamed to out_path when the job ends: a
+   * link planted at out_path is replaced, never written through */
+  char out_tmp[PATH_MAX], m[PATH_MAX + 200];
+  int out_fd = -1;
+  if (o->out_path && (out_fd = vl_file_tmp_beside(o->out_path, out_tmp, sizeof out_tmp, m, sizeof m)) < 0) {
+    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    return -1;
+  }
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) {
+    snprintf(err, errn, "mpirun: pipe: %s", strerror(errno));
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
+    return -1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
+    close(pfd[0]), close(pfd[1]);
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
+    return -1;
+  }
+  if (pid == 0) {
+    close(pfd[0]);
+    child(o, av, out_fd, pfd[1]);
+  }
+  setpgid(pid, pid); /* both sides set it: no race with the kill below */
+  close(pfd[1]);
+  int e = 0;
+  ssize_t got;
+  do got = read(pfd[0], &e, sizeof e); while (got < 0 && errno == EINTR);
+  close(pfd[0]);
+  if (got == (ssize_t)sizeof e) { /* exec (or the output's dup2) failed */
+    int st;
+    waitpid(pid, &st, 0);
+    snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
+             o->out_path ? o->out_path : "", strerror(e));
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
+    return -1;
+  }
+  int rc = wait_job(pid, o->timeout_s, err, errn);
+  if (out_fd >= 0 && vl_file_tmp_commit(out_fd, out_tmp, o->out_path, m, sizeof m) && rc == 0) {
+    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    return -1;
+  }
+  return rc;
 }

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -17,6 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "vramlab/fileio.h"
 
 extern char **environ;
 
@@ -534,27 +537,38 @@ static bool png_whole(const char *path) {
 }
 
 /* gnuplot runs with no shell in between (the folder's name is never parsed), in dir, stdin
- * from /dev/null (a stray `pause` cannot wait), stderr into name.gnuplot.log. */
+ * from /dev/null (a stray `pause` cannot wait), stderr into a fresh temporary file that
+ * becomes name.gnuplot.log only when it explains a failure (renamed over whatever has that
+ * name: a link planted there is replaced, never written through). */
 static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
-  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100], log[100];
+  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
+  char log_tmp[PATH_MAX], err[PATH_MAX + 200];
   snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
   snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
   snprintf(gp, sizeof gp, "%s.gp", name);
-  snprintf(log, sizeof log, "%s.gnuplot.log", name);
   snprintf(final, sizeof final, "%s/%s.png", dir, name);
   snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
-  snprintf(log_path, sizeof log_path, "%s/%s", dir, log);
+  snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
+  int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
+  if (log_fd < 0) { snprintf(why, whyn, "gnuplot's log: %s", err); return -1; }
   posix_spawn_file_actions_t fa;
-  if (posix_spawn_file_actions_init(&fa)) { snprintf(why, whyn, "out of memory"); return -1; }
+  if (posix_spawn_file_actions_init(&fa)) {
+    snprintf(why, whyn, "out of memory");
+    close(log_fd);
+    unlink(log_tmp);
+    return -1;
+  }
   posix_spawn_file_actions_addchdir_np(&fa, dir);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
   char *argv[] = {"gnuplot", "-e", setvar, gp, NULL};
   pid_t pid;
   int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
   posix_spawn_file_actions_destroy(&fa);
   if (e) {
     snprintf(why, whyn, "cannot start gnuplot: %s", strerror(e));
+    close(log_fd);
+    unlink(log_tmp);
     return -1;
   }
   while (waitpid(pid, &st, 0) < 0)
@@ -567,8 +581,14 @@ static int render(const char *dir, const char *name, const char *log_shown, char
   else if (!png_whole(tmp_path)) snprintf(why, whyn, "gnuplot wrote an incomplete PNG (a full disk?)");
   else if (rename(tmp_path, final)) snprintf(why, whyn, "rename to %s.png: %s", name, strerror(errno));
   else rc = 0;
-  if (rc) unlink(tmp_path);
-  else unlink(log_path); /* keep the log only when it explains a failure */
+  if (rc) {
+    unlink(tmp_path);
+    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
+  } else {
+    close(log_fd);
+    unlink(log_tmp);
+    unlink(log_path); /* a log of an earlier failure (or a link in its place) */
+  }
   return rc;
 }
 

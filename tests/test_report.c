@@ -657,6 +657,64 @@ static void test_plot_failures_reported(void **state) {
   free(saved);
 }
 
+/* No entry of dir is a leftover temporary file (".<name>.tmp.<pid>"). */
+static void assert_no_tmp(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, ".tmp.")) fail_msg("%s: a temporary file is left: %s", dir, e->d_name);
+  closedir(d);
+}
+
+/* A link planted at <dir>/timeline.gnuplot.log is never written through: gnuplot failing
+ * leaves its stderr in a file of its own at that name (the link replaced), gnuplot succeeding
+ * leaves no log (the link removed); the link's target keeps its bytes either way. */
+static void test_gnuplot_log_link_not_followed(void **state) {
+  (void)state;
+  char dir[512], victim[512], link_path[600], bin[512], gp[600], path_env[4096], why[1600];
+  fresh_dir(dir, sizeof dir, "loglink");
+  tu_join(victim, sizeof victim, tu_tmp, "precious.txt");
+  tu_join(link_path, sizeof link_path, dir, "timeline.gnuplot.log");
+  fresh_dir(bin, sizeof bin, "fakebin-log");
+  tu_join(gp, sizeof gp, bin, "gnuplot");
+  tu_write_text(gp, "#!/bin/sh\necho 'fake gnuplot: cannot render' >&2\nexit 3\n");
+  assert_int_equal(chmod(gp, 0755), 0);
+  const char *old_path = getenv("PATH");
+  char *saved = strdup(old_path ? old_path : "/usr/bin:/bin");
+  snprintf(path_env, sizeof path_env, "%s:%s", bin, saved);
+  static const char script[] = "set terminal png size 64,48\nset output vl_png\nplot x\n";
+  for (int variant = 0; variant < 2; variant++) {
+    if (variant == 1 && !have_gnuplot()) {
+      print_message("skipped the successful half: gnuplot is not installed\n");
+      break;
+    }
+    tu_write_text(victim, "precious\n");
+    unlink(link_path);
+    assert_int_equal(symlink(victim, link_path), 0);
+    if (variant == 0) setenv("PATH", path_env, 1); /* the fake gnuplot, which fails */
+    int rc = vl_rep_gnuplot(dir, "timeline", script, why, sizeof why);
+    setenv("PATH", saved, 1);
+    char *t = read_text(victim);
+    assert_string_equal(t, "precious\n");
+    free(t);
+    struct stat st;
+    if (variant == 0) {
+      assert_int_equal(rc, -1);
+      assert_non_null(strstr(why, "gnuplot failed with status 3"));
+      assert_int_equal(lstat(link_path, &st), 0);
+      assert_true(S_ISREG(st.st_mode));
+      t = read_text(link_path);
+      assert_non_null(strstr(t, "fake gnuplot: cannot render"));
+      free(t);
+    } else {
+      if (rc) fail_msg("gnuplot: %s", why);
+      assert_int_equal(lstat(link_path, &st), -1);
+    }
+    assert_no_tmp(dir);
+  }
+  free(saved);
+}
+
 /* A data file that cannot be written: the plot is reported missing with the reason, and the
  * other plots are still made. */
 static void test_dat_failure_reported(void **state) {
@@ -866,6 +924,7 @@ int main(void) {
       cmocka_unit_test(test_artifacts_whole_under_full_disk),
       cmocka_unit_test(test_plot_failures_reported),
       cmocka_unit_test(test_dat_failure_reported),
+      cmocka_unit_test(test_gnuplot_log_link_not_followed),
       cmocka_unit_test(test_report_dir_with_quote),
       cmocka_unit_test(test_gp_str_whitelist),
       cmocka_unit_test(test_read_file_max),

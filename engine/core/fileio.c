@@ -160,26 +160,36 @@ static int write_all(int fd, const void *data, size_t len) {
   return 0;
 }
 
-int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
-  /* the temporary file: ".<name>.tmp.<pid>" in the same folder (rename is atomic only
-   * within one file system) */
-  char dir[PATH_MAX], tmp[PATH_MAX];
+/* The folder of path into dir ("." for a bare name, "/" for one in the root); its name's
+ * start, or NULL when dir does not fit. */
+static const char *dir_of(const char *path, char *dir, size_t n) {
   const char *slash = strrchr(path, '/');
-  const char *base = slash ? slash + 1 : path;
-  int dn = !slash ? snprintf(dir, sizeof dir, ".")
-           : slash == path ? snprintf(dir, sizeof dir, "/")
-                           : snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  int tn = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, base, (long)getpid());
-  if (!*base || dn < 0 || (size_t)dn >= sizeof dir || tn < 0 || (size_t)tn >= sizeof tmp)
+  int dn = !slash ? snprintf(dir, n, ".")
+           : slash == path ? snprintf(dir, n, "/")
+                           : snprintf(dir, n, "%.*s", (int)(slash - path), path);
+  return dn < 0 || (size_t)dn >= n ? NULL : slash ? slash + 1 : path;
+}
+
+int vl_file_tmp_beside(const char *path, char *tmp, size_t tmpn, char *err, size_t errn) {
+  /* ".<name>.tmp.<pid>" in the same folder (rename is atomic only within one file system) */
+  char dir[PATH_MAX];
+  const char *base = dir_of(path, dir, sizeof dir);
+  int tn = base ? snprintf(tmp, tmpn, "%s/.%s.tmp.%ld", dir, base, (long)getpid()) : -1;
+  if (!base || !*base || tn < 0 || (size_t)tn >= tmpn) {
+    if (tmpn) tmp[0] = 0;
     return failf(err, errn, "path too long or not a file name: %.200s (limit %d)", path, PATH_MAX - 32);
+  }
   /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
    * that would block the open, a link) is removed, not followed. */
   (void)unlink(tmp);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return failf(err, errn, "cannot create %s: %s", tmp, strerror(errno));
-  const char *what = write_all(fd, data, len) ? "write" : fsync(fd) ? "fsync" : NULL;
-  if (what) {
-    failf(err, errn, "%s %s: %s", what, tmp, strerror(errno));
+  return fd;
+}
+
+int vl_file_tmp_commit(int fd, const char *tmp, const char *path, char *err, size_t errn) {
+  if (fsync(fd) != 0) {
+    failf(err, errn, "fsync %s: %s", tmp, strerror(errno));
     close(fd);
     unlink(tmp);
     return -1;
@@ -194,6 +204,20 @@ int vl_file_write_atomic(const char *path, const void *data, size_t len, char *e
     unlink(tmp);
     return -1;
   }
-  vl_file_fsync_dir(dir);
+  char dir[PATH_MAX];
+  if (dir_of(path, dir, sizeof dir)) vl_file_fsync_dir(dir);
   return 0;
+}
+
+int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
+  char tmp[PATH_MAX];
+  int fd = vl_file_tmp_beside(path, tmp, sizeof tmp, err, errn);
+  if (fd < 0) return -1;
+  if (write_all(fd, data, len)) {
+    failf(err, errn, "write %s: %s", tmp, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return -1;
+  }
+  return vl_file_tmp_commit(fd, tmp, path, err, errn);
 }
