@@ -56,10 +56,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   b = c = a;
   int64_t pa = 0, pb = 0, pc = 0;
   vl_status sa = read_one(text, n, NULL, &a, &pa);
-  /* the same bytes as a file, read by the loader, then again (from its cache when accepted) */
+  /* the same bytes as a file, read by the loader, then again (from its cache when accepted);
+   * a new name each time: a file rewritten to the same size within one tick of the file
+   * system's clock (and its inode reused) would be taken for the one cached, by design */
+  static unsigned long serial;
   char path[4096];
   const char *tmp = getenv("TMPDIR");
-  snprintf(path, sizeof path, "%s/fuzz_model_config.%d.json", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+  snprintf(path, sizeof path, "%s/fuzz_model_config.%d.%lu.json", tmp && *tmp ? tmp : "/tmp", (int)getpid(),
+           serial++);
   FILE *f = fopen(path, "wb");
   if (f && fwrite(d, 1, n, f) == n && fclose(f) == 0) {
     vl_status sb = read_one(NULL, 0, path, &b, &pb);
