@@ -25,6 +25,7 @@
 
 #include "interrupt.h"
 #include "mpirun.h"
+#include "vramlab/fileio.h"
 #include "parse.h"
 
 #define MPIRUN_INSTALL "apt-get install libopenmpi-dev openmpi-bin"
@@ -172,7 +173,7 @@ int vl_mpirun_watch_launcher(void) {
 
 /* The child: the signals as the launcher had them, own process group, environment, output,
  * then exec; on failure errno goes to the parent through the close-on-exec pipe. */
-static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err,
+static void child(const vl_mpirun_opts *o, char *const argv[], int out_fd, int fd_err,
                   const struct sigaction old[N_JOB_SIGNALS]) {
   restore_job_signals(old);
   setpgid(0, 0);
@@ -197,10 +198,7 @@ static void child(const vl_mpirun_opts *o, char *const argv[], int fd_err,
     setenv("OMP_NUM_THREADS", t, 1);
     setenv("OPENBLAS_NUM_THREADS", t, 1);
   }
-  if (o->out_path) {
-    int fd = open(o->out_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) goto fail;
-  }
+  if (out_fd >= 0 && (dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)) goto fail;
   execv(argv[0], argv);
 fail:;
   int e = errno;
@@ -314,9 +312,18 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   }
   char *av[MAX_ARGS];
   if (build_argv(o, mpirun, cmd, av, np, sizeof np, err, errn)) return -1;
+  /* the job's output goes to a fresh file of ours, renamed to out_path when the job ends: a
+   * link planted at out_path is replaced, never written through */
+  char out_tmp[PATH_MAX], m[PATH_MAX + 200];
+  int out_fd = -1;
+  if (o->out_path && (out_fd = vl_file_tmp_beside(o->out_path, out_tmp, sizeof out_tmp, m, sizeof m)) < 0) {
+    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    return -1;
+  }
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC)) {
     snprintf(err, errn, "mpirun: pipe: %s", strerror(errno));
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
     return -1;
   }
   fflush(stdout);
@@ -328,11 +335,12 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
     snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
     restore_job_signals(old);
     close(pfd[0]), close(pfd[1]);
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
     return -1;
   }
   if (pid == 0) {
     close(pfd[0]);
-    child(o, av, pfd[1], old);
+    child(o, av, out_fd, pfd[1], old);
   }
   setpgid(pid, pid); /* both sides set it: no race with the kill below */
   close(pfd[1]);
@@ -340,12 +348,13 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   ssize_t got;
   do got = read(pfd[0], &e, sizeof e); while (got < 0 && errno == EINTR);
   close(pfd[0]);
-  if (got == (ssize_t)sizeof e) { /* exec (or the output file) failed */
+  if (got == (ssize_t)sizeof e) { /* exec (or the output's dup2) failed */
     int st;
     waitpid(pid, &st, 0);
     restore_job_signals(old);
     snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
              o->out_path ? o->out_path : "", strerror(e));
+    if (out_fd >= 0) close(out_fd), unlink(out_tmp);
     return -1;
   }
   double limit = o->timeout_s > 0 ? o->timeout_s : 600;
@@ -354,18 +363,22 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   int sig = job_signal;
   if (!ended) end_job(pid, &st);
   restore_job_signals(old);
+  int rc;
   if (sig) {
-    /* the job is gone; now the launcher's own handling of the signal (the default action
-     * ends it, vl_interrupt's stops the run at its next step edge) */
     snprintf(err, errn, "mpirun: the job was ended: this process got %s", strsignal(sig));
-    raise(sig);
-    return 128 + sig;
-  }
-  if (!ended) {
+    rc = 128 + sig;
+  } else if (!ended) {
     snprintf(err, errn, "mpirun: the job ran past %g s and was killed", limit);
-    return 124;
+    rc = 124;
+  } else {
+    rc = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
   }
-  if (WIFEXITED(st)) return WEXITSTATUS(st);
-  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-  return 255;
+  if (out_fd >= 0 && vl_file_tmp_commit(out_fd, out_tmp, o->out_path, m, sizeof m) && rc == 0) {
+    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    rc = -1;
+  }
+  /* the job is gone and its output kept; now the launcher's own handling of the signal (the
+   * default action ends it, vl_interrupt's stops the run at its next step edge) */
+  if (sig) raise(sig);
+  return rc;
 }

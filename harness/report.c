@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -17,6 +18,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "vramlab/fileio.h"
 
 extern char **environ;
 
@@ -239,74 +242,95 @@ const char *vl_rep_gp_str(const char *s, bool token, char *buf, size_t n) {
 }
 
 /* ---- results schema ------------------------------------------------------------------------ */
-/* The fields the reports read, with their types. Fields not listed are not read (except as
- * claim metrics, checked separately) and may hold anything. NUM takes null too: cJSON writes
- * a NaN (not measured) as null. */
+/* The fields the reports read, with their types and the range of their numbers. Fields not
+ * listed are not read (except as claim metrics, checked separately) and may hold anything.
+ * NUM takes null too: cJSON writes a NaN (not measured) as null. */
 typedef enum { V_NUM, V_BOOL, V_STR, V_OBJ, V_NUMS, V_PAIRS, V_NUMOBJ, V_STROBJ, V_OBJS } vtype;
-typedef struct vfield { const char *key; vtype t; const struct vfield *sub; } vfield;
+/* The values a number may take (of V_NUM, and of each number of V_NUMS and V_NUMOBJ):
+ * R_ANY every finite number (losses, fits, claim metrics); R_GE0 >= 0 (times, rates, FLOPs,
+ * ratios); R_WHOLE a whole number >= 0 (bytes, counts), R_WHOLE1 >= 1 (batch, accum, seq),
+ * both at most 2^53, beyond which a double holds no exact count; R_FRAC a fraction in [0, 1]
+ * (shares, rates of OOM, accuracies). null (not measured) is always accepted. */
+typedef enum { R_ANY, R_GE0, R_WHOLE, R_WHOLE1, R_FRAC } vrange;
+typedef struct vfield { const char *key; vtype t; const struct vfield *sub; vrange r; } vfield;
 
 static const vfield env_fields[] = {
-    {"cpu", V_STR, NULL}, {"kernel", V_STR, NULL}, {"device", V_STR, NULL}, {"gpu", V_STR, NULL},
-    {"git_commit", V_STR, NULL}, {"openblas", V_STR, NULL}, {"compiler", V_STR, NULL},
-    {"time", V_STR, NULL}, {"cores", V_NUM, NULL}, {"ram_bytes", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"cpu", V_STR, NULL, R_ANY}, {"kernel", V_STR, NULL, R_ANY}, {"device", V_STR, NULL, R_ANY},
+    {"gpu", V_STR, NULL, R_ANY}, {"git_commit", V_STR, NULL, R_ANY}, {"openblas", V_STR, NULL, R_ANY},
+    {"compiler", V_STR, NULL, R_ANY}, {"time", V_STR, NULL, R_ANY}, {"cores", V_NUM, NULL, R_WHOLE1},
+    {"ram_bytes", V_NUM, NULL, R_WHOLE}, {NULL, 0, NULL, R_ANY}};
 static const vfield stats_fields[] = {
-    {"samples", V_NUMS, NULL}, {"median", V_NUM, NULL}, {"min", V_NUM, NULL}, {"max", V_NUM, NULL},
-    {"mean", V_NUM, NULL}, {"p90", V_NUM, NULL}, {"cv", V_NUM, NULL}, {"n", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"samples", V_NUMS, NULL, R_GE0}, {"median", V_NUM, NULL, R_GE0}, {"min", V_NUM, NULL, R_GE0},
+    {"max", V_NUM, NULL, R_GE0}, {"mean", V_NUM, NULL, R_GE0}, {"p90", V_NUM, NULL, R_GE0},
+    {"cv", V_NUM, NULL, R_GE0}, {"n", V_NUM, NULL, R_WHOLE}, {NULL, 0, NULL, R_ANY}};
 static const vfield plan_fields[] = {
-    {"timeline", V_PAIRS, NULL}, {"batch_curve", V_PAIRS, NULL}, {"by_category", V_NUMOBJ, NULL},
-    {"peak_by_category", V_NUMOBJ, NULL}, {"params_by_module", V_NUMOBJ, NULL}, {"scale", V_STR, NULL},
-    {"fits", V_BOOL, NULL}, {"max_batch_at_search_limit", V_BOOL, NULL},
-    {"batch", V_NUM, NULL}, {"accum", V_NUM, NULL}, {"seq", V_NUM, NULL}, {"peak_bytes", V_NUM, NULL},
-    {"cap_bytes", V_NUM, NULL}, {"acts_bytes", V_NUM, NULL}, {"weight_bytes", V_NUM, NULL},
-    {"grads_bytes", V_NUM, NULL}, {"optim_bytes", V_NUM, NULL}, {"params_total", V_NUM, NULL},
-    {"params_trainable", V_NUM, NULL}, {"max_batch", V_NUM, NULL}, {"oom_rate", V_NUM, NULL},
-    {"oom_batches", V_NUM, NULL}, {"flops_per_step", V_NUM, NULL}, {"plan_seconds", V_NUM, NULL},
-    {"max_batch_search_seconds", V_NUM, NULL}, {"cuda_context_bytes", V_NUM, NULL},
-    {"model_bytes", V_NUM, NULL}, {"extent_overhead", V_NUM, NULL}, {"recompute_share", V_NUM, NULL},
-    {"fit_base_bytes", V_NUM, NULL}, {"fit_per_sample_bytes", V_NUM, NULL}, {"fit_r2", V_NUM, NULL},
-    {"fit_predicted_max_batch", V_NUM, NULL}, {"exact_vs_linear", V_NUM, NULL},
-    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"host_bytes_bound", V_NUM, NULL},
-    {NULL, 0, NULL}};
-/* one entry of a run's --profile table (cases/case_run.c: vl_case_profile_json) */
+    {"timeline", V_PAIRS, NULL, R_ANY}, {"batch_curve", V_PAIRS, NULL, R_ANY},
+    {"by_category", V_NUMOBJ, NULL, R_WHOLE}, {"peak_by_category", V_NUMOBJ, NULL, R_WHOLE},
+    {"params_by_module", V_NUMOBJ, NULL, R_WHOLE}, {"scale", V_STR, NULL, R_ANY}, {"fits", V_BOOL, NULL, R_ANY},
+    {"max_batch_at_search_limit", V_BOOL, NULL, R_ANY}, {"batch", V_NUM, NULL, R_WHOLE1},
+    {"accum", V_NUM, NULL, R_WHOLE1}, {"seq", V_NUM, NULL, R_WHOLE1}, {"peak_bytes", V_NUM, NULL, R_WHOLE},
+    {"cap_bytes", V_NUM, NULL, R_WHOLE}, {"acts_bytes", V_NUM, NULL, R_WHOLE}, {"weight_bytes", V_NUM, NULL, R_WHOLE},
+    {"grads_bytes", V_NUM, NULL, R_WHOLE}, {"optim_bytes", V_NUM, NULL, R_WHOLE},
+    {"params_total", V_NUM, NULL, R_WHOLE}, {"params_trainable", V_NUM, NULL, R_WHOLE},
+    {"max_batch", V_NUM, NULL, R_WHOLE}, {"oom_rate", V_NUM, NULL, R_FRAC}, {"oom_batches", V_NUM, NULL, R_WHOLE1},
+    {"flops_per_step", V_NUM, NULL, R_GE0}, {"plan_seconds", V_NUM, NULL, R_GE0},
+    {"max_batch_search_seconds", V_NUM, NULL, R_GE0}, {"cuda_context_bytes", V_NUM, NULL, R_WHOLE},
+    {"model_bytes", V_NUM, NULL, R_WHOLE}, {"extent_overhead", V_NUM, NULL, R_GE0},
+    {"recompute_share", V_NUM, NULL, R_FRAC}, {"fit_base_bytes", V_NUM, NULL, R_ANY},
+    {"fit_per_sample_bytes", V_NUM, NULL, R_ANY}, {"fit_r2", V_NUM, NULL, R_ANY},
+    {"fit_predicted_max_batch", V_NUM, NULL, R_ANY}, {"exact_vs_linear", V_NUM, NULL, R_GE0},
+    {"workers", V_NUM, NULL, R_WHOLE}, {"prefetch", V_NUM, NULL, R_WHOLE}, {"host_bytes_bound", V_NUM, NULL, R_WHOLE},
+    {NULL, 0, NULL, R_ANY}};
+/* one entry of a run's --profile table (cases/case_run.c: vl_case_profile_json); share is an
+ * op's time over the steps' time from another clock reading, so not bounded by 1 exactly */
 static const vfield profile_fields[] = {
-    {"op", V_STR, NULL}, {"calls", V_NUM, NULL}, {"seconds", V_NUM, NULL}, {"flops", V_NUM, NULL},
-    {"bytes", V_NUM, NULL}, {"flops_per_s", V_NUM, NULL}, {"share", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"op", V_STR, NULL, R_ANY}, {"calls", V_NUM, NULL, R_WHOLE}, {"seconds", V_NUM, NULL, R_GE0},
+    {"flops", V_NUM, NULL, R_GE0}, {"bytes", V_NUM, NULL, R_GE0}, {"flops_per_s", V_NUM, NULL, R_GE0},
+    {"share", V_NUM, NULL, R_GE0}, {NULL, 0, NULL, R_ANY}};
 static const vfield run_fields[] = {
-    {"scale", V_STR, NULL}, {"device", V_STR, NULL}, {"consumer", V_STR, NULL}, {"error", V_STR, NULL},
-    {"oom", V_BOOL, NULL}, {"plan_matches_measured", V_BOOL, NULL}, {"pin_applies", V_BOOL, NULL},
-    {"loss", V_NUMS, NULL}, {"pixel_accuracy_per_epoch", V_NUMS, NULL}, {"miou_per_epoch", V_NUMS, NULL},
-    {"step_time", V_OBJ, stats_fields}, {"measured_by_category", V_NUMOBJ, NULL}, {"epochs", V_OBJS, NULL},
-    {"batch", V_NUM, NULL}, {"accum", V_NUM, NULL}, {"tokens_per_s", V_NUM, NULL},
-    {"sec_per_token", V_NUM, NULL}, {"flops_per_s", V_NUM, NULL}, {"measured_peak_bytes", V_NUM, NULL},
-    {"planned_peak_bytes", V_NUM, NULL}, {"images_per_s", V_NUM, NULL}, {"data_wait_share", V_NUM, NULL},
-    {"sec_per_batch_data", V_NUM, NULL}, {"pixel_accuracy", V_NUM, NULL}, {"miou", V_NUM, NULL},
-    {"optimizer_steps", V_NUM, NULL}, {"interleaved_step_seconds", V_NUM, NULL},
-    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"epoch_s", V_NUM, NULL},
-    {"data_wait_frac", V_NUM, NULL}, {"accel_util", V_NUM, NULL}, {"wait_s_per_batch", V_NUM, NULL},
-    {"load_s_per_batch", V_NUM, NULL}, {"transform_s_per_batch", V_NUM, NULL}, {"cpu_util", V_NUM, NULL},
-    {"host_bytes_bound", V_NUM, NULL}, {"host_bytes_peak", V_NUM, NULL}, {"first_batch_s", V_NUM, NULL},
-    {"consumer_ms", V_NUM, NULL}, {"profile", V_OBJS, profile_fields}, {"profile_steps", V_NUM, NULL},
-    {"profile_seconds", V_NUM, NULL}, {"profile_other_seconds", V_NUM, NULL},
-    {"profile_recompute_flops", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"scale", V_STR, NULL, R_ANY}, {"device", V_STR, NULL, R_ANY}, {"consumer", V_STR, NULL, R_ANY},
+    {"error", V_STR, NULL, R_ANY}, {"oom", V_BOOL, NULL, R_ANY}, {"plan_matches_measured", V_BOOL, NULL, R_ANY},
+    {"pin_applies", V_BOOL, NULL, R_ANY}, {"loss", V_NUMS, NULL, R_ANY},
+    {"pixel_accuracy_per_epoch", V_NUMS, NULL, R_FRAC}, {"miou_per_epoch", V_NUMS, NULL, R_FRAC},
+    {"step_time", V_OBJ, stats_fields, R_ANY}, {"measured_by_category", V_NUMOBJ, NULL, R_WHOLE},
+    {"epochs", V_OBJS, NULL, R_ANY}, {"batch", V_NUM, NULL, R_WHOLE1}, {"accum", V_NUM, NULL, R_WHOLE1},
+    {"tokens_per_s", V_NUM, NULL, R_GE0}, {"sec_per_token", V_NUM, NULL, R_GE0}, {"flops_per_s", V_NUM, NULL, R_GE0},
+    {"measured_peak_bytes", V_NUM, NULL, R_WHOLE}, {"planned_peak_bytes", V_NUM, NULL, R_WHOLE},
+    {"images_per_s", V_NUM, NULL, R_GE0}, {"data_wait_share", V_NUM, NULL, R_FRAC},
+    {"sec_per_batch_data", V_NUM, NULL, R_GE0}, {"pixel_accuracy", V_NUM, NULL, R_FRAC},
+    {"miou", V_NUM, NULL, R_FRAC}, {"optimizer_steps", V_NUM, NULL, R_WHOLE},
+    {"interleaved_step_seconds", V_NUM, NULL, R_GE0}, {"workers", V_NUM, NULL, R_WHOLE},
+    {"prefetch", V_NUM, NULL, R_WHOLE}, {"epoch_s", V_NUM, NULL, R_GE0}, {"data_wait_frac", V_NUM, NULL, R_FRAC},
+    {"accel_util", V_NUM, NULL, R_FRAC}, {"wait_s_per_batch", V_NUM, NULL, R_GE0},
+    {"load_s_per_batch", V_NUM, NULL, R_GE0}, {"transform_s_per_batch", V_NUM, NULL, R_GE0},
+    {"cpu_util", V_NUM, NULL, R_GE0}, {"host_bytes_bound", V_NUM, NULL, R_WHOLE},
+    {"host_bytes_peak", V_NUM, NULL, R_WHOLE}, {"first_batch_s", V_NUM, NULL, R_GE0},
+    {"consumer_ms", V_NUM, NULL, R_GE0}, {"profile", V_OBJS, profile_fields, R_ANY},
+    {"profile_steps", V_NUM, NULL, R_WHOLE}, {"profile_seconds", V_NUM, NULL, R_GE0},
+    {"profile_other_seconds", V_NUM, NULL, R_ANY}, {"profile_recompute_flops", V_NUM, NULL, R_GE0},
+    {NULL, 0, NULL, R_ANY}};
 static const vfield rung_fields[] = {
-    {"name", V_STR, NULL}, {"label", V_STR, NULL}, {"knobs", V_STROBJ, NULL},
-    {"plan", V_OBJ, plan_fields}, {"runs", V_OBJS, run_fields}, {NULL, 0, NULL}};
-static const vfield interleaved_fields[] = {{"rounds", V_NUM, NULL}, {"batch", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"name", V_STR, NULL, R_ANY}, {"label", V_STR, NULL, R_ANY}, {"knobs", V_STROBJ, NULL, R_ANY},
+    {"plan", V_OBJ, plan_fields, R_ANY}, {"runs", V_OBJS, run_fields, R_ANY}, {NULL, 0, NULL, R_ANY}};
+static const vfield interleaved_fields[] = {
+    {"rounds", V_NUM, NULL, R_WHOLE}, {"batch", V_NUM, NULL, R_WHOLE1}, {NULL, 0, NULL, R_ANY}};
 static const vfield case_metrics_fields[] = {
-    {"torch_not_measured", V_STR, NULL}, {"sweep_incomplete", V_STR, NULL},
-    {"interleaved_steps", V_OBJ, interleaved_fields}, {"cores", V_NUM, NULL},
-    {"decode_images_per_s_per_core", V_NUM, NULL}, {"decode_ceiling_images_per_s", V_NUM, NULL},
-    {"images_per_s_at_cores", V_NUM, NULL}, {"share_of_decode_ceiling", V_NUM, NULL},
-    {"best_workers", V_NUM, NULL}, {"best_prefetch", V_NUM, NULL}, {"best_images_per_s", V_NUM, NULL},
-    {"torch_images_per_s", V_NUM, NULL}, {"speedup_vs_torch", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"torch_not_measured", V_STR, NULL, R_ANY}, {"sweep_incomplete", V_STR, NULL, R_ANY},
+    {"interleaved_steps", V_OBJ, interleaved_fields, R_ANY}, {"cores", V_NUM, NULL, R_WHOLE1},
+    {"decode_images_per_s_per_core", V_NUM, NULL, R_GE0}, {"decode_ceiling_images_per_s", V_NUM, NULL, R_GE0},
+    {"images_per_s_at_cores", V_NUM, NULL, R_GE0}, {"share_of_decode_ceiling", V_NUM, NULL, R_GE0},
+    {"best_workers", V_NUM, NULL, R_WHOLE}, {"best_prefetch", V_NUM, NULL, R_WHOLE},
+    {"best_images_per_s", V_NUM, NULL, R_GE0}, {"torch_images_per_s", V_NUM, NULL, R_GE0},
+    {"speedup_vs_torch", V_NUM, NULL, R_GE0}, {NULL, 0, NULL, R_ANY}};
 static const vfield sweep_fields[] = {
-    {"workers", V_NUM, NULL}, {"prefetch", V_NUM, NULL}, {"images_per_s", V_NUM, NULL},
-    {"cpu_util", V_NUM, NULL}, {NULL, 0, NULL}};
+    {"workers", V_NUM, NULL, R_WHOLE}, {"prefetch", V_NUM, NULL, R_WHOLE}, {"images_per_s", V_NUM, NULL, R_GE0},
+    {"cpu_util", V_NUM, NULL, R_GE0}, {NULL, 0, NULL, R_ANY}};
 static const vfield top_fields[] = {
-    {"env", V_OBJ, env_fields}, {"run_scale", V_STR, NULL}, {"setting", V_STROBJ, NULL},
-    {"rungs", V_OBJS, rung_fields}, {"sgemm_flops_per_s", V_NUM, NULL}, {"sgemm_samples", V_NUMS, NULL},
-    {"interrupted", V_BOOL, NULL}, {"case_metrics", V_OBJ, case_metrics_fields},
-    {"sweep", V_OBJS, sweep_fields}, {NULL, 0, NULL}};
+    {"env", V_OBJ, env_fields, R_ANY}, {"run_scale", V_STR, NULL, R_ANY}, {"setting", V_STROBJ, NULL, R_ANY},
+    {"rungs", V_OBJS, rung_fields, R_ANY}, {"sgemm_flops_per_s", V_NUM, NULL, R_GE0},
+    {"sgemm_samples", V_NUMS, NULL, R_GE0}, {"interrupted", V_BOOL, NULL, R_ANY},
+    {"case_metrics", V_OBJ, case_metrics_fields, R_ANY}, {"sweep", V_OBJS, sweep_fields, R_ANY},
+    {NULL, 0, NULL, R_ANY}};
 
 typedef struct {
   const vl_ladder *L;
@@ -329,6 +353,22 @@ static bool is_num(const cJSON *x) {
   return cJSON_IsNull(x) || (cJSON_IsNumber(x) && isfinite(x->valuedouble));
 }
 
+/* A number (is_num) within r; null passes. */
+static int check_range(vcheck *v, const cJSON *x, vrange r, const char *path) {
+  static const double whole_max = 9007199254740992.0; /* 2^53 */
+  if (cJSON_IsNull(x) || r == R_ANY) return 0;
+  double d = x->valuedouble;
+  const char *want = NULL;
+  if (r == R_GE0 && !(d >= 0)) want = "a number >= 0";
+  if (r == R_FRAC && !(d >= 0 && d <= 1)) want = "a fraction in [0, 1]";
+  if (r == R_WHOLE && !(d >= 0 && d <= whole_max && d == floor(d))) want = "a whole number >= 0 (at most 2^53)";
+  if (r == R_WHOLE1 && !(d >= 1 && d <= whole_max && d == floor(d))) want = "a whole number >= 1 (at most 2^53)";
+  if (!want) return 0;
+  char msg[96];
+  snprintf(msg, sizeof msg, "expected %s, got %.17g", want, d);
+  return vbad(v, path, msg);
+}
+
 static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *path, bool metrics);
 
 static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *path) {
@@ -336,7 +376,7 @@ static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *p
   const cJSON *e;
   int i = 0;
   switch (f->t) {
-    case V_NUM: return is_num(x) ? 0 : vbad(v, path, "expected a number");
+    case V_NUM: return is_num(x) ? check_range(v, x, f->r, path) : vbad(v, path, "expected a number");
     case V_BOOL: return cJSON_IsBool(x) ? 0 : vbad(v, path, "expected true or false");
     case V_STR: return cJSON_IsString(x) && x->valuestring ? 0 : vbad(v, path, "expected a string");
     case V_OBJ:
@@ -348,6 +388,7 @@ static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *p
       cJSON_ArrayForEach(e, x) {
         path_key(p, sizeof p, path, e->string);
         if (f->t == V_NUMOBJ && !is_num(e)) return vbad(v, p, "expected a number");
+        if (f->t == V_NUMOBJ && check_range(v, e, f->r, p)) return -1;
         if (f->t == V_STROBJ && !cJSON_IsString(e)) return vbad(v, p, "expected a string");
       }
       return 0;
@@ -358,6 +399,7 @@ static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *p
       cJSON_ArrayForEach(e, x) {
         snprintf(p, sizeof p, "%s[%d]", path, i++);
         if (f->t == V_NUMS && !is_num(e)) return vbad(v, p, "expected a number");
+        if (f->t == V_NUMS && check_range(v, e, f->r, p)) return -1;
         if (f->t == V_PAIRS && !(cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
                                  cJSON_IsNumber(e->child) && isfinite(e->child->valuedouble) &&
                                  cJSON_IsNumber(e->child->next) && isfinite(e->child->next->valuedouble)))
@@ -376,7 +418,7 @@ static int check_value(vcheck *v, const cJSON *x, const vfield *f, const char *p
  * ignoring case, so a second "Name" cannot hide behind a checked "name"); with metrics, also
  * the members the claims read as metrics. */
 static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *path, bool metrics) {
-  static const vfield num = {"", V_NUM, NULL};
+  static const vfield num = {"", V_NUM, NULL, R_ANY};
   const cJSON *e;
   char p[320];
   cJSON_ArrayForEach(e, o) {
@@ -495,27 +537,38 @@ static bool png_whole(const char *path) {
 }
 
 /* gnuplot runs with no shell in between (the folder's name is never parsed), in dir, stdin
- * from /dev/null (a stray `pause` cannot wait), stderr into name.gnuplot.log. */
+ * from /dev/null (a stray `pause` cannot wait), stderr into a fresh temporary file that
+ * becomes name.gnuplot.log only when it explains a failure (renamed over whatever has that
+ * name: a link planted there is replaced, never written through). */
 static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
-  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100], log[100];
+  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
+  char log_tmp[PATH_MAX], err[PATH_MAX + 200];
   snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
   snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
   snprintf(gp, sizeof gp, "%s.gp", name);
-  snprintf(log, sizeof log, "%s.gnuplot.log", name);
   snprintf(final, sizeof final, "%s/%s.png", dir, name);
   snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
-  snprintf(log_path, sizeof log_path, "%s/%s", dir, log);
+  snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
+  int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
+  if (log_fd < 0) { snprintf(why, whyn, "gnuplot's log: %s", err); return -1; }
   posix_spawn_file_actions_t fa;
-  if (posix_spawn_file_actions_init(&fa)) { snprintf(why, whyn, "out of memory"); return -1; }
+  if (posix_spawn_file_actions_init(&fa)) {
+    snprintf(why, whyn, "out of memory");
+    close(log_fd);
+    unlink(log_tmp);
+    return -1;
+  }
   posix_spawn_file_actions_addchdir_np(&fa, dir);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
   char *argv[] = {"gnuplot", "-e", setvar, gp, NULL};
   pid_t pid;
   int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
   posix_spawn_file_actions_destroy(&fa);
   if (e) {
     snprintf(why, whyn, "cannot start gnuplot: %s", strerror(e));
+    close(log_fd);
+    unlink(log_tmp);
     return -1;
   }
   while (waitpid(pid, &st, 0) < 0)
@@ -528,8 +581,14 @@ static int render(const char *dir, const char *name, const char *log_shown, char
   else if (!png_whole(tmp_path)) snprintf(why, whyn, "gnuplot wrote an incomplete PNG (a full disk?)");
   else if (rename(tmp_path, final)) snprintf(why, whyn, "rename to %s.png: %s", name, strerror(errno));
   else rc = 0;
-  if (rc) unlink(tmp_path);
-  else unlink(log_path); /* keep the log only when it explains a failure */
+  if (rc) {
+    unlink(tmp_path);
+    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
+  } else {
+    close(log_fd);
+    unlink(log_tmp);
+    unlink(log_path); /* a log of an earlier failure (or a link in its place) */
+  }
   return rc;
 }
 

@@ -296,6 +296,42 @@ static void test_mpirun_errors(void **state) {
   assert_non_null(strstr(err, "apt-get install libopenmpi-dev openmpi-bin"));
 }
 
+/* The job's output file: a link planted at its path is replaced, never written through (its
+ * target keeps its bytes); stdout and stderr both land in the new file, and no temporary file
+ * is left. A fake mpirun (VRAMLAB_MPIRUN): no MPI needed. */
+static void test_mpirun_out_link_not_followed(void **state) {
+  char err[512] = "", fake[300], out[300], victim[300];
+  tu_join(fake, sizeof fake, tu_tmp, "fake-mpirun");
+  tu_join(out, sizeof out, tu_tmp, "job-out.txt");
+  tu_join(victim, sizeof victim, tu_tmp, "precious.txt");
+  tu_write_text(fake, "#!/bin/sh\necho 'fake job out'\necho 'fake job err' >&2\nexit 0\n");
+  assert_int_equal(chmod(fake, 0755), 0);
+  tu_write_text(victim, "precious\n");
+  unlink(out);
+  assert_int_equal(symlink(victim, out), 0);
+  setenv("VRAMLAB_MPIRUN", fake, 1);
+  char *cmd[] = {"/bin/true", NULL};
+  vl_mpirun_opts o = {1, false, 0, 30, out};
+  int st = vl_mpirun(&o, cmd, err, sizeof err);
+  unsetenv("VRAMLAB_MPIRUN");
+  if (st) fail_msg("status %d: %s", st, err);
+  char *t = slurp_text(victim);
+  assert_string_equal(t, "precious\n");
+  free(t);
+  struct stat sb;
+  assert_int_equal(lstat(out, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  t = slurp_text(out);
+  assert_non_null(strstr(t, "fake job out"));
+  assert_non_null(strstr(t, "fake job err"));
+  free(t);
+  DIR *d = opendir(tu_tmp);
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, "job-out.txt.tmp.")) fail_msg("a temporary file is left: %s", e->d_name);
+  closedir(d);
+}
+
 #ifdef VRAMLAB_HAVE_MPI
 /* exit status and output of a 2-rank job of plain shell commands; the threads setting */
 static void test_mpirun_runs(void **state) {
@@ -549,6 +585,7 @@ int main(void) {
       cmocka_unit_test(test_self),             cmocka_unit_test(test_timeout_env),
       cmocka_unit_test(test_self_abort),       cmocka_unit_test(test_nccl_unsupported),
       cmocka_unit_test(test_self_exe_cores),   cmocka_unit_test(test_mpirun_errors),
+      cmocka_unit_test(test_mpirun_out_link_not_followed),
 #ifdef VRAMLAB_HAVE_MPI
       cmocka_unit_test(test_mpirun_runs),      cmocka_unit_test(test_mpirun_timeout),
       cmocka_unit_test(test_killed_rank),      cmocka_unit_test(test_failed_rank),

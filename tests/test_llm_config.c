@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -193,6 +195,113 @@ static void test_file_errors(void **state) {
   vl_mistral_cfg tiny;
   vl_mistral_preset("tiny", &tiny);
   assert_memory_equal(&mc, &tiny, sizeof mc);
+}
+
+/* ---- a config of many keys ---------------------------------------------------------------- */
+
+/* Mistral's config with `extra` more keys of three letters each ("aaa": 0, ...), just under
+ * the 1 MiB limit at 100k keys; the last repeats the first when dup. malloc'd. */
+static char *many_keys(int extra, bool dup) {
+  char *t = slurp_text(MISTRAL_JSON);
+  char *brace = strrchr(t, '}');
+  assert_non_null(brace);
+  *brace = 0;
+  size_t cap = strlen(t) + (size_t)extra * 10 + 64, len = strlen(t);
+  char *s = malloc(cap);
+  assert_non_null(s);
+  memcpy(s, t, len);
+  free(t);
+  static const char az[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"; /* 62^3 > 100k */
+  for (int i = 0; i < extra; i++) {
+    int k = dup && i == extra - 1 ? 0 : i;
+    len += (size_t)snprintf(s + len, cap - len, ",\"%c%c%c\":0", az[k / 3844], az[k / 62 % 62], az[k % 62]);
+  }
+  len += (size_t)snprintf(s + len, cap - len, "}\n");
+  return s;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* 100k keys (1 MiB) are read in well under a second: the duplicate-key check is linear (it
+ * compared every pair: minutes). The bound is loose for a shared machine. A duplicate among
+ * them is still found, and named. */
+static void test_many_keys(void **state) {
+  (void)state;
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
+  vl_mistral_cfg mc, full;
+  int64_t pos = 0;
+  vl_mistral_preset("full", &full);
+  vl_mistral_preset("tiny", &mc);
+  char path[512];
+  snprintf(path, sizeof path, "%s/many.json", tmpdir);
+  char *t = many_keys(100000, false);
+  assert_true(strlen(t) <= VL_LLM_HF_CONFIG_MAX_BYTES);
+  tu_write_text(path, t);
+  double t0 = now_s();
+  if (vl_llm_hf_config_load(&env, path, &mc, &pos)) fail_msg("%s", env.err);
+  double dt = now_s() - t0;
+  print_message("  a config of %zu bytes with 100k keys read in %.3f s\n", strlen(t), dt);
+  assert_true(dt < 5.0);
+  mc.seq = full.seq;
+  assert_memory_equal(&mc, &full, sizeof mc);
+  free(t);
+  t = many_keys(100000, true);
+  t0 = now_s();
+  expect_error(t, (const char *const[]){"aaa: given twice", NULL});
+  assert_true(now_s() - t0 < 5.0);
+  free(t);
+}
+
+/* The opens of path (inotify IN_OPEN) while every rung of llm-lora is checked and planned at
+ * full scale with model_config = path, as `vramlab plan`/`bench` do: the file is read once for
+ * the whole ladder. A new file at the path is read again. */
+static int opens_over_ladder(const vl_case *c, vl_ladder *L, const char *path) {
+  int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  assert_true(in >= 0);
+  assert_true(inotify_add_watch(in, path, IN_OPEN | IN_CLOSE_NOWRITE) >= 0);
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  for (int i = 0; i < L->n_rungs; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (c->check(&env, &L->rungs[i].knobs) || c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s", env.err);
+    cJSON_Delete(o);
+  }
+  /* an IN_OPEN and an IN_CLOSE_NOWRITE per open: alternating events are never merged */
+  int opens = 0;
+  char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+  ssize_t k;
+  while ((k = read(in, buf, sizeof buf)) > 0)
+    for (char *p = buf; p < buf + k; p += sizeof(struct inotify_event) + ((struct inotify_event *)p)->len)
+      opens += (((struct inotify_event *)p)->mask & IN_OPEN) != 0;
+  close(in);
+  return opens;
+}
+
+static void test_config_read_once_per_ladder(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("llm-lora");
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  char err[512] = "", path[512];
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  snprintf(path, sizeof path, "%s/once.json", tmpdir);
+  char *t = slurp_text(MISTRAL_JSON);
+  tu_write_text(path, t);
+  assert_int_equal(vl_knob_set(&L->setting, "model_config", path), 0);
+  int opens = opens_over_ladder(c, L, path);
+  print_message("  %d rungs checked and planned: the config opened %d time(s)\n", L->n_rungs, opens);
+  assert_int_equal(opens, 1);
+  /* replaced by another file (a new inode, as an editor saves): read again, once */
+  char other[600];
+  snprintf(other, sizeof other, "%s.new", path);
+  tu_write_text(other, t);
+  assert_int_equal(rename(other, path), 0);
+  assert_int_equal(opens_over_ladder(c, L, path), 1);
+  free(t);
+  free(L);
 }
 
 /* ---- Mistral-7B-v0.1's config.json is the full preset ----------------------------------- */
@@ -572,6 +681,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parser_errors),
       cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_many_keys),
+      cmocka_unit_test(test_config_read_once_per_ladder),
       cmocka_unit_test(test_mistral_config_is_the_preset),
       cmocka_unit_test(test_mistral_config_plans_as_the_preset),
       cmocka_unit_test(test_llama3_8b_at_2048),

@@ -244,6 +244,30 @@ static void test_exit_file(void **state) {
   assert_true(live >= 0);
   assert_true(peak >= live + 100000);
 }
+/* A link planted at VL_MEMCOUNT_OUT is not written through: its target keeps its bytes. */
+static void test_exit_file_link_refused(void **state) {
+  (void)state;
+  char path[64], victim[64], envv[96], out[1 << 16];
+  snprintf(path, sizeof path, "/tmp/vramlab-memcount-link-%d.txt", (int)getpid());
+  snprintf(victim, sizeof victim, "/tmp/vramlab-memcount-victim-%d.txt", (int)getpid());
+  FILE *f = fopen(victim, "w");
+  assert_non_null(f);
+  fputs("precious\n", f);
+  fclose(f);
+  unlink(path);
+  assert_int_equal(symlink(victim, path), 0);
+  snprintf(envv, sizeof envv, "VL_MEMCOUNT_OUT=%s", path);
+  const char *env[] = {"LD_PRELOAD=" VRAMLAB_MEMCOUNT_LIB, envv};
+  assert_int_equal(run_child(env, 2, out, sizeof out), 0);
+  char back[64] = "";
+  f = fopen(victim, "r");
+  assert_non_null(f);
+  assert_non_null(fgets(back, sizeof back, f));
+  fclose(f);
+  unlink(path);
+  unlink(victim);
+  assert_string_equal(back, "precious\n");
+}
 #else
 static void skipped(void **state) {
   (void)state;
@@ -259,6 +283,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_preloaded_counts_exactly),
       cmocka_unit_test(test_dlopen_sees_no_calls),
       cmocka_unit_test(test_exit_file),
+      cmocka_unit_test(test_exit_file_link_refused),
   };
 #else
   const struct CMUnitTest tests[] = {cmocka_unit_test(skipped)};

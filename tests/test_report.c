@@ -342,6 +342,21 @@ static void test_schema_rejected_before_writing(void **state) {
       {"run_scale", "1", "run_scale: expected a string"},
       {"case_metrics", "[]", "case_metrics: expected an object"},
       {"sweep", "[1]", "sweep[0]: expected an object"},
+      /* numbers out of their range: negative, zero batch, fractional or too large counts,
+       * fractions above 1 */
+      {"rungs[0].runs[0].batch", "-1", "rungs[0].runs[0].batch: expected a whole number >= 1 (at most 2^53), got -1"},
+      {"rungs[1].plan.batch", "0", "rungs[1].plan.batch: expected a whole number >= 1 (at most 2^53), got 0"},
+      {"rungs[0].plan.peak_bytes", "-1", "rungs[0].plan.peak_bytes: expected a whole number >= 0 (at most 2^53), got -1"},
+      {"rungs[0].plan.peak_bytes", "1e-300", "rungs[0].plan.peak_bytes: expected a whole number >= 0"},
+      {"rungs[0].plan.max_batch", "18446744073709551616",
+       "rungs[0].plan.max_batch: expected a whole number >= 0 (at most 2^53), got 1.8446744073709552e+19"},
+      {"rungs[0].plan.oom_rate", "1e308", "rungs[0].plan.oom_rate: expected a fraction in [0, 1], got 1e+308"},
+      {"rungs[0].plan.by_category", "{\"acts\": -5}", "rungs[0].plan.by_category.acts: expected a whole number >= 0"},
+      {"rungs[0].runs[0].tokens_per_s", "-1", "rungs[0].runs[0].tokens_per_s: expected a number >= 0, got -1"},
+      {"rungs[0].runs[0].step_time.samples[1]", "-0.5", "rungs[0].runs[0].step_time.samples[1]: expected a number >= 0"},
+      {"rungs[0].runs[0].miou", "1.5", "rungs[0].runs[0].miou: expected a fraction in [0, 1], got 1.5"},
+      {"env.cores", "0", "env.cores: expected a whole number >= 1 (at most 2^53), got 0"},
+      {"sgemm_flops_per_s", "-1e308", "sgemm_flops_per_s: expected a number >= 0"},
   };
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
@@ -642,6 +657,64 @@ static void test_plot_failures_reported(void **state) {
   free(saved);
 }
 
+/* No entry of dir is a leftover temporary file (".<name>.tmp.<pid>"). */
+static void assert_no_tmp(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d));)
+    if (strstr(e->d_name, ".tmp.")) fail_msg("%s: a temporary file is left: %s", dir, e->d_name);
+  closedir(d);
+}
+
+/* A link planted at <dir>/timeline.gnuplot.log is never written through: gnuplot failing
+ * leaves its stderr in a file of its own at that name (the link replaced), gnuplot succeeding
+ * leaves no log (the link removed); the link's target keeps its bytes either way. */
+static void test_gnuplot_log_link_not_followed(void **state) {
+  (void)state;
+  char dir[512], victim[512], link_path[600], bin[512], gp[600], path_env[4096], why[1600];
+  fresh_dir(dir, sizeof dir, "loglink");
+  tu_join(victim, sizeof victim, tu_tmp, "precious.txt");
+  tu_join(link_path, sizeof link_path, dir, "timeline.gnuplot.log");
+  fresh_dir(bin, sizeof bin, "fakebin-log");
+  tu_join(gp, sizeof gp, bin, "gnuplot");
+  tu_write_text(gp, "#!/bin/sh\necho 'fake gnuplot: cannot render' >&2\nexit 3\n");
+  assert_int_equal(chmod(gp, 0755), 0);
+  const char *old_path = getenv("PATH");
+  char *saved = strdup(old_path ? old_path : "/usr/bin:/bin");
+  snprintf(path_env, sizeof path_env, "%s:%s", bin, saved);
+  static const char script[] = "set terminal png size 64,48\nset output vl_png\nplot x\n";
+  for (int variant = 0; variant < 2; variant++) {
+    if (variant == 1 && !have_gnuplot()) {
+      print_message("skipped the successful half: gnuplot is not installed\n");
+      break;
+    }
+    tu_write_text(victim, "precious\n");
+    unlink(link_path);
+    assert_int_equal(symlink(victim, link_path), 0);
+    if (variant == 0) setenv("PATH", path_env, 1); /* the fake gnuplot, which fails */
+    int rc = vl_rep_gnuplot(dir, "timeline", script, why, sizeof why);
+    setenv("PATH", saved, 1);
+    char *t = read_text(victim);
+    assert_string_equal(t, "precious\n");
+    free(t);
+    struct stat st;
+    if (variant == 0) {
+      assert_int_equal(rc, -1);
+      assert_non_null(strstr(why, "gnuplot failed with status 3"));
+      assert_int_equal(lstat(link_path, &st), 0);
+      assert_true(S_ISREG(st.st_mode));
+      t = read_text(link_path);
+      assert_non_null(strstr(t, "fake gnuplot: cannot render"));
+      free(t);
+    } else {
+      if (rc) fail_msg("gnuplot: %s", why);
+      assert_int_equal(lstat(link_path, &st), -1);
+    }
+    assert_no_tmp(dir);
+  }
+  free(saved);
+}
+
 /* A data file that cannot be written: the plot is reported missing with the reason, and the
  * other plots are still made. */
 static void test_dat_failure_reported(void **state) {
@@ -779,6 +852,34 @@ static void test_read_file_max(void **state) {
   assert_null(vl_read_file_max(f, 100, NULL, NULL, 0)); /* no message wanted */
 }
 
+/* Every number of the file (but schema_version) set to one impossible value at once, as a
+ * hostile results file does: -1, 0, 1e-300, 1e308, 2^64. Each is refused with a path, never
+ * reported ("-100% -> -100%", batch -1). */
+static void set_every_number(cJSON *o, double x) {
+  cJSON *e;
+  cJSON_ArrayForEach(e, o) {
+    if (cJSON_IsNumber(e) && !(e->string && !strcmp(e->string, "schema_version"))) cJSON_SetNumberValue(e, x);
+    else if (cJSON_IsObject(e) || cJSON_IsArray(e)) set_every_number(e, x);
+  }
+}
+
+static void test_schema_rejects_impossible_numbers(void **state) {
+  (void)state;
+  static const double bad[] = {-1, 0, 1e-300, 1e308, 18446744073709551616.0};
+  vl_ladder L;
+  const vl_case *c = load("llm-lora", &L);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cJSON *res = results_for(c, &L);
+    assert_int_equal(vl_results_validate(res, c, &L, (char[8]){0}, 8), 0); /* sound before */
+    set_every_number(res, bad[i]);
+    char err[1024] = "";
+    if (vl_results_validate(res, c, &L, err, sizeof err) == 0) fail_msg("every number %g: accepted", bad[i]);
+    print_message("  every number %g: %s\n", bad[i], err);
+    assert_non_null(strstr(err, ": expected a "));
+    cJSON_Delete(res);
+  }
+}
+
 /* The results files the report folders keep (real runs) pass their own case's validation
  * and are refused by every other case. */
 static void test_validate_real_results(void **state) {
@@ -817,11 +918,13 @@ int main(void) {
       cmocka_unit_test(test_rung_name_cannot_run_commands),
       cmocka_unit_test(test_schema_rejected_before_writing),
       cmocka_unit_test(test_schema_rejects_raw_text),
+      cmocka_unit_test(test_schema_rejects_impossible_numbers),
       cmocka_unit_test(test_missing_fields_print_dash),
       cmocka_unit_test(test_results_path_not_a_file),
       cmocka_unit_test(test_artifacts_whole_under_full_disk),
       cmocka_unit_test(test_plot_failures_reported),
       cmocka_unit_test(test_dat_failure_reported),
+      cmocka_unit_test(test_gnuplot_log_link_not_followed),
       cmocka_unit_test(test_report_dir_with_quote),
       cmocka_unit_test(test_gp_str_whitelist),
       cmocka_unit_test(test_read_file_max),

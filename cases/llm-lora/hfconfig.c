@@ -17,10 +17,12 @@
  * dtypes), quantization_config, token ids, initializer_range, use_cache, pretraining_tp,
  * architectures, transformers_version and every other key. */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "llm.h"
 #include "vramlab/fileio.h"
@@ -115,6 +117,34 @@ static void line_col(const char *text, size_t at, int *line, int *col) {
   }
 }
 
+/* FNV-1a, 64 bits, of a NUL-terminated key: the duplicate check's hash. */
+static uint64_t key_hash(const char *k) {
+  uint64_t x = 0xcbf29ce484222325ull;
+  for (; *k; k++) x = (x ^ (unsigned char)*k) * 0x100000001b3ull;
+  return x;
+}
+
+/* Every key of the object once: one pass through an open-addressing set of the keys seen
+ * (linear in the keys; a pairwise comparison took minutes for the 100k keys that fit in
+ * 1 MiB). The first key found again is named. */
+static vl_status hf_no_duplicates(const hf_reader *h) {
+  size_t n = 0, cap = 16;
+  for (const cJSON *a = h->root->child; a; a = a->next) n++;
+  while (cap < 2 * n) cap *= 2; /* at most half full: short probe runs */
+  const char **seen = calloc(cap, sizeof *seen);
+  if (!seen) return vl_case_fail(h->env, VL_ERR_OOM, "model_config '%s': out of memory (%zu keys)", h->name, n);
+  vl_status s = VL_OK;
+  for (const cJSON *a = h->root->child; s == VL_OK && a; a = a->next) {
+    if (!a->string) continue;
+    size_t i = (size_t)key_hash(a->string) & (cap - 1);
+    while (seen[i] && strcmp(seen[i], a->string)) i = (i + 1) & (cap - 1);
+    if (seen[i]) s = hf_fail(h, a->string, "given twice");
+    seen[i] = a->string;
+  }
+  free(seen);
+  return s;
+}
+
 static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
   const vl_llm_dim_limits *X = &vl_llm_dim_max;
   static const char *const families[] = {"llama", "mistral", NULL};
@@ -183,9 +213,7 @@ vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, c
   vl_status s = VL_OK;
   if (!cJSON_IsObject(root)) s = hf_fail(&h, NULL, "expected a JSON object, got %s", type_name(root));
   /* a key given twice would be read as its first value: refused, not guessed */
-  for (const cJSON *a = root->child; s == VL_OK && a; a = a->next)
-    for (const cJSON *b = a->next; s == VL_OK && b; b = b->next)
-      if (a->string && b->string && !strcmp(a->string, b->string)) s = hf_fail(&h, a->string, "given twice");
+  if (s == VL_OK) s = hf_no_duplicates(&h);
   vl_mistral_cfg tmp = *mc; /* mc is changed only by a config that is read whole */
   if (s == VL_OK) s = hf_fields(&h, &tmp, max_pos);
   if (s == VL_OK) *mc = tmp;
@@ -193,7 +221,61 @@ vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, c
   return s;
 }
 
+/* The last config read whole, by the identity of its file when it was read: every rung of a
+ * ladder (check, plan and run each parse the setting) reuses it instead of reading and
+ * parsing the file again. A file replaced or rewritten since (another inode, size, mtime or
+ * ctime) is read again; a rewrite to the same size within one tick of the file system's
+ * clock is not seen. Only configs that were accepted are kept. */
+static struct {
+  pthread_mutex_t lock;
+  char *path;
+  struct stat st;
+  vl_mistral_cfg mc; /* every size the config sets (all but seq) */
+  int64_t max_pos;
+} hf_last = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+         a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+         a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* The sizes a config sets over *to: all of vl_mistral_cfg but seq (a training setting). */
+static void hf_apply(const vl_mistral_cfg *from, vl_mistral_cfg *to) {
+  int64_t seq = to->seq;
+  *to = *from;
+  to->seq = seq;
+}
+
+/* The cached config of path when its file is still the one read: true and *mc, *max_pos set. */
+static bool hf_cached(const char *path, const struct stat *st, vl_mistral_cfg *mc, int64_t *max_pos) {
+  pthread_mutex_lock(&hf_last.lock);
+  bool hit = hf_last.path && !strcmp(hf_last.path, path) && same_file(&hf_last.st, st);
+  if (hit) {
+    hf_apply(&hf_last.mc, mc);
+    *max_pos = hf_last.max_pos;
+  }
+  pthread_mutex_unlock(&hf_last.lock);
+  return hit;
+}
+
+static void hf_remember(const char *path, const struct stat *st, const vl_mistral_cfg *mc, int64_t max_pos) {
+  char *p = strdup(path);
+  if (!p) return; /* not cached: the next rung reads the file again */
+  pthread_mutex_lock(&hf_last.lock);
+  free(hf_last.path);
+  hf_last.path = p;
+  hf_last.st = *st;
+  hf_last.mc = *mc;
+  hf_last.max_pos = max_pos;
+  pthread_mutex_unlock(&hf_last.lock);
+}
+
 vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos) {
+  /* the identity is taken before the read: a file changed during it is read again next time */
+  struct stat st;
+  bool known = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+  if (known && hf_cached(path, &st, mc, max_pos)) return VL_OK;
   char m[VL_CASE_ERR_LEN] = "";
   size_t n = 0;
   char *text = vl_file_read_text(path, VL_LLM_HF_CONFIG_MAX_BYTES, "the 1 MiB limit of a model config", &n, m, sizeof m);
@@ -201,5 +283,6 @@ vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_c
   if (!text) return vl_case_fail(env, VL_ERR_INVALID, "model_config: %s", m);
   vl_status s = vl_llm_hf_config_parse(env, text, n, path, mc, max_pos);
   free(text);
+  if (s == VL_OK && known) hf_remember(path, &st, mc, *max_pos);
   return s;
 }

@@ -35,7 +35,8 @@ vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, c
                                  int64_t *max_pos);
 /* The same from a file (a regular file of at most VL_LLM_HF_CONFIG_MAX_BYTES, read with
  * vl_file_read_text); a file that cannot be read is VL_ERR_INVALID too (a bad value of the
- * model_config setting). */
+ * model_config setting). The file is read once: the accepted config is kept and reused
+ * while the file stays the same (inode, size, mtime, ctime), so a ladder reads it once. */
 vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos);
 
 /* Every knob a rung may set and every setting the case reads (config.c). */

@@ -240,17 +240,33 @@ int vl_file_check_writable(const char *path, char *err, size_t errn) {
   return 0;
 }
 
-int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
-  char dir[PATH_MAX], tmp[PATH_MAX];
-  if (temp_of(path, dir, tmp, err, errn) || not_a_folder(path, err, errn)) return -1;
+/* The folder of path into dir ("." for a bare name, "/" for one in the root); its name's
+ * start, or NULL when dir does not fit. */
+static const char *dir_of(const char *path, char *dir, size_t n) {
+  const char *slash = strrchr(path, '/');
+  int dn = !slash ? snprintf(dir, n, ".")
+           : slash == path ? snprintf(dir, n, "/")
+                           : snprintf(dir, n, "%.*s", (int)(slash - path), path);
+  return dn < 0 || (size_t)dn >= n ? NULL : slash ? slash + 1 : path;
+}
+
+int vl_file_tmp_beside(const char *path, char *tmp, size_t tmpn, char *err, size_t errn) {
+  char dir[PATH_MAX], t[PATH_MAX];
+  if (tmpn) tmp[0] = 0;
+  if (temp_of(path, dir, t, err, errn)) return -1;
+  if (strlen(t) >= tmpn) return failf(err, errn, "path too long: %.200s", path);
+  memcpy(tmp, t, strlen(t) + 1);
   /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
    * that would block the open, a link) is removed, not followed. */
   (void)unlink(tmp);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return failf(err, errn, "cannot create %s: %s", tmp, strerror(errno));
-  const char *what = write_all(fd, data, len) ? "write" : fsync(fd) ? "fsync" : NULL;
-  if (what) {
-    failf(err, errn, "%s %s: %s", what, tmp, strerror(errno));
+  return fd;
+}
+
+int vl_file_tmp_commit(int fd, const char *tmp, const char *path, char *err, size_t errn) {
+  if (fsync(fd) != 0) {
+    failf(err, errn, "fsync %s: %s", tmp, strerror(errno));
     close(fd);
     unlink(tmp);
     return -1;
@@ -265,6 +281,21 @@ int vl_file_write_atomic(const char *path, const void *data, size_t len, char *e
     unlink(tmp);
     return -1;
   }
-  vl_file_fsync_dir(dir);
+  char dir[PATH_MAX];
+  if (dir_of(path, dir, sizeof dir)) vl_file_fsync_dir(dir);
   return 0;
+}
+
+int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
+  char tmp[PATH_MAX];
+  if (not_a_folder(path, err, errn)) return -1;
+  int fd = vl_file_tmp_beside(path, tmp, sizeof tmp, err, errn);
+  if (fd < 0) return -1;
+  if (write_all(fd, data, len)) {
+    failf(err, errn, "write %s: %s", tmp, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return -1;
+  }
+  return vl_file_tmp_commit(fd, tmp, path, err, errn);
 }

@@ -213,15 +213,25 @@ VL_EXPORT void vl_memcount_reset_peak(void) { atomic_store(&peak_bytes, atomic_l
 
 __attribute__((constructor)) static void memcount_init(void) { resolve(); }
 
-/* VL_MEMCOUNT_OUT: "peak live calls\n" at exit, without allocating. */
+/* VL_MEMCOUNT_OUT: "peak live calls\n" at exit, without allocating (so not through the
+ * engine's atomic writer: this library links nothing of the engine). */
 __attribute__((destructor)) static void memcount_fini(void) {
   const char *path = getenv("VL_MEMCOUNT_OUT");
   if (!path || !*path) return;
   char line[96];
   int k = snprintf(line, sizeof line, "%lld %lld %llu\n", (long long)vl_memcount_peak(),
                    (long long)vl_memcount_live(), (unsigned long long)vl_memcount_calls());
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return;
+  /* never through a link planted at the path (a name in /tmp, typically): refused, said once */
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    static const char link_msg[] = "libvlmemcount: VL_MEMCOUNT_OUT is a symbolic link: not written through\n";
+    static const char fail_msg[] = "libvlmemcount: VL_MEMCOUNT_OUT cannot be opened for writing\n";
+    const char *m = errno == ELOOP ? link_msg : fail_msg;
+    size_t mn = errno == ELOOP ? sizeof link_msg - 1 : sizeof fail_msg - 1;
+    if (write(2, m, mn) < 0) { /* nothing else to tell it with */
+    }
+    return;
+  }
   if (k > 0 && write(fd, line, (size_t)k) != k) { /* nothing to do: the reader sees a short file */
   }
   close(fd);

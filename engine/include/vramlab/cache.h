@@ -89,7 +89,7 @@ typedef enum {
 typedef struct {
   char kind[VL_CACHE_KIND_MAX]; /* "latents", "text": at most 15 characters, NUL-padded */
   uint64_t model_hash;          /* the encoder's weights (vl_cache_hash over them) */
-  uint64_t data_hash;           /* the source items in order (names, sizes, captions) */
+  uint64_t data_hash;           /* the source items in order (sizes, contents, captions) */
   int32_t width, height;        /* input resolution, pixels */
   int32_t crop;                 /* vl_cache_crop */
   int32_t flip_variants;        /* 1: as is; 2: as is and mirrored, records 2i, 2i+1 */

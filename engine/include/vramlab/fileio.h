@@ -43,6 +43,14 @@ int vl_file_check_writable(const char *path, char *err, size_t errn);
  * reused by a new process keeps its file until that process is gone: the safe side.)
  * The number removed, or -1 when dir cannot be read. */
 int vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), char *err, size_t errn);
+/* The two halves of vl_file_write_atomic, for a file written by someone else (a child
+ * process's output): a fresh temporary file beside path (".<name>.tmp.<pid>", its name into
+ * tmp, at least PATH_MAX bytes), created with O_EXCL | O_NOFOLLOW | O_CLOEXEC after whatever
+ * had that name is removed: a planted link or FIFO is never followed. The fd, or -1. */
+int vl_file_tmp_beside(const char *path, char *tmp, size_t tmpn, char *err, size_t errn);
+/* fsync and close fd, rename tmp over path (a link at path is replaced, not followed),
+ * fsync the folder. 0, or -1 with tmp removed. */
+int vl_file_tmp_commit(int fd, const char *tmp, const char *path, char *err, size_t errn);
 /* fsync a folder, so a rename in it survives a crash (best effort). */
 void vl_file_fsync_dir(const char *dir);
 
