@@ -96,6 +96,7 @@ stage() {
   left=$((DEADLINE - SECONDS - RESERVE))
   if [ "$left" -lt 5 ]; then
     record "$id" "$name" skipped 0 "no time left in the $BUDGET s budget"
+    echo "first-light: stage $id $name: skipped, no time left"
     return 1
   fi
   [ "$b" -le "$left" ] || b=$left
@@ -126,7 +127,7 @@ finish() {
   if [ -n "$CUR_PID" ]; then # the watchdog (or a signal) cut a stage short
     kill -TERM "$CUR_PID" 2>/dev/null
     wait "$CUR_PID" 2>/dev/null
-    record "$CUR_ID" "$CUR_NAME" timeout $((SECONDS - CUR_T)) "cut by the watchdog at the $BUDGET s total budget"
+    record "$CUR_ID" "$CUR_NAME" timeout $((SECONDS - CUR_T)) "cut short after $((SECONDS - T0)) s (the watchdog at $BUDGET s, or a signal)"
   fi
   echo "first-light: writing the summary ($((SECONDS - T0)) s of $BUDGET s)"
   if ! "$PY" "$ROOT/tools/gpu/summary.py" "$WORK" "$MODE" $((SECONDS - T0)) "$BUDGET" > "$WORK/summary.md" 2> "$LOGS/summary.err"; then
@@ -289,7 +290,7 @@ s_full() {
   local dev=cuda
   [ "$MODE" = gpu ] || dev=plan
   # llm-lora last: its 7.2e9 weights are drawn and NF4-quantised on one host core before the
-  # first step (about two minutes, tools/gpu/README.md), so a cut-off keeps the other two
+  # first step (two to five minutes, tools/gpu/README.md), so a cut-off keeps the other two
   run full-seg-ckpt run seg-ckpt --device "$dev" --scale full --step after --set epochs=1 \
     --set train_images=243 --set eval_images=8 --set data_dir="$DATA/segset-full" --set reps=1 --quiet || rc=1
   run full-sd-lora run sd-lora --device "$dev" --scale full --step after --set consumer=model \
@@ -380,7 +381,7 @@ fi
 stage 1 build 240 s_build || exit 1
 stage 2 gpu-check 60 s_gpucheck
 stage 3 memory 100 s_memory
-stage 4 full-scale 240 s_full
+stage 4 full-scale 300 s_full
 stage 5 peers 150 s_peers
 stage 6 regress 90 s_regress
 stage 7 collective 30 s_collective
