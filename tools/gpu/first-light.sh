@@ -248,7 +248,7 @@ s_build() {
     while read -r lib path; do
       if [ "$path" = "not" ]; then echo "MISSING $lib (${f##*/})"; bad=1
       elif [ "$USE_PACK" = 1 ] && [ "${path#"$PREFIX"/}" != "$path" ]; then echo "pack   $lib => $path"
-      elif [[ "${lib##*/}" =~ $ok ]]; then echo "base   $lib => ${path:-(vdso)}"
+      elif [[ "${lib##*/}" =~ $ok ]]; then echo "base   $lib${path:+ => $path}"
       else echo "OUTSIDE $lib => $path (${f##*/}): neither in the pack nor assumed on the GPU image"; bad=1
       fi
     done < <(ldd "$f" | sed -E 's/^\s+//; s/ \(0x[0-9a-f]+\)$//; s/ => / /' | awk '{print $1, $2}' | sort -u)

@@ -76,6 +76,7 @@ fi
 
 {
   echo "# tools/gpu/pack.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "# tree: $(git describe --always --dirty 2>/dev/null || echo unknown)" # the GPU copy has no .git
   for f in "$pack"/debs/*.deb; do
     printf '%s\t%s\t%s\n' "$(dpkg-deb -f "$f" Package)" "$(dpkg-deb -f "$f" Version)" "${f##*/}"
   done

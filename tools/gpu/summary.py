@@ -79,6 +79,9 @@ def main():
                                 text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
+    if not commit:  # the device tool's copy has no .git: the tree pack.sh saw
+        m = re.search(r"^# tree: (\S+)", text(os.path.join(root, ".gpu-pack", "MANIFEST")), re.M)
+        commit = f"{m.group(1)} (when pack.sh ran)" if m else ""
     p = print
     p(f"# vramlab first light ({'GPU' if mode == 'gpu' else 'dry run, CPU device'})\n")
     p(f"Commit {commit or 'unknown'}; {elapsed} s of the {budget} s budget. Written by "
