@@ -424,7 +424,7 @@ static int peer_steps(vl_peer *p, int k, double timeout, double *t, cJSON *mem) 
   cJSON *r = vl_peer_call(p, req, timeout);
   if (!r) return -1;
   int rc = t ? vl_peer_reply_times(r, k, t, p->why, sizeof p->why) : 0;
-  static const char *const keys[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes"};
+  static const char *const keys[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes", "reserved_bytes"};
   for (size_t i = 0; rc == 0 && mem && i < sizeof keys / sizeof *keys; i++) {
     double v = vl_rep_num(r, keys[i]);
     if (isnan(v)) continue;
