@@ -173,7 +173,7 @@ export -f skip run
 
 s_unpack() {
   [ "$USE_PACK" = 1 ] || skip "--no-pack: the system's packages"
-  set -e
+  set -eo pipefail
   case "$PREFIX" in /tmp/?*) ;; *) echo "the prefix must lie under /tmp, not $PREFIX"; exit 1 ;; esac
   rm -rf "$PREFIX"
   mkdir -p "$PREFIX"
@@ -195,7 +195,7 @@ s_unpack() {
 }
 
 s_build() {
-  set -e
+  set -eo pipefail # the child bash does not inherit pipefail: `cmake ... | tee` must fail
   if [ "$MODE" = gpu ]; then
     nvidia-smi || true
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv || true
@@ -221,6 +221,10 @@ s_build() {
   local t=$SECONDS
   cmake "${args[@]}" 2>&1 | tee "$RES/configure.log"
   echo "configure: $((SECONDS - t)) s"
+  if [ "$MODE" = gpu ] && ! grep -q "vramlab: CUDA backend ON" "$RES/configure.log"; then
+    echo "the CUDA backend is not in this build: nvcc not found (PATH, /usr/local/cuda/bin) or CUDA unusable"
+    exit 1
+  fi
   if [ "$USE_PACK" = 1 ]; then
     # every package the build found must be the prefix's copy
     local bad=0 line
