@@ -424,7 +424,7 @@ static int peer_steps(vl_peer *p, int k, double timeout, double *t, cJSON *mem) 
   cJSON *r = vl_peer_call(p, req, timeout);
   if (!r) return -1;
   int rc = t ? vl_peer_reply_times(r, k, t, p->why, sizeof p->why) : 0;
-  static const char *const keys[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes"};
+  static const char *const keys[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes", "reserved_bytes"};
   for (size_t i = 0; rc == 0 && mem && i < sizeof keys / sizeof *keys; i++) {
     double v = vl_rep_num(r, keys[i]);
     if (isnan(v)) continue;
@@ -530,9 +530,10 @@ vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, 
     summarise(cmp, &lr, te, tp, n, o);
     engine_memory(env, cmp, o);
     peer_counts(cmp, ready, o);
-    const char *mk[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes"};
-    const char *ok[] = {"peer_peak_bytes", "peer_step_extra_bytes", "peer_persistent_bytes"};
-    for (int i = 0; i < 3; i++)
+    /* reserved_bytes: torch.cuda.max_memory_reserved (GPU peers only) */
+    const char *mk[] = {"peak_bytes", "step_extra_bytes", "persistent_bytes", "reserved_bytes"};
+    const char *ok[] = {"peer_peak_bytes", "peer_step_extra_bytes", "peer_persistent_bytes", "peer_reserved_bytes"};
+    for (int i = 0; i < 4; i++)
       if (!isnan(vl_rep_num(mem, mk[i]))) cJSON_AddNumberToObject(o, ok[i], vl_rep_num(mem, mk[i]));
   } else if (s == VL_ERR_INTERRUPTED || vl_interrupted) {
     cJSON_AddStringToObject(o, "not_measured", "the run was interrupted");

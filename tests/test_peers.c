@@ -81,7 +81,7 @@ static const char good_peer[] =
     "  case \"$cmd\" in\n"
     "    setup) echo '{\"ready\": 1, \"params_total\": 7, \"params_trainable\": 7}';;\n"
     "    step) t=''; i=0; while [ $i -lt \"$arg\" ]; do t=\"$t${t:+,}0.5\"; i=$((i+1)); done;"
-    " echo \"{\\\"times\\\": [$t], \\\"peak_bytes\\\": 1000000}\";;\n"
+    " echo \"{\\\"times\\\": [$t], \\\"peak_bytes\\\": 1000000, \\\"reserved_bytes\\\": 3000000}\";;\n"
     "    quit) exit 0;;\n"
     "    *) echo '{\"error\": \"unsupported: '\"$cmd\"'\"}';;\n"
     "  esac\n"
@@ -262,6 +262,7 @@ static void test_extra_with_fake_peer(void **state) {
   assert_true(vl_rep_num(o, "peer_median") == 0.5);
   assert_true(fabs(vl_rep_num(o, "speedup") - 0.5 / me) < 1e-12);
   assert_true(vl_rep_num(o, "peer_peak_bytes") == 1e6);
+  assert_true(vl_rep_num(o, "peer_reserved_bytes") == 3e6); /* a GPU peer's max_memory_reserved */
   assert_false(cJSON_IsTrue(cJSON_GetObjectItem(o, "params_match"))); /* 7 parameters: not the engine's */
   double planned = vl_rep_num(o, "engine_planned_peak_bytes");
   assert_true(planned > 0 && planned == vl_rep_num(o, "engine_measured_peak_bytes"));

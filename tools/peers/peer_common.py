@@ -7,7 +7,8 @@ Protocol (one request per line on stdin, one JSON object per line on stdout):
                           "memory": "memcount" | "cuda" | null, "memory_why": str}
   setup <json config> -> {"ready": 1, "params_total": n, "params_trainable": n, ...}
   step <k>            -> {"times": [k seconds], "losses": [...], "peak_bytes": ...,
-                          "step_extra_bytes": ..., "persistent_bytes": ...}
+                          "step_extra_bytes": ..., "persistent_bytes": ...,
+                          "reserved_bytes": ... (GPU: torch.cuda.max_memory_reserved)}
   quit                -> exit 0
 A request that fails answers {"error": "<reason>"}; the process stays up. A module that
 cannot be imported answers the hello with {"error": ..., "missing": "<module>"} and exits 3.
@@ -188,6 +189,8 @@ class Stepper:
         out = {"times": times, "losses": losses}
         if self.mem.kind:
             out.update(peak_bytes=peak, step_extra_bytes=extra, persistent_bytes=persistent)
+        if self.device == "cuda":  # the caching allocator's high-water mark, context excluded
+            out["reserved_bytes"] = torch.cuda.max_memory_reserved()
         return out
 
     def saved_bytes(self, params):

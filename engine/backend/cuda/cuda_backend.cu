@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,10 +222,29 @@ static void prof_fini(cu_state *s) {
   s->prof_n = s->prof_cap = s->prof_nev = 0;
 }
 
+/* VRAMLAB_CUDA_MEMINFO=1 (tools/gpu/first-light.sh): the device's own count of its memory on
+ * stderr, one line at init and one at fini, so a GPU run can measure what lives outside the
+ * arena (context, cuBLAS, cuDNN) against the plan's assumed cuda_context. Nothing otherwise. */
+static void meminfo(const char *when, const vl_ctx *c, size_t arena_bytes) {
+  const char *e = getenv("VRAMLAB_CUDA_MEMINFO");
+  size_t free_b = 0, total_b = 0;
+  if (!e || !*e || !strcmp(e, "0")) return;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  vl_mem_stats ms;
+  memset(&ms, 0, sizeof ms);
+  if (c->arena) vl_arena_stats(c->arena, &ms);
+  fprintf(stderr, "vramlab-cuda-meminfo: when=%s total=%zu used=%zu arena=%zu arena_peak=%zu\n", when,
+          total_b, total_b - free_b, arena_bytes, (size_t)ms.peak_total);
+}
+
 static void cu_fini(vl_ctx *c) {
   cu_state *s = st(c);
   if (!s) return;
   if (s->stream) (void)cudaStreamSynchronize(s->stream);
+  if (s->base) meminfo("fini", c, s->base_bytes);
   if (s->blas) (void)cublasDestroy(s->blas);
   vl_cuda_conv_fini(s);
   if (s->ws_held && c->arena) vl_arena_free(c->arena, s->ws_off);
@@ -263,6 +283,7 @@ static vl_status cu_init(vl_ctx *c) {
 
   size_t free_b = 0, total_b = 0;
   CU_CHECK(c, cudaMemGetInfo(&free_b, &total_b));
+  meminfo("init", c, 0); /* the context, cuBLAS handle and scratch: before the arena */
   size_t bytes = vl_cuda_arena_bytes(ctx_cap(c), free_b);
   if (bytes < VL_CUBLAS_WORKSPACE_BYTES)
     return vl_fail(c, VL_ERR_OOM, "cuda: an arena of %zu bytes cannot hold the %zu-byte cuBLAS "
@@ -275,6 +296,7 @@ static vl_status cu_init(vl_ctx *c) {
                    "cuda: cannot reserve an arena of %zu bytes (%zu free of %zu): %s", bytes,
                    free_b, total_b, cudaGetErrorString(e));
   }
+  s->base_bytes = bytes;
   vl_status vs = vl_arena_create(&c->arena, VL_ARENA_EXTERNAL, bytes, s->base);
   if (vs != VL_OK) return vl_fail(c, vs, "cuda: arena creation failed");
   vs = vl_arena_alloc(c->arena, VL_CUBLAS_WORKSPACE_BYTES, VL_MEM_WORKSPACE, &s->ws_off);

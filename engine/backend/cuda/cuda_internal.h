@@ -17,6 +17,7 @@ typedef struct {
   cudaStream_t stream;
   cublasHandle_t blas;
   void *base;         /* the cudaMalloc backing the arena */
+  size_t base_bytes;  /* its size */
   size_t ws_off;      /* cuBLAS workspace block in the arena */
   bool ws_held;
   int max_blocks;     /* grid-stride cap: 32 blocks per SM */
