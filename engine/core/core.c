@@ -60,6 +60,16 @@ const char *vl_device_name(vl_device d) {
   return d == VL_DEV_CPU ? "cpu" : d == VL_DEV_CUDA ? "cuda" : d == VL_DEV_PLAN ? "plan" : "?";
 }
 
+vl_status vl_err_set(vl_err *e, vl_status s, const char *fmt, ...) {
+  if (e) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
 vl_status vl_fail(vl_ctx *c, vl_status s, const char *fmt, ...) {
   if (c) {
     va_list ap;

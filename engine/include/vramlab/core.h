@@ -27,10 +27,18 @@ typedef enum {
 
 const char *vl_status_name(vl_status s);
 
-/* The one error convention: a function that can fail returns vl_status and leaves the
- * message in its context (vl_fail). VL_TRY passes a failure up unchanged; VL_TRY_GOTO
- * stores it in `status` and jumps to `label`, for a function that must free what it holds
- * before returning (status is left alone on success). */
+/* The one error convention: a function that can fail returns vl_status and leaves one
+ * message in a buffer its caller owns: the vl_ctx's (vl_fail) for the engine's model code,
+ * a vl_err (vl_err_set) for code that has no context (files, data sets, collectives, the
+ * kit and the driver). VL_TRY passes a failure up unchanged; VL_TRY_GOTO stores it in
+ * `status` and jumps to `label`, for a function that must free what it holds before
+ * returning (status is left alone on success). */
+#define VL_ERR_LEN 512
+typedef struct {
+  char msg[VL_ERR_LEN];
+} vl_err;
+/* Record a message (printf-style) in e (NULL: none kept) and return s. */
+vl_status vl_err_set(vl_err *e, vl_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define VL_TRY(expr)                                                                       \
   do {                                                                                     \
     vl_status vl_try_s_ = (expr);                                                          \
