@@ -1,5 +1,5 @@
 /* vramlab-gpu-check: every case of tools/gpu_check_cases.c run on CUDA and on the CPU backend
- * with the same seeded inputs, through the one dispatch point vl_op_run (DESIGN.md "The CUDA
+ * with the same seeded inputs, through the one dispatch point vl_op_run (docs/architecture.md "The CUDA
  * backend must be verifiable without a GPU", point 3; the idea of ggml's test-backend-ops).
  * Per case: the op's status on both sides, NaN/Inf in the CUDA output where the CPU output is
  * finite, the normalised MSE

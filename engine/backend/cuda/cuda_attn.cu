@@ -1,6 +1,6 @@
 /* CUDA backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): grid-stride
  * kernels over the single-source bodies of engine/kernels/attn.h, the bodies the CPU backend
- * loops over (DESIGN.md "The CUDA backend must be verifiable without a GPU"). Arguments are
+ * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU"). Arguments are
  * checked on the host by engine/backend/attn_args.h, the same checks as the CPU backend.
  *
  * One thread per query row (forward, delta, dq) or key row (dk, dv): straightforward, not

@@ -1,5 +1,5 @@
 /* CUDA backend, CNN element/plane ops: grid-stride kernels over the single-source bodies of
- * engine/kernels/cnn.h, the bodies the CPU backend loops over (DESIGN.md "The CUDA backend
+ * engine/kernels/cnn.h, the bodies the CPU backend loops over (docs/architecture.md "The CUDA backend
  * must be verifiable without a GPU"). Arguments are checked on the host by
  * engine/backend/cnn_args.h, the same checks as the CPU backend.
  *

@@ -1,5 +1,5 @@
 /* CUDA backend, Stable Diffusion's ops: kernels over the single-source bodies of
- * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; DESIGN.md "The CUDA
+ * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; docs/architecture.md "The CUDA
  * backend must be verifiable without a GPU"). Arguments are checked on the host by
  * engine/backend/sd_args.h, the same checks as the CPU backend.
  *
