@@ -23,8 +23,8 @@
 #include <strings.h>
 
 #include "collbench.h"
-#include "mpirun.h"
-#include "parse.h"
+#include "kit/mpirun.h"
+#include "kit/parse.h"
 #include "engine/kernels/kcommon.h"
 #include "vramlab/backend.h"
 #include "vramlab/dist.h"

@@ -10,7 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "report.h"
 
 #define MAX_CASES 16

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h" /* vl_case_find: the metrics and knobs a registered case declares */
-#include "harness.h"
-#include "parse.h"
+#include "kit/parse.h"
+#include "ladder.h"
+#include "registry.h" /* vl_case_find: the metrics and knobs a registered case declares */
 
 /* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
  * trip it); in this file every path, name and value copy is length-checked, so a copy that
@@ -26,84 +26,6 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic error "-Wformat-truncation"
 #endif
-
-/* ---- knobs ----------------------------------------------------------------------------- */
-
-const char *vl_knob_get(const vl_knobs *ks, const char *key) {
-  for (int i = 0; i < ks->n; i++)
-    if (!strcmp(ks->k[i].key, key)) return ks->k[i].val;
-  return NULL;
-}
-
-/* Whether key=val may be stored at all (a message naming the knob and the limit if not). */
-static int knob_check(const char *key, const char *val, char *err, size_t errn) {
-  size_t kl = strlen(key), vl = strlen(val);
-  if (kl == 0) { snprintf(err, errn, "a knob needs a name (got '=%.40s')", val); return -1; }
-  if (kl >= VL_KNOB_KEY_LEN) {
-    snprintf(err, errn, "knob name '%s' is %zu characters long (limit %d)", key, kl, VL_KNOB_KEY_LEN - 1);
-    return -1;
-  }
-  if (vl == 0) {
-    snprintf(err, errn, "knob '%s': empty value (an empty value is never meaningful: leave the knob out for its default)", key);
-    return -1;
-  }
-  if (vl >= VL_KNOB_VAL_LEN) {
-    snprintf(err, errn, "knob '%s': value is %zu characters long (limit %d)", key, vl, VL_KNOB_VAL_LEN - 1);
-    return -1;
-  }
-  return 0;
-}
-
-int vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, char *err, size_t errn) {
-  char none[1];
-  if (!err || !errn) { err = none; errn = sizeof none; }
-  if (knob_check(key, val, err, errn)) return -1;
-  size_t vl = strlen(val) + 1; /* lengths checked: the copies below cannot truncate */
-  for (int i = 0; i < ks->n; i++)
-    if (!strcmp(ks->k[i].key, key)) { memcpy(ks->k[i].val, val, vl); return 0; }
-  if (ks->n >= VL_MAX_KNOBS) {
-    snprintf(err, errn, "knob '%s': too many knobs (limit %d)", key, VL_MAX_KNOBS);
-    return -1;
-  }
-  memcpy(ks->k[ks->n].key, key, strlen(key) + 1);
-  memcpy(ks->k[ks->n].val, val, vl);
-  ks->n++;
-  return 0;
-}
-
-int vl_knob_set(vl_knobs *ks, const char *key, const char *val) {
-  return vl_knob_set_err(ks, key, val, NULL, 0);
-}
-
-int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn) {
-  if (!*list) { snprintf(err, errn, "empty list (expected key=value,key=value)"); return -1; }
-  char key[VL_KNOB_KEY_LEN], e2[256];
-  for (const char *p = list;;) {
-    const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
-    const char *eq = memchr(p, '=', (size_t)(end - p));
-    if (!eq || eq == p) {
-      snprintf(err, errn, "'%.*s' is not key=value", (int)(end - p), p);
-      return -1;
-    }
-    if ((size_t)(eq - p) >= sizeof key) {
-      snprintf(err, errn, "knob name '%.*s' is %d characters long (limit %zu)", (int)(eq - p), p, (int)(eq - p),
-               sizeof key - 1);
-      return -1;
-    }
-    memcpy(key, p, (size_t)(eq - p));
-    key[eq - p] = 0;
-    size_t vl = (size_t)(end - eq - 1);
-    char *val = malloc(vl + 1);
-    if (!val) { snprintf(err, errn, "out of host memory"); return -1; }
-    memcpy(val, eq + 1, vl);
-    val[vl] = 0;
-    int rc = vl_knob_set_err(ks, key, val, e2, sizeof e2);
-    free(val);
-    if (rc) { snprintf(err, errn, "%s", e2); return -1; }
-    if (!comma) return 0;
-    p = comma + 1;
-  }
-}
 
 /* ---- the line reader and the strict checks common to both files ---------------------- */
 
@@ -541,7 +463,7 @@ int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
   const char *k = dot ? dot + 1 : key;
   if (dot) *dot = 0;
   /* checked once up front, so a refused value changes no rung */
-  if (knob_check(k, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
+  if (vl_knob_check(k, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
   if (!dot) {
     /* a case setting (one the ladder sets, or one a registered case declares as a setting
      * and not as a rung knob), or a knob for every rung; for a registered case, a name it

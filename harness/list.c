@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "vramlab/backend.h"
 
 /* The cases to list: all, or the one named (*n = 0 when it is not registered). */

@@ -9,14 +9,15 @@
 #include <strings.h>
 #include <time.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "collbench.h"
 #include "index.h"
 #include "regress.h"
 #include "datagen.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "list.h"
-#include "parse.h"
+#include "kit/parse.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "report.h"

@@ -12,9 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "index.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sgemm.h"
 #include "vramlab/backend.h"
 

@@ -16,7 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "datasets/dialogue.h"
 #include "testutil.h"
 #include "vramlab/cache.h" /* vl_crc32 */

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "dist/nccl_plan.h"
-#include "mpirun.h"
+#include "kit/mpirun.h"
 #include "vramlab/dist.h"
 
 /* ============================== pure helpers ======================================== */

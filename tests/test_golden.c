@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "testutil.h"
 
 /* Timings (plan_seconds, ...) are measurements, never part of a snapshot. */

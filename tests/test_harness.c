@@ -9,9 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "parse.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/parse.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 /* gcc: the build turns -Wformat-truncation off; the tests here build long paths and

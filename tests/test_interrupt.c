@@ -11,10 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
-#include "interrupt.h"
-#include "proc.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "kit/interrupt.h"
+#include "kit/proc.h"
 #include "testutil.h"
 
 static void sleep_ms(int ms) {

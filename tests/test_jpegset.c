@@ -17,7 +17,8 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "datasets/jpegset.h"
 
 static char g_set[300];  /* the shared 12-image set */

@@ -1,5 +1,5 @@
 /* Model-size knobs and Hugging Face model configs (cases/llm-lora/hfconfig.c, config.c,
- * cases/seg-ckpt/config.c): the config reader's errors, each naming the file and the field;
+ * kit/segrung.c): the config reader's errors, each naming the file and the field;
  * Mistral-7B-v0.1's published config.json planning exactly as the built-in full preset
  * (every rung, every number); Llama-3-8B's planned at sequence 2048 on 24 GB; the size knobs
  * of both model cases ("preset" = the scale's, a value overriding it, the relations
@@ -16,9 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "llm-lora/llm.h"
-#include "seg-ckpt/seg.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "cases/llm-lora/llm.h"
+#include "cases/seg-ckpt/seg.h"
 #include "testutil.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -515,17 +516,17 @@ static void test_llm_size_knobs(void **state) {
 }
 
 /* seg-ckpt's rung parsed at scale with the setting's pairs. */
-static vl_status seg_rung(const char *scale, const char *const *kv, vl_seg_rung *r, vl_case_env *env) {
+static vl_status seg_rung(const char *scale, const char *const *kv, vl_segrung *r, vl_case_env *env) {
   static vl_knobs setting, none;
   memset(&setting, 0, sizeof setting);
   for (int i = 0; kv[i]; i += 2) assert_int_equal(vl_knob_set(&setting, kv[i], kv[i + 1]), 0);
   *env = (vl_case_env){.scale = scale, .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
-  return vl_seg_parse_rung(env, scale, &none, r);
+  return vl_segrung_parse(env, scale, &none, r);
 }
 
-static int64_t seg_params(const vl_seg_rung *r, int module) {
+static int64_t seg_params(const vl_segrung *r, int module) {
   vl_plan_result p;
-  vl_step_spec s = vl_seg_step_spec(r, 2, 1);
+  vl_step_spec s = vl_segrung_step_spec(r, 2, 1);
   assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &p), VL_OK);
   int64_t n = module < 0 ? p.params.total : p.params.module_count[module];
   vl_plan_result_free(&p);
@@ -534,7 +535,7 @@ static int64_t seg_params(const vl_seg_rung *r, int module) {
 
 static void test_seg_size_knobs(void **state) {
   (void)state;
-  vl_seg_rung r;
+  vl_segrung r;
   vl_case_env env;
   vl_resunet_cfg small, tiny, full;
   vl_resunet_preset("small", &small);
@@ -553,7 +554,7 @@ static void test_seg_size_knobs(void **state) {
   if (seg_rung("small", (const char *const[]){"width_div", "1", NULL}, &r, &env)) fail_msg("%s", env.err);
   assert_int_equal(r.model.mc.image, 128);
   assert_int_equal(r.model.mc.width, 64);
-  vl_seg_rung rf;
+  vl_segrung rf;
   if (seg_rung("full", (const char *const[]){NULL}, &rf, &env)) fail_msg("%s", env.err);
   assert_int_equal(seg_params(&r, -1), seg_params(&rf, -1));
   /* blocks 3,4,6,3: torchvision's ResNet-50 without fc, 23,508,032 parameters */

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "collbench.h"
-#include "multi-gpu/mg.h"
-#include "report.h"
+#include "harness/collbench.h"
+#include "cases/multi-gpu/mg.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static vl_ladder *ladder; /* large: not on the stack */
@@ -257,7 +257,7 @@ static void test_seg_defaults_shared(void **state) {
   (void)state;
   int shared = 0;
   for (int i = 0; vl_mg_knobs[i].name; i++) {
-    const vl_knob_decl *s = vl_knob_decl_find(vl_seg_knobs, vl_mg_knobs[i].name);
+    const vl_knob_decl *s = vl_knob_decl_find(vl_segrung_knobs, vl_mg_knobs[i].name);
     if (!s) continue;
     shared++;
     if (strcmp(s->def, vl_mg_knobs[i].def)) fail_msg("%s: default %s, seg-ckpt's %s", s->name, vl_mg_knobs[i].def, s->def);

@@ -1,4 +1,4 @@
-/* The PyTorch peers' plumbing (cases/peers.c, cases/{llm-lora,seg-ckpt}/peer.c): parsing a
+/* The PyTorch peers' plumbing (kit/peers.c, {llm-lora/llm,seg-ckpt/seg}_torch.c): parsing a
  * peer's replies, the peer process under its line protocol (fake peers in sh: a good one,
  * one that prints garbage, one that dies, one that stalls, one that answers an error), the
  * llm-lora extra hook with a missing, a broken and a fake interpreter (never a failure of
@@ -14,12 +14,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "interrupt.h"
-#include "llm-lora/peer.h"
-#include "peers.h"
-#include "report.h"
-#include "seg-ckpt/peer.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/interrupt.h"
+#include "cases/dataloader/dl.h"
+#include "cases/llm-lora/llm_torch.h"
+#include "kit/peers.h"
+#include "harness/report.h"
+#include "cases/seg-ckpt/seg_torch.h"
 #include "testutil.h"
 
 static char tmpdir[128];
@@ -401,7 +403,7 @@ static void test_real_seg_peer(void **state) {
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L.setting, .quiet = 1};
   int threads = omp_get_max_threads();
   omp_set_num_threads(1); /* one thread each side: no spinning barriers on a busy shared machine */
-  vl_status s = vl_seg_peers(&env, res);
+  vl_status s = vl_segcase_peers(&env, res);
   omp_set_num_threads(threads);
   assert_int_equal(s, VL_OK);
   if (real_not_installed(res)) {

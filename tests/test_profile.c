@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static int setup(void **state) {

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "regress.h"
+#include "harness/regress.h"
 #include "testutil.h"
 
 /* A baseline with one metric of every kind, as vramlab regress writes them. */

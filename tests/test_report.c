@@ -14,8 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static const char *case_ids[] = {"llm-lora", "seg-ckpt", "dataloader"};

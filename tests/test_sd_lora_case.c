@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sd-lora/sdl.h"
-#include "report.h"
+#include "cases/sd-lora/sdl.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static vl_ladder *ladder; /* large: not on the stack */

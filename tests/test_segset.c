@@ -6,7 +6,8 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 
 #include <dirent.h>
 #include <math.h>

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "dl.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "vramlab/backend.h"
 
 static double cpu_seconds(void) {

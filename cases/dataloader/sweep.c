@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "dl.h"
-#include "interrupt.h"
-#include "peers.h"
-#include "proc.h"
-#include "report.h"
+#include "kit/interrupt.h"
+#include "kit/peers.h"
+#include "kit/proc.h"
+#include "kit/rep.h"
 
 /* The PyTorch DataLoader's images/s over the same set with `workers` workers, decoding with
  * `decoder` (tools/torch_loader_bench.py: pil, or decode_jpeg: torchvision.io.decode_jpeg on

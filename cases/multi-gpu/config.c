@@ -1,7 +1,7 @@
 /* multi-gpu's knobs and what they mean: the knob table, a rung's knobs and the setting
  * mapped to the data-parallel wrapper's config over seg-ckpt's ResNet-101 U-Net, and the
  * step a rung plans and runs. The U-Net, its training and loader knobs are seg-ckpt's,
- * parsed by seg-ckpt's own code (vl_seg_parse_rung) with the same names and defaults. */
+ * parsed by seg-ckpt's own code (vl_segrung_parse) with the same names and defaults. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +26,10 @@ const vl_knob_decl vl_mg_knobs[] = {
     {"bucket_cap", "25MiB", "ddp: bucket size cap (PyTorch's bucket_cap_mb = 25)", VL_KNOB_RUNG},
     {"first_bucket_cap", "1MiB", "ddp: the first bucket's cap (PyTorch's 1 MiB)", VL_KNOB_RUNG},
     {"batch", "8", "micro-batch per rank (>= 2, batch norm): the global batch is ranks x batch", VL_KNOB_RUNG},
-    VL_SEG_MODEL_KNOBS,
-    VL_SEG_LOADER_KNOBS, /* per rank */
+    VL_SEGRUNG_MODEL_KNOBS,
+    VL_SEGRUNG_LOADER_KNOBS, /* per rank */
     VL_CASE_CARD_KNOBS,
-    VL_SEG_SIZE_SETTINGS,
+    VL_SEGRUNG_SIZE_SETTINGS,
     {"train_images", "256", "training split at the run scale (made on first use), sharded over the ranks",
      VL_KNOB_SETTING},
     {"data_dir", "data/segset", "where the segmentation split is made and read", VL_KNOB_SETTING},
@@ -139,7 +139,7 @@ static vl_status parse_setting(vl_case_env *env, vl_mg_rung *r) {
 
 vl_status vl_mg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_mg_rung *r) {
   memset(r, 0, sizeof *r);
-  VL_TRY(vl_seg_parse_rung(env, scale, k, &r->seg));
+  VL_TRY(vl_segrung_parse(env, scale, k, &r->seg));
   if (r->seg.batch == 0)
     return vl_case_fail(env, VL_ERR_INVALID, "batch = max: multi-gpu takes a micro-batch per rank (>= 2)");
   VL_TRY(parse_dist(env, k, r));

@@ -10,10 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
-#include "mpirun.h"
-#include "report.h"
+#include "kit/mpirun.h"
+#include "kit/rep.h"
 #include "vramlab/fileio.h"
 
 /* A rung of the results with its parsed knobs. */

@@ -15,10 +15,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
-#include "mpirun.h"
-#include "report.h"
+#include "kit/mpirun.h"
+#include "kit/rep.h"
 #include "vramlab/fileio.h"
 
 #define MG_APT "apt-get install libopenmpi-dev openmpi-bin"
@@ -233,7 +233,7 @@ vl_status vl_mg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     return vl_case_fail(env, VL_ERR_UNSUPPORTED, "a full-scale (512x512 ResNet-101) step is too slow for this CPU: "
                         "use --scale small or tiny, or --device plan");
   vl_segset *ts = NULL; /* made here, once, before any rank reads it */
-  VL_TRY(vl_seg_open_split(env, &r.seg, false, &ts));
+  VL_TRY(vl_segrung_open_split(env, &r.seg, false, &ts));
   vl_segset_close(ts);
   cJSON *ranks = NULL;
   vl_status s = vl_mg_launch_quiet(env, &r, k, r.ranks, &ranks, out);

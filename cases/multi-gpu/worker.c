@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
 #include "vramlab/fileio.h"
 
@@ -47,8 +47,8 @@ static int parse_args(int argc, char **argv, wargs *a, char *err, size_t errn) {
 
 /* ---- the rank's data ------------------------------------------------------------------------ */
 typedef struct {
-  vl_seg_feed f;     /* seg-ckpt's feed over this rank's loader (NULL loader: no data) */
-  vl_seg_rung seg;   /* the rung with this rank's batch */
+  vl_segrung_feed f;     /* seg-ckpt's feed over this rank's loader (NULL loader: no data) */
+  vl_segrung seg;   /* the rung with this rank's batch */
   vl_batch empty;    /* DataParallel's ranks other than 0: no data of their own */
 } rank_feed;
 
@@ -77,7 +77,7 @@ static vl_status feed_open(vl_case_env *env, const vl_mg_rung *r, int64_t B, int
     return VL_OK;
   }
   vl_loader_cfg lc;
-  vl_seg_loader_cfg(&F->seg, &lc, B, false, c);
+  vl_segrung_loader_cfg(&F->seg, &lc, B, false, c);
   /* DistributedSampler: every rank its own shard of the epoch; DataParallel's rank 0 alone
    * loads the whole global batch */
   lc.rank = r->mode == VL_DIST_DP ? 0 : rank;
@@ -196,7 +196,7 @@ static vl_status rank_run(vl_case_env *env, const wargs *a, vl_comm *cm) {
     return vl_case_fail(env, VL_ERR_INVALID, "batch %lld per step exceeds the %ld images this rank gets per epoch",
                         (long long)B, per_epoch);
   vl_segset *ts = NULL;
-  VL_TRY(vl_seg_open_split(env, &r.seg, false, &ts));
+  VL_TRY(vl_segrung_open_split(env, &r.seg, false, &ts));
   vl_ctx *c = NULL;
   vl_model *m = NULL;
   rank_feed F;
@@ -210,7 +210,7 @@ static vl_status rank_run(vl_case_env *env, const wargs *a, vl_comm *cm) {
   if (s == VL_OK) s = feed_open(env, &r, B, world, rank, ts, c, &F);
   int64_t epoch = 0;
   if (s == VL_OK && F.f.l && (s = vl_loader_start_epoch(F.f.l, 0)) != VL_OK) vl_case_fail(env, s, "loader: epoch 0");
-  vl_loop_cfg cfg = {.warmup = r.warmup, .next = F.f.l ? vl_seg_next : next_empty, .user = F.f.l ? (void *)&F.f : &F,
+  vl_loop_cfg cfg = {.warmup = r.warmup, .next = F.f.l ? vl_segrung_next : next_empty, .user = F.f.l ? (void *)&F.f : &F,
                      .stop = &vl_interrupted, .stop_now = &vl_terminated};
   F.f.max_steps = r.warmup + r.steps;
   if (s == VL_OK && r.warmup > 0) s = loop_to(env, m, &cfg, &F, r.warmup, &epoch, &res);

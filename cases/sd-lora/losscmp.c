@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sdl.h"
 
 static const char *name_of(const cJSON *r) { return cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")); }

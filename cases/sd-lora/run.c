@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sdl.h"
 
 /* ---- the modeled accelerator ------------------------------------------------------------ */

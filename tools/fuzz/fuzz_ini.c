@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 
 static vl_ladder *L; /* about 1 MB: off the stack, allocated once */
 

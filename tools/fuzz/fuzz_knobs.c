@@ -1,6 +1,6 @@
 /* libFuzzer target: arbitrary bytes as `--set` assignments and knob values. The first byte
  * picks a registered case, whose real ladder (loaded once) is copied; every following line
- * is applied with vl_ladder_set, then run through the strict number parsers (harness/parse.c)
+ * is applied with vl_ladder_set, then run through the strict number parsers (kit/parse.c)
  * and the knob helpers (vl_knob_int/double/bool/bytes/int_list), and finally every rung of
  * the modified ladder goes through the case's knob validation (vl_case_check_knobs and its
  * check hook: what `vramlab` runs before anything is planned). Nothing is planned or run.
@@ -13,8 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
-#include "parse.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/parse.h"
 
 static const vl_case *const *cases;
 static int n_cases;

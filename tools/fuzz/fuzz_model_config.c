@@ -10,8 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "llm-lora/llm.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "cases/llm-lora/llm.h"
 
 static void die(const char *what, const char *detail) {
   fprintf(stderr, "fuzz_model_config: %s: %s\n", what, detail);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "regress.h"
+#include "harness/regress.h"
 
 static cJSON *fixed_now(void) {
   static const char *text =

@@ -11,8 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 
 /* Every artifact goes through vl_write_atomic, whose fsync costs milliseconds on a disk: ten
  * of them per valid input would cut the executions tenfold. Durability is not what is fuzzed

@@ -1,15 +1,15 @@
 /* seg-ckpt's report sections: the full-scale ladder (planned), the linear memory model, the
  * measured ladder (time, throughput, data wait, accuracy), and plots (memory by category
  * per rung, memory vs batch with the cap and the fitted line, accuracy per epoch per rung), and
- * PyTorch side by side (peer.c).
+ * PyTorch side by side (seg_torch.c).
  * The harness writes the header, setting and claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "peer.h"
-#include "report.h"
+#include "kit/case.h"
+#include "seg_torch.h"
+#include "kit/rep.h"
 
 static const char *name_of(const cJSON *r) { return vl_rep_str(r, "name"); }
 
@@ -217,7 +217,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.1f", sg / 1e9));
 }
 
-void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_segcase_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
   planned_ladder(res, md);
   linear_model(res, md);
   bool ran = false;
@@ -225,7 +225,7 @@ void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;
   if (ran) {
     measured_ladder(res, md);
-    vl_seg_peers_report(res, md);
+    vl_segcase_peers_report(res, md);
   } else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   fprintf(md, "## Plots\n\n");
   plots(res, dir, md, case_id, gnuplot);

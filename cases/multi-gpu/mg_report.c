@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "mg.h"
-#include "report.h"
+#include "kit/rep.h"
 
 #define G 1e9
 

@@ -2,15 +2,15 @@
  * SDPA, PEFT LoRA): the extra hook runs the baseline rung (fp32 full fine-tune, the ladder's
  * start) and the lora rung (the last rung a CPU peer can run: the later ones add an NF4
  * base, which needs bitsandbytes on a GPU) on one fixed-length batch, engine and PyTorch in
- * turn (cases/peers.c), and the report shows them side by side. */
+ * turn (kit/peers.c), and the report shows them side by side. */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "llm.h"
-#include "peer.h"
-#include "peers.h"
-#include "report.h"
+#include "llm_torch.h"
+#include "kit/peers.h"
+#include "kit/rep.h"
 
 static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens"};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "util.h"
 #include "vramlab/fileio.h"
 
 static int cmp_d(const void *a, const void *b) {

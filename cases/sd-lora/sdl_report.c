@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "report.h"
+#include "kit/rep.h"
 #include "sdl.h"
 
 static const cJSON *last_rung(const cJSON *res) {

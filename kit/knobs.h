@@ -1,16 +1,38 @@
-/* Knob declarations and knob parsing: the one module cases include to read their knobs.
+/* Knobs: their storage (a rung's or the setting's key=value pairs), their declarations and
+ * typed reads; the one module cases include to read their knobs.
  * A case declares every knob a rung may set and every [case] setting it reads once, in a
  * table of vl_knob_decl (name, default as a user would type it, one line of help); the
  * helpers below read a knob and, when it is absent, parse the declared default through the
  * same code, so a default lives in one place and is checked like a typed value.
- * Leaf module: depends only on parse.h, harness.h's vl_knobs and the engine core's size
- * parser. */
+ * Leaf module of the kit: depends only on parse.h and the engine core's size parser. */
 #ifndef VRAMLAB_KNOBS_H
 #define VRAMLAB_KNOBS_H
 
 #include <stddef.h>
 
-#include "harness.h"
+#define VL_MAX_KNOBS 48
+
+/* A knob value holds a real path (data_dir). 1024, not PATH_MAX: a ladder is 17 knob sets
+ * of 48 knobs held by value (on the stack in main.c and the tests, copied for side plans
+ * and inheritance), so 4096 would make it ~3.4 MB; at 1024 it is ~0.9 MB. Heap strings
+ * would make vl_knobs need an owner and a free everywhere it is copied. A longer value is
+ * refused with a message naming the knob and the limit, never cut. */
+#define VL_KNOB_KEY_LEN 40
+#define VL_KNOB_VAL_LEN 1024
+typedef struct { char key[VL_KNOB_KEY_LEN]; char val[VL_KNOB_VAL_LEN]; } vl_knob;
+typedef struct { vl_knob k[VL_MAX_KNOBS]; int n; } vl_knobs;
+
+const char *vl_knob_get(const vl_knobs *ks, const char *key); /* NULL when absent */
+/* Set (or replace) key. Refused: an empty key or value (an empty value is never meaningful:
+ * leave the knob out for its default), a key or value longer than the limits, more than
+ * VL_MAX_KNOBS knobs. 0 on success; -1 with a message naming the knob and the limit in err
+ * (err may be NULL). */
+/* Whether key=val may be stored at all: the refusals of vl_knob_set_err but the count. */
+int vl_knob_check(const char *key, const char *val, char *err, size_t errn);
+int vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, char *err, size_t errn);
+int vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* same, no message */
+/* Apply "k=v,k=v" on top of ks; returns 0, or -1 with a message in err. */
+int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn);
 
 /* Where a declared name may be set (a bit set: llm-lora's batch is both). */
 enum { VL_KNOB_RUNG = 1, VL_KNOB_SETTING = 2 };

@@ -1,14 +1,14 @@
 /* llm-lora's report sections: the full-scale ladder (planned), the measured ladder, plots
  * (memory by category per rung, memory timeline of one step, batch vs peak with the cap,
- * time per token), and PyTorch side by side (peer.c). The harness writes the header, setting and
+ * time per token), and PyTorch side by side (llm_torch.c). The harness writes the header, setting and
  * claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "peer.h"
-#include "report.h"
+#include "kit/case.h"
+#include "llm_torch.h"
+#include "kit/rep.h"
 
 /* A number in a gnuplot script: "?" (an undefined value there) would be a script error, so
  * callers leave out what is not finite; this is only for titles. */

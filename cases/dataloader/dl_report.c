@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "report.h"
+#include "kit/case.h"
+#include "kit/rep.h"
 
 /* A value of a data file: NaN (gnuplot leaves the point out) where the results miss it. */
 static void dat_num(FILE *f, const char *fmt, double v) {
