@@ -32,19 +32,19 @@ typedef struct {
   int n_claims;
 } vl_ladder;
 
-/* Load cases/<id>/ladder.ini and claims.ini from `dir`. err gets a readable message with
+/* Load cases/<id>/ladder.ini and claims.ini from `dir`. e gets a readable message with
  * the file and line. */
-int vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, char *err, size_t errn);
+vl_status vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, vl_err *e);
 /* The same from memory: messages name "<name>/ladder.ini:LINE" and "<name>/claims.ini:LINE".
  * Strict: a malformed or over-long line, a key outside a section, an empty value, a
  * duplicate key, a reopened or empty section, a name longer than its field, more rungs,
  * knobs or claims than the limits, a claim number that is not a finite decimal, and (for a
  * registered case) a claim metric the case does not write are each an error. */
-int vl_ladder_parse(vl_ladder *L, const char *case_id, const char *ladder_text, const char *claims_text,
-                    const char *name, char *err, size_t errn);
+vl_status vl_ladder_parse(vl_ladder *L, const char *case_id, const char *ladder_text, const char *claims_text,
+                          const char *name, vl_err *e);
 /* --set overrides: "key=value" sets the [case] setting; "rung.key=value" one rung (and the
  * rungs below it, which inherit). */
-int vl_ladder_set(vl_ladder *L, const char *assignment, char *err, size_t errn);
+vl_status vl_ladder_set(vl_ladder *L, const char *assignment, vl_err *e);
 int vl_ladder_find(const vl_ladder *L, const char *rung);
 
 #endif

@@ -105,8 +105,7 @@ static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const cha
     int i = vl_ladder_find(L, rung);
     if (i < 0) return NAN;
     vl_knobs k = L->rungs[i].knobs;
-    char err[256];
-    if (vl_knobs_apply_list(&k, set, err, sizeof err)) return NAN;
+    if (vl_knobs_apply_list(&k, set, NULL)) return NAN;
     return vl_rep_num(side_plan(c, L, &k), m);
   }
   const cJSON *r = vl_rep_rung(res, rung);
@@ -225,12 +224,11 @@ static const vfield top_fields[] = {
 
 typedef struct {
   const vl_ladder *L;
-  char *err;
-  size_t errn;
+  vl_err *e;
 } vcheck;
 
 static int vbad(vcheck *v, const char *path, const char *what) {
-  snprintf(v->err, v->errn, "%s: %s", path[0] ? path : "the top level", what);
+  vl_err_set(v->e, VL_ERR_INVALID, "%s: %s", path[0] ? path : "the top level", what);
   return -1;
 }
 
@@ -326,8 +324,8 @@ static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *
   return 0;
 }
 
-int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, char *err, size_t errn) {
-  vcheck v = {L, err, errn};
+static int validate(const cJSON *res, const vl_case *c, const vl_ladder *L, vl_err *e) {
+  vcheck v = {L, e};
   char msg[400], a[VL_REP_GP_MAX + 1], p[64];
   if (!cJSON_IsObject(res)) return vbad(&v, "", "expected an object");
   const cJSON *sv = cJSON_GetObjectItem(res, "schema_version");
@@ -372,6 +370,10 @@ int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, 
     seen[k] = true;
   }
   return 0;
+}
+
+vl_status vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, vl_err *e) {
+  return validate(res, c, L, e) ? VL_ERR_INVALID : VL_OK;
 }
 
 /* ---- where the time goes (--profile) ------------------------------------------------------- */
@@ -512,12 +514,12 @@ static void profile_section(FILE *md, const cJSON *res) {
 }
 
 /* ---- the report --------------------------------------------------------------------------- */
-static int report_fail(char *err, size_t errn, cJSON *res, char *text, const char *fmt, const char *a,
-                       const char *b) {
-  snprintf(err, errn, fmt, a, b);
+static vl_status report_fail(vl_err *e, vl_status s, cJSON *res, char *text, const char *fmt, const char *a,
+                             const char *b) {
+  vl_err_set(e, s, fmt, a, b);
   cJSON_Delete(res);
   free(text);
-  return -1;
+  return s;
 }
 
 /* A claim's verdict as the report judges it (a claim needing another device than the
@@ -541,45 +543,45 @@ void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int co
   }
 }
 
-int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
-                    const char *md_path, char *err, size_t errn) {
+vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
+                          const char *md_path, vl_err *e) {
   size_t n = 0;
-  char rerr[1200], verr[600];
-  if (errn) err[0] = 0;
+  vl_err rerr, verr;
+  if (e) e->msg[0] = 0;
   errno = 0;
-  char *text = vl_read_file_max(results_path, VL_RESULTS_MAX_BYTES, &n, rerr, sizeof rerr);
+  char *text = vl_read_file_max(results_path, VL_RESULTS_MAX_BYTES, &n, &rerr);
   if (!text && errno == ENOENT)
-    return report_fail(err, errn, NULL, NULL, "cannot read %s (run `vramlab run %s` first)", results_path, c->id);
-  if (!text) return report_fail(err, errn, NULL, NULL, "cannot read %s%s", rerr, "");
+    return report_fail(e, VL_ERR_IO, NULL, NULL, "cannot read %s (run `vramlab run %s` first)", results_path, c->id);
+  if (!text) return report_fail(e, VL_ERR_IO, NULL, NULL, "cannot read %s%s", rerr.msg, "");
   if (memchr(text, 0, n))
-    return report_fail(err, errn, NULL, text, "%s holds a NUL byte: not a vramlab results file%s",
+    return report_fail(e, VL_ERR_INVALID, NULL, text, "%s holds a NUL byte: not a vramlab results file%s",
                        results_path, "");
   /* the whole file is one JSON value: trailing bytes mean it was cut or glued together */
   cJSON *res = cJSON_ParseWithOpts(text, NULL, 1);
   if (!res)
-    return report_fail(err, errn, NULL, text, "%s is not a vramlab results file (truncated or corrupt?)%s",
+    return report_fail(e, VL_ERR_INVALID, NULL, text, "%s is not a vramlab results file (truncated or corrupt?)%s",
                        results_path, "");
-  if (vl_results_validate(res, c, L, verr, sizeof verr))
-    return report_fail(err, errn, res, text, "%s is not a results file `vramlab report` can read: %s",
-                       results_path, verr);
+  if (vl_results_validate(res, c, L, &verr))
+    return report_fail(e, VL_ERR_INVALID, res, text, "%s is not a results file `vramlab report` can read: %s",
+                       results_path, verr.msg);
   /* The report's own folder keeps the results it was made from, so it stands on its own. */
   char dir[1024], copy[1100];
   const char *slash = strrchr(md_path, '/');
   int dn = slash ? snprintf(dir, sizeof dir, "%.*s/%s", (int)(slash - md_path), md_path, c->id)
                  : snprintf(dir, sizeof dir, "%s", c->id);
   if (dn < 0 || (size_t)dn >= sizeof dir || snprintf(copy, sizeof copy, "%s/results.json", dir) >= (int)sizeof copy)
-    return report_fail(err, errn, res, text, "the report path %s is too long%s", md_path, "");
-  if (vl_mkdir_p(dir)) return report_fail(err, errn, res, text, "cannot create %s: %s", dir, strerror(errno));
-  int wrc = vl_write_atomic(copy, text, err, errn);
+    return report_fail(e, VL_ERR_INVALID, res, text, "the report path %s is too long%s", md_path, "");
+  if (vl_mkdir_p(dir)) return report_fail(e, VL_ERR_IO, res, text, "cannot create %s: %s", dir, strerror(errno));
+  vl_status wrc = vl_write_atomic(copy, text, e);
   free(text);
   if (wrc) {
     cJSON_Delete(res);
-    return -1;
+    return wrc;
   }
   char *buf = NULL;
   size_t blen = 0;
   FILE *md = open_memstream(&buf, &blen);
-  if (!md) return report_fail(err, errn, res, NULL, "cannot build the report: %s%s", strerror(errno), "");
+  if (!md) return report_fail(e, VL_ERR_OOM, res, NULL, "cannot build the report: %s%s", strerror(errno), "");
   cJSON *env = cJSON_GetObjectItem(res, "env");
   const char *scale = vl_rep_str(res, "run_scale");
   fprintf(md, "# %s — %s\n\n", c->id, vl_knob_get(&L->setting, "title") ? vl_knob_get(&L->setting, "title") : c->summary);
@@ -656,9 +658,8 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
   bool ok = !ferror(md);
   if (fclose(md)) ok = false;
   cJSON_Delete(res);
-  int rc = -1;
-  if (!ok || !buf) snprintf(err, errn, "cannot build the report: out of memory");
-  else rc = vl_write_atomic(md_path, buf, err, errn);
+  vl_status rc = !ok || !buf ? vl_err_set(e, VL_ERR_OOM, "cannot build the report: out of memory")
+                             : vl_write_atomic(md_path, buf, e);
   free(buf);
   return rc;
 }

@@ -20,15 +20,15 @@ vl_verdict vl_judge(const vl_claim *c, double before, double after);
 #define VL_RESULTS_SCHEMA_VERSION 1
 #define VL_RESULTS_MAX_BYTES ((size_t)256 << 20) /* a full-scale results file is < 1 MiB */
 /* Whether res is a results file of case c that the report can read: schema version, case,
- * rungs of c's ladder, the types of every field the report reads. 0, or -1 with the
- * offending path in err ("rungs[2].name: expected a string"). */
-int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, char *err, size_t errn);
+ * rungs of c's ladder, the types of every field the report reads. VL_OK, or VL_ERR_INVALID
+ * with the offending path in e ("rungs[2].name: expected a string"). */
+vl_status vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, vl_err *e);
 
 /* Read, validate and report a results file: nothing is written (not even the report
  * folder's copy of the results) unless the file is valid. */
 /* The verdict counts of c's claims judged from res (holds, direction only, does not hold,
  * not measurable), as vl_report_write judges them. */
 void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int counts[4]);
-int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
-                    const char *md_path, char *err, size_t errn);
+vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
+                          const char *md_path, vl_err *e);
 #endif

@@ -15,10 +15,11 @@
 #include "vramlab/run.h"
 
 /* A case's failures follow the engine's convention (vramlab/core.h): every hook and helper
- * returns vl_status and leaves its message here, in the env, once (vl_case_fail); the
- * harness owns the env and prints the message. 512, like the engine context's: the harness
- * printed messages from 512-byte buffers before. */
-#define VL_CASE_ERR_LEN 512
+ * returns vl_status and leaves its message once in the env's vl_err (vl_case_fail, or a
+ * kit call given &env->err: vl_knob_int(k, ..., &env->err)); the driver owns the env and
+ * prints the message. VL_CASE_ERR_LEN: the size of a case's local message buffers for the
+ * engine's and the data sets' calls that still take one. */
+#define VL_CASE_ERR_LEN VL_ERR_LEN
 
 /* The most rungs a ladder holds (harness/ladder.h), so the most a results file's rungs
  * array holds for a case to walk. */
@@ -31,7 +32,7 @@ typedef struct {
   int quiet;
   bool profile;            /* --profile: model cases time every operation of the timed steps */
   double sgemm_flops;      /* this machine's sgemm FLOP/s, measured before the ladder (0: not) */
-  char err[VL_CASE_ERR_LEN]; /* the last failure's message (vl_case_fail) */
+  vl_err err;              /* the last failure's message (vl_case_fail) */
   /* Checkpoint and resume (run, bench; only cases with `resumable` get them):
    * --save-every N: a checkpoint every N optimizer steps into ckpt_dir (0: none); ckpt_dir
    * (<out>/<case>/ckpt/<rung>-rep<k>, set per run by the harness; NULL: no checkpoints,
@@ -85,20 +86,6 @@ typedef struct vl_case {
   bool resumable;
 } vl_case;
 
-/* The harness's knob reads (knobs.h) for the cases: VL_OK, or VL_ERR_INVALID with the
- * knob helper's message in env->err (case_env.c). */
-vl_status vl_case_knob_int(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                           long lo, long hi, long *out);
-vl_status vl_case_knob_double(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                              double lo, double hi, double *out);
-vl_status vl_case_knob_bool(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                            int *out);
-vl_status vl_case_knob_bytes(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                             size_t *out);
-vl_status vl_case_knob_int_list(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                                long lo, long hi, long *out, int max, int *n);
-/* vl_knob_set_err: set key = val in k. */
-vl_status vl_case_knob_set(vl_case_env *env, vl_knobs *k, const char *key, const char *val);
 /* A rung's knobs as a results file holds them (rung.knobs, strings) into k. */
 vl_status vl_case_knobs_of(vl_case_env *env, const cJSON *rung, vl_knobs *k);
 

@@ -1,6 +1,5 @@
 /* The cases' one error convention (vl_case_fail: a status returned, its message kept once in
- * the env), the knob reads (knobs.h) under it, so a case reads a knob with VL_TRY like any
- * call that can fail, and small helpers every case may use. */
+ * the env's vl_err), and small helpers every case may use. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,58 +11,18 @@ vl_status vl_case_fail(vl_case_env *env, vl_status s, const char *fmt, ...) {
   if (env) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(env->err, sizeof env->err, fmt, ap);
+    vsnprintf(env->err.msg, sizeof env->err.msg, fmt, ap);
     va_end(ap);
   }
   return s;
 }
 
-/* A knob helper's result: its message (same size as env->err, so nothing is cut that the
- * harness's buffers did not cut) passed on as the case's. */
-static vl_status knob_result(vl_case_env *env, int rc, const char *msg) {
-  return rc ? vl_case_fail(env, VL_ERR_INVALID, "%s", msg) : VL_OK;
-}
-
-vl_status vl_case_knob_int(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                           long lo, long hi, long *out) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_int(k, key, decl, lo, hi, out, m, sizeof m), m);
-}
-
-vl_status vl_case_knob_double(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                              double lo, double hi, double *out) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_double(k, key, decl, lo, hi, out, m, sizeof m), m);
-}
-
-vl_status vl_case_knob_bool(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                            int *out) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_bool(k, key, decl, out, m, sizeof m), m);
-}
-
-vl_status vl_case_knob_bytes(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                             size_t *out) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_bytes(k, key, decl, out, m, sizeof m), m);
-}
-
-vl_status vl_case_knob_int_list(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                                long lo, long hi, long *out, int max, int *n) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_int_list(k, key, decl, lo, hi, out, max, n, m, sizeof m), m);
-}
-
-vl_status vl_case_knob_set(vl_case_env *env, vl_knobs *k, const char *key, const char *val) {
-  char m[VL_CASE_ERR_LEN] = "";
-  return knob_result(env, vl_knob_set_err(k, key, val, m, sizeof m), m);
-}
-
+/* A rung's knobs as a results file holds them, read back for a side run. */
 vl_status vl_case_knobs_of(vl_case_env *env, const cJSON *rung, vl_knobs *k) {
   memset(k, 0, sizeof *k);
   const cJSON *it;
   cJSON_ArrayForEach(it, cJSON_GetObjectItem(rung, "knobs"))
-    if (cJSON_IsString(it)) VL_TRY(vl_case_knob_set(env, k, it->string, it->valuestring));
+    if (cJSON_IsString(it)) VL_TRY(vl_knob_set_err(k, it->string, it->valuestring, &env->err));
   return VL_OK;
 }
 

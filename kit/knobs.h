@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "vramlab/core.h" /* vl_status, vl_err */
+
 #define VL_MAX_KNOBS 48
 
 /* A knob value holds a real path (data_dir). 1024, not PATH_MAX: a ladder is 17 knob sets
@@ -25,14 +27,14 @@ typedef struct { vl_knob k[VL_MAX_KNOBS]; int n; } vl_knobs;
 const char *vl_knob_get(const vl_knobs *ks, const char *key); /* NULL when absent */
 /* Set (or replace) key. Refused: an empty key or value (an empty value is never meaningful:
  * leave the knob out for its default), a key or value longer than the limits, more than
- * VL_MAX_KNOBS knobs. 0 on success; -1 with a message naming the knob and the limit in err
- * (err may be NULL). */
+ * VL_MAX_KNOBS knobs. VL_OK, or VL_ERR_INVALID with a message naming the knob and the limit
+ * in e (e may be NULL). */
 /* Whether key=val may be stored at all: the refusals of vl_knob_set_err but the count. */
-int vl_knob_check(const char *key, const char *val, char *err, size_t errn);
-int vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, char *err, size_t errn);
-int vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* same, no message */
-/* Apply "k=v,k=v" on top of ks; returns 0, or -1 with a message in err. */
-int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn);
+vl_status vl_knob_check(const char *key, const char *val, vl_err *e);
+vl_status vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, vl_err *e);
+vl_status vl_knob_set(vl_knobs *ks, const char *key, const char *val); /* same, no message */
+/* Apply "k=v,k=v" on top of ks; VL_OK, or a status with its message in e. */
+vl_status vl_knobs_apply_list(vl_knobs *ks, const char *list, vl_err *e);
 
 /* Where a declared name may be set (a bit set: llm-lora's batch is both). */
 enum { VL_KNOB_RUNG = 1, VL_KNOB_SETTING = 2 };
@@ -54,17 +56,17 @@ extern const vl_knob_decl vl_harness_settings[];
 const char *vl_knob_str(const vl_knobs *k, const char *key, const vl_knob_decl *decl);
 
 /* Typed reads of key from k, falling back to the default declared for key in decl. Return
- * 0, or -1 with a message naming the knob and value; a key absent from k that decl does
- * not declare with a default is an error too (a programmer's: the table misses a row). */
-int vl_knob_int(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
-                char *err, size_t errn);
-int vl_knob_double(const vl_knobs *k, const char *key, const vl_knob_decl *decl, double lo, double hi,
-                   double *out, char *err, size_t errn);
-int vl_knob_bool(const vl_knobs *k, const char *key, const vl_knob_decl *decl, int *out, char *err, size_t errn);
-int vl_knob_bytes(const vl_knobs *k, const char *key, const vl_knob_decl *decl, size_t *out, char *err,
-                  size_t errn);
+ * VL_OK, or VL_ERR_INVALID with a message naming the knob and value in e; a key absent
+ * from k that decl does not declare with a default is an error too (a programmer's: the
+ * table misses a row). */
+vl_status vl_knob_int(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
+                vl_err *e);
+vl_status vl_knob_double(const vl_knobs *k, const char *key, const vl_knob_decl *decl, double lo, double hi,
+                   double *out, vl_err *e);
+vl_status vl_knob_bool(const vl_knobs *k, const char *key, const vl_knob_decl *decl, int *out, vl_err *e);
+vl_status vl_knob_bytes(const vl_knobs *k, const char *key, const vl_knob_decl *decl, size_t *out, vl_err *e);
 /* Comma-separated integers in [lo, hi] ("0,1,2,4"), at most max of them, into out[0 .. *n). */
-int vl_knob_int_list(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
-                     int max, int *n, char *err, size_t errn);
+vl_status vl_knob_int_list(const vl_knobs *k, const char *key, const vl_knob_decl *decl, long lo, long hi, long *out,
+                     int max, int *n, vl_err *e);
 
 #endif

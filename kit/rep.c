@@ -143,24 +143,22 @@ static bool plot_name_ok(const char *name) {
   return true;
 }
 
-static int write_script(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
-  if (!plot_name_ok(name)) { snprintf(why, whyn, "'%s' is not a plot name", name); return -1; }
-  char path[1200], err[1400];
-  if (snprintf(path, sizeof path, "%s/%s.gp", dir, name) >= (int)sizeof path) {
-    snprintf(why, whyn, "the report folder's path is too long");
-    return -1;
-  }
+static vl_status write_script(const char *dir, const char *name, const char *script, vl_err *e) {
+  if (!plot_name_ok(name)) return vl_err_set(e, VL_ERR_INVALID, "'%s' is not a plot name", name);
+  char path[1200];
+  vl_err werr;
+  if (snprintf(path, sizeof path, "%s/%s.gp", dir, name) >= (int)sizeof path)
+    return vl_err_set(e, VL_ERR_IO, "the report folder's path is too long");
   /* vl_png names the output: the report renders into a temp file, `gnuplot name.gp` by hand
    * into name.png */
   char *text = NULL;
   if (asprintf(&text, "# vramlab report: gnuplot %s.gp in this folder re-renders %s.png\n"
                       "if (!exists(\"vl_png\")) vl_png = '%s.png'\n%s", name, name, name, script) < 0) {
-    snprintf(why, whyn, "out of memory");
-    return -1;
+    return vl_err_set(e, VL_ERR_OOM, "out of memory");
   }
-  int rc = vl_write_atomic(path, text, err, sizeof err);
+  vl_status rc = vl_write_atomic(path, text, &werr);
   free(text);
-  if (rc) snprintf(why, whyn, "cannot write %s.gp: %s", name, err);
+  if (rc) vl_err_set(e, rc, "cannot write %s.gp: %s", name, werr.msg);
   return rc;
 }
 
@@ -184,7 +182,7 @@ static bool png_whole(const char *path) {
  * from /dev/null (a stray `pause` cannot wait), stderr into a fresh temporary file that
  * becomes name.gnuplot.log only when it explains a failure (renamed over whatever has that
  * name: a link planted there is replaced, never written through). */
-static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
+static vl_status render(const char *dir, const char *name, const char *log_shown, vl_err *e) {
   char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
   char log_tmp[PATH_MAX], err[PATH_MAX + 200];
   snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
@@ -194,37 +192,44 @@ static int render(const char *dir, const char *name, const char *log_shown, char
   snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
   snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
   int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
-  if (log_fd < 0) { snprintf(why, whyn, "gnuplot's log: %s", err); return -1; }
+  if (log_fd < 0) return vl_err_set(e, VL_ERR_IO, "gnuplot's log: %s", err);
   posix_spawn_file_actions_t fa;
   if (posix_spawn_file_actions_init(&fa)) {
-    snprintf(why, whyn, "out of memory");
+    vl_err_set(e, VL_ERR_OOM, "out of memory");
     close(log_fd);
     unlink(log_tmp);
-    return -1;
+    return VL_ERR_IO;
   }
   posix_spawn_file_actions_addchdir_np(&fa, dir);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
   char *argv[] = {"gnuplot", "-e", setvar, gp, NULL};
   pid_t pid;
-  int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
+  int sp = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
   posix_spawn_file_actions_destroy(&fa);
-  if (e) {
-    snprintf(why, whyn, "cannot start gnuplot: %s", strerror(e));
+  if (sp) {
+    vl_err_set(e, VL_ERR_IO, "cannot start gnuplot: %s", strerror(sp));
     close(log_fd);
     unlink(log_tmp);
-    return -1;
+    return VL_ERR_IO;
   }
   while (waitpid(pid, &st, 0) < 0)
     if (errno != EINTR) { st = -1; break; }
-  int rc = -1;
-  if (st == -1) snprintf(why, whyn, "lost track of gnuplot: %s", strerror(errno));
-  else if (WIFSIGNALED(st)) snprintf(why, whyn, "gnuplot was killed by signal %d (see %s)", WTERMSIG(st), log_shown);
-  else if (WEXITSTATUS(st) == 127) snprintf(why, whyn, "gnuplot could not be started (see %s)", log_shown);
-  else if (WEXITSTATUS(st)) snprintf(why, whyn, "gnuplot failed with status %d (see %s)", WEXITSTATUS(st), log_shown);
-  else if (!png_whole(tmp_path)) snprintf(why, whyn, "gnuplot wrote an incomplete PNG (a full disk?)");
-  else if (rename(tmp_path, final)) snprintf(why, whyn, "rename to %s.png: %s", name, strerror(errno));
-  else rc = 0;
+  vl_status rc = VL_ERR_IO;
+  if (st == -1)
+    vl_err_set(e, VL_ERR_IO, "lost track of gnuplot: %s", strerror(errno));
+  else if (WIFSIGNALED(st))
+    vl_err_set(e, VL_ERR_IO, "gnuplot was killed by signal %d (see %s)", WTERMSIG(st), log_shown);
+  else if (WEXITSTATUS(st) == 127)
+    vl_err_set(e, VL_ERR_IO, "gnuplot could not be started (see %s)", log_shown);
+  else if (WEXITSTATUS(st))
+    vl_err_set(e, VL_ERR_IO, "gnuplot failed with status %d (see %s)", WEXITSTATUS(st), log_shown);
+  else if (!png_whole(tmp_path))
+    vl_err_set(e, VL_ERR_IO, "gnuplot wrote an incomplete PNG (a full disk?)");
+  else if (rename(tmp_path, final))
+    vl_err_set(e, VL_ERR_IO, "rename to %s.png: %s", name, strerror(errno));
+  else
+    rc = VL_OK;
   if (rc) {
     unlink(tmp_path);
     (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
@@ -236,10 +241,11 @@ static int render(const char *dir, const char *name, const char *log_shown, char
   return rc;
 }
 
-int vl_rep_gnuplot(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
+vl_status vl_rep_gnuplot(const char *dir, const char *name, const char *script, vl_err *e) {
   char log_shown[1200];
   snprintf(log_shown, sizeof log_shown, "%s/%s.gnuplot.log", dir, name);
-  return write_script(dir, name, script, why, whyn) ? -1 : render(dir, name, log_shown, why, whyn);
+  VL_TRY(write_script(dir, name, script, e));
+  return render(dir, name, log_shown, e);
 }
 
 void vl_rep_plot_missing(FILE *md, const char *dir, const char *name, const char *why) {
@@ -252,17 +258,19 @@ void vl_rep_plot_missing(FILE *md, const char *dir, const char *name, const char
 
 int vl_rep_plot(FILE *md, const char *dir, const char *case_id, bool gnuplot, const char *name,
                 const char *alt, const char *script) {
-  char why[1600] = "", log_shown[256];
+  char log_shown[256];
+  vl_err why = {0};
   snprintf(log_shown, sizeof log_shown, "`%s/%s.gnuplot.log`", case_id, name);
-  int rc = write_script(dir, name, script, why, sizeof why);
+  int rc = write_script(dir, name, script, &why) ? -1 : 0;
   if (!rc && !gnuplot) { /* the report says once that nothing is rendered */
     char png[1200];
     snprintf(png, sizeof png, "%s/%s.png", dir, name);
     unlink(png);
     return -1;
   }
-  if (!rc) rc = render(dir, name, log_shown, why, sizeof why);
-  if (rc) vl_rep_plot_missing(md, dir, name, why);
+  if (!rc) rc = render(dir, name, log_shown, &why) ? -1 : 0;
+  if (rc)
+    vl_rep_plot_missing(md, dir, name, why.msg);
   else fprintf(md, "![%s](%s/%s.png)\n\n", alt, case_id, name);
   return rc;
 }
@@ -274,17 +282,21 @@ int vl_rep_dat_open(vl_rep_dat *d) {
   return d->f ? 0 : -1;
 }
 
-int vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, char *why, size_t whyn) {
+vl_status vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, vl_err *e) {
   bool ok = d->f && !ferror(d->f);
   if (d->f && fclose(d->f)) ok = false;
   d->f = NULL;
-  char path[1200], err[1400];
-  int rc = -1;
-  if (!ok || !d->buf) snprintf(why, whyn, "cannot build %s: out of memory", name);
+  char path[1200];
+  vl_err werr;
+  vl_status rc = VL_ERR_IO;
+  if (!ok || !d->buf)
+    rc = vl_err_set(e, VL_ERR_OOM, "cannot build %s: out of memory", name);
   else if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-    snprintf(why, whyn, "the report folder's path is too long");
-  else if (vl_write_atomic(path, d->buf, err, sizeof err)) snprintf(why, whyn, "cannot write %s: %s", name, err);
-  else rc = 0;
+    vl_err_set(e, VL_ERR_IO, "the report folder's path is too long");
+  else if (vl_write_atomic(path, d->buf, &werr))
+    vl_err_set(e, VL_ERR_IO, "cannot write %s: %s", name, werr.msg);
+  else
+    rc = VL_OK;
   free(d->buf);
   d->buf = NULL;
   return rc;
@@ -298,9 +310,9 @@ static void dat_num(FILE *f, const char *fmt, double v) {
   else fputs(" NaN", f);
 }
 
-int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, char *why, size_t whyn) {
+vl_status vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, vl_err *e) {
   vl_rep_dat d;
-  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build %s: out of memory", name); return -1; }
+  if (vl_rep_dat_open(&d)) return vl_err_set(e, VL_ERR_OOM, "cannot build %s: out of memory", name);
   const cJSON *pt;
   if (cJSON_IsArray(pairs))
     cJSON_ArrayForEach(pt, pairs) {
@@ -308,11 +320,11 @@ int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, ch
       double y = cJSON_GetArraySize(pt) == 2 ? vl_rep_numv(cJSON_GetArrayItem(pt, 1)) : NAN;
       if (cJSON_IsArray(pt) && !isnan(x) && !isnan(y)) fprintf(d.f, "%g %.4f\n", x, y / 1e9);
     }
-  return vl_rep_dat_commit(&d, dir, name, why, whyn);
+  return vl_rep_dat_commit(&d, dir, name, e);
 }
 
-int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
-                           char *why, size_t whyn) {
+vl_status vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
+                                 vl_err *e) {
   static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
   static const char *col[] = {"#7b3294", "#1b9e77", "#80b1d3", "#e6ab02", "#f0e442",
                               "#377eb8", "#e41a1c", "#333333", "#a65628"};
@@ -327,9 +339,9 @@ int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title,
   }
   int ncat = 0;
   for (int i = 0; i < 9; i++) ncat += has[i];
-  if (!ncat) { snprintf(why, whyn, "the results hold no plan memory by category"); return -1; }
+  if (!ncat) return vl_err_set(e, VL_ERR_INVALID, "the results hold no plan memory by category");
   vl_rep_dat d;
-  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build mem_by_category.dat: out of memory"); return -1; }
+  if (vl_rep_dat_open(&d)) return vl_err_set(e, VL_ERR_OOM, "cannot build mem_by_category.dat: out of memory");
   fprintf(d.f, "index rung");
   for (int i = 0; i < 9; i++) fprintf(d.f, " %s", cats[i]);
   fprintf(d.f, " cap\n");
@@ -344,7 +356,7 @@ int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title,
     dat_num(d.f, " %.4f", vl_rep_num(p, "cap_bytes") / 1e9);
     fputc('\n', d.f);
   }
-  if (vl_rep_dat_commit(&d, dir, "mem_by_category.dat", why, whyn)) return -1;
+  VL_TRY(vl_rep_dat_commit(&d, dir, "mem_by_category.dat", e));
   char t[VL_REP_GP_MAX + 1];
   int sn = snprintf(script, n,
                     "set terminal png size 1000,560 noenhanced\nset output vl_png\n"
@@ -364,9 +376,7 @@ int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title,
   if (has[9] && sn > 0 && (size_t)sn < n)
     sn += snprintf(script + sn, n - (size_t)sn, ", '' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'");
   if (sn > 0 && (size_t)sn < n) sn += snprintf(script + sn, n - (size_t)sn, "\n");
-  if (sn < 0 || (size_t)sn >= n) {
-    snprintf(why, whyn, "the mem_by_category script does not fit its buffer");
-    return -1;
-  }
-  return 0;
+  if (sn < 0 || (size_t)sn >= n)
+    return vl_err_set(e, VL_ERR_INVALID, "the mem_by_category script does not fit its buffer");
+  return VL_OK;
 }

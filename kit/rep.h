@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "vramlab/core.h" /* vl_status, vl_err */
+
 /* ---- values of a results file --------------------------------------------- */
 double vl_rep_num(const cJSON *o, const char *k);            /* NaN when absent or not finite */
 double vl_rep_numv(const cJSON *v);                          /* the same for a value itself */
@@ -40,8 +42,9 @@ bool vl_rep_have_gnuplot(void);
 /* Write dir/name.gp (whole or not at all) and run gnuplot in dir (errors to
  * name.gnuplot.log) into a temp PNG that replaces dir/name.png only when gnuplot succeeded
  * and the PNG is whole. The script sets `set output vl_png` (the .gp defines vl_png as
- * 'name.png' when run by hand). name: [A-Za-z0-9_-]. 0, or -1 with the reason in why. */
-int vl_rep_gnuplot(const char *dir, const char *name, const char *script, char *why, size_t whyn);
+ * 'name.png' when run by hand). name: [A-Za-z0-9_-]. VL_OK, or a status with the reason
+ * in e. */
+vl_status vl_rep_gnuplot(const char *dir, const char *name, const char *script, vl_err *e);
 /* One plot of a report: writes the script, renders it when gnuplot is on, and writes into md
  * the image link, or a line saying that plot `name` is missing and why (a stale PNG of
  * another results file is removed). 0 when the PNG is there. */
@@ -53,15 +56,17 @@ void vl_rep_plot_missing(FILE *md, const char *dir, const char *name, const char
 /* A data file built in memory (fprintf into f) and then written whole or not at all. */
 typedef struct { FILE *f; char *buf; size_t len; } vl_rep_dat;
 int vl_rep_dat_open(vl_rep_dat *d); /* 0, or -1 (out of memory) */
-/* Writes dir/name through a temp file and a rename, and frees d; 0, or -1 with why. */
-int vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, char *why, size_t whyn);
+/* Writes dir/name through a temp file and a rename, and frees d; VL_OK, or a status with
+ * why in e. */
+vl_status vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, vl_err *e);
 
 /* [x, bytes] pairs of a JSON array as "x GB" lines in dir/name (entries that are no pair of
- * numbers are skipped); 0, or -1 with why. */
-int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, char *why, size_t whyn);
+ * numbers are skipped); VL_OK, or a status with why in e. */
+vl_status vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, vl_err *e);
 /* dir/mem_by_category.dat (each rung's plan by_category at the peak, GB, and its cap) and
- * the gnuplot script of a stacked bar chart of it into script; 0, or -1 with why. */
-int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
-                           char *why, size_t whyn);
+ * the gnuplot script of a stacked bar chart of it into script; VL_OK, or a status with why
+ * in e. */
+vl_status vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
+                                 vl_err *e);
 
 #endif

@@ -161,8 +161,8 @@ static void test_broken_peers(void **state) {
 /* A results object as `vramlab run llm-lora --scale tiny` leaves it before the extra hook:
  * the baseline rung (its knobs resolved) with one run. */
 static cJSON *tiny_results(const char *case_id, const char *rung, vl_ladder *L) {
-  char err[512];
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, case_id, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, case_id, &err), 0);
   assert_int_equal(vl_knob_set(&L->setting, "seed", "3"), 0);
   cJSON *res = cJSON_CreateObject();
   cJSON *rungs = cJSON_AddArrayToObject(res, "rungs");
@@ -194,7 +194,7 @@ static cJSON *llm_extra_with(const char *interp) {
   if (old) setenv("VRAMLAB_PYTHON", old, 1);
   else unsetenv("VRAMLAB_PYTHON");
   free(old);
-  if (s != VL_OK) fail_msg("the extra failed: %s", env.err);
+  if (s != VL_OK) fail_msg("the extra failed: %s", env.err.msg);
   return res;
 }
 
@@ -310,7 +310,7 @@ static void test_dataloader_references_without_pytorch(void **state) {
   if (old) setenv("VRAMLAB_PYTHON", old, 1);
   else unsetenv("VRAMLAB_PYTHON");
   free(old);
-  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err);
+  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err.msg);
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
   assert_non_null(strstr(vl_rep_str(cm, "torch_not_measured"), "pip install torch torchvision pillow"));
   assert_non_null(strstr(vl_rep_str(cm, "torch_decode_jpeg_not_measured"), "io.decode_jpeg"));

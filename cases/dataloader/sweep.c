@@ -79,7 +79,7 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
   const cJSON *last = cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"),
                                          cJSON_GetArraySize(cJSON_GetObjectItem(res, "rungs")) - 1);
   VL_TRY(vl_case_knobs_of(env, last, &k));
-  VL_TRY(vl_case_knob_set(env, &k, "collate", "batched"));
+  VL_TRY(vl_knob_set_err(&k, "collate", "batched", &env->err));
   vl_dl_cfg d;
   VL_TRY(vl_dl_parse(env, env->scale, &k, &d));
   vl_jpegset *js = NULL;

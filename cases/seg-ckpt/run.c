@@ -236,7 +236,7 @@ vl_status vl_segcase_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
     cfg.total = R.epoch_start + steps_per_epoch;
     if (s == VL_OK) s = vl_run_loop(m, &cfg, &res);
     if (s == VL_OK && (s = vl_segrung_evaluate(env, m, &r, es, &acc[e], &miou[e])) != VL_OK)
-      snprintf(lerr, sizeof lerr, "%s", env->err);
+      snprintf(lerr, sizeof lerr, "%s", env->err.msg);
     if (s == VL_OK) R.epochs_done = e + 1;
     if (s == VL_OK && !env->quiet)
       vl_progress("  epoch %ld: held-out pixel accuracy %.4f, mIoU %.4f", e + 1, acc[e], miou[e]);

@@ -21,10 +21,11 @@ static const char *gp_num(const char *fmt, double v, char *b, size_t n) {
 }
 
 static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
-  char s[4096], why[1600], name[VL_REP_GP_MAX + 1];
+  char s[4096], name[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned, 512x512, batch as configured)",
-                             s, sizeof s, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "mem_by_category", why);
+                             s, sizeof s, &why))
+    vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
   const cJSON *last = NULL, *r;
@@ -33,8 +34,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(last, "name")), false, name, sizeof name);
   if (!cJSON_GetArraySize(bc)) {
     vl_rep_plot_missing(md, dir, "batch", "the results hold no batch curve for the last rung");
-  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "batch", why);
+  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, &why)) {
+    vl_rep_plot_missing(md, dir, "batch", why.msg);
   } else {
     double a = vl_rep_num(lp, "fit_base_bytes") / 1e9, b = vl_rep_num(lp, "fit_per_sample_bytes") / 1e9,
            cap = vl_rep_num(lp, "cap_bytes") / 1e9;
@@ -82,8 +83,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     nr++;
   }
-  if (vl_rep_dat_commit(&d, dir, "accuracy.dat", why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "accuracy", why);
+  if (vl_rep_dat_commit(&d, dir, "accuracy.dat", &why)) {
+    vl_rep_plot_missing(md, dir, "accuracy", why.msg);
   } else if (nr) {
     snprintf(s, sizeof s,
              "set terminal png size 900,480 noenhanced\nset output vl_png\n"
