@@ -4,8 +4,8 @@
  * the report's side-by-side section. Shared by llm-lora and seg-ckpt (llm_torch.c,
  * seg_torch.c map their rungs to the peer's config). A peer that is missing, fails, prints garbage or
  * stalls is a "not measured here" with the reason, never a failure of the bench. */
-#ifndef VRAMLAB_CASES_PEERS_H
-#define VRAMLAB_CASES_PEERS_H
+#ifndef VRAMLAB_KIT_PEERS_H
+#define VRAMLAB_KIT_PEERS_H
 
 #include <stdbool.h>
 #include <stdio.h>
