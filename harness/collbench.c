@@ -23,8 +23,8 @@
 #include <strings.h>
 
 #include "collbench.h"
-#include "mpirun.h"
-#include "parse.h"
+#include "kit/mpirun.h"
+#include "kit/parse.h"
 #include "engine/kernels/kcommon.h"
 #include "vramlab/backend.h"
 #include "vramlab/dist.h"
@@ -183,7 +183,8 @@ static int parse_args(int argc, char **argv, cb_args *a) {
 /* ---- outside mpirun: run ourselves under it ------------------------------------------------ */
 
 static int relaunch(int argc, char **argv, const cb_args *a) {
-  char exe[PATH_MAX], err[512] = "";
+  char exe[PATH_MAX];
+  vl_err err = {0};
   if (vl_self_exe(exe, sizeof exe)) {
     fprintf(stderr, "vramlab: bench %s: cannot find this executable (/proc/self/exe)\n", a->coll);
     return 2;
@@ -194,9 +195,9 @@ static int relaunch(int argc, char **argv, const cb_args *a) {
   cmd[1] = "bench";
   for (int i = 0; i < argc; i++) cmd[i + 2] = argv[i];
   vl_mpirun_opts o = {a->ranks, a->oversubscribe, 1, a->timeout, NULL};
-  int st = vl_mpirun(&o, cmd, err, sizeof err);
+  int st = vl_mpirun(&o, cmd, &err);
   free(cmd);
-  if (st == -1 || st == 124) fprintf(stderr, "vramlab: bench %s: %s\n", a->coll, err);
+  if (st == -1 || st == 124) fprintf(stderr, "vramlab: bench %s: %s\n", a->coll, err.msg);
   return st == -1 ? 2 : st;
 }
 

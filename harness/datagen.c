@@ -9,7 +9,7 @@
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "datasets/synth.h"
-#include "harness.h"
+#include "kit/util.h"
 #include "vramlab/core.h"
 
 static void progress(int64_t done, int64_t total, void *user) {

@@ -10,7 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "report.h"
 
 #define MAX_CASES 16
@@ -44,21 +45,22 @@ static void load_all(const char *reports_dir, case_res *cr, int *n) {
     case_res *x = &cr[(*n)++];
     memset(x, 0, sizeof *x);
     x->c = all[i];
-    char path[1200], err[512];
+    char path[1200];
+    vl_err err;
     snprintf(path, sizeof path, "%s/%s/results.json", reports_dir, x->c->id);
-    if (vl_ladder_load(&x->L, VRAMLAB_SOURCE_DIR, x->c->id, err, sizeof err)) {
+    if (vl_ladder_load(&x->L, VRAMLAB_SOURCE_DIR, x->c->id, &err)) {
       snprintf(x->why, sizeof x->why, "its ladder does not load");
       continue;
     }
     size_t len;
-    char *text = vl_read_file_max(path, VL_RESULTS_MAX_BYTES, &len, err, sizeof err);
+    char *text = vl_read_file_max(path, VL_RESULTS_MAX_BYTES, &len, &err);
     if (!text) {
       snprintf(x->why, sizeof x->why, "no results yet (`make bench CASE=%s`)", x->c->id);
       continue;
     }
     x->res = cJSON_Parse(text);
     free(text);
-    if (!x->res || vl_results_validate(x->res, x->c, &x->L, err, sizeof err)) {
+    if (!x->res || vl_results_validate(x->res, x->c, &x->L, &err)) {
       snprintf(x->why, sizeof x->why, "its results file is unreadable");
       cJSON_Delete(x->res);
       x->res = NULL;
@@ -263,17 +265,14 @@ static void failures(FILE *md, case_res *cr, int n) {
     fprintf(md, "not measurable: no planned extent in the results.\n\n");
 }
 
-int vl_index_write(const char *reports_dir, const char *regress_line, char *err, size_t errn) {
+vl_status vl_index_write(const char *reports_dir, const char *regress_line, vl_err *e) {
   static case_res cr[MAX_CASES];
   int n;
   load_all(reports_dir, cr, &n);
   char *buf = NULL;
   size_t len = 0;
   FILE *md = open_memstream(&buf, &len);
-  if (!md) {
-    snprintf(err, errn, "cannot build the index: %s", strerror(errno));
-    return -1;
-  }
+  if (!md) return vl_err_set(e, VL_ERR_OOM, "cannot build the index: %s", strerror(errno));
   char stamp[32];
   time_t t = time(NULL);
   strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M UTC", gmtime(&t));
@@ -294,11 +293,10 @@ int vl_index_write(const char *reports_dir, const char *regress_line, char *err,
   for (int i = 0; i < n; i++) cJSON_Delete(cr[i].res);
   bool ok = !ferror(md);
   if (fclose(md)) ok = false;
-  int rc = -1;
   char path[1200];
   snprintf(path, sizeof path, "%s/index.md", reports_dir);
-  if (!ok || !buf) snprintf(err, errn, "cannot build the index: out of memory");
-  else rc = vl_write_atomic(path, buf, err, errn);
+  vl_status rc = !ok || !buf ? vl_err_set(e, VL_ERR_OOM, "cannot build the index: out of memory")
+                             : vl_write_atomic(path, buf, e);
   free(buf);
   return rc;
 }

@@ -7,9 +7,11 @@
 
 #include <stddef.h>
 
+#include "vramlab/core.h" /* vl_status, vl_err */
+
 /* Write <reports_dir>/index.md atomically. regress_line: one markdown line about the last
- * regression run (NULL: none this time; a previous reports/regress.md is linked). 0, or -1
- * with the reason in err. */
-int vl_index_write(const char *reports_dir, const char *regress_line, char *err, size_t errn);
+ * regression run (NULL: none this time; a previous reports/regress.md is linked). VL_OK, or
+ * a status with the reason in e. */
+vl_status vl_index_write(const char *reports_dir, const char *regress_line, vl_err *e);
 
 #endif

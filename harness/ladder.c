@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h" /* vl_case_find: the metrics and knobs a registered case declares */
-#include "harness.h"
-#include "parse.h"
+#include "kit/parse.h"
+#include "ladder.h"
+#include "registry.h" /* vl_case_find: the metrics and knobs a registered case declares */
 
 /* gcc: the build turns -Wformat-truncation off for every file (message buffers elsewhere
  * trip it); in this file every path, name and value copy is length-checked, so a copy that
@@ -26,84 +26,6 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic error "-Wformat-truncation"
 #endif
-
-/* ---- knobs ----------------------------------------------------------------------------- */
-
-const char *vl_knob_get(const vl_knobs *ks, const char *key) {
-  for (int i = 0; i < ks->n; i++)
-    if (!strcmp(ks->k[i].key, key)) return ks->k[i].val;
-  return NULL;
-}
-
-/* Whether key=val may be stored at all (a message naming the knob and the limit if not). */
-static int knob_check(const char *key, const char *val, char *err, size_t errn) {
-  size_t kl = strlen(key), vl = strlen(val);
-  if (kl == 0) { snprintf(err, errn, "a knob needs a name (got '=%.40s')", val); return -1; }
-  if (kl >= VL_KNOB_KEY_LEN) {
-    snprintf(err, errn, "knob name '%s' is %zu characters long (limit %d)", key, kl, VL_KNOB_KEY_LEN - 1);
-    return -1;
-  }
-  if (vl == 0) {
-    snprintf(err, errn, "knob '%s': empty value (an empty value is never meaningful: leave the knob out for its default)", key);
-    return -1;
-  }
-  if (vl >= VL_KNOB_VAL_LEN) {
-    snprintf(err, errn, "knob '%s': value is %zu characters long (limit %d)", key, vl, VL_KNOB_VAL_LEN - 1);
-    return -1;
-  }
-  return 0;
-}
-
-int vl_knob_set_err(vl_knobs *ks, const char *key, const char *val, char *err, size_t errn) {
-  char none[1];
-  if (!err || !errn) { err = none; errn = sizeof none; }
-  if (knob_check(key, val, err, errn)) return -1;
-  size_t vl = strlen(val) + 1; /* lengths checked: the copies below cannot truncate */
-  for (int i = 0; i < ks->n; i++)
-    if (!strcmp(ks->k[i].key, key)) { memcpy(ks->k[i].val, val, vl); return 0; }
-  if (ks->n >= VL_MAX_KNOBS) {
-    snprintf(err, errn, "knob '%s': too many knobs (limit %d)", key, VL_MAX_KNOBS);
-    return -1;
-  }
-  memcpy(ks->k[ks->n].key, key, strlen(key) + 1);
-  memcpy(ks->k[ks->n].val, val, vl);
-  ks->n++;
-  return 0;
-}
-
-int vl_knob_set(vl_knobs *ks, const char *key, const char *val) {
-  return vl_knob_set_err(ks, key, val, NULL, 0);
-}
-
-int vl_knobs_apply_list(vl_knobs *ks, const char *list, char *err, size_t errn) {
-  if (!*list) { snprintf(err, errn, "empty list (expected key=value,key=value)"); return -1; }
-  char key[VL_KNOB_KEY_LEN], e2[256];
-  for (const char *p = list;;) {
-    const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
-    const char *eq = memchr(p, '=', (size_t)(end - p));
-    if (!eq || eq == p) {
-      snprintf(err, errn, "'%.*s' is not key=value", (int)(end - p), p);
-      return -1;
-    }
-    if ((size_t)(eq - p) >= sizeof key) {
-      snprintf(err, errn, "knob name '%.*s' is %d characters long (limit %zu)", (int)(eq - p), p, (int)(eq - p),
-               sizeof key - 1);
-      return -1;
-    }
-    memcpy(key, p, (size_t)(eq - p));
-    key[eq - p] = 0;
-    size_t vl = (size_t)(end - eq - 1);
-    char *val = malloc(vl + 1);
-    if (!val) { snprintf(err, errn, "out of host memory"); return -1; }
-    memcpy(val, eq + 1, vl);
-    val[vl] = 0;
-    int rc = vl_knob_set_err(ks, key, val, e2, sizeof e2);
-    free(val);
-    if (rc) { snprintf(err, errn, "%s", e2); return -1; }
-    if (!comma) return 0;
-    p = comma + 1;
-  }
-}
 
 /* ---- the line reader and the strict checks common to both files ---------------------- */
 
@@ -277,13 +199,13 @@ static int on_ladder(void *user, const char *section, const char *name, const ch
   load_ctx *c = user;
   vl_ladder *L = c->L;
   if (!check_key(c, section, name, value)) return 0;
-  char e2[256];
+  vl_err e2;
   if (!strcmp(section, "case")) {
     /* a registered case reads only the settings it declares: a typo is an error, not a
      * setting that silently does nothing */
     vl_case_env e3 = {0}; /* only for the message (vl_case_fail) */
-    if (c->vc && vl_case_check_setting(&e3, c->vc, name) != VL_OK) return fail_at(c, c->line, "%s", e3.err);
-    if (vl_knob_set_err(&L->setting, name, value, e2, sizeof e2)) return fail_at(c, c->line, "[case]: %s", e2);
+    if (c->vc && vl_case_check_setting(&e3, c->vc, name) != VL_OK) return fail_at(c, c->line, "%s", e3.err.msg);
+    if (vl_knob_set_err(&L->setting, name, value, &e2)) return fail_at(c, c->line, "[case]: %s", e2.msg);
     return 1;
   }
   int i = vl_ladder_find(L, section);
@@ -305,7 +227,7 @@ static int on_ladder(void *user, const char *section, const char *name, const ch
     memcpy(r->label, value, n + 1);
     return 1;
   }
-  if (vl_knob_set_err(&r->knobs, name, value, e2, sizeof e2)) return fail_at(c, c->line, "rung [%s]: %s", section, e2);
+  if (vl_knob_set_err(&r->knobs, name, value, &e2)) return fail_at(c, c->line, "rung [%s]: %s", section, e2.msg);
   return 1;
 }
 
@@ -341,9 +263,9 @@ static vl_claim *claim_get(load_ctx *c, const char *id) {
 static int check_set(load_ctx *c, const vl_claim *cl, const char *name, const char *value) {
   vl_knobs *k = calloc(1, sizeof *k);
   if (!k) return fail_at(c, c->line, "out of host memory");
-  char e2[256];
+  vl_err e2;
   int ok = 1;
-  if (vl_knobs_apply_list(k, value, e2, sizeof e2)) ok = fail_at(c, c->line, "claim [%s]: %s: %s", cl->id, name, e2);
+  if (vl_knobs_apply_list(k, value, &e2)) ok = fail_at(c, c->line, "claim [%s]: %s: %s", cl->id, name, e2.msg);
   for (int i = 0; ok && c->vc && i < k->n; i++)
     if (!vl_case_knob(c->vc, k->k[i].key, VL_KNOB_RUNG))
       ok = fail_at(c, c->line, "claim [%s]: %s: '%s' is not a knob of %s", cl->id, name, k->k[i].key, c->vc->id);
@@ -430,8 +352,8 @@ int vl_ladder_find(const vl_ladder *L, const char *rung) {
   return -1;
 }
 
-/* One file's text through inih; the first error (ours or inih's) into err. */
-static int parse_text(load_ctx *c, const char *text, ini_handler h, char *err, size_t errn) {
+/* One file's text through inih; the first error (ours or inih's) into e. */
+static vl_status parse_text(load_ctx *c, const char *text, ini_handler h, vl_err *e) {
   c->text = text;
   c->pos = 0;
   c->line = 0;
@@ -440,50 +362,48 @@ static int parse_text(load_ctx *c, const char *text, ini_handler h, char *err, s
   c->failed = false;
   c->err_line = c->err_seen = 0;
   int rc = ini_parse_stream(read_line, c, h, c);
-  if (rc == -2) { snprintf(err, errn, "%s: out of host memory", c->file); return -1; }
+  if (rc == -2) return vl_err_set(e, VL_ERR_OOM, "%s: out of host memory", c->file);
   /* inih goes on after a malformed line and reports the first; our checks stop at theirs:
    * the one found first is the error (a malformed line inih saw before ours was found) */
-  if (rc > 0 && (!c->failed || rc < c->err_seen)) {
-    snprintf(err, errn, "%s:%d: malformed line (expected [section], key = value or ; comment)", c->file, rc);
-    return -1;
-  }
-  if (c->failed) { snprintf(err, errn, "%s", c->err); return -1; }
-  return 0;
+  if (rc > 0 && (!c->failed || rc < c->err_seen))
+    return vl_err_set(e, VL_ERR_INVALID, "%s:%d: malformed line (expected [section], key = value or ; comment)",
+                      c->file, rc);
+  if (c->failed) return vl_err_set(e, VL_ERR_INVALID, "%s", c->err);
+  return VL_OK;
 }
 
-int vl_ladder_parse(vl_ladder *L, const char *case_id, const char *ladder_text, const char *claims_text,
-                    const char *name, char *err, size_t errn) {
+vl_status vl_ladder_parse(vl_ladder *L, const char *case_id, const char *ladder_text, const char *claims_text,
+                          const char *name, vl_err *e) {
   memset(L, 0, sizeof *L);
-  if (strlen(case_id) >= sizeof L->case_id) {
-    snprintf(err, errn, "case id '%s' is %zu characters long (limit %zu)", case_id, strlen(case_id),
-             sizeof L->case_id - 1);
-    return -1;
-  }
+  if (strlen(case_id) >= sizeof L->case_id)
+    return vl_err_set(e, VL_ERR_INVALID, "case id '%s' is %zu characters long (limit %zu)", case_id, strlen(case_id),
+                      sizeof L->case_id - 1);
   snprintf(L->case_id, sizeof L->case_id, "%s", case_id);
   load_ctx *c = calloc(1, sizeof *c);
   char *file = malloc(strlen(name) + 16);
   if (!c || !file) {
     free(c);
     free(file);
-    snprintf(err, errn, "out of host memory");
-    return -1;
+    return vl_err_set(e, VL_ERR_OOM, "out of host memory");
   }
   c->L = L;
   c->vc = vl_case_find(case_id);
   c->file = file;
-  int rc = -1;
+  vl_status rc;
   sprintf(file, "%s/ladder.ini", name);
   c->what = "rung";
   c->name_max = sizeof L->rungs[0].name - 1;
-  if (parse_text(c, ladder_text, on_ladder, err, errn)) goto out;
-  if (L->n_rungs == 0) { snprintf(err, errn, "%s: no rungs", file); goto out; }
+  if ((rc = parse_text(c, ladder_text, on_ladder, e))) goto out;
+  if (L->n_rungs == 0) {
+    rc = vl_err_set(e, VL_ERR_INVALID, "%s: no rungs", file);
+    goto out;
+  }
   sprintf(file, "%s/claims.ini", name);
   c->what = "claim";
   c->name_max = sizeof L->claims[0].id - 1;
-  if (parse_text(c, claims_text ? claims_text : "", on_claims, err, errn)) goto out;
+  if ((rc = parse_text(c, claims_text ? claims_text : "", on_claims, e))) goto out;
   for (int k = 0; k < L->n_claims && !c->failed; k++) check_claim(c, k);
-  if (c->failed) { snprintf(err, errn, "%s", c->err); goto out; }
-  rc = 0;
+  if (c->failed) rc = vl_err_set(e, VL_ERR_INVALID, "%s", c->err);
 out:
   free(file);
   free(c);
@@ -491,31 +411,37 @@ out:
 }
 
 /* A file's text, refusing one with a NUL byte (the parser would stop there silently). */
-static char *read_text(const char *path, char *err, size_t errn) {
+static char *read_text(const char *path, vl_err *e) {
   size_t n = 0;
   char *t = vl_read_file(path, &n);
-  if (!t) { snprintf(err, errn, "cannot open %s", path); return NULL; }
+  if (!t) {
+    vl_err_set(e, VL_ERR_IO, "cannot open %s", path);
+    return NULL;
+  }
   if (strlen(t) != n) {
-    snprintf(err, errn, "%s: a NUL byte at offset %zu (not a text file)", path, strlen(t));
+    vl_err_set(e, VL_ERR_INVALID, "%s: a NUL byte at offset %zu (not a text file)", path, strlen(t));
     free(t);
     return NULL;
   }
   return t;
 }
 
-int vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, char *err, size_t errn) {
+vl_status vl_ladder_load(vl_ladder *L, const char *dir, const char *case_id, vl_err *e) {
   memset(L, 0, sizeof *L);
   size_t pn = strlen(dir) + strlen(case_id) + 32;
   char *base = malloc(pn), *path = malloc(pn);
   char *lt = NULL, *ct = NULL;
-  int rc = -1;
-  if (!base || !path) { snprintf(err, errn, "out of host memory"); goto out; }
+  vl_status rc = VL_ERR_IO; /* a file read_text refused */
+  if (!base || !path) {
+    rc = vl_err_set(e, VL_ERR_OOM, "out of host memory");
+    goto out;
+  }
   snprintf(base, pn, "%s/cases/%s", dir, case_id);
   snprintf(path, pn, "%s/ladder.ini", base);
-  if (!(lt = read_text(path, err, errn))) goto out;
+  if (!(lt = read_text(path, e))) goto out;
   snprintf(path, pn, "%s/claims.ini", base);
-  if (!(ct = read_text(path, err, errn))) goto out;
-  rc = vl_ladder_parse(L, case_id, lt, ct, base, err, errn);
+  if (!(ct = read_text(path, e))) goto out;
+  rc = vl_ladder_parse(L, case_id, lt, ct, base, e);
 out:
   free(base);
   free(path);
@@ -524,16 +450,16 @@ out:
   return rc;
 }
 
-int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
+vl_status vl_ladder_set(vl_ladder *L, const char *a, vl_err *e) {
   const char *eq = strchr(a, '=');
-  if (!eq || eq == a) { snprintf(err, errn, "--set '%s': expected key=value or rung.key=value", a); return -1; }
+  if (!eq || eq == a) return vl_err_set(e, VL_ERR_INVALID, "--set '%s': expected key=value or rung.key=value", a);
   /* "rung.key": a rung name and a knob name, each with its own limit */
-  char key[sizeof L->rungs[0].name + VL_KNOB_KEY_LEN + 1], e2[300];
+  char key[sizeof L->rungs[0].name + VL_KNOB_KEY_LEN + 1];
+  vl_err e2;
   size_t kl = (size_t)(eq - a);
-  if (kl >= sizeof key) {
-    snprintf(err, errn, "--set '%.*s': the name is %zu characters long (limit %zu)", (int)kl, a, kl, sizeof key - 1);
-    return -1;
-  }
+  if (kl >= sizeof key)
+    return vl_err_set(e, VL_ERR_INVALID, "--set '%.*s': the name is %zu characters long (limit %zu)", (int)kl, a, kl,
+                      sizeof key - 1);
   memcpy(key, a, kl);
   key[kl] = 0;
   const char *val = eq + 1;
@@ -541,7 +467,7 @@ int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
   const char *k = dot ? dot + 1 : key;
   if (dot) *dot = 0;
   /* checked once up front, so a refused value changes no rung */
-  if (knob_check(k, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
+  if (vl_knob_check(k, val, &e2)) return vl_err_set(e, VL_ERR_INVALID, "--set: %s", e2.msg);
   if (!dot) {
     /* a case setting (one the ladder sets, or one a registered case declares as a setting
      * and not as a rung knob), or a knob for every rung; for a registered case, a name it
@@ -552,23 +478,21 @@ int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
       char kn[1024], st[1024];
       vl_case_known_names(vc, VL_KNOB_RUNG, kn, sizeof kn);
       vl_case_known_names(vc, VL_KNOB_SETTING, st, sizeof st);
-      snprintf(err, errn, "--set: '%s' is neither a knob nor a setting of %s (knobs: %s; settings: %s)", key,
-               vc->id, kn, st);
-      return -1;
+      return vl_err_set(e, VL_ERR_INVALID,
+                        "--set: '%s' is neither a knob nor a setting of %s (knobs: %s; settings: %s)", key, vc->id, kn,
+                        st);
     }
     if (vl_knob_get(&L->setting, key) || (vc && !rung_knob)) {
-      if (vl_knob_set_err(&L->setting, key, val, e2, sizeof e2)) { snprintf(err, errn, "--set: %s", e2); return -1; }
-      return 0;
+      if (vl_knob_set_err(&L->setting, key, val, &e2)) return vl_err_set(e, VL_ERR_INVALID, "--set: %s", e2.msg);
+      return VL_OK;
     }
     for (int i = 0; i < L->n_rungs; i++)
-      if (vl_knob_set_err(&L->rungs[i].knobs, key, val, e2, sizeof e2)) {
-        snprintf(err, errn, "--set: rung '%s': %s", L->rungs[i].name, e2);
-        return -1;
-      }
-    return 0;
+      if (vl_knob_set_err(&L->rungs[i].knobs, key, val, &e2))
+        return vl_err_set(e, VL_ERR_INVALID, "--set: rung '%s': %s", L->rungs[i].name, e2.msg);
+    return VL_OK;
   }
   int i = vl_ladder_find(L, key);
-  if (i < 0) { snprintf(err, errn, "--set: unknown rung '%s'", key); return -1; }
+  if (i < 0) return vl_err_set(e, VL_ERR_INVALID, "--set: unknown rung '%s'", key);
   const char *old = vl_knob_get(&L->rungs[i].knobs, k);
   char oldv[VL_KNOB_VAL_LEN];
   snprintf(oldv, sizeof oldv, "%s", old ? old : ""); /* a stored value always fits */
@@ -576,10 +500,8 @@ int vl_ladder_set(vl_ladder *L, const char *a, char *err, size_t errn) {
   for (int j = i; j < L->n_rungs; j++) {
     const char *cur = vl_knob_get(&L->rungs[j].knobs, k);
     if (j > i && cur && strcmp(cur, oldv)) break;
-    if (vl_knob_set_err(&L->rungs[j].knobs, k, val, e2, sizeof e2)) {
-      snprintf(err, errn, "--set: rung '%s': %s", L->rungs[j].name, e2);
-      return -1;
-    }
+    if (vl_knob_set_err(&L->rungs[j].knobs, k, val, &e2))
+      return vl_err_set(e, VL_ERR_INVALID, "--set: rung '%s': %s", L->rungs[j].name, e2.msg);
   }
-  return 0;
+  return VL_OK;
 }

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "vramlab/backend.h"
 
 /* The cases to list: all, or the one named (*n = 0 when it is not registered). */
@@ -63,9 +64,9 @@ cJSON *vl_list_json(const char *case_id) {
     cJSON *kn = cJSON_AddArrayToObject(o, "knobs");
     for (int j = 0; c->knobs[j].name; j++) cJSON_AddItemToArray(kn, knob_json(&c->knobs[j]));
     for (int j = 0; vl_harness_settings[j].name; j++) cJSON_AddItemToArray(kn, knob_json(&vl_harness_settings[j]));
-    char err[512];
-    if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) {
-      cJSON_AddStringToObject(o, "ladder_error", err);
+    vl_err err;
+    if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, &err)) {
+      cJSON_AddStringToObject(o, "ladder_error", err.msg);
       continue;
     }
     cJSON_AddItemToObject(o, "setting", knobs_obj(&L->setting));
@@ -89,8 +90,8 @@ cJSON *vl_list_json(const char *case_id) {
 /* One case as text: summary, scales, steps; with `knobs`, every knob and setting too. */
 static void print_case(const vl_case *c, vl_ladder *L, bool knobs) {
   printf("%-12s %s\n", c->id, c->summary);
-  char err[256];
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { printf("  (ladder: %s)\n", err); return; }
+  vl_err err;
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, &err)) { printf("  (ladder: %s)\n", err.msg); return; }
   printf("  scales:");
   for (int j = 0; c->scales[j]; j++) printf(" %s", c->scales[j]);
   printf("\n  steps:\n");

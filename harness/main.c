@@ -9,14 +9,15 @@
 #include <strings.h>
 #include <time.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "collbench.h"
 #include "index.h"
 #include "regress.h"
 #include "datagen.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "list.h"
-#include "parse.h"
+#include "kit/parse.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
 #include "report.h"
@@ -190,12 +191,12 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
     fprintf(stderr, "\n");
     return NULL;
   }
-  char err[512];
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
+  vl_err err;
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, &err)) { fprintf(stderr, "vramlab: %s\n", err.msg); return NULL; }
   for (int i = 0; i < a->nsets; i++)
-    if (vl_ladder_set(L, a->sets[i], err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return NULL; }
-  if (a->vram && vl_knob_set_err(&L->setting, "card", a->vram, err, sizeof err)) {
-    fprintf(stderr, "vramlab: --vram: %s\n", err);
+    if (vl_ladder_set(L, a->sets[i], &err)) { fprintf(stderr, "vramlab: %s\n", err.msg); return NULL; }
+  if (a->vram && vl_knob_set_err(&L->setting, "card", a->vram, &err)) {
+    fprintf(stderr, "vramlab: --vram: %s\n", err.msg);
     return NULL;
   }
   /* the case's messages: its env's (vl_case_fail), printed here */
@@ -210,22 +211,22 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
       fprintf(stderr, "vramlab: --model-config: %s takes no model config\n", c->id);
       return NULL;
     }
-    if (vl_knob_set_err(&L->setting, "model_config", a->model_config, err, sizeof err)) {
-      fprintf(stderr, "vramlab: --model-config: %s\n", err);
+    if (vl_knob_set_err(&L->setting, "model_config", a->model_config, &err)) {
+      fprintf(stderr, "vramlab: --model-config: %s\n", err.msg);
       return NULL;
     }
   }
   if (a->scale && !valid_scale(c, a->scale)) { fprintf(stderr, "vramlab: unknown scale '%s' (tiny, small, full)\n", a->scale); return NULL; }
   /* the setting alone first (a rung without knobs), so its errors do not name a rung */
   static const vl_knobs no_knobs;
-  if (c->check && c->check(&env, &no_knobs) != VL_OK) { fprintf(stderr, "vramlab: %s\n", env.err); return NULL; }
+  if (c->check && c->check(&env, &no_knobs) != VL_OK) { fprintf(stderr, "vramlab: %s\n", env.err.msg); return NULL; }
   for (int i = 0; i < L->n_rungs; i++) {
     if (vl_case_check_knobs(&env, c, L->rungs[i].name, &L->rungs[i].knobs) != VL_OK) {
-      fprintf(stderr, "vramlab: %s\n", env.err);
+      fprintf(stderr, "vramlab: %s\n", env.err.msg);
       return NULL;
     }
     if (c->check && c->check(&env, &L->rungs[i].knobs) != VL_OK) {
-      fprintf(stderr, "vramlab: rung '%s': %s\n", L->rungs[i].name, env.err);
+      fprintf(stderr, "vramlab: rung '%s': %s\n", L->rungs[i].name, env.err.msg);
       return NULL;
     }
   }
@@ -251,7 +252,7 @@ static int cmd_plan(const args *a) {
     if (a->step && strcmp(a->step, L.rungs[i].name)) continue;
     cJSON *o = cJSON_CreateObject();
     if (c->plan(&env, env.scale, &L.rungs[i].knobs, o) != VL_OK) {
-      fprintf(stderr, "vramlab: plan %s: %s\n", L.rungs[i].name, env.err);
+      fprintf(stderr, "vramlab: plan %s: %s\n", L.rungs[i].name, env.err.msg);
       cJSON_Delete(o);
       rc = 1;
       break;
@@ -338,7 +339,8 @@ static int ckpt_options(const args *a, const vl_case *c, vl_device dev, char *re
  * a rung that failed) goes to <stamp>-failed.json alone: the results of the runs before it,
  * latest.json and a stamp of the same second included, stay as they were. */
 static int write_results(const char *out, const char *case_id, cJSON *res, bool failed, char *path, size_t pn) {
-  char dir[PATH_MAX], latest[PATH_MAX], err[512], stamp[32];
+  char dir[PATH_MAX], latest[PATH_MAX], stamp[32];
+  vl_err err;
   time_t t = time(NULL);
   strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", gmtime(&t));
   /* every path checked before anything is made or written */
@@ -348,10 +350,10 @@ static int write_results(const char *out, const char *case_id, cJSON *res, bool 
     return -1;
   if (vl_mkdir_p(dir)) { fprintf(stderr, "vramlab: cannot create %s\n", dir); return -1; }
   char *text = cJSON_Print(res);
-  int rc = vl_write_atomic(path, text, err, sizeof err);
-  if (!rc && !failed) rc = vl_write_atomic(latest, text, err, sizeof err);
+  int rc = vl_write_atomic(path, text, &err) ? -1 : 0;
+  if (!rc && !failed) rc = vl_write_atomic(latest, text, &err) ? -1 : 0;
   free(text);
-  if (rc) fprintf(stderr, "vramlab: %s\n", err);
+  if (rc) fprintf(stderr, "vramlab: %s\n", err.msg);
   return rc;
 }
 
@@ -364,9 +366,9 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   const char *scale = a->scale ? a->scale : (dev == VL_DEV_CUDA ? "full" : "small");
   vl_case_env env = {.scale = scale, .device = dev, .setting = &L.setting, .quiet = a->quiet,
                      .profile = a->profile != 0};
-  char err[512];
+  vl_err err;
   long reps;
-  if (vl_knob_int(&L.setting, "reps", vl_harness_settings, 1, 100, &reps, err, sizeof err)) { fprintf(stderr, "vramlab: %s\n", err); return 2; }
+  if (vl_knob_int(&L.setting, "reps", vl_harness_settings, 1, 100, &reps, &err)) { fprintf(stderr, "vramlab: %s\n", err.msg); return 2; }
   char resume[PATH_MAX], ckpt_dir[PATH_MAX];
   if (ckpt_options(a, c, dev, resume, sizeof resume)) return 2;
   if (a->resume) {
@@ -406,7 +408,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
     vl_progress("plan %s (full scale)", r->name);
     cJSON *p = cJSON_AddObjectToObject(o, "plan");
     if (c->plan(&env, "full", &r->knobs, p) != VL_OK) {
-      fprintf(stderr, "vramlab: plan %s: %s\n", r->name, env.err);
+      fprintf(stderr, "vramlab: plan %s: %s\n", r->name, env.err.msg);
       rc = 1;
     }
     cJSON_AddItemToArray(rungs, o);
@@ -432,7 +434,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
       vl_status e = c->run(&env, &r->knobs, rep, ro);
       cJSON_AddItemToArray(runs, ro);
       if (e != VL_OK) {
-        fprintf(stderr, "vramlab: run %s: %s\n", name, env.err);
+        fprintf(stderr, "vramlab: run %s: %s\n", name, env.err.msg);
         rc = 1;
         break;
       }
@@ -440,7 +442,7 @@ static int cmd_run(const args *a, char *results_path, size_t rn) {
   }
   if (!rc && !vl_interrupted && dev != VL_DEV_PLAN && c->extra && !a->step) {
     if (c->extra(&env, res) != VL_OK) {
-      fprintf(stderr, "vramlab: %s: %s\n", c->id, env.err);
+      fprintf(stderr, "vramlab: %s: %s\n", c->id, env.err.msg);
       rc = 1;
     }
   }
@@ -472,10 +474,10 @@ static int cmd_report(const args *a, const char *path) {
     if (path_fmt(def, sizeof def, "%s/%s/latest.json", a->out, c->id)) return 2;
     path = def;
   }
-  char err[512] = "";
+  vl_err err = {0};
   char md[PATH_MAX];
   if (path_fmt(md, sizeof md, "%s/reports/%s.md", VRAMLAB_SOURCE_DIR, c->id)) return 2;
-  if (vl_report_write(c, &L, path, md, err, sizeof err)) { fprintf(stderr, "vramlab: report: %s\n", err); return 1; }
+  if (vl_report_write(c, &L, path, md, &err)) { fprintf(stderr, "vramlab: report: %s\n", err.msg); return 1; }
   vl_progress("report: %s", md);
   return 0;
 }
@@ -529,9 +531,9 @@ int main(int argc, char **argv) {
   if (argc >= 2 && !strcmp(argv[1], "worker")) return vl_case_worker_main(argc - 2, argv + 2);
   if (argc >= 2 && !strcmp(argv[1], "regress")) return vl_regress_main(argc - 1, argv + 1);
   if (argc == 2 && !strcmp(argv[1], "index")) {
-    char ierr[512];
-    if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, ierr, sizeof ierr)) {
-      fprintf(stderr, "vramlab: index: %s\n", ierr);
+    vl_err ierr;
+    if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, &ierr)) {
+      fprintf(stderr, "vramlab: index: %s\n", ierr.msg);
       return 1;
     }
     printf("%s/reports/index.md\n", VRAMLAB_SOURCE_DIR);
@@ -582,9 +584,9 @@ int main(int argc, char **argv) {
     if (rc && rc != VL_EXIT_INTERRUPTED) return rc;
     int rrc = cmd_report(&a, results);
     /* the suite's front page: every case's row and the claims that apply to every case */
-    char ierr[512];
-    if (!rrc && vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, ierr, sizeof ierr))
-      fprintf(stderr, "vramlab: reports/index.md: %s\n", ierr);
+    vl_err ierr;
+    if (!rrc && vl_index_write(VRAMLAB_SOURCE_DIR "/reports", NULL, &ierr))
+      fprintf(stderr, "vramlab: reports/index.md: %s\n", ierr.msg);
     else if (!rrc) vl_progress("index: %s/reports/index.md", VRAMLAB_SOURCE_DIR);
     return rc ? rc : rrc;
   }

@@ -12,9 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "ladder.h"
+#include "registry.h"
 #include "index.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sgemm.h"
 #include "vramlab/backend.h"
 
@@ -113,7 +114,7 @@ void vl_regress_device_class(const char *device, const char *cpu, int cores, con
  * A baseline (or a --now file) is read only after it is checked as results files are: every
  * field a comparison reads has its type and a sane range, no key appears twice, and a
  * failure names the path. A metric that could not be compared would otherwise read "ok". */
-#define FAILV(...) (snprintf(err, errn, __VA_ARGS__), -1)
+#define FAILV(...) (vl_err_set(err, VL_ERR_INVALID, __VA_ARGS__), -1)
 
 static double num(const cJSON *o, const char *k) { return cJSON_GetNumberValue(cJSON_GetObjectItem(o, k)); }
 
@@ -146,7 +147,7 @@ static const char *dup_key(const cJSON *o) {
   return d;
 }
 
-static int want_object(const cJSON *v, const char *path, char *err, size_t errn) {
+static int want_object(const cJSON *v, const char *path, vl_err *err) {
   if (!cJSON_IsObject(v)) return FAILV("%s: expected an object, got %s", path, type_name(v));
   const char *d = dup_key(v);
   if (d) return FAILV("%s: the key \"%.80s\" appears twice", path, d);
@@ -154,8 +155,7 @@ static int want_object(const cJSON *v, const char *path, char *err, size_t errn)
 }
 
 /* A finite number in [lo, hi]. */
-static int want_num(const cJSON *o, const char *key, double lo, double hi, const char *path, char *err,
-                    size_t errn) {
+static int want_num(const cJSON *o, const char *key, double lo, double hi, const char *path, vl_err *err) {
   const cJSON *v = cJSON_GetObjectItem(o, key);
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
     return FAILV("%s.%s: expected a finite number, got %s", path, key, type_name(v));
@@ -164,22 +164,22 @@ static int want_num(const cJSON *o, const char *key, double lo, double hi, const
   return 0;
 }
 
-static int check_metric(const cJSON *m, const char *path, char *err, size_t errn) {
-  if (want_object(m, path, err, errn)) return -1;
+static int check_metric(const cJSON *m, const char *path, vl_err *err) {
+  if (want_object(m, path, err)) return -1;
   const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(m, "kind"));
   const cJSON *impl = cJSON_GetObjectItem(m, "impl");
   if (impl && !cJSON_IsString(impl)) return FAILV("%s.impl: expected a string, got %s", path, type_name(impl));
   if (!kind) return FAILV("%s.kind: expected \"exact\", \"tol\" or \"time\"", path);
-  if (!strcmp(kind, "exact")) return want_num(m, "value", -1e300, 1e300, path, err, errn);
+  if (!strcmp(kind, "exact")) return want_num(m, "value", -1e300, 1e300, path, err);
   if (!strcmp(kind, "tol")) {
-    if (want_num(m, "value", -1e300, 1e300, path, err, errn) || want_num(m, "tol", 0, 0.1, path, err, errn))
+    if (want_num(m, "value", -1e300, 1e300, path, err) || want_num(m, "tol", 0, 0.1, path, err))
       return -1;
-    if (cJSON_GetObjectItem(m, "xtol") && want_num(m, "xtol", 0, 0.5, path, err, errn)) return -1;
+    if (cJSON_GetObjectItem(m, "xtol") && want_num(m, "xtol", 0, 0.5, path, err)) return -1;
     return 0;
   }
   if (!strcmp(kind, "time")) {
     /* seconds: a step or a batch, more than a nanosecond and less than an hour */
-    if (want_num(m, "median", 1e-9, 3600, path, err, errn) || want_num(m, "min", 1e-9, 3600, path, err, errn))
+    if (want_num(m, "median", 1e-9, 3600, path, err) || want_num(m, "min", 1e-9, 3600, path, err))
       return -1;
     if (num(m, "min") > num(m, "median"))
       return FAILV("%s: min %.6g is above the median %.6g", path, num(m, "min"), num(m, "median"));
@@ -191,8 +191,8 @@ static int check_metric(const cJSON *m, const char *path, char *err, size_t errn
   return FAILV("%s.kind: \"%.40s\" is not \"exact\", \"tol\" or \"time\"", path, kind);
 }
 
-int vl_regress_validate(const cJSON *doc, char *err, size_t errn) {
-  if (want_object(doc, "(top level)", err, errn)) return -1;
+static int check_doc(const cJSON *doc, vl_err *err) {
+  if (want_object(doc, "(top level)", err)) return -1;
   const cJSON *ver = cJSON_GetObjectItem(doc, "version");
   if (!cJSON_IsNumber(ver) || ver->valuedouble != VL_REGRESS_VERSION)
     return FAILV("version: expected %d, got %s (made by another vramlab: rerun with --update)", VL_REGRESS_VERSION,
@@ -200,20 +200,22 @@ int vl_regress_validate(const cJSON *doc, char *err, size_t errn) {
   const char *cls = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "device_class"));
   if (!cls || !*cls) return FAILV("device_class: expected a non-empty string");
   const cJSON *cal = cJSON_GetObjectItem(doc, "calibration");
-  if (want_object(cal, "calibration", err, errn) ||
-      want_num(cal, "sgemm_flops", 1e6, 1e18, "calibration", err, errn) ||
-      want_num(cal, "copy_bytes_per_s", 1e6, 1e15, "calibration", err, errn))
+  if (want_object(cal, "calibration", err) ||
+      want_num(cal, "sgemm_flops", 1e6, 1e18, "calibration", err) ||
+      want_num(cal, "copy_bytes_per_s", 1e6, 1e15, "calibration", err))
     return -1;
   const cJSON *ms = cJSON_GetObjectItem(doc, "metrics");
-  if (want_object(ms, "metrics", err, errn)) return -1;
+  if (want_object(ms, "metrics", err)) return -1;
   if (!ms->child) return FAILV("metrics: empty (nothing to compare)");
   for (const cJSON *m = ms->child; m; m = m->next) {
     char path[240];
     snprintf(path, sizeof path, "metrics[\"%.200s\"]", m->string ? m->string : "");
-    if (check_metric(m, path, err, errn)) return -1;
+    if (check_metric(m, path, err)) return -1;
   }
   return 0;
 }
+
+vl_status vl_regress_validate(const cJSON *doc, vl_err *e) { return check_doc(doc, e) ? VL_ERR_INVALID : VL_OK; }
 
 /* ---- comparison ------------------------------------------------------------------------ */
 
@@ -292,17 +294,16 @@ void vl_regress_compare(const cJSON *base, const cJSON *now, double threshold, v
   const cJSON *b;
   cJSON_ArrayForEach(b, bm) {
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(nm, b->string);
-    char bs[64], ns[96], ch[48] = "", why[64];
+    char bs[64], ns[96], ch[48] = "";
     const char *verdict = "ok";
     fmt_val(b, bs, sizeof bs);
     fmt_val(n, ns, sizeof ns);
     verdict_kind v;
-    char perr[160];
     if (!n) {
       verdict = "REGRESSION (missing)";
       counts->missing++;
       v = V_REGRESSED;
-    } else if (check_metric(n, "now", perr, sizeof perr) || check_metric(b, "baseline", why, sizeof why) ||
+    } else if (check_metric(n, "now", NULL) || check_metric(b, "baseline", NULL) ||
                strcmp(str(b, "kind"), str(n, "kind"))) {
       verdict = "REGRESSION (cannot be compared)"; /* never an "ok" for what was not compared */
       v = V_REGRESSED;
@@ -363,17 +364,17 @@ static void impl_of(const run_metric *rm, vl_device dev, char *out, size_t n) {
 }
 
 static int load_ladder(const vl_case *c, vl_ladder *L, const run_cfg *rc, const char *data) {
-  char err[512];
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) {
-    fprintf(stderr, "vramlab: regress: %s\n", err);
+  vl_err err;
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, c->id, &err)) {
+    fprintf(stderr, "vramlab: regress: %s\n", err.msg);
     return -1;
   }
   for (int i = 0; rc && rc->sets[i]; i++) {
     char set[PATH_MAX + 64], *at = strstr(rc->sets[i], "@DATA@");
     if (at) snprintf(set, sizeof set, "%.*s%s%s", (int)(at - rc->sets[i]), rc->sets[i], data, at + 6);
     else snprintf(set, sizeof set, "%s", rc->sets[i]);
-    if (vl_ladder_set(L, set, err, sizeof err)) {
-      fprintf(stderr, "vramlab: regress: %s: %s\n", c->id, err);
+    if (vl_ladder_set(L, set, &err)) {
+      fprintf(stderr, "vramlab: regress: %s: %s\n", c->id, err.msg);
       return -1;
     }
   }
@@ -393,7 +394,7 @@ static int plan_all(cJSON *metrics) {
       vl_progress("regress: plan %s/%s", c->id, L.rungs[r].name);
       cJSON *o = cJSON_CreateObject();
       if (c->plan(&env, "full", &L.rungs[r].knobs, o) != VL_OK) {
-        fprintf(stderr, "vramlab: regress: plan %s/%s: %s\n", c->id, L.rungs[r].name, env.err);
+        fprintf(stderr, "vramlab: regress: plan %s/%s: %s\n", c->id, L.rungs[r].name, env.err.msg);
         cJSON_Delete(o);
         return -1;
       }
@@ -487,7 +488,7 @@ static int run_all(cJSON *metrics, vl_device dev, const char *data, int reps, ru
       cJSON_AddItemToArray(st[i].reps, o);
       /* rep 0 each time: every repetition is the same seeded run */
       if (st[i].c->run(&env, &st[i].L.rungs[st[i].rung].knobs, 0, o) != VL_OK) {
-        fprintf(stderr, "vramlab: regress: run %s/%s: %s\n", RUNS[i].case_id, RUNS[i].rung, env.err);
+        fprintf(stderr, "vramlab: regress: run %s/%s: %s\n", RUNS[i].case_id, RUNS[i].rung, env.err.msg);
         return -1;
       }
       if (cJSON_IsTrue(cJSON_GetObjectItem(o, "oom"))) {
@@ -585,22 +586,22 @@ static void list_baselines(const char *dir, char *out, size_t n) {
 }
 
 /* Reads and validates a metrics document (a baseline or a --now file); NULL with the reason. */
-static cJSON *load_doc(const char *path, char *err, size_t errn) {
+static cJSON *load_doc(const char *path, vl_err *err) {
   size_t bn = 0;
-  char why[400] = "";
-  char *text = vl_read_file_max(path, 64u << 20, &bn, why, sizeof why);
+  vl_err why = {0};
+  char *text = vl_read_file_max(path, 64u << 20, &bn, &why);
   if (!text) {
-    snprintf(err, errn, "%s: %s", path, why[0] ? why : "cannot be read");
+    vl_err_set(err, VL_ERR_IO, "%s: %s", path, why.msg[0] ? why.msg : "cannot be read");
     return NULL;
   }
   cJSON *doc = cJSON_ParseWithLength(text, bn);
   free(text);
   if (!doc) {
-    snprintf(err, errn, "%s: not valid JSON", path);
+    vl_err_set(err, VL_ERR_INVALID, "%s: not valid JSON", path);
     return NULL;
   }
-  if (vl_regress_validate(doc, why, sizeof why)) {
-    snprintf(err, errn, "%s: %s", path, why);
+  if (vl_regress_validate(doc, &why)) {
+    vl_err_set(err, VL_ERR_INVALID, "%s: %s", path, why.msg);
     cJSON_Delete(doc);
     return NULL;
   }
@@ -641,7 +642,8 @@ static cJSON *measure(vl_device dev, const char *cls, cJSON *env, const char *da
 /* reports/regress.md and the front page's regression line. */
 static void write_regress_md(const char *cls, const char *head, const char *tbl, const char *summary,
                              const char *warn, const cJSON *env) {
-  char md[PATH_MAX], *mtext = NULL, line[900], err[512];
+  char md[PATH_MAX], *mtext = NULL, line[900];
+  vl_err err;
   snprintf(md, sizeof md, "%s/reports/regress.md", VRAMLAB_SOURCE_DIR);
   size_t ml = 0;
   FILE *mf = open_memstream(&mtext, &ml);
@@ -651,11 +653,11 @@ static void write_regress_md(const char *cls, const char *head, const char *tbl,
             warn[0] ? "\n" : "", warn);
     fclose(mf);
   }
-  if (mtext && vl_write_atomic(md, mtext, err, sizeof err)) fprintf(stderr, "vramlab: regress: %s\n", err);
+  if (mtext && vl_write_atomic(md, mtext, &err)) fprintf(stderr, "vramlab: regress: %s\n", err.msg);
   free(mtext);
   snprintf(line, sizeof line, "`make regress` on %s: %s ([regress.md](regress.md)).", cls, summary);
-  if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", line, err, sizeof err))
-    fprintf(stderr, "vramlab: regress: reports/index.md: %s\n", err);
+  if (vl_index_write(VRAMLAB_SOURCE_DIR "/reports", line, &err))
+    fprintf(stderr, "vramlab: regress: reports/index.md: %s\n", err.msg);
 }
 
 /* Compares now with base, prints the table and the summary; 1 on a regression. */
@@ -724,11 +726,12 @@ int vl_regress_main(int argc, char **argv) {
     fprintf(stderr, "vramlab: regress: --now compares a file; --update rewrites a baseline from a run: not both\n");
     return 2;
   }
-  char err[1024], path[PATH_MAX], cls[200];
+  char path[PATH_MAX], cls[200];
+  vl_err err = {0};
   cJSON *now = NULL;
   if (now_path) {
-    if (!(now = load_doc(now_path, err, sizeof err))) {
-      fprintf(stderr, "vramlab: regress: --now %s\n", err);
+    if (!(now = load_doc(now_path, &err))) {
+      fprintf(stderr, "vramlab: regress: --now %s\n", err.msg);
       return 1;
     }
     snprintf(cls, sizeof cls, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(now, "device_class")));
@@ -752,18 +755,18 @@ int vl_regress_main(int argc, char **argv) {
   }
   int rc = 0;
   char *text = cJSON_Print(now);
-  if (out && !now_path && vl_write_atomic(out, text, err, sizeof err)) {
-    fprintf(stderr, "vramlab: regress: %s\n", err);
+  if (out && !now_path && vl_write_atomic(out, text, &err)) {
+    fprintf(stderr, "vramlab: regress: %s\n", err.msg);
     rc = 1;
   }
   if (bfile) snprintf(path, sizeof path, "%s", bfile);
   else snprintf(path, sizeof path, "%s/%s.json", bdir, cls);
   bool exists = access(path, F_OK) == 0;
-  cJSON *base = exists ? load_doc(path, err, sizeof err) : NULL;
+  cJSON *base = exists ? load_doc(path, &err) : NULL;
   if (exists && !base && !update) {
     /* a damaged baseline is a failure, never "0 compared: passed" */
     fprintf(stderr, "vramlab: regress: baseline %s\nvramlab: regress: fix it, or rewrite it with make regress-update\n",
-            err);
+            err.msg);
     rc = 1;
   } else if (update) {
     if (base) {
@@ -773,10 +776,10 @@ int vl_regress_main(int argc, char **argv) {
       printf("\n%d unchanged, %d changed or slower, %d faster, %d new, %d gone, %d not comparable\n", k.ok,
              k.regressed - k.missing, k.improved, k.added, k.missing, k.incomparable);
     } else if (exists) {
-      printf("regress-update: the old baseline %s is replaced: %s\n", path, err);
+      printf("regress-update: the old baseline %s is replaced: %s\n", path, err.msg);
     }
-    if ((!bfile && vl_mkdir_p(bdir)) || vl_write_atomic(path, text, err, sizeof err)) {
-      fprintf(stderr, "vramlab: regress: cannot write the baseline %s: %s\n", path, err);
+    if ((!bfile && vl_mkdir_p(bdir)) || vl_write_atomic(path, text, &err)) {
+      fprintf(stderr, "vramlab: regress: cannot write the baseline %s: %s\n", path, err.msg);
       rc = 1;
     } else {
       printf("regress: baseline %s %s (%d metrics, device class %s)\n", path, exists ? "rewritten" : "created",

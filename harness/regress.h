@@ -29,6 +29,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "vramlab/core.h" /* vl_status, vl_err */
+
 #define VL_REGRESS_VERSION 2
 #define VL_REGRESS_CALIB_BAND 2.0
 
@@ -39,9 +41,9 @@ typedef struct {
 /* 0 when doc is a metrics document this version can compare: {"version", "device_class",
  * "calibration": {"sgemm_flops", "copy_bytes_per_s"}, "metrics": {name: {"kind": "exact",
  * "value"} | {"kind": "tol", "value", "tol" <= 0.1, "xtol"?} | {"kind": "time", "median",
- * "min" <= median, "calib"}}}, every number finite and in range, no key twice; else -1
- * with the offending path in err. */
-int vl_regress_validate(const cJSON *doc, char *err, size_t errn);
+ * "min" <= median, "calib"}}}, every number finite and in range, no key twice; else
+ * VL_ERR_INVALID with the offending path in e. */
+vl_status vl_regress_validate(const cJSON *doc, vl_err *e);
 
 /* Which rows the table lists: all; the measured ones (runs) and every plan row that is not
  * ok (the default: a few hundred exact plan numbers that match add nothing to read); only

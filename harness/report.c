@@ -1,4 +1,5 @@
-/* reports/<case>.md: setting, claims with verdicts, ladder tables, plots (gnuplot PNG).
+/* reports/<case>.md: setting, claims with verdicts, ladder tables, the profile section; the
+ * case's own sections through its report hook (they use the kit's helpers, kit/rep.c).
  * Results files are shared between users, so everything read from one is untrusted: it is
  * validated before anything is written, every string that reaches a gnuplot script or data
  * file goes through vl_rep_gp_str, and every artifact is written whole or not at all. */
@@ -63,35 +64,6 @@ vl_verdict vl_judge(const vl_claim *c, double before, double after) {
 }
 
 /* ---- metric lookup ------------------------------------------------------------------------ */
-static cJSON *find_rung(const cJSON *res, const char *name) {
-  cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
-    if (n && !strcmp(n, name)) return r;
-  }
-  return NULL;
-}
-
-double vl_rep_numv(const cJSON *v) {
-  if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
-  return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : NAN;
-}
-
-double vl_rep_num(const cJSON *o, const char *k) { return vl_rep_numv(cJSON_GetObjectItem(o, k)); }
-
-/* A run metric across repetitions: the mean of the repetitions' values. */
-double vl_rep_run_metric(const cJSON *rung, const char *k) {
-  double s = 0;
-  int n = 0;
-  const cJSON *r, *runs = cJSON_GetObjectItem(rung, "runs");
-  if (!cJSON_IsArray(runs)) return NAN;
-  cJSON_ArrayForEach(r, runs) {
-    double v = vl_rep_num(r, k);
-    if (!isnan(v)) { s += v; n++; }
-  }
-  return n ? s / n : NAN;
-}
-
 /* A side plan (a rung varied by a claim's `set`) depends on the ladder only, never on the
  * results file, and a full-scale plan costs a largest-batch search: a process that reports
  * many files (the fuzz target, the tests) would redo the same ones for every file. They are
@@ -133,11 +105,10 @@ static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const cha
     int i = vl_ladder_find(L, rung);
     if (i < 0) return NAN;
     vl_knobs k = L->rungs[i].knobs;
-    char err[256];
-    if (vl_knobs_apply_list(&k, set, err, sizeof err)) return NAN;
+    if (vl_knobs_apply_list(&k, set, NULL)) return NAN;
     return vl_rep_num(side_plan(c, L, &k), m);
   }
-  cJSON *r = find_rung(res, rung);
+  const cJSON *r = vl_rep_rung(res, rung);
   if (!r) return NAN;
   double v = vl_rep_num(cJSON_GetObjectItem(r, "plan"), m);
   if (isnan(v)) v = vl_rep_run_metric(r, m);
@@ -158,87 +129,6 @@ static const char *fmt_ratio(double r, char *b, size_t n) {
   if (!isfinite(r)) snprintf(b, n, "—");
   else snprintf(b, n, "×%.3g", r);
   return b;
-}
-
-const char *vl_rep_count(double v, char *b, size_t n) {
-  if (!isfinite(v)) snprintf(b, n, "—");
-  else if (v >= 1e9) snprintf(b, n, "%.2fB", v / 1e9);
-  else if (v >= 1e6) snprintf(b, n, "%.2fM", v / 1e6);
-  else if (v >= 1e3) snprintf(b, n, "%.1fk", v / 1e3);
-  else snprintf(b, n, "%.0f", v);
-  return b;
-}
-
-/* Table rows print a dozen values in one fprintf: a ring of buffers keeps each alive until
- * the row is written (reports are written by one thread). */
-#define RING_N 32
-#define RING_LEN 256
-static char *ring_next(void) {
-  static char ring[RING_N][RING_LEN];
-  static unsigned k;
-  return ring[k++ % RING_N];
-}
-
-const char *vl_rep_fmt(const char *fmt, double v) {
-  if (!isfinite(v)) return "—";
-  char *b = ring_next();
-  snprintf(b, RING_LEN, fmt, v);
-  return b;
-}
-
-const cJSON *vl_rep_plan(const cJSON *rung) { return cJSON_GetObjectItem(rung, "plan"); }
-
-const cJSON *vl_rep_run0(const cJSON *rung) {
-  const cJSON *runs = cJSON_GetObjectItem(rung, "runs");
-  return cJSON_IsArray(runs) ? cJSON_GetArrayItem(runs, 0) : NULL;
-}
-
-const cJSON *vl_rep_rung(const cJSON *res, const char *name) {
-  const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const char *n = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
-    if (n && name && !strcmp(n, name)) return r;
-  }
-  return NULL;
-}
-
-const char *vl_rep_yes_no(const cJSON *b) {
-  return cJSON_IsTrue(b) ? "yes" : cJSON_IsFalse(b) ? "**no**" : "—";
-}
-
-const char *vl_rep_str(const cJSON *o, const char *k) {
-  const char *s = cJSON_GetStringValue(cJSON_GetObjectItem(o, k));
-  if (!s) return "—";
-  char *b = ring_next();
-  size_t j = 0;
-  for (; s[j] && j < RING_LEN - 8; j++) {
-    unsigned char ch = (unsigned char)s[j];
-    b[j] = ch == '|' ? '/' : ch < 0x20 || ch == 0x7f ? ' ' : (char)ch;
-  }
-  /* cut on a UTF-8 character boundary */
-  if (s[j]) while (j > 0 && ((unsigned char)b[j] & 0xc0) == 0x80) j--;
-  b[j] = 0;
-  return b;
-}
-
-/* ---- strings into gnuplot ------------------------------------------------------------------ */
-/* A whitelist, not an escape: inside gnuplot's single quotes a quote ends the string and a
- * line break ends the command, after which `system(...)`, backquotes and @macros run; a data
- * column with a space or a quote shifts every column after it. */
-static bool gp_safe(unsigned char ch, bool token) {
-  if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) return true;
-  if (ch == ' ') return !token;
-  return ch && strchr("_.,:;+-/()%=<>", ch) != NULL;
-}
-
-const char *vl_rep_gp_str(const char *s, bool token, char *buf, size_t n) {
-  if (!n) return "";
-  if (!s) return n > 1 ? strcpy(buf, "?") : strcpy(buf, ""); /* '?' is inert in both uses */
-  size_t max = n - 1 < VL_REP_GP_MAX ? n - 1 : VL_REP_GP_MAX, j = 0;
-  for (; s[j] && j < max; j++) buf[j] = gp_safe((unsigned char)s[j], token) ? s[j] : '_';
-  if (!j && token && max) buf[j++] = '_';
-  buf[j] = 0;
-  return buf;
 }
 
 /* ---- results schema ------------------------------------------------------------------------ */
@@ -334,12 +224,11 @@ static const vfield top_fields[] = {
 
 typedef struct {
   const vl_ladder *L;
-  char *err;
-  size_t errn;
+  vl_err *e;
 } vcheck;
 
 static int vbad(vcheck *v, const char *path, const char *what) {
-  snprintf(v->err, v->errn, "%s: %s", path[0] ? path : "the top level", what);
+  vl_err_set(v->e, VL_ERR_INVALID, "%s: %s", path[0] ? path : "the top level", what);
   return -1;
 }
 
@@ -435,8 +324,8 @@ static int check_obj(vcheck *v, const cJSON *o, const vfield *spec, const char *
   return 0;
 }
 
-int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, char *err, size_t errn) {
-  vcheck v = {L, err, errn};
+static int validate(const cJSON *res, const vl_case *c, const vl_ladder *L, vl_err *e) {
+  vcheck v = {L, e};
   char msg[400], a[VL_REP_GP_MAX + 1], p[64];
   if (!cJSON_IsObject(res)) return vbad(&v, "", "expected an object");
   const cJSON *sv = cJSON_GetObjectItem(res, "schema_version");
@@ -483,167 +372,8 @@ int vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, 
   return 0;
 }
 
-/* ---- plots -------------------------------------------------------------------------------- */
-bool vl_rep_have_gnuplot(void) {
-  /* VRAMLAB_NO_GNUPLOT=1: scripts and data are still written, nothing is rendered (the fuzz
-   * target; a machine where gnuplot is broken) */
-  const char *off = getenv("VRAMLAB_NO_GNUPLOT");
-  if (off && off[0] && strcmp(off, "0")) return false;
-  return system("command -v gnuplot >/dev/null 2>&1") == 0;
-}
-
-static bool plot_name_ok(const char *name) {
-  if (!name[0] || strlen(name) > 64) return false;
-  for (const char *p = name; *p; p++)
-    if (!gp_safe((unsigned char)*p, true) || strchr(".,:;+/()%=<>", *p)) return false;
-  return true;
-}
-
-static int write_script(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
-  if (!plot_name_ok(name)) { snprintf(why, whyn, "'%s' is not a plot name", name); return -1; }
-  char path[1200], err[1400];
-  if (snprintf(path, sizeof path, "%s/%s.gp", dir, name) >= (int)sizeof path) {
-    snprintf(why, whyn, "the report folder's path is too long");
-    return -1;
-  }
-  /* vl_png names the output: the report renders into a temp file, `gnuplot name.gp` by hand
-   * into name.png */
-  char *text = NULL;
-  if (asprintf(&text, "# vramlab report: gnuplot %s.gp in this folder re-renders %s.png\n"
-                      "if (!exists(\"vl_png\")) vl_png = '%s.png'\n%s", name, name, name, script) < 0) {
-    snprintf(why, whyn, "out of memory");
-    return -1;
-  }
-  int rc = vl_write_atomic(path, text, err, sizeof err);
-  free(text);
-  if (rc) snprintf(why, whyn, "cannot write %s.gp: %s", name, err);
-  return rc;
-}
-
-/* A PNG that gnuplot finished: signature first, the IEND chunk last. gnuplot does not check
- * its writes, so on a full disk it exits 0 with half a PNG. Synced before it is renamed. */
-static bool png_whole(const char *path) {
-  static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  static const unsigned char iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
-  unsigned char head[8], tail[12];
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st;
-  bool ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= 20 &&
-            pread(fd, head, 8, 0) == 8 && pread(fd, tail, 12, st.st_size - 12) == 12 &&
-            !memcmp(head, sig, 8) && !memcmp(tail, iend, 12) && !fsync(fd);
-  close(fd);
-  return ok;
-}
-
-/* gnuplot runs with no shell in between (the folder's name is never parsed), in dir, stdin
- * from /dev/null (a stray `pause` cannot wait), stderr into a fresh temporary file that
- * becomes name.gnuplot.log only when it explains a failure (renamed over whatever has that
- * name: a link planted there is replaced, never written through). */
-static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
-  char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
-  char log_tmp[PATH_MAX], err[PATH_MAX + 200];
-  snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
-  snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
-  snprintf(gp, sizeof gp, "%s.gp", name);
-  snprintf(final, sizeof final, "%s/%s.png", dir, name);
-  snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
-  snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
-  int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
-  if (log_fd < 0) { snprintf(why, whyn, "gnuplot's log: %s", err); return -1; }
-  posix_spawn_file_actions_t fa;
-  if (posix_spawn_file_actions_init(&fa)) {
-    snprintf(why, whyn, "out of memory");
-    close(log_fd);
-    unlink(log_tmp);
-    return -1;
-  }
-  posix_spawn_file_actions_addchdir_np(&fa, dir);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
-  char *argv[] = {"gnuplot", "-e", setvar, gp, NULL};
-  pid_t pid;
-  int e = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ), st = 0;
-  posix_spawn_file_actions_destroy(&fa);
-  if (e) {
-    snprintf(why, whyn, "cannot start gnuplot: %s", strerror(e));
-    close(log_fd);
-    unlink(log_tmp);
-    return -1;
-  }
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) { st = -1; break; }
-  int rc = -1;
-  if (st == -1) snprintf(why, whyn, "lost track of gnuplot: %s", strerror(errno));
-  else if (WIFSIGNALED(st)) snprintf(why, whyn, "gnuplot was killed by signal %d (see %s)", WTERMSIG(st), log_shown);
-  else if (WEXITSTATUS(st) == 127) snprintf(why, whyn, "gnuplot could not be started (see %s)", log_shown);
-  else if (WEXITSTATUS(st)) snprintf(why, whyn, "gnuplot failed with status %d (see %s)", WEXITSTATUS(st), log_shown);
-  else if (!png_whole(tmp_path)) snprintf(why, whyn, "gnuplot wrote an incomplete PNG (a full disk?)");
-  else if (rename(tmp_path, final)) snprintf(why, whyn, "rename to %s.png: %s", name, strerror(errno));
-  else rc = 0;
-  if (rc) {
-    unlink(tmp_path);
-    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
-  } else {
-    close(log_fd);
-    unlink(log_tmp);
-    unlink(log_path); /* a log of an earlier failure (or a link in its place) */
-  }
-  return rc;
-}
-
-int vl_rep_gnuplot(const char *dir, const char *name, const char *script, char *why, size_t whyn) {
-  char log_shown[1200];
-  snprintf(log_shown, sizeof log_shown, "%s/%s.gnuplot.log", dir, name);
-  return write_script(dir, name, script, why, whyn) ? -1 : render(dir, name, log_shown, why, whyn);
-}
-
-void vl_rep_plot_missing(FILE *md, const char *dir, const char *name, const char *why) {
-  /* a PNG from an earlier results file beside this report would be a silently wrong plot */
-  char png[1200];
-  snprintf(png, sizeof png, "%s/%s.png", dir, name);
-  unlink(png);
-  fprintf(md, "_Plot `%s` is missing: %s._\n\n", name, why);
-}
-
-int vl_rep_plot(FILE *md, const char *dir, const char *case_id, bool gnuplot, const char *name,
-                const char *alt, const char *script) {
-  char why[1600] = "", log_shown[256];
-  snprintf(log_shown, sizeof log_shown, "`%s/%s.gnuplot.log`", case_id, name);
-  int rc = write_script(dir, name, script, why, sizeof why);
-  if (!rc && !gnuplot) { /* the report says once that nothing is rendered */
-    char png[1200];
-    snprintf(png, sizeof png, "%s/%s.png", dir, name);
-    unlink(png);
-    return -1;
-  }
-  if (!rc) rc = render(dir, name, log_shown, why, sizeof why);
-  if (rc) vl_rep_plot_missing(md, dir, name, why);
-  else fprintf(md, "![%s](%s/%s.png)\n\n", alt, case_id, name);
-  return rc;
-}
-
-int vl_rep_dat_open(vl_rep_dat *d) {
-  d->buf = NULL;
-  d->len = 0;
-  d->f = open_memstream(&d->buf, &d->len);
-  return d->f ? 0 : -1;
-}
-
-int vl_rep_dat_commit(vl_rep_dat *d, const char *dir, const char *name, char *why, size_t whyn) {
-  bool ok = d->f && !ferror(d->f);
-  if (d->f && fclose(d->f)) ok = false;
-  d->f = NULL;
-  char path[1200], err[1400];
-  int rc = -1;
-  if (!ok || !d->buf) snprintf(why, whyn, "cannot build %s: out of memory", name);
-  else if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-    snprintf(why, whyn, "the report folder's path is too long");
-  else if (vl_write_atomic(path, d->buf, err, sizeof err)) snprintf(why, whyn, "cannot write %s: %s", name, err);
-  else rc = 0;
-  free(d->buf);
-  d->buf = NULL;
-  return rc;
+vl_status vl_results_validate(const cJSON *res, const vl_case *c, const vl_ladder *L, vl_err *e) {
+  return validate(res, c, L, e) ? VL_ERR_INVALID : VL_OK;
 }
 
 /* ---- where the time goes (--profile) ------------------------------------------------------- */
@@ -784,12 +514,12 @@ static void profile_section(FILE *md, const cJSON *res) {
 }
 
 /* ---- the report --------------------------------------------------------------------------- */
-static int report_fail(char *err, size_t errn, cJSON *res, char *text, const char *fmt, const char *a,
-                       const char *b) {
-  snprintf(err, errn, fmt, a, b);
+static vl_status report_fail(vl_err *e, vl_status s, cJSON *res, char *text, const char *fmt, const char *a,
+                             const char *b) {
+  vl_err_set(e, s, fmt, a, b);
   cJSON_Delete(res);
   free(text);
-  return -1;
+  return s;
 }
 
 /* A claim's verdict as the report judges it (a claim needing another device than the
@@ -813,45 +543,45 @@ void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int co
   }
 }
 
-int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
-                    const char *md_path, char *err, size_t errn) {
+vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
+                          const char *md_path, vl_err *e) {
   size_t n = 0;
-  char rerr[1200], verr[600];
-  if (errn) err[0] = 0;
+  vl_err rerr, verr;
+  if (e) e->msg[0] = 0;
   errno = 0;
-  char *text = vl_read_file_max(results_path, VL_RESULTS_MAX_BYTES, &n, rerr, sizeof rerr);
+  char *text = vl_read_file_max(results_path, VL_RESULTS_MAX_BYTES, &n, &rerr);
   if (!text && errno == ENOENT)
-    return report_fail(err, errn, NULL, NULL, "cannot read %s (run `vramlab run %s` first)", results_path, c->id);
-  if (!text) return report_fail(err, errn, NULL, NULL, "cannot read %s%s", rerr, "");
+    return report_fail(e, VL_ERR_IO, NULL, NULL, "cannot read %s (run `vramlab run %s` first)", results_path, c->id);
+  if (!text) return report_fail(e, VL_ERR_IO, NULL, NULL, "cannot read %s%s", rerr.msg, "");
   if (memchr(text, 0, n))
-    return report_fail(err, errn, NULL, text, "%s holds a NUL byte: not a vramlab results file%s",
+    return report_fail(e, VL_ERR_INVALID, NULL, text, "%s holds a NUL byte: not a vramlab results file%s",
                        results_path, "");
   /* the whole file is one JSON value: trailing bytes mean it was cut or glued together */
   cJSON *res = cJSON_ParseWithOpts(text, NULL, 1);
   if (!res)
-    return report_fail(err, errn, NULL, text, "%s is not a vramlab results file (truncated or corrupt?)%s",
+    return report_fail(e, VL_ERR_INVALID, NULL, text, "%s is not a vramlab results file (truncated or corrupt?)%s",
                        results_path, "");
-  if (vl_results_validate(res, c, L, verr, sizeof verr))
-    return report_fail(err, errn, res, text, "%s is not a results file `vramlab report` can read: %s",
-                       results_path, verr);
+  if (vl_results_validate(res, c, L, &verr))
+    return report_fail(e, VL_ERR_INVALID, res, text, "%s is not a results file `vramlab report` can read: %s",
+                       results_path, verr.msg);
   /* The report's own folder keeps the results it was made from, so it stands on its own. */
   char dir[1024], copy[1100];
   const char *slash = strrchr(md_path, '/');
   int dn = slash ? snprintf(dir, sizeof dir, "%.*s/%s", (int)(slash - md_path), md_path, c->id)
                  : snprintf(dir, sizeof dir, "%s", c->id);
   if (dn < 0 || (size_t)dn >= sizeof dir || snprintf(copy, sizeof copy, "%s/results.json", dir) >= (int)sizeof copy)
-    return report_fail(err, errn, res, text, "the report path %s is too long%s", md_path, "");
-  if (vl_mkdir_p(dir)) return report_fail(err, errn, res, text, "cannot create %s: %s", dir, strerror(errno));
-  int wrc = vl_write_atomic(copy, text, err, errn);
+    return report_fail(e, VL_ERR_INVALID, res, text, "the report path %s is too long%s", md_path, "");
+  if (vl_mkdir_p(dir)) return report_fail(e, VL_ERR_IO, res, text, "cannot create %s: %s", dir, strerror(errno));
+  vl_status wrc = vl_write_atomic(copy, text, e);
   free(text);
   if (wrc) {
     cJSON_Delete(res);
-    return -1;
+    return wrc;
   }
   char *buf = NULL;
   size_t blen = 0;
   FILE *md = open_memstream(&buf, &blen);
-  if (!md) return report_fail(err, errn, res, NULL, "cannot build the report: %s%s", strerror(errno), "");
+  if (!md) return report_fail(e, VL_ERR_OOM, res, NULL, "cannot build the report: %s%s", strerror(errno), "");
   cJSON *env = cJSON_GetObjectItem(res, "env");
   const char *scale = vl_rep_str(res, "run_scale");
   fprintf(md, "# %s — %s\n\n", c->id, vl_knob_get(&L->setting, "title") ? vl_knob_get(&L->setting, "title") : c->summary);
@@ -928,90 +658,8 @@ int vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_pa
   bool ok = !ferror(md);
   if (fclose(md)) ok = false;
   cJSON_Delete(res);
-  int rc = -1;
-  if (!ok || !buf) snprintf(err, errn, "cannot build the report: out of memory");
-  else rc = vl_write_atomic(md_path, buf, err, errn);
+  vl_status rc = !ok || !buf ? vl_err_set(e, VL_ERR_OOM, "cannot build the report: out of memory")
+                             : vl_write_atomic(md_path, buf, e);
   free(buf);
   return rc;
-}
-
-/* ---- shared plot data -------------------------------------------------------------------- */
-
-/* NaN where a value is missing: gnuplot leaves it out, where a 0 would plot a wrong bar. */
-static void dat_num(FILE *f, const char *fmt, double v) {
-  if (isfinite(v)) fprintf(f, fmt, v);
-  else fputs(" NaN", f);
-}
-
-int vl_rep_write_pairs(const char *dir, const char *name, const cJSON *pairs, char *why, size_t whyn) {
-  vl_rep_dat d;
-  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build %s: out of memory", name); return -1; }
-  const cJSON *pt;
-  if (cJSON_IsArray(pairs))
-    cJSON_ArrayForEach(pt, pairs) {
-      double x = cJSON_GetArraySize(pt) == 2 ? vl_rep_numv(cJSON_GetArrayItem(pt, 0)) : NAN;
-      double y = cJSON_GetArraySize(pt) == 2 ? vl_rep_numv(cJSON_GetArrayItem(pt, 1)) : NAN;
-      if (cJSON_IsArray(pt) && !isnan(x) && !isnan(y)) fprintf(d.f, "%g %.4f\n", x, y / 1e9);
-    }
-  return vl_rep_dat_commit(&d, dir, name, why, whyn);
-}
-
-int vl_rep_mem_by_category(const cJSON *res, const char *dir, const char *title, char *script, size_t n,
-                           char *why, size_t whyn) {
-  static const char *cats[] = {"frozen", "params", "grads", "optim", "acts", "temp", "workspace", "data", "comm"};
-  static const char *col[] = {"#7b3294", "#1b9e77", "#80b1d3", "#e6ab02", "#f0e442",
-                              "#377eb8", "#e41a1c", "#333333", "#a65628"};
-  /* gnuplot refuses a histogram column without one valid point: plot only the categories
-   * (and the cap) that some rung has */
-  bool has[10] = {false};
-  const cJSON *r;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
-    for (int i = 0; i < 9; i++) has[i] |= !isnan(vl_rep_num(bc, cats[i]));
-    has[9] |= !isnan(vl_rep_num(p, "cap_bytes"));
-  }
-  int ncat = 0;
-  for (int i = 0; i < 9; i++) ncat += has[i];
-  if (!ncat) { snprintf(why, whyn, "the results hold no plan memory by category"); return -1; }
-  vl_rep_dat d;
-  if (vl_rep_dat_open(&d)) { snprintf(why, whyn, "cannot build mem_by_category.dat: out of memory"); return -1; }
-  fprintf(d.f, "index rung");
-  for (int i = 0; i < 9; i++) fprintf(d.f, " %s", cats[i]);
-  fprintf(d.f, " cap\n");
-  int idx = 0;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *bc = cJSON_GetObjectItem(p, "by_category");
-    char name[64];
-    /* one token: the xtic(2) column; a space would shift the columns after it */
-    const char *rn = cJSON_GetStringValue(cJSON_GetObjectItem(r, "name"));
-    fprintf(d.f, "%d %s", idx++, vl_rep_gp_str(rn, true, name, sizeof name));
-    for (int i = 0; i < 9; i++) dat_num(d.f, " %.4f", vl_rep_num(bc, cats[i]) / 1e9);
-    dat_num(d.f, " %.4f", vl_rep_num(p, "cap_bytes") / 1e9);
-    fputc('\n', d.f);
-  }
-  if (vl_rep_dat_commit(&d, dir, "mem_by_category.dat", why, whyn)) return -1;
-  char t[VL_REP_GP_MAX + 1];
-  int sn = snprintf(script, n,
-                    "set terminal png size 1000,560 noenhanced\nset output vl_png\n"
-                    "set title '%s'\n"
-                    "set style data histograms\nset style histogram rowstacked\n"
-                    "set style fill solid 0.85 border -1\nset boxwidth 0.7\nset ylabel 'GB'\n"
-                    "set key outside right\nset xtics rotate by -30\nset yrange [0:*]\n"
-                    "plot",
-                    vl_rep_gp_str(title, false, t, sizeof t));
-  bool first = true;
-  for (int i = 0; i < 9 && sn > 0 && (size_t)sn < n; i++) {
-    if (!has[i]) continue;
-    sn += snprintf(script + sn, n - (size_t)sn, "%s '%s' using %d%s title columnheader(%d) lc rgb '%s'",
-                   first ? "" : ",", first ? "mem_by_category.dat" : "", i + 3, first ? ":xtic(2)" : "", i + 3, col[i]);
-    first = false;
-  }
-  if (has[9] && sn > 0 && (size_t)sn < n)
-    sn += snprintf(script + sn, n - (size_t)sn, ", '' using 1:12 with linespoints lw 2 pt 7 lc rgb 'red' title 'cap'");
-  if (sn > 0 && (size_t)sn < n) sn += snprintf(script + sn, n - (size_t)sn, "\n");
-  if (sn < 0 || (size_t)sn >= n) {
-    snprintf(why, whyn, "the mem_by_category script does not fit its buffer");
-    return -1;
-  }
-  return 0;
 }

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "datagen.h"
+#include "harness/datagen.h"
 #include "datasets/captions.h"
 
 static char g_set[300]; /* the shared set */

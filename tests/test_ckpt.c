@@ -16,7 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "datasets/dialogue.h"
 #include "testutil.h"
 #include "vramlab/cache.h" /* vl_crc32 */
@@ -748,7 +749,7 @@ static cJSON *seg_run_case(const char *ckpt_dir, const char *resume) {
                      .ckpt_dir = ckpt_dir, .resume = resume};
   cJSON *o = cJSON_CreateObject();
   vl_status s = c->run(&env, &seg_knobs, 0, o);
-  if (s != VL_OK) fail_msg("seg-ckpt run: %s", env.err);
+  if (s != VL_OK) fail_msg("seg-ckpt run: %s", env.err.msg);
   return o;
 }
 
@@ -818,7 +819,7 @@ static void test_seg_resume_through_case(void **state) {
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &seg_setting, .quiet = 1, .resume = from};
   cJSON *o = cJSON_CreateObject();
   assert_int_not_equal(c->run(&env, &seg_knobs, 0, o), VL_OK);
-  if (!strstr(env.err, "was made with batch=2, this run has batch=4")) fail_msg("message: %s", env.err);
+  if (!strstr(env.err.msg, "was made with batch=2, this run has batch=4")) fail_msg("message: %s", env.err.msg);
   cJSON_Delete(o);
   cJSON_Delete(r0);
 }

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "dist/nccl_plan.h"
-#include "mpirun.h"
+#include "kit/mpirun.h"
 #include "vramlab/dist.h"
 
 /* ============================== pure helpers ======================================== */
@@ -278,29 +278,30 @@ static void test_self_exe_cores(void **state) {
 }
 
 static void test_mpirun_errors(void **state) {
-  char err[512] = "";
+  vl_err err = {0};
   char *cmd[] = {"/bin/true", NULL};
   vl_mpirun_opts o = {0, false, 0, 30, NULL};
-  assert_int_equal(vl_mpirun(&o, cmd, err, sizeof err), -1);
-  assert_non_null(strstr(err, "at least 1"));
+  assert_int_equal(vl_mpirun(&o, cmd, &err), -1);
+  assert_non_null(strstr(err.msg, "at least 1"));
   o.np = vl_cores() + 1;
-  assert_int_equal(vl_mpirun(&o, cmd, err, sizeof err), -1);
-  assert_non_null(strstr(err, "oversubscri"));
+  assert_int_equal(vl_mpirun(&o, cmd, &err), -1);
+  assert_non_null(strstr(err.msg, "oversubscri"));
   o.np = 1;
   char *none[] = {NULL};
-  assert_int_equal(vl_mpirun(&o, none, err, sizeof err), -1);
-  assert_non_null(strstr(err, "no command"));
+  assert_int_equal(vl_mpirun(&o, none, &err), -1);
+  assert_non_null(strstr(err.msg, "no command"));
   setenv("VRAMLAB_MPIRUN", "/nonexistent/mpirun", 1);
-  assert_int_equal(vl_mpirun(&o, cmd, err, sizeof err), -1);
+  assert_int_equal(vl_mpirun(&o, cmd, &err), -1);
   unsetenv("VRAMLAB_MPIRUN");
-  assert_non_null(strstr(err, "apt-get install libopenmpi-dev openmpi-bin"));
+  assert_non_null(strstr(err.msg, "apt-get install libopenmpi-dev openmpi-bin"));
 }
 
 /* The job's output file: a link planted at its path is replaced, never written through (its
  * target keeps its bytes); stdout and stderr both land in the new file, and no temporary file
  * is left. A fake mpirun (VRAMLAB_MPIRUN): no MPI needed. */
 static void test_mpirun_out_link_not_followed(void **state) {
-  char err[512] = "", fake[300], out[300], victim[300];
+  char fake[300], out[300], victim[300];
+  vl_err err = {0};
   tu_join(fake, sizeof fake, tu_tmp, "fake-mpirun");
   tu_join(out, sizeof out, tu_tmp, "job-out.txt");
   tu_join(victim, sizeof victim, tu_tmp, "precious.txt");
@@ -312,9 +313,9 @@ static void test_mpirun_out_link_not_followed(void **state) {
   setenv("VRAMLAB_MPIRUN", fake, 1);
   char *cmd[] = {"/bin/true", NULL};
   vl_mpirun_opts o = {1, false, 0, 30, out};
-  int st = vl_mpirun(&o, cmd, err, sizeof err);
+  int st = vl_mpirun(&o, cmd, &err);
   unsetenv("VRAMLAB_MPIRUN");
-  if (st) fail_msg("status %d: %s", st, err);
+  if (st) fail_msg("status %d: %s", st, err.msg);
   char *t = slurp_text(victim);
   assert_string_equal(t, "precious\n");
   free(t);
@@ -335,17 +336,18 @@ static void test_mpirun_out_link_not_followed(void **state) {
 #ifdef VRAMLAB_HAVE_MPI
 /* exit status and output of a 2-rank job of plain shell commands; the threads setting */
 static void test_mpirun_runs(void **state) {
-  char err[512] = "", out[300];
+  char out[300];
+  vl_err err = {0};
   tu_join(out, sizeof out, tu_tmp, "job.txt");
   char *ok[] = {"/bin/sh", "-c", "echo rank $OMPI_COMM_WORLD_RANK threads $OMP_NUM_THREADS", NULL};
   vl_mpirun_opts o = {2, false, 1, 60, out};
-  assert_int_equal(vl_mpirun(&o, ok, err, sizeof err), 0);
+  assert_int_equal(vl_mpirun(&o, ok, &err), 0);
   char *text = slurp_text(out);
   assert_non_null(strstr(text, "rank 0 threads 1"));
   assert_non_null(strstr(text, "rank 1 threads 1"));
   free(text);
   char *bad[] = {"/bin/sh", "-c", "exit 3", NULL};
-  int st = vl_mpirun(&o, bad, err, sizeof err);
+  int st = vl_mpirun(&o, bad, &err);
   assert_true(st != 0 && st != 124 && st != -1);
 }
 
@@ -367,15 +369,16 @@ static bool gone(pid_t pid, double seconds) {
 
 /* past the limit the job is killed: 124, quickly, with the sleeping ranks gone */
 static void test_mpirun_timeout(void **state) {
-  char err[512] = "", out[300];
+  char out[300];
+  vl_err err = {0};
   tu_join(out, sizeof out, tu_tmp, "slow.txt");
   char *slow[] = {"/bin/sh", "-c", "echo $$; exec sleep 30", NULL};
   vl_mpirun_opts o = {2, false, 0, 1.5, out};
   double t0 = vl_now();
-  assert_int_equal(vl_mpirun(&o, slow, err, sizeof err), 124);
+  assert_int_equal(vl_mpirun(&o, slow, &err), 124);
   double dt = vl_now() - t0;
   assert_true(dt >= 1.4 && dt < 12);
-  assert_non_null(strstr(err, "ran past 1.5 s"));
+  assert_non_null(strstr(err.msg, "ran past 1.5 s"));
   char *text = slurp_text(out);
   int pids = 0;
   for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
@@ -390,7 +393,8 @@ static void test_mpirun_timeout(void **state) {
 /* rank 1 of mpi_comm dies by SIGKILL (or calls vl_comm_abort) before an allreduce rank 0
  * waits in: the job ends non-zero within 60 s and its output names rank 1 */
 static void fault_job(const char *mode, const char *name, const char *want) {
-  char exe[300], out[300], err[512] = "";
+  char exe[300], out[300];
+  vl_err err = {0};
   snprintf(exe, sizeof exe, "%s/mpi_comm", VRAMLAB_BINARY_DIR);
   if (access(exe, X_OK)) {
     print_error("%s missing: build the mpi_comm target\n", exe);
@@ -400,11 +404,11 @@ static void fault_job(const char *mode, const char *name, const char *want) {
   char *cmd[] = {exe, (char *)mode, "1", NULL};
   vl_mpirun_opts o = {2, false, 1, 90, out};
   double t0 = vl_now();
-  int st = vl_mpirun(&o, cmd, err, sizeof err);
+  int st = vl_mpirun(&o, cmd, &err);
   double dt = vl_now() - t0;
   char *text = slurp_text(out);
   if (st == 0 || st == 124 || st == -1 || dt > 60 || !strstr(text, want)) {
-    print_error("%s: status %d after %.1f s (%s); output:\n%s\n", mode, st, dt, err, text);
+    print_error("%s: status %d after %.1f s (%s); output:\n%s\n", mode, st, dt, err.msg, text);
     fail();
   }
   assert_null(strstr(text, "completed without rank"));

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "testutil.h"
 
 /* Timings (plan_seconds, ...) are measurements, never part of a snapshot. */
@@ -70,8 +71,9 @@ static void check_case(const char *id) {
   assert_non_null(c);
   vl_ladder *L = malloc(sizeof *L); /* large: not on the stack */
   assert_non_null(L);
-  char err[512] = "", path[512];
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, id, err, sizeof err)) fail_msg("%s", err);
+  char path[512];
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, id, &err)) fail_msg("%s", err.msg);
   snprintf(path, sizeof path, "%s/tests/golden/%s.json", VRAMLAB_SOURCE_DIR, id);
   uint8_t *text;
   size_t n = tu_slurp(path, &text);
@@ -86,7 +88,7 @@ static void check_case(const char *id) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   for (int i = 0; i < L->n_rungs; i++) {
     cJSON *o = cJSON_CreateObject();
-    if (c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s %s: %s", id, L->rungs[i].name, env.err);
+    if (c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s %s: %s", id, L->rungs[i].name, env.err.msg);
     /* what `vramlab plan --json` leaves out */
     cJSON_DeleteItemFromObject(o, "timeline");
     cJSON_DeleteItemFromObject(o, "batch_curve");

@@ -9,9 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "parse.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/parse.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 /* gcc: the build turns -Wformat-truncation off; the tests here build long paths and
@@ -57,8 +58,8 @@ static void test_ladder_inherits(void **state) {
   write_file("cases/t1/ladder.ini", ladder_ok);
   write_file("cases/t1/claims.ini", claims_ok);
   vl_ladder L;
-  char err[256] = "";
-  assert_int_equal(vl_ladder_load(&L, tmpdir, "t1", err, sizeof err), 0);
+  vl_err err = {0};
+  assert_int_equal(vl_ladder_load(&L, tmpdir, "t1", &err), 0);
   assert_int_equal(L.n_rungs, 3);
   assert_string_equal(L.rungs[0].label, "first");
   assert_string_equal(vl_knob_get(&L.rungs[2].knobs, "x"), "1"); /* inherited twice */
@@ -67,44 +68,44 @@ static void test_ladder_inherits(void **state) {
   assert_null(vl_knob_get(&L.rungs[1].knobs, "z"));
   assert_string_equal(vl_knob_get(&L.setting, "batch"), "2");
   /* --set rung.key flows down to the rungs that inherit it, not past one that sets it */
-  assert_int_equal(vl_ladder_set(&L, "a.y=9", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_set(&L, "a.y=9", &err), 0);
   assert_string_equal(vl_knob_get(&L.rungs[0].knobs, "y"), "9");
   assert_string_equal(vl_knob_get(&L.rungs[1].knobs, "y"), "3");
-  assert_int_equal(vl_ladder_set(&L, "a.x=7", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_set(&L, "a.x=7", &err), 0);
   assert_string_equal(vl_knob_get(&L.rungs[2].knobs, "x"), "7");
-  assert_int_equal(vl_ladder_set(&L, "batch=5", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_set(&L, "batch=5", &err), 0);
   assert_string_equal(vl_knob_get(&L.setting, "batch"), "5");
-  assert_int_not_equal(vl_ladder_set(&L, "nosuch.x=1", err, sizeof err), 0);
-  assert_non_null(strstr(err, "unknown rung"));
-  assert_int_not_equal(vl_ladder_set(&L, "novalue", err, sizeof err), 0);
+  assert_int_not_equal(vl_ladder_set(&L, "nosuch.x=1", &err), 0);
+  assert_non_null(strstr(err.msg, "unknown rung"));
+  assert_int_not_equal(vl_ladder_set(&L, "novalue", &err), 0);
 }
 
 static void test_ladder_errors(void **state) {
   (void)state;
   vl_ladder L;
-  char err[256] = "";
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "missing", err, sizeof err), 0);
-  assert_non_null(strstr(err, "cannot open"));
+  vl_err err = {0};
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "missing", &err), 0);
+  assert_non_null(strstr(err.msg, "cannot open"));
   write_file("cases/t2/ladder.ini", "[a]\nthis line is malformed\n");
   write_file("cases/t2/claims.ini", claims_ok);
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t2", err, sizeof err), 0);
-  assert_non_null(strstr(err, "ladder.ini:2"));
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t2", &err), 0);
+  assert_non_null(strstr(err.msg, "ladder.ini:2"));
   write_file("cases/t3/ladder.ini", ladder_ok);
   write_file("cases/t3/claims.ini", "[c]\nmetric = m\nafter = nope\n");
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t3", err, sizeof err), 0);
-  assert_non_null(strstr(err, "unknown rung 'nope'"));
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t3", &err), 0);
+  assert_non_null(strstr(err.msg, "unknown rung 'nope'"));
   write_file("cases/t4/ladder.ini", ladder_ok);
   write_file("cases/t4/claims.ini", "[c]\nmetric = m\nafter = a\ntol = lots\n");
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t4", err, sizeof err), 0);
-  assert_non_null(strstr(err, "not a number"));
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t4", &err), 0);
+  assert_non_null(strstr(err.msg, "not a number"));
   write_file("cases/t6/ladder.ini", ladder_ok);
   write_file("cases/t6/claims.ini", "[c]\nmetric = m\nafter = a\nkind = vibes\n");
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t6", err, sizeof err), 0);
-  assert_non_null(strstr(err, "kind 'vibes'"));
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t6", &err), 0);
+  assert_non_null(strstr(err.msg, "kind 'vibes'"));
   write_file("cases/t5/ladder.ini", ladder_ok);
   write_file("cases/t5/claims.ini", "[c]\nmetric = m\nafter = a\ncolour = red\n");
-  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t5", err, sizeof err), 0);
-  assert_non_null(strstr(err, "unknown key 'colour'"));
+  assert_int_not_equal(vl_ladder_load(&L, tmpdir, "t5", &err), 0);
+  assert_non_null(strstr(err.msg, "unknown key 'colour'"));
 }
 
 /* Defaults of the knobs the helper tests read (the helpers fall back to a declared one). */
@@ -118,36 +119,36 @@ static const vl_knob_decl test_decl[] = {
 static void test_knob_parsing(void **state) {
   (void)state;
   vl_knobs k = {0};
-  char err[256];
+  vl_err err;
   long v;
   double d;
   int b;
   size_t sz;
   vl_knob_set(&k, "n", "12x");
-  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
-  assert_non_null(strstr(err, "n = '12x'"));
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, &err), 0);
+  assert_non_null(strstr(err.msg, "n = '12x'"));
   vl_knob_set(&k, "n", "101");
-  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, &err), 0);
   vl_knob_set(&k, "n", "42");
-  assert_int_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, &err), 0);
   assert_int_equal(v, 42);
-  assert_int_equal(vl_knob_int(&k, "absent", test_decl, 0, 100, &v, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int(&k, "absent", test_decl, 0, 100, &v, &err), 0);
   assert_int_equal(v, 7);
   vl_knob_set(&k, "f", "1.5");
-  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, &err), 0);
   vl_knob_set(&k, "f", "nan");
-  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, &err), 0);
   vl_knob_set(&k, "b", "maybe");
-  assert_int_not_equal(vl_knob_bool(&k, "b", test_decl, &b, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_bool(&k, "b", test_decl, &b, &err), 0);
   vl_knob_set(&k, "b", "on");
-  assert_int_equal(vl_knob_bool(&k, "b", test_decl, &b, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bool(&k, "b", test_decl, &b, &err), 0);
   assert_int_equal(b, 1);
   vl_knob_set(&k, "s", "24 furlongs");
-  assert_int_not_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_bytes(&k, "s", test_decl, &sz, &err), 0);
   vl_knob_set(&k, "s", "24GiB");
-  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, &err), 0);
   assert_true(sz == (size_t)24 << 30);
-  assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,broken", err, sizeof err), 0);
+  assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,broken", &err), 0);
 }
 
 static void test_verdicts(void **state) {
@@ -194,16 +195,17 @@ static void test_stats_and_atomic_write(void **state) {
   double y[] = {4, 1, 3, 2};
   vl_stats_compute(y, 4, &s);
   assert_true(s.median == 2.5);
-  char path[512], err[256];
+  char path[512];
+  vl_err err;
   snprintf(path, sizeof path, "%s/out.json", tmpdir);
-  assert_int_equal(vl_write_atomic(path, "{\"a\":1}", err, sizeof err), 0);
+  assert_int_equal(vl_write_atomic(path, "{\"a\":1}", &err), 0);
   char *t = vl_read_file(path, NULL);
   assert_non_null(t);
   assert_string_equal(t, "{\"a\":1}");
   free(t);
   snprintf(path, sizeof path, "%s/no/such/dir/out.json", tmpdir);
-  assert_int_not_equal(vl_write_atomic(path, "x", err, sizeof err), 0);
-  assert_non_null(strstr(err, "cannot create"));
+  assert_int_not_equal(vl_write_atomic(path, "x", &err), 0);
+  assert_non_null(strstr(err.msg, "cannot create"));
 }
 
 /* The llm-lora case's plan output has every field the CLI promises, and knob errors. */
@@ -213,8 +215,8 @@ static void test_llm_plan_fields(void **state) {
   assert_non_null(c);
   assert_null(vl_case_find("llm-lora-nope"));
   vl_ladder L;
-  char err[512];
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", &err), 0);
   assert_true(vl_ladder_find(&L, "after") >= 0);
   assert_int_equal(vl_ladder_find(&L, "nosuch"), -1);
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
@@ -234,13 +236,13 @@ static void test_llm_plan_fields(void **state) {
   vl_knob_set(&bad, "optimizer", "lion");
   o = cJSON_CreateObject();
   assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "optimizer = 'lion'"));
+  assert_non_null(strstr(env.err.msg, "optimizer = 'lion'"));
   assert_int_equal(c->plan(&env, "galactic", &L.rungs[q].knobs, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "unknown scale"));
+  assert_non_null(strstr(env.err.msg, "unknown scale"));
   cJSON_Delete(o);
   vl_knob_set(&bad, "colour", "red");
   assert_int_equal(vl_case_check_knobs(&env, c, "qlora", &bad), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "unknown knob 'colour'"));
+  assert_non_null(strstr(env.err.msg, "unknown knob 'colour'"));
 }
 
 /* seg-ckpt's plan: encoder parameters equal torchvision's ResNet-101 without fc, the
@@ -250,8 +252,8 @@ static void test_seg_plan_fields(void **state) {
   const vl_case *c = vl_case_find("seg-ckpt");
   assert_non_null(c);
   vl_ladder L;
-  char err[512];
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "seg-ckpt", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "seg-ckpt", &err), 0);
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
   for (int i = 0; i < L.n_rungs; i++)
     assert_int_equal(vl_case_check_knobs(&env, c, L.rungs[i].name, &L.rungs[i].knobs), VL_OK);
@@ -282,11 +284,11 @@ static void test_seg_plan_fields(void **state) {
   vl_knob_set(&bad, "compute", "nf4");
   cJSON *o = cJSON_CreateObject();
   assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "compute = 'nf4'"));
+  assert_non_null(strstr(env.err.msg, "compute = 'nf4'"));
   bad = L.rungs[b].knobs;
   vl_knob_set(&bad, "batch", "1");
   assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "batch"));
+  assert_non_null(strstr(env.err.msg, "batch"));
   cJSON_Delete(o);
 }
 
@@ -307,14 +309,14 @@ static void test_case_error_convention(void **state) {
   int reached = 0;
   assert_int_equal(fail_then_more(&env, &reached), VL_ERR_IO);
   assert_int_equal(reached, 0);
-  assert_string_equal(env.err, "first failure 1");
-  /* the knob reads: the harness helper's message, as it wrote it */
+  assert_string_equal(env.err.msg, "first failure 1");
+  /* the knob reads: the kit's message, as it writes it into any caller's vl_err */
   long v;
-  char direct[512];
+  vl_err direct;
   vl_knob_set(&setting, "steps", "12x");
-  assert_int_not_equal(vl_knob_int(&setting, "steps", NULL, 1, 9, &v, direct, sizeof direct), 0);
-  assert_int_equal(vl_case_knob_int(&env, &setting, "steps", NULL, 1, 9, &v), VL_ERR_INVALID);
-  assert_string_equal(env.err, direct);
+  assert_int_not_equal(vl_knob_int(&setting, "steps", NULL, 1, 9, &v, &direct), 0);
+  assert_int_equal(vl_knob_int(&setting, "steps", NULL, 1, 9, &v, &env.err), VL_ERR_INVALID);
+  assert_string_equal(env.err.msg, direct.msg);
 
   bool ran = false;
   cJSON *ok = cJSON_CreateObject(), *oom = cJSON_CreateObject(), *intr = cJSON_CreateObject(),
@@ -332,15 +334,15 @@ static void test_case_error_convention(void **state) {
   assert_false(ran);
   char want[256];
   snprintf(want, sizeof want, "cpu at scale tiny: %s (stopped at a step edge)", vl_status_name(VL_ERR_INTERRUPTED));
-  assert_string_equal(env.err, want);
+  assert_string_equal(env.err.msg, want);
   assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(intr, "error")), want);
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(intr, "interrupted")));
   /* a helper's message already in the env, passed on as the run's */
   vl_case_fail(&env, VL_ERR_IO, "evaluation data: img_3.jpg: truncated");
-  assert_int_equal(vl_case_triage(&env, VL_ERR_IO, env.err, io, &ran), VL_ERR_IO);
+  assert_int_equal(vl_case_triage(&env, VL_ERR_IO, env.err.msg, io, &ran), VL_ERR_IO);
   snprintf(want, sizeof want, "cpu at scale tiny: %s (evaluation data: img_3.jpg: truncated)",
            vl_status_name(VL_ERR_IO));
-  assert_string_equal(env.err, want);
+  assert_string_equal(env.err.msg, want);
   assert_null(cJSON_GetObjectItem(io, "interrupted"));
   cJSON_Delete(ok); cJSON_Delete(oom); cJSON_Delete(intr); cJSON_Delete(io);
 }
@@ -363,13 +365,13 @@ static void test_case_hooks_return_status(void **state) {
       vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = setting, .quiet = 1};
       vl_status s = c->check(&env, rung);
       if (s != VL_OK) { /* a path (data_dir) takes any text */
-        if (s != VL_ERR_INVALID || !strstr(env.err, d->name))
-          fail_msg("%s: %s=#bad: status %d, message '%s'", c->id, d->name, (int)s, env.err);
+        if (s != VL_ERR_INVALID || !strstr(env.err.msg, d->name))
+          fail_msg("%s: %s=#bad: status %d, message '%s'", c->id, d->name, (int)s, env.err.msg);
         refused++;
         cJSON *o = cJSON_CreateObject();
-        env.err[0] = 0;
+        env.err.msg[0] = 0;
         assert_int_equal(c->plan(&env, "tiny", rung, o), VL_ERR_INVALID);
-        assert_non_null(strstr(env.err, d->name));
+        assert_non_null(strstr(env.err.msg, d->name));
         cJSON_Delete(o);
       }
       free(setting);
@@ -384,17 +386,18 @@ static void test_report_rejects_corrupt_results(void **state) {
   (void)state;
   const vl_case *c = vl_case_find("llm-lora");
   vl_ladder L;
-  char err[512], res[512], md[512];
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  char res[512], md[512];
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", &err), 0);
   write_file("res/trunc.json", "{\"schema_version\": 1, \"rungs\": [ {\"name\": \"base");
   snprintf(res, sizeof res, "%s/res/trunc.json", tmpdir);
   snprintf(md, sizeof md, "%s/res/out.md", tmpdir);
-  assert_int_not_equal(vl_report_write(c, &L, res, md, err, sizeof err), 0);
-  assert_non_null(strstr(err, "truncated or corrupt"));
+  assert_int_not_equal(vl_report_write(c, &L, res, md, &err), 0);
+  assert_non_null(strstr(err.msg, "truncated or corrupt"));
   assert_int_not_equal(access(md, F_OK), 0);
   snprintf(res, sizeof res, "%s/res/missing.json", tmpdir);
-  assert_int_not_equal(vl_report_write(c, &L, res, md, err, sizeof err), 0);
-  assert_non_null(strstr(err, "cannot read"));
+  assert_int_not_equal(vl_report_write(c, &L, res, md, &err), 0);
+  assert_non_null(strstr(err.msg, "cannot read"));
 }
 
 /* Ctrl-C during a run: the run stops at a step edge, the results written so far are kept
@@ -475,11 +478,11 @@ static void expect_load_error(const char *id, const char *ladder, const char *cl
   snprintf(rel, sizeof rel, "cases/%s/claims.ini", id);
   write_file(rel, claims);
   vl_ladder L;
-  char err[512] = "";
-  int rc = vl_ladder_load(&L, tmpdir, id, err, sizeof err);
+  vl_err err = {0};
+  int rc = vl_ladder_load(&L, tmpdir, id, &err);
   for (int i = 0; expect[i]; i++)
-    if (rc == 0 || !strstr(err, expect[i])) {
-      print_error("case %s: rc %d, error '%s', expected '%s'\n", id, rc, err, expect[i]);
+    if (rc == 0 || !strstr(err.msg, expect[i])) {
+      print_error("case %s: rc %d, error '%s', expected '%s'\n", id, rc, err.msg, expect[i]);
       fail();
     }
 }
@@ -490,13 +493,14 @@ static void expect_load_error(const char *id, const char *ladder, const char *cl
 static void test_set_long_values(void **state) {
   (void)state;
   vl_ladder L;
-  char err[512] = "", a[1200], v[1100];
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  char a[1200], v[1100];
+  vl_err err = {0};
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", &err), 0);
   memset(v, 'd', 300);
   v[0] = '/';
   v[300] = 0;
   snprintf(a, sizeof a, "data_dir=%s", v);
-  if (vl_ladder_set(&L, a, err, sizeof err)) { print_error("--set data_dir (300 chars): '%s'\n", err); fail(); }
+  if (vl_ladder_set(&L, a, &err)) { print_error("--set data_dir (300 chars): '%s'\n", err.msg); fail(); }
   assert_string_equal(vl_knob_get(&L.setting, "data_dir"), v);
   memset(v, 'd', 1050);
   v[1050] = 0;
@@ -504,9 +508,9 @@ static void test_set_long_values(void **state) {
   const char *knob[] = {"data_dir", "collate", "collate"};
   for (int i = 0; i < 3; i++) {
     snprintf(a, sizeof a, forms[i], v);
-    err[0] = 0;
-    assert_int_not_equal(vl_ladder_set(&L, a, err, sizeof err), 0);
-    if (!strstr(err, knob[i]) || !strstr(err, "1023")) { print_error("'%.20s...': '%s'\n", a, err); fail(); }
+    err.msg[0] = 0;
+    assert_int_not_equal(vl_ladder_set(&L, a, &err), 0);
+    if (!strstr(err.msg, knob[i]) || !strstr(err.msg, "1023")) { print_error("'%.20s...': '%s'\n", a, err.msg); fail(); }
   }
 }
 
@@ -534,14 +538,14 @@ static void test_out_path_not_truncated(void **state) {
 static void test_empty_values_refused(void **state) {
   (void)state;
   vl_ladder L;
-  char err[512] = "";
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  vl_err err = {0};
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "dataloader", &err), 0);
   const char *sets[] = {"data_dir=", "before.workers=", "workers="};
   const char *knob[] = {"data_dir", "workers", "workers"};
   for (int i = 0; i < 3; i++) {
-    err[0] = 0;
-    assert_int_not_equal(vl_ladder_set(&L, sets[i], err, sizeof err), 0);
-    if (!strstr(err, knob[i]) || !strstr(err, "empty")) { print_error("--set %s: '%s'\n", sets[i], err); fail(); }
+    err.msg[0] = 0;
+    assert_int_not_equal(vl_ladder_set(&L, sets[i], &err), 0);
+    if (!strstr(err.msg, knob[i]) || !strstr(err.msg, "empty")) { print_error("--set %s: '%s'\n", sets[i], err.msg); fail(); }
   }
   expect_load_error("e1", "[case]\nbatch = 2\n[a]\nx =\n", "[c]\nmetric = m\nafter = a\n",
                     (const char *const[]){"ladder.ini:4:", "'x'", "empty", NULL});
@@ -670,8 +674,8 @@ static void test_accum_plan_is_fast(void **state) {
   (void)state;
   const vl_case *c = vl_case_find("llm-lora");
   vl_ladder L;
-  char err[512];
-  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "llm-lora", &err), 0);
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L.setting, .quiet = 1};
   int k = vl_ladder_find(&L, "ckpt");
   vl_knobs kn = L.rungs[k].knobs;
@@ -805,50 +809,51 @@ static void test_strict_parsers(void **state) {
   assert_int_equal(vl_parse_i64_list("-1", 0, 9, l, 4, &n), VL_PARSE_RANGE);
   /* through the knob helpers: leading blanks, hex and underflow no longer slip through */
   vl_knobs k = {0};
-  char err[256];
+  vl_err err;
   long v, lv[16];
   size_t sz;
   assert_int_equal(vl_knob_set(&k, "n", " 42"), 0);
-  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, err, sizeof err), 0);
-  assert_non_null(strstr(err, "n = ' 42'"));
+  assert_int_not_equal(vl_knob_int(&k, "n", test_decl, 0, 100, &v, &err), 0);
+  assert_non_null(strstr(err.msg, "n = ' 42'"));
   assert_int_equal(vl_knob_set(&k, "f", "0x1p-1"), 0);
-  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, &err), 0);
   assert_int_equal(vl_knob_set(&k, "f", "1e-400"), 0);
-  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, err, sizeof err), 0);
+  assert_int_not_equal(vl_knob_double(&k, "f", test_decl, 0, 1, &d, &err), 0);
   const char *bad_bytes[] = {" 24GiB", "0x18GiB", "infGB", "-1GB", "GB", "1e999GB"};
   for (size_t j = 0; j < sizeof bad_bytes / sizeof *bad_bytes; j++) {
     assert_int_equal(vl_knob_set(&k, "s", bad_bytes[j]), 0);
-    if (!vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err)) { print_error("'%s' parsed\n", bad_bytes[j]); fail(); }
+    if (!vl_knob_bytes(&k, "s", test_decl, &sz, &err)) { print_error("'%s' parsed\n", bad_bytes[j]); fail(); }
   }
   assert_int_equal(vl_knob_set(&k, "s", "22.08GB"), 0);
-  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, err, sizeof err), 0);
+  assert_int_equal(vl_knob_bytes(&k, "s", test_decl, &sz, &err), 0);
   assert_true(sz == 22080000000u);
-  assert_int_equal(vl_knob_int_list(&k, "absent_list", test_decl, 1, 9, lv, 16, &n, err, sizeof err), 0);
+  assert_int_equal(vl_knob_int_list(&k, "absent_list", test_decl, 1, 9, lv, 16, &n, &err), 0);
   assert_int_equal(n, 3);
   assert_int_equal(vl_knob_set(&k, "sw", "0,1,x"), 0);
-  assert_int_not_equal(vl_knob_int_list(&k, "sw", test_decl, 0, 9, lv, 16, &n, err, sizeof err), 0);
-  assert_non_null(strstr(err, "sw = '0,1,x'"));
+  assert_int_not_equal(vl_knob_int_list(&k, "sw", test_decl, 0, 9, lv, 16, &n, &err), 0);
+  assert_non_null(strstr(err.msg, "sw = '0,1,x'"));
 }
 
 /* vl_knob_set refuses what it cannot hold or what means nothing, with the limit. */
 static void test_knob_set_limits(void **state) {
   (void)state;
   vl_knobs k = {0};
-  char err[256], v[VL_KNOB_VAL_LEN + 1];
+  char v[VL_KNOB_VAL_LEN + 1];
+  vl_err err;
   memset(v, 'v', VL_KNOB_VAL_LEN - 1);
   v[VL_KNOB_VAL_LEN - 1] = 0;
-  assert_int_equal(vl_knob_set_err(&k, "long", v, err, sizeof err), 0); /* exactly the limit */
+  assert_int_equal(vl_knob_set_err(&k, "long", v, &err), 0); /* exactly the limit */
   assert_int_equal(strlen(vl_knob_get(&k, "long")), VL_KNOB_VAL_LEN - 1);
   v[VL_KNOB_VAL_LEN - 1] = 'v';
   v[VL_KNOB_VAL_LEN] = 0;
-  assert_int_not_equal(vl_knob_set_err(&k, "long", v, err, sizeof err), 0);
-  assert_non_null(strstr(err, "knob 'long'"));
-  assert_non_null(strstr(err, "1023"));
-  assert_int_not_equal(vl_knob_set_err(&k, "a_knob_name_longer_than_the_forty_bytes_of_its_field", "1", err, sizeof err), 0);
-  assert_non_null(strstr(err, "limit 39"));
-  assert_int_not_equal(vl_knob_set_err(&k, "", "1", err, sizeof err), 0);
-  assert_int_not_equal(vl_knob_set_err(&k, "e", "", err, sizeof err), 0);
-  assert_non_null(strstr(err, "empty"));
+  assert_int_not_equal(vl_knob_set_err(&k, "long", v, &err), 0);
+  assert_non_null(strstr(err.msg, "knob 'long'"));
+  assert_non_null(strstr(err.msg, "1023"));
+  assert_int_not_equal(vl_knob_set_err(&k, "a_knob_name_longer_than_the_forty_bytes_of_its_field", "1", &err), 0);
+  assert_non_null(strstr(err.msg, "limit 39"));
+  assert_int_not_equal(vl_knob_set_err(&k, "", "1", &err), 0);
+  assert_int_not_equal(vl_knob_set_err(&k, "e", "", &err), 0);
+  assert_non_null(strstr(err.msg, "empty"));
   vl_knobs full = {0};
   char name[16];
   for (int i = 0; i < VL_MAX_KNOBS; i++) {
@@ -856,12 +861,12 @@ static void test_knob_set_limits(void **state) {
     assert_int_equal(vl_knob_set(&full, name, "1"), 0);
   }
   assert_int_equal(vl_knob_set(&full, "k0", "2"), 0); /* replacing needs no room */
-  assert_int_not_equal(vl_knob_set_err(&full, "one_more", "1", err, sizeof err), 0);
-  assert_non_null(strstr(err, "limit 48"));
+  assert_int_not_equal(vl_knob_set_err(&full, "one_more", "1", &err), 0);
+  assert_non_null(strstr(err.msg, "limit 48"));
   /* side-plan lists: empty items and values refused */
-  assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,,b=2", err, sizeof err), 0);
-  assert_int_not_equal(vl_knobs_apply_list(&k, "a=", err, sizeof err), 0);
-  assert_int_equal(vl_knobs_apply_list(&k, "a=1,b=2", err, sizeof err), 0);
+  assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,,b=2", &err), 0);
+  assert_int_not_equal(vl_knobs_apply_list(&k, "a=", &err), 0);
+  assert_int_equal(vl_knobs_apply_list(&k, "a=1,b=2", &err), 0);
   assert_string_equal(vl_knob_get(&k, "b"), "2");
 }
 
@@ -870,38 +875,38 @@ static void test_knob_set_limits(void **state) {
 static void test_ladder_parse_memory(void **state) {
   (void)state;
   vl_ladder L;
-  char err[512] = "";
-  assert_int_equal(vl_ladder_parse(&L, "t", ladder_ok, claims_ok, "mem", err, sizeof err), 0);
+  vl_err err = {0};
+  assert_int_equal(vl_ladder_parse(&L, "t", ladder_ok, claims_ok, "mem", &err), 0);
   assert_int_equal(L.n_rungs, 3);
   assert_int_equal(L.n_claims, 1);
   assert_true(L.claims[0].tol == 0.1);
-  assert_int_equal(vl_ladder_parse(&L, "t", "\xEF\xBB\xBF[a]\r\nx = 1\r\n", NULL, "mem", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_parse(&L, "t", "\xEF\xBB\xBF[a]\r\nx = 1\r\n", NULL, "mem", &err), 0);
   assert_string_equal(vl_knob_get(&L.rungs[0].knobs, "x"), "1");
-  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n  more\n", "", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "mem/ladder.ini:3:"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n[b]\n", "", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "mem/ladder.ini:3: section [b] has no keys"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a.b]\nx = 1\n", "", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "ladder.ini:1:"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a] junk\nx = 1\n", "", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "ladder.ini:1:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n  more\n", "", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "mem/ladder.ini:3:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a]\nx = 1\n[b]\n", "", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "mem/ladder.ini:3: section [b] has no keys"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a.b]\nx = 1\n", "", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "ladder.ini:1:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", "[a] junk\nx = 1\n", "", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "ladder.ini:1:"));
   char longline[300];
   memset(longline, 'x', 250);
   memcpy(longline, "[a]\nk = ", 8);
   longline[250] = 0;
-  assert_int_not_equal(vl_ladder_parse(&L, "t", longline, "", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "ladder.ini:2: line is 246 characters long (limit 199)"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nbefore_set = lr=\n", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "claims.ini:4:"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nkind = range\nlo = 2\nhi = 1\n", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "lo <= hi"));
-  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = -1\n", "mem", err, sizeof err), 0);
-  assert_non_null(strstr(err, "claims.ini:4:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", longline, "", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "ladder.ini:2: line is 246 characters long (limit 199)"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nbefore_set = lr=\n", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "claims.ini:4:"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\nkind = range\nlo = 2\nhi = 1\n", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "lo <= hi"));
+  assert_int_not_equal(vl_ladder_parse(&L, "t", ladder_ok, "[c]\nmetric = m\nafter = a\ntol = -1\n", "mem", &err), 0);
+  assert_non_null(strstr(err.msg, "claims.ini:4:"));
   int n;
   const vl_case *const *all = vl_case_all(&n);
   for (int i = 0; i < n; i++) {
     const vl_case *c = all[i];
-    if (vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, c->id, err, sizeof err)) { print_error("%s: %s\n", c->id, err); fail(); }
+    if (vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, c->id, &err)) { print_error("%s: %s\n", c->id, err.msg); fail(); }
     assert_non_null(c->metrics);
     assert_non_null(c->check);
     /* every number a rung's plan writes is a declared metric (claims may rely on it) */
@@ -968,12 +973,12 @@ static void test_list_json(void **state) {
   assert_int_equal(cJSON_GetArraySize(cases), n);
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[512];
+  vl_err err;
   for (int i = 0; i < n; i++) {
     cJSON *c = cJSON_GetArrayItem(cases, i);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(c, "id")), all[i]->id);
     assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(c, "scales")) >= 1);
-    assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, all[i]->id, err, sizeof err), 0);
+    assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, all[i]->id, &err), 0);
     cJSON *rungs = cJSON_GetObjectItem(c, "rungs");
     assert_int_equal(cJSON_GetArraySize(rungs), L->n_rungs);
     for (int j = 0; j < L->n_rungs; j++) {
@@ -1049,7 +1054,7 @@ static void test_declared_defaults(void **state) {
   (void)state;
   int n;
   const vl_case *const *all = vl_case_all(&n);
-  char err[512];
+  vl_err err;
   for (int i = 0; i < n; i++) {
     const vl_case *c = all[i];
     vl_knobs *setting = calloc(1, sizeof *setting), *rung = calloc(1, sizeof *rung), *none = calloc(1, sizeof *none);
@@ -1064,7 +1069,7 @@ static void test_declared_defaults(void **state) {
     }
     vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = setting, .quiet = 1};
     vl_case_env env0 = {.scale = "full", .device = VL_DEV_PLAN, .setting = none, .quiet = 1};
-    if (c->check && c->check(&env, rung)) fail_msg("%s: a declared default is refused: %s", c->id, env.err);
+    if (c->check && c->check(&env, rung)) fail_msg("%s: a declared default is refused: %s", c->id, env.err.msg);
     assert_int_equal(vl_case_check_knobs(&env, c, "defaults", rung), 0);
     cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
     assert_int_equal(c->plan(&env, "tiny", rung, a), 0);
@@ -1083,8 +1088,8 @@ static void test_declared_defaults(void **state) {
   /* a table without the key: absent is an error naming it, never a silent 0 */
   vl_knobs k = {0};
   long v;
-  assert_int_not_equal(vl_knob_int(&k, "ghost", test_decl, 0, 9, &v, err, sizeof err), 0);
-  assert_non_null(strstr(err, "ghost"));
+  assert_int_not_equal(vl_knob_int(&k, "ghost", test_decl, 0, 9, &v, &err), 0);
+  assert_non_null(strstr(err.msg, "ghost"));
 }
 
 /* [case] settings are declared: a typo in ladder.ini (with its line) or in --set is refused
@@ -1093,25 +1098,25 @@ static void test_unknown_setting_refused(void **state) {
   (void)state;
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[1024];
+  vl_err err;
   const char *claims = "";
   assert_int_not_equal(vl_ladder_parse(L, "llm-lora", "[case]\nsteps = 4\nstpes = 4\n[a]\nlr = 1e-3\n", claims,
-                                       "x", err, sizeof err), 0);
-  assert_non_null(strstr(err, "ladder.ini:3"));
-  assert_non_null(strstr(err, "unknown setting 'stpes'"));
-  assert_non_null(strstr(err, "steps")); /* the known ones */
+                                       "x", &err), 0);
+  assert_non_null(strstr(err.msg, "ladder.ini:3"));
+  assert_non_null(strstr(err.msg, "unknown setting 'stpes'"));
+  assert_non_null(strstr(err.msg, "steps")); /* the known ones */
   /* an unregistered case id reads anything (the harness tests' own ladders) */
-  assert_int_equal(vl_ladder_parse(L, "t-any", "[case]\nstpes = 4\n[a]\nx = 1\n", claims, "x", err, sizeof err), 0);
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
-  assert_int_not_equal(vl_ladder_set(L, "stpes=4", err, sizeof err), 0);
-  assert_non_null(strstr(err, "'stpes' is neither a knob nor a setting of llm-lora"));
+  assert_int_equal(vl_ladder_parse(L, "t-any", "[case]\nstpes = 4\n[a]\nx = 1\n", claims, "x", &err), 0);
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err), 0);
+  assert_int_not_equal(vl_ladder_set(L, "stpes=4", &err), 0);
+  assert_non_null(strstr(err.msg, "'stpes' is neither a knob nor a setting of llm-lora"));
   /* declared as a setting, not in the ladder: goes to the setting, not to the rungs */
   assert_null(vl_knob_get(&L->setting, "cuda_context"));
-  assert_int_equal(vl_ladder_set(L, "cuda_context=1GiB", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_set(L, "cuda_context=1GiB", &err), 0);
   assert_string_equal(vl_knob_get(&L->setting, "cuda_context"), "1GiB");
   assert_null(vl_knob_get(&L->rungs[0].knobs, "cuda_context"));
   /* a rung knob still goes to every rung */
-  assert_int_equal(vl_ladder_set(L, "clip=0.5", err, sizeof err), 0);
+  assert_int_equal(vl_ladder_set(L, "clip=0.5", &err), 0);
   assert_string_equal(vl_knob_get(&L->rungs[L->n_rungs - 1].knobs, "clip"), "0.5");
   free(L);
   char *t;
@@ -1129,7 +1134,8 @@ static void test_host_bytes_bound_plan_equals_run(void **state) {
   (void)state;
   const vl_case *c = vl_case_find("dataloader");
   assert_non_null(c);
-  char root[300], err[1024];
+  char root[300];
+  vl_err err;
   snprintf(root, sizeof root, "%s/bound-set", tmpdir);
   vl_knobs setting = {0};
   vl_knob_set(&setting, "data_dir", root);
@@ -1145,10 +1151,10 @@ static void test_host_bytes_bound_plan_equals_run(void **state) {
   double prev = 0;
   for (size_t i = 0; i < sizeof cfgs / sizeof *cfgs; i++) {
     vl_knobs k = {0};
-    assert_int_equal(vl_knobs_apply_list(&k, cfgs[i], err, sizeof err), 0);
+    assert_int_equal(vl_knobs_apply_list(&k, cfgs[i], &err), 0);
     cJSON *p = cJSON_CreateObject(), *r = cJSON_CreateObject();
     assert_int_equal(c->plan(&env, "tiny", &k, p), 0);
-    if (c->run(&env, &k, 0, r)) fail_msg("run %s: %s", cfgs[i], env.err);
+    if (c->run(&env, &k, 0, r)) fail_msg("run %s: %s", cfgs[i], env.err.msg);
     double planned = cJSON_GetNumberValue(cJSON_GetObjectItem(p, "host_bytes_bound"));
     double ran = cJSON_GetNumberValue(cJSON_GetObjectItem(r, "host_bytes_bound"));
     if (planned != ran) fail_msg("%s: planned %.0f, the run's loader %.0f", cfgs[i], planned, ran);

@@ -11,10 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
-#include "interrupt.h"
-#include "proc.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
+#include "kit/interrupt.h"
+#include "kit/proc.h"
 #include "testutil.h"
 
 static void sleep_ms(int ms) {
@@ -121,14 +122,15 @@ static void test_interrupted_run_exits_nonzero(void **state) {
   const vl_case *c = vl_case_find("dataloader");
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[512] = "", md[600];
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "dataloader", err, sizeof err), 0);
+  char md[600];
+  vl_err err = {0};
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "dataloader", &err), 0);
   tu_join(md, sizeof md, tu_tmp, "reports/dataloader.md");
   char rdir[600];
   tu_join(rdir, sizeof rdir, tu_tmp, "reports");
   assert_int_equal(vl_mkdir_p(rdir), 0);
   setenv("VRAMLAB_NO_GNUPLOT", "1", 1);
-  if (vl_report_write(c, L, latest, md, err, sizeof err)) fail_msg("report: %s", err);
+  if (vl_report_write(c, L, latest, md, &err)) fail_msg("report: %s", err.msg);
   free(L);
   n = tu_slurp(md, &text);
   char *rep = strndup((const char *)text, n);
@@ -161,7 +163,7 @@ static void test_dataloader_extra_interrupted_writes_no_derived_metrics(void **s
   vl_interrupted = 1;
   vl_status rc = c->extra(&env, res);
   vl_interrupted = 0;
-  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err);
+  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err.msg);
   cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
   assert_non_null(cm);
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cm, "decode_images_per_s_per_core")) > 0);

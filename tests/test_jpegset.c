@@ -17,7 +17,8 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 #include "datasets/jpegset.h"
 
 static char g_set[300];  /* the shared 12-image set */
@@ -911,7 +912,7 @@ static void test_first_use(void **state) {
 /* The case's run; its message in env->err. */
 static vl_status run_case(const vl_case *c, vl_case_env *env, const vl_knobs *k, double *skipped) {
   cJSON *o = cJSON_CreateObject();
-  env->err[0] = 0;
+  env->err.msg[0] = 0;
   vl_status rc = c->run(env, k, 0, o);
   cJSON *sk = cJSON_GetObjectItem(o, "skipped");
   if (skipped) *skipped = sk ? sk->valuedouble : -1;
@@ -944,7 +945,7 @@ static void test_dataloader_case(void **state) {
   double skipped;
   vl_knobs none = {0};
   vl_status rc = run_case(c, &env, &none, &skipped);
-  if (rc) print_error("run: %s\n", env.err);
+  if (rc) print_error("run: %s\n", env.err.msg);
   assert_int_equal(rc, 0);
   assert_true(skipped == 0);
 
@@ -952,33 +953,33 @@ static void test_dataloader_case(void **state) {
   vl_knobs bad = {0};
   vl_knob_set(&bad, "corrupt", "ignore");
   assert_int_not_equal(run_case(c, &env, &bad, NULL), 0);
-  assert_non_null(strstr(env.err, "corrupt = 'ignore'"));
-  assert_non_null(strstr(env.err, "skip or error"));
+  assert_non_null(strstr(env.err.msg, "corrupt = 'ignore'"));
+  assert_non_null(strstr(env.err.msg, "skip or error"));
   cJSON *o = cJSON_CreateObject();
   assert_int_equal(c->plan(&env, "tiny", &bad, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "corrupt"));
+  assert_non_null(strstr(env.err.msg, "corrupt"));
   cJSON_Delete(o);
   vl_knobs badm = {0};
   vl_knob_set(&badm, "max_file_bytes", "lots");
   assert_int_not_equal(run_case(c, &env, &badm, NULL), 0);
-  assert_non_null(strstr(env.err, "max_file_bytes"));
+  assert_non_null(strstr(env.err.msg, "max_file_bytes"));
 
   /* A damaged image: skipped with corrupt=skip, the run's error by default. */
   assert_int_equal(tu_jpegset_corrupt(set, 1, TU_JPEG_GARBAGE, err, sizeof err), 0);
   vl_knobs skip = {0};
   vl_knob_set(&skip, "corrupt", "skip");
   rc = run_case(c, &env, &skip, &skipped);
-  if (rc) print_error("run: %s\n", env.err);
+  if (rc) print_error("run: %s\n", env.err.msg);
   assert_int_equal(rc, 0);
   assert_true(skipped == 1);
   assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
-  assert_non_null(strstr(env.err, "img_0000001.jpg"));
+  assert_non_null(strstr(env.err.msg, "img_0000001.jpg"));
   /* max_file_bytes reaches the loader: every image is larger than 1 KiB. */
   vl_knobs small = {0};
   vl_knob_set(&small, "max_file_bytes", "1KiB");
   assert_int_not_equal(run_case(c, &env, &small, NULL), 0);
-  if (!strstr(env.err, "exceeds max_file_bytes (1024)")) print_error("run: %s\n", env.err);
-  assert_non_null(strstr(env.err, "exceeds max_file_bytes (1024)"));
+  if (!strstr(env.err.msg, "exceeds max_file_bytes (1024)")) print_error("run: %s\n", env.err.msg);
+  assert_non_null(strstr(env.err.msg, "exceeds max_file_bytes (1024)"));
 
   /* A damaged manifest: the run stops, naming it; the folder is left as it was. */
   snprintf(p, sizeof p, "%s/manifest.tsv", set);
@@ -989,10 +990,10 @@ static void test_dataloader_case(void **state) {
   *(strchr(l2, '\t') + 1) = '-';
   tu_write_bytes(p, m, mlen);
   assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
-  if (!strstr(env.err, "manifest.tsv:2: bad label") || !strstr(env.err, "vramlab data gen"))
-    print_error("run: %s\n", env.err);
-  assert_non_null(strstr(env.err, "manifest.tsv:2: bad label"));
-  assert_non_null(strstr(env.err, "vramlab data gen"));
+  if (!strstr(env.err.msg, "manifest.tsv:2: bad label") || !strstr(env.err.msg, "vramlab data gen"))
+    print_error("run: %s\n", env.err.msg);
+  assert_non_null(strstr(env.err.msg, "manifest.tsv:2: bad label"));
+  assert_non_null(strstr(env.err.msg, "vramlab data gen"));
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), mlen);
   assert_memory_equal(after, m, mlen);
@@ -1009,7 +1010,7 @@ static void test_dataloader_case(void **state) {
   snprintf(p, sizeof p, "%s/photo.jpg", set);
   tu_write_text(p, "theirs");
   assert_int_not_equal(run_case(c, &env, &none, NULL), 0);
-  assert_non_null(strstr(env.err, "is not empty"));
+  assert_non_null(strstr(env.err.msg, "is not empty"));
   assert_int_equal(tu_count_entries(set), 1);
 }
 

@@ -1,5 +1,5 @@
 /* Model-size knobs and Hugging Face model configs (cases/llm-lora/hfconfig.c, config.c,
- * cases/seg-ckpt/config.c): the config reader's errors, each naming the file and the field;
+ * kit/segrung.c): the config reader's errors, each naming the file and the field;
  * Mistral-7B-v0.1's published config.json planning exactly as the built-in full preset
  * (every rung, every number); Llama-3-8B's planned at sequence 2048 on 24 GB; the size knobs
  * of both model cases ("preset" = the scale's, a value overriding it, the relations
@@ -16,9 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "llm-lora/llm.h"
-#include "seg-ckpt/seg.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "cases/llm-lora/llm.h"
+#include "cases/seg-ckpt/seg.h"
 #include "testutil.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -63,8 +64,8 @@ static void expect_error(const char *text, const char *const *want) {
   vl_status s = vl_llm_hf_config_parse(&env, text, strlen(text), "x.json", &mc, &pos);
   if (s != VL_ERR_INVALID) fail_msg("accepted (status %d): %.300s", (int)s, text);
   for (int i = 0; want[i]; i++)
-    if (!strstr(env.err, want[i])) fail_msg("message '%s' lacks '%s'", env.err, want[i]);
-  assert_non_null(strstr(env.err, "model_config 'x.json'"));
+    if (!strstr(env.err.msg, want[i])) fail_msg("message '%s' lacks '%s'", env.err.msg, want[i]);
+  assert_non_null(strstr(env.err.msg, "model_config 'x.json'"));
   assert_memory_equal(&mc, &before, sizeof mc);
 }
 
@@ -140,7 +141,7 @@ static void test_parser_errors(void **state) {
   memcpy(two, t, n + 1);
   two[5] = 0;
   assert_int_equal(vl_llm_hf_config_parse(&env, two, n, "x.json", &mc, &pos), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "NUL byte at offset 5"));
+  assert_non_null(strstr(env.err.msg, "NUL byte at offset 5"));
   /* transformers' defaults for the optional fields: multi-head attention, theta 1e4, eps 1e-6 */
   char *opt = mistral_with("num_key_value_heads", NULL);
   cJSON *oo = cJSON_Parse(opt);
@@ -175,14 +176,14 @@ static void test_file_errors(void **state) {
   vl_mistral_preset("tiny", &mc);
   snprintf(path, sizeof path, "%s/absent.json", tmpdir);
   assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "model_config"));
-  assert_non_null(strstr(env.err, "cannot open"));
+  assert_non_null(strstr(env.err.msg, "model_config"));
+  assert_non_null(strstr(env.err.msg, "cannot open"));
   assert_int_equal(vl_llm_hf_config_load(&env, tmpdir, &mc, &pos), VL_ERR_INVALID); /* a directory */
-  assert_non_null(strstr(env.err, "not a regular file"));
+  assert_non_null(strstr(env.err.msg, "not a regular file"));
   snprintf(path, sizeof path, "%s/fifo.json", tmpdir);
   assert_int_equal(mkfifo(path, 0600), 0);
   assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID); /* never blocks */
-  assert_non_null(strstr(env.err, "not a regular file (fifo)"));
+  assert_non_null(strstr(env.err.msg, "not a regular file (fifo)"));
   snprintf(path, sizeof path, "%s/huge.json", tmpdir);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
@@ -191,7 +192,7 @@ static void test_file_errors(void **state) {
   fputs("\"}", f);
   fclose(f);
   assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "exceeds the 1 MiB limit"));
+  assert_non_null(strstr(env.err.msg, "exceeds the 1 MiB limit"));
   vl_mistral_cfg tiny;
   vl_mistral_preset("tiny", &tiny);
   assert_memory_equal(&mc, &tiny, sizeof mc);
@@ -242,7 +243,7 @@ static void test_many_keys(void **state) {
   assert_true(strlen(t) <= VL_LLM_HF_CONFIG_MAX_BYTES);
   tu_write_text(path, t);
   double t0 = now_s();
-  if (vl_llm_hf_config_load(&env, path, &mc, &pos)) fail_msg("%s", env.err);
+  if (vl_llm_hf_config_load(&env, path, &mc, &pos)) fail_msg("%s", env.err.msg);
   double dt = now_s() - t0;
   print_message("  a config of %zu bytes with 100k keys read in %.3f s\n", strlen(t), dt);
   assert_true(dt < 5.0);
@@ -266,7 +267,7 @@ static int opens_over_ladder(const vl_case *c, vl_ladder *L, const char *path) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   for (int i = 0; i < L->n_rungs; i++) {
     cJSON *o = cJSON_CreateObject();
-    if (c->check(&env, &L->rungs[i].knobs) || c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s", env.err);
+    if (c->check(&env, &L->rungs[i].knobs) || c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s", env.err.msg);
     cJSON_Delete(o);
   }
   /* an IN_OPEN and an IN_CLOSE_NOWRITE per open: alternating events are never merged */
@@ -285,8 +286,9 @@ static void test_config_read_once_per_ladder(void **state) {
   const vl_case *c = vl_case_find("llm-lora");
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[512] = "", path[512];
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  char path[512];
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
   snprintf(path, sizeof path, "%s/once.json", tmpdir);
   char *t = slurp_text(MISTRAL_JSON);
   tu_write_text(path, t);
@@ -313,7 +315,7 @@ static void test_mistral_config_is_the_preset(void **state) {
   int64_t pos = 0;
   assert_int_equal(vl_mistral_preset("full", &full), 0);
   assert_int_equal(vl_mistral_preset("tiny", &mc), 0);
-  if (vl_llm_hf_config_load(&env, MISTRAL_JSON, &mc, &pos)) fail_msg("%s", env.err);
+  if (vl_llm_hf_config_load(&env, MISTRAL_JSON, &mc, &pos)) fail_msg("%s", env.err.msg);
   assert_int_equal(pos, 32768);
   mc.seq = full.seq; /* a training setting, not the config's */
   assert_memory_equal(&mc, &full, sizeof mc);
@@ -338,8 +340,8 @@ static void test_mistral_config_plans_as_the_preset(void **state) {
   assert_non_null(c);
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[512] = "";
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
   vl_knobs *with = malloc(sizeof *with);
   assert_non_null(with);
   *with = L->setting;
@@ -348,8 +350,8 @@ static void test_mistral_config_plans_as_the_preset(void **state) {
   vl_case_env e1 = {.scale = "full", .device = VL_DEV_PLAN, .setting = with, .quiet = 1};
   for (int i = 0; i < L->n_rungs; i++) {
     cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
-    if (c->plan(&e0, "full", &L->rungs[i].knobs, a)) fail_msg("%s", e0.err);
-    if (c->plan(&e1, "full", &L->rungs[i].knobs, b)) fail_msg("%s", e1.err);
+    if (c->plan(&e0, "full", &L->rungs[i].knobs, a)) fail_msg("%s", e0.err.msg);
+    if (c->plan(&e1, "full", &L->rungs[i].knobs, b)) fail_msg("%s", e1.err.msg);
     double pa = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "params_total"));
     double ka = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "peak_bytes"));
     double fa = cJSON_GetNumberValue(cJSON_GetObjectItem(a, "flops_per_step"));
@@ -366,7 +368,7 @@ static void test_mistral_config_plans_as_the_preset(void **state) {
   cJSON *t = cJSON_CreateObject();
   int q = vl_ladder_find(L, "qlora");
   e1.scale = "tiny";
-  if (c->plan(&e1, "tiny", &L->rungs[q].knobs, t)) fail_msg("%s", e1.err);
+  if (c->plan(&e1, "tiny", &L->rungs[q].knobs, t)) fail_msg("%s", e1.err.msg);
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "params_total")) == 7248547840.0);
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "seq")) == 32.0);
   cJSON_Delete(t);
@@ -382,7 +384,7 @@ static void test_llama3_8b_at_2048(void **state) {
   vl_mistral_cfg mc;
   int64_t pos = 0;
   vl_mistral_preset("full", &mc);
-  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos)) fail_msg("%s", env.err);
+  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos)) fail_msg("%s", env.err.msg);
   assert_int_equal(mc.dim, 4096);
   assert_int_equal(mc.ffn, 14336);
   assert_int_equal(mc.n_layers, 32);
@@ -396,8 +398,8 @@ static void test_llama3_8b_at_2048(void **state) {
   const vl_case *c = vl_case_find("llm-lora");
   vl_ladder *L = malloc(sizeof *L);
   assert_non_null(L);
-  char err[512] = "";
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err)) fail_msg("%s", err);
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
   assert_int_equal(vl_knob_set(&L->setting, "model_config", LLAMA3_JSON), 0);
   assert_int_equal(vl_knob_set(&L->setting, "seq", "2048"), 0);
   assert_int_equal(vl_knob_set(&L->setting, "batch", "1"), 0);
@@ -409,7 +411,7 @@ static void test_llama3_8b_at_2048(void **state) {
     int r = vl_ladder_find(L, rungs[i]);
     assert_true(r >= 0);
     cJSON *o = cJSON_CreateObject();
-    if (c->plan(&env, "full", &L->rungs[r].knobs, o)) fail_msg("%s", env.err);
+    if (c->plan(&env, "full", &L->rungs[r].knobs, o)) fail_msg("%s", env.err.msg);
     double params = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "params_total"));
     double trainable = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "params_trainable"));
     peak[i] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "peak_bytes"));
@@ -433,12 +435,12 @@ static void test_llama3_8b_at_2048(void **state) {
   assert_int_equal(vl_knob_set(&L->setting, "seq", "8193"), 0);
   cJSON *o = cJSON_CreateObject();
   assert_int_equal(c->plan(&env, "full", &L->rungs[0].knobs, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "max_position_embeddings 8192"));
-  assert_non_null(strstr(env.err, "seq = 8193"));
+  assert_non_null(strstr(env.err.msg, "max_position_embeddings 8192"));
+  assert_non_null(strstr(env.err.msg, "seq = 8193"));
   assert_int_equal(vl_knob_set(&L->setting, "seq", "preset"), 0);
   assert_int_equal(vl_knob_set(&L->setting, "run_seq", "9000"), 0);
   assert_int_equal(c->check(&env, &L->rungs[0].knobs), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "run_seq = 9000"));
+  assert_non_null(strstr(env.err.msg, "run_seq = 9000"));
   cJSON_Delete(o);
   free(L);
 }
@@ -458,7 +460,7 @@ static void expect_llm_refused(const char *const *kv, const char *want) {
   vl_llm_rung r;
   vl_case_env env;
   assert_int_equal(llm_rung("tiny", kv, &r, &env), VL_ERR_INVALID);
-  if (!strstr(env.err, want)) fail_msg("'%s' lacks '%s'", env.err, want);
+  if (!strstr(env.err.msg, want)) fail_msg("'%s' lacks '%s'", env.err.msg, want);
 }
 
 static void test_llm_size_knobs(void **state) {
@@ -472,22 +474,22 @@ static void test_llm_size_knobs(void **state) {
     vl_mistral_preset(scales[i], &p);
     const char *kv[] = {"layers", "preset", "dim", "preset", "ffn", "preset", "heads", "preset", "kv_heads",
                         "preset", "vocab", "preset", "seq", "preset", "model_config", "none", "run_seq", "0", NULL};
-    if (llm_rung(scales[i], kv, &a, &env)) fail_msg("%s", env.err);
+    if (llm_rung(scales[i], kv, &a, &env)) fail_msg("%s", env.err.msg);
     assert_memory_equal(&a.model.mc, &p, sizeof p);
     assert_int_equal(a.run_seq, 0);
   }
   /* each knob sets its size; heads sets the head size dim / heads */
   const char *kv[] = {"layers", "3", "dim", "96", "ffn", "200", "heads", "6", "kv_heads", "3", "vocab", "1000",
                       "seq", "48", NULL};
-  if (llm_rung("tiny", kv, &a, &env)) fail_msg("%s", env.err);
+  if (llm_rung("tiny", kv, &a, &env)) fail_msg("%s", env.err.msg);
   vl_mistral_cfg w = {1000, 96, 3, 6, 3, 16, 200, 48, 10000.0f, 1e-5f};
   assert_memory_equal(&a.model.mc, &w, sizeof w);
   /* seq applies at every scale now (it applied at full only) */
-  if (llm_rung("small", (const char *const[]){"seq", "64", NULL}, &a, &env)) fail_msg("%s", env.err);
+  if (llm_rung("small", (const char *const[]){"seq", "64", NULL}, &a, &env)) fail_msg("%s", env.err.msg);
   assert_int_equal(a.model.mc.seq, 64);
   /* one more layer adds exactly one layer's parameters: q, k, v, o, gate, up, down, 2 norms */
-  if (llm_rung("tiny", (const char *const[]){"layers", "3", NULL}, &a, &env)) fail_msg("%s", env.err);
-  if (llm_rung("tiny", (const char *const[]){NULL}, &b, &env)) fail_msg("%s", env.err);
+  if (llm_rung("tiny", (const char *const[]){"layers", "3", NULL}, &a, &env)) fail_msg("%s", env.err.msg);
+  if (llm_rung("tiny", (const char *const[]){NULL}, &b, &env)) fail_msg("%s", env.err.msg);
   vl_plan_result pa, pb;
   vl_step_spec sa = vl_llm_step_spec(&a, 1, 8), sb = vl_llm_step_spec(&b, 1, 8);
   assert_int_equal(vl_run_plan(&sa, VL_NO_CAP, VL_DEV_CUDA, false, &pa), VL_OK);
@@ -497,7 +499,7 @@ static void test_llm_size_knobs(void **state) {
   vl_plan_result_free(&pb);
   /* a model config, then a knob over it */
   if (llm_rung("tiny", (const char *const[]){"model_config", LLAMA3_JSON, "layers", "16", NULL}, &a, &env))
-    fail_msg("%s", env.err);
+    fail_msg("%s", env.err.msg);
   assert_int_equal(a.model.mc.n_layers, 16);
   assert_int_equal(a.model.mc.vocab, 128256);
   assert_int_equal(a.model.mc.seq, 32); /* tiny's: seq is a training setting */
@@ -515,17 +517,17 @@ static void test_llm_size_knobs(void **state) {
 }
 
 /* seg-ckpt's rung parsed at scale with the setting's pairs. */
-static vl_status seg_rung(const char *scale, const char *const *kv, vl_seg_rung *r, vl_case_env *env) {
+static vl_status seg_rung(const char *scale, const char *const *kv, vl_segrung *r, vl_case_env *env) {
   static vl_knobs setting, none;
   memset(&setting, 0, sizeof setting);
   for (int i = 0; kv[i]; i += 2) assert_int_equal(vl_knob_set(&setting, kv[i], kv[i + 1]), 0);
   *env = (vl_case_env){.scale = scale, .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
-  return vl_seg_parse_rung(env, scale, &none, r);
+  return vl_segrung_parse(env, scale, &none, r);
 }
 
-static int64_t seg_params(const vl_seg_rung *r, int module) {
+static int64_t seg_params(const vl_segrung *r, int module) {
   vl_plan_result p;
-  vl_step_spec s = vl_seg_step_spec(r, 2, 1);
+  vl_step_spec s = vl_segrung_step_spec(r, 2, 1);
   assert_int_equal(vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &p), VL_OK);
   int64_t n = module < 0 ? p.params.total : p.params.module_count[module];
   vl_plan_result_free(&p);
@@ -534,30 +536,30 @@ static int64_t seg_params(const vl_seg_rung *r, int module) {
 
 static void test_seg_size_knobs(void **state) {
   (void)state;
-  vl_seg_rung r;
+  vl_segrung r;
   vl_case_env env;
   vl_resunet_cfg small, tiny, full;
   vl_resunet_preset("small", &small);
   vl_resunet_preset("tiny", &tiny);
   vl_resunet_preset("full", &full);
   /* the presets are full's with image and width_div: small = 128 / 4, tiny = 32 / 16 */
-  if (seg_rung("full", (const char *const[]){"image", "128", "width_div", "4", NULL}, &r, &env)) fail_msg("%s", env.err);
+  if (seg_rung("full", (const char *const[]){"image", "128", "width_div", "4", NULL}, &r, &env)) fail_msg("%s", env.err.msg);
   assert_memory_equal(&r.model.mc, &small, sizeof small);
-  if (seg_rung("full", (const char *const[]){"image", "32", "width_div", "16", NULL}, &r, &env)) fail_msg("%s", env.err);
+  if (seg_rung("full", (const char *const[]){"image", "32", "width_div", "16", NULL}, &r, &env)) fail_msg("%s", env.err.msg);
   assert_memory_equal(&r.model.mc, &tiny, sizeof tiny);
   if (seg_rung("tiny", (const char *const[]){"image", "preset", "width_div", "preset", "blocks", "preset", NULL}, &r,
                &env))
-    fail_msg("%s", env.err);
+    fail_msg("%s", env.err.msg);
   assert_memory_equal(&r.model.mc, &tiny, sizeof tiny);
   /* the full-width ResNet-101 at the small image size: full's parameters, small's image */
-  if (seg_rung("small", (const char *const[]){"width_div", "1", NULL}, &r, &env)) fail_msg("%s", env.err);
+  if (seg_rung("small", (const char *const[]){"width_div", "1", NULL}, &r, &env)) fail_msg("%s", env.err.msg);
   assert_int_equal(r.model.mc.image, 128);
   assert_int_equal(r.model.mc.width, 64);
-  vl_seg_rung rf;
-  if (seg_rung("full", (const char *const[]){NULL}, &rf, &env)) fail_msg("%s", env.err);
+  vl_segrung rf;
+  if (seg_rung("full", (const char *const[]){NULL}, &rf, &env)) fail_msg("%s", env.err.msg);
   assert_int_equal(seg_params(&r, -1), seg_params(&rf, -1));
   /* blocks 3,4,6,3: torchvision's ResNet-50 without fc, 23,508,032 parameters */
-  if (seg_rung("full", (const char *const[]){"blocks", "3,4,6,3", NULL}, &r, &env)) fail_msg("%s", env.err);
+  if (seg_rung("full", (const char *const[]){"blocks", "3,4,6,3", NULL}, &r, &env)) fail_msg("%s", env.err.msg);
   assert_int_equal(seg_params(&r, 0), 23508032);
   assert_int_equal(seg_params(&rf, 0), 42500160);
   /* refused, naming the knob */
@@ -568,7 +570,7 @@ static void test_seg_size_knobs(void **state) {
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     if (seg_rung("small", (const char *const[]){bad[i][0], bad[i][1], NULL}, &r, &env) != VL_ERR_INVALID)
       fail_msg("%s = %s accepted", bad[i][0], bad[i][1]);
-    if (!strstr(env.err, bad[i][2])) fail_msg("'%s' lacks '%s'", env.err, bad[i][2]);
+    if (!strstr(env.err.msg, bad[i][2])) fail_msg("'%s' lacks '%s'", env.err.msg, bad[i][2]);
   }
 }
 
@@ -588,7 +590,7 @@ static void run_fixed(long n) {
   assert_int_equal(vl_knob_set(setting, "run_seq", num), 0);
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = setting, .quiet = 1};
   cJSON *out = cJSON_CreateObject();
-  if (c->run(&env, k, 0, out)) fail_msg("%s", env.err);
+  if (c->run(&env, k, 0, out)) fail_msg("%s", env.err.msg);
   vl_llm_rung r;
   assert_int_equal(vl_llm_parse_rung(&env, "tiny", k, &r), VL_OK);
   if (n > r.model.mc.seq) r.model.mc.seq = n;

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "collbench.h"
-#include "multi-gpu/mg.h"
-#include "report.h"
+#include "harness/collbench.h"
+#include "cases/multi-gpu/mg.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static vl_ladder *ladder; /* large: not on the stack */
@@ -22,9 +22,9 @@ static vl_ladder *ladder; /* large: not on the stack */
 static int setup(void **state) {
   (void)state;
   ladder = malloc(sizeof *ladder);
-  char err[512];
-  if (!ladder || vl_ladder_load(ladder, VRAMLAB_SOURCE_DIR, "multi-gpu", err, sizeof err)) {
-    fprintf(stderr, "%s\n", err);
+  vl_err err;
+  if (!ladder || vl_ladder_load(ladder, VRAMLAB_SOURCE_DIR, "multi-gpu", &err)) {
+    fprintf(stderr, "%s\n", err.msg);
     return -1;
   }
   if (tu_tmpdir(tu_tmp, sizeof tu_tmp, "vramlab-mg-")) return -1;
@@ -121,11 +121,11 @@ static void test_median_leaves_out_disturbed(void **state) {
 static cJSON *plan_of(const char *name, const char *set) {
   const vl_case *c = vl_case_find("multi-gpu");
   vl_knobs k = *rung(name);
-  char err[256];
-  if (set && vl_knobs_apply_list(&k, set, err, sizeof err)) fail_msg("%s", err);
+  vl_err err;
+  if (set && vl_knobs_apply_list(&k, set, &err)) fail_msg("%s", err.msg);
   vl_case_env env = env_at("full", VL_DEV_PLAN);
   cJSON *o = cJSON_CreateObject();
-  if (c->plan(&env, "full", &k, o)) fail_msg("%s %s: %s", name, set ? set : "", env.err);
+  if (c->plan(&env, "full", &k, o)) fail_msg("%s %s: %s", name, set ? set : "", env.err.msg);
   return o;
 }
 
@@ -221,11 +221,11 @@ static void test_plan_relations(void **state) {
 static void expect_refused(const char *name, const char *set, const char *word) {
   const vl_case *c = vl_case_find("multi-gpu");
   vl_knobs k = *rung(name);
-  char err[256];
-  assert_int_equal(vl_knobs_apply_list(&k, set, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_knobs_apply_list(&k, set, &err), 0);
   vl_case_env env = env_at("tiny", VL_DEV_PLAN);
   assert_int_equal(c->check(&env, &k), VL_ERR_INVALID);
-  if (!strstr(env.err, word)) fail_msg("%s: message '%s' lacks '%s'", set, env.err, word);
+  if (!strstr(env.err.msg, word)) fail_msg("%s: message '%s' lacks '%s'", set, env.err.msg, word);
 }
 
 static void test_knob_errors(void **state) {
@@ -247,7 +247,7 @@ static void test_knob_errors(void **state) {
     assert_int_equal(vl_knob_set(s, bad[i][0], bad[i][1]), 0);
     vl_case_env env = {.scale = "tiny", .device = VL_DEV_PLAN, .setting = s, .quiet = 1};
     assert_int_equal(c->check(&env, rung("ddp")), VL_ERR_INVALID);
-    if (!strstr(env.err, bad[i][0])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], env.err);
+    if (!strstr(env.err.msg, bad[i][0])) fail_msg("%s=%s: message '%s'", bad[i][0], bad[i][1], env.err.msg);
     free(s);
   }
 }
@@ -257,7 +257,7 @@ static void test_seg_defaults_shared(void **state) {
   (void)state;
   int shared = 0;
   for (int i = 0; vl_mg_knobs[i].name; i++) {
-    const vl_knob_decl *s = vl_knob_decl_find(vl_seg_knobs, vl_mg_knobs[i].name);
+    const vl_knob_decl *s = vl_knob_decl_find(vl_segrung_knobs, vl_mg_knobs[i].name);
     if (!s) continue;
     shared++;
     if (strcmp(s->def, vl_mg_knobs[i].def)) fail_msg("%s: default %s, seg-ckpt's %s", s->name, vl_mg_knobs[i].def, s->def);
@@ -284,7 +284,7 @@ static void test_tiny_two_rank_run(void **state) {
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     cJSON *o = cJSON_CreateObject();
     vl_status s = c->run(&env, rung(names[i]), 0, o);
-    if (s != VL_OK) fail_msg("%s: %s", names[i], env.err);
+    if (s != VL_OK) fail_msg("%s: %s", names[i], env.err.msg);
     if (cJSON_GetObjectItem(o, "not_measured")) {
       print_message("skipped: %s\n", cJSON_GetStringValue(cJSON_GetObjectItem(o, "not_measured")));
       cJSON_Delete(o);
@@ -311,7 +311,7 @@ static void test_tiny_two_rank_run(void **state) {
   assert_int_equal(vl_knob_set(&k, "ranks", n), 0);
   cJSON *o = cJSON_CreateObject();
   assert_int_equal(c->run(&env, &k, 0, o), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "oversubscribe"));
+  assert_non_null(strstr(env.err.msg, "oversubscribe"));
   cJSON_Delete(o);
 }
 
@@ -329,11 +329,11 @@ static void test_failing_worker_ends_the_job(void **state) {
   double t0 = vl_now();
   assert_int_equal(c->run(&env, &k, 0, o), VL_ERR_COMM);
   assert_true(vl_now() - t0 < 60);
-  if (!strstr(env.err, "exceeds the 8 images")) fail_msg("message: %s", env.err);
-  assert_non_null(strstr(env.err, "exited with status"));
+  if (!strstr(env.err.msg, "exceeds the 8 images")) fail_msg("message: %s", env.err.msg);
+  assert_non_null(strstr(env.err.msg, "exited with status"));
   cJSON_Delete(o);
   /* the job's folder is kept for its log (/tmp/vramlab-mg-XXXXXX/job.log); remove it */
-  const char *p = strstr(env.err, "/tmp/vramlab-mg-");
+  const char *p = strstr(env.err.msg, "/tmp/vramlab-mg-");
   assert_non_null(p);
   char dir[32];
   snprintf(dir, sizeof dir, "%.22s", p);
@@ -351,7 +351,7 @@ static void test_no_mpirun_not_measured(void **state) {
   cJSON *o = cJSON_CreateObject();
   vl_status s = c->run(&env, rung("ddp"), 0, o);
   unsetenv("VRAMLAB_MPIRUN");
-  if (s != VL_OK) fail_msg("%s", env.err);
+  if (s != VL_OK) fail_msg("%s", env.err.msg);
   const char *why = cJSON_GetStringValue(cJSON_GetObjectItem(o, "not_measured"));
   assert_non_null(why);
   assert_non_null(strstr(why, "apt-get install"));
@@ -398,9 +398,10 @@ static void same_json(const cJSON *want, const cJSON *got, const char *path) {
 static void test_golden_plans(void **state) {
   (void)state;
   vl_ladder *L = malloc(sizeof *L); /* the ladder as shipped: the setup's settings aside */
-  char err[512], path[512];
+  char path[512];
+  vl_err err;
   assert_non_null(L);
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "multi-gpu", err, sizeof err)) fail_msg("%s", err);
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "multi-gpu", &err)) fail_msg("%s", err.msg);
   snprintf(path, sizeof path, "%s/tests/golden/multi-gpu.json", VRAMLAB_SOURCE_DIR);
   uint8_t *text;
   size_t n = tu_slurp(path, &text);
@@ -412,7 +413,7 @@ static void test_golden_plans(void **state) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   for (int i = 0; i < L->n_rungs; i++) {
     cJSON *o = cJSON_CreateObject();
-    if (c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s: %s", L->rungs[i].name, env.err);
+    if (c->plan(&env, "full", &L->rungs[i].knobs, o)) fail_msg("%s: %s", L->rungs[i].name, env.err.msg);
     char where[64];
     snprintf(where, sizeof where, "multi-gpu.%s", L->rungs[i].name);
     same_json(cJSON_GetObjectItemCaseSensitive(golden, L->rungs[i].name), o, where);
@@ -454,11 +455,11 @@ static void test_report_of_a_tiny_ladder(void **state) {
       cJSON_AddStringToObject(kn, ladder->rungs[i].knobs.k[j].key, ladder->rungs[i].knobs.k[j].val);
     cJSON_AddItemToObject(r, "plan", plan_of(ladder->rungs[i].name, NULL));
     cJSON *ro = cJSON_CreateObject();
-    if (c->run(&env, &ladder->rungs[i].knobs, 0, ro)) fail_msg("%s: %s", ladder->rungs[i].name, env.err);
+    if (c->run(&env, &ladder->rungs[i].knobs, 0, ro)) fail_msg("%s: %s", ladder->rungs[i].name, env.err.msg);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "runs"), ro);
     cJSON_AddItemToArray(rungs, r);
   }
-  if (c->extra(&env, res)) fail_msg("extra: %s", env.err);
+  if (c->extra(&env, res)) fail_msg("extra: %s", env.err.msg);
   print_message("tiny ladder + extra took %.1f s\n", vl_now() - t0);
   ladder->setting = saved;
   bool measured = vl_comm_have_mpi();
@@ -475,7 +476,8 @@ static void test_report_of_a_tiny_ladder(void **state) {
       assert_true(num(co, "wrong") == 0);
     }
   }
-  char path[512], md[512], err[1024];
+  char path[512], md[512];
+  vl_err err;
   tu_join(path, sizeof path, tu_tmp, "results.json");
   tu_join(md, sizeof md, tu_tmp, "multi-gpu.md");
   char *t = cJSON_Print(res);
@@ -483,7 +485,7 @@ static void test_report_of_a_tiny_ladder(void **state) {
   free(t);
   cJSON_Delete(res);
   setenv("VRAMLAB_NO_GNUPLOT", "1", 1);
-  if (vl_report_write(c, ladder, path, md, err, sizeof err)) fail_msg("%s", err);
+  if (vl_report_write(c, ladder, path, md, &err)) fail_msg("%s", err.msg);
   uint8_t *text;
   size_t n = tu_slurp(md, &text);
   text[n] = 0;

@@ -1,4 +1,4 @@
-/* The PyTorch peers' plumbing (cases/peers.c, cases/{llm-lora,seg-ckpt}/peer.c): parsing a
+/* The PyTorch peers' plumbing (kit/peers.c, {llm-lora/llm,seg-ckpt/seg}_torch.c): parsing a
  * peer's replies, the peer process under its line protocol (fake peers in sh: a good one,
  * one that prints garbage, one that dies, one that stalls, one that answers an error), the
  * llm-lora extra hook with a missing, a broken and a fake interpreter (never a failure of
@@ -14,12 +14,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "interrupt.h"
-#include "llm-lora/peer.h"
-#include "peers.h"
-#include "report.h"
-#include "seg-ckpt/peer.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/interrupt.h"
+#include "cases/dataloader/dl.h"
+#include "cases/llm-lora/llm_torch.h"
+#include "kit/peers.h"
+#include "harness/report.h"
+#include "cases/seg-ckpt/seg_torch.h"
 #include "testutil.h"
 
 static char tmpdir[128];
@@ -159,8 +161,8 @@ static void test_broken_peers(void **state) {
 /* A results object as `vramlab run llm-lora --scale tiny` leaves it before the extra hook:
  * the baseline rung (its knobs resolved) with one run. */
 static cJSON *tiny_results(const char *case_id, const char *rung, vl_ladder *L) {
-  char err[512];
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, case_id, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, case_id, &err), 0);
   assert_int_equal(vl_knob_set(&L->setting, "seed", "3"), 0);
   cJSON *res = cJSON_CreateObject();
   cJSON *rungs = cJSON_AddArrayToObject(res, "rungs");
@@ -192,7 +194,7 @@ static cJSON *llm_extra_with(const char *interp) {
   if (old) setenv("VRAMLAB_PYTHON", old, 1);
   else unsetenv("VRAMLAB_PYTHON");
   free(old);
-  if (s != VL_OK) fail_msg("the extra failed: %s", env.err);
+  if (s != VL_OK) fail_msg("the extra failed: %s", env.err.msg);
   return res;
 }
 
@@ -308,7 +310,7 @@ static void test_dataloader_references_without_pytorch(void **state) {
   if (old) setenv("VRAMLAB_PYTHON", old, 1);
   else unsetenv("VRAMLAB_PYTHON");
   free(old);
-  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err);
+  if (rc != VL_OK) fail_msg("extra: %s: %s", vl_status_name(rc), env.err.msg);
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
   assert_non_null(strstr(vl_rep_str(cm, "torch_not_measured"), "pip install torch torchvision pillow"));
   assert_non_null(strstr(vl_rep_str(cm, "torch_decode_jpeg_not_measured"), "io.decode_jpeg"));
@@ -401,7 +403,7 @@ static void test_real_seg_peer(void **state) {
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L.setting, .quiet = 1};
   int threads = omp_get_max_threads();
   omp_set_num_threads(1); /* one thread each side: no spinning barriers on a busy shared machine */
-  vl_status s = vl_seg_peers(&env, res);
+  vl_status s = vl_segcase_peers(&env, res);
   omp_set_num_threads(threads);
   assert_int_equal(s, VL_OK);
   if (real_not_installed(res)) {

@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static int setup(void **state) {
@@ -20,8 +21,8 @@ static int setup(void **state) {
 static const vl_case *load(vl_ladder *L) {
   const vl_case *c = vl_case_find("llm-lora");
   assert_non_null(c);
-  char err[512];
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err), 0);
   /* seconds, not minutes: three timed steps after one warm-up */
   assert_int_equal(vl_knob_set(&L->setting, "steps", "3"), 0);
   assert_int_equal(vl_knob_set(&L->setting, "warmup", "1"), 0);
@@ -36,7 +37,7 @@ static cJSON *tiny_run(const vl_case *c, const vl_ladder *L, bool profile) {
   vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L->setting, .quiet = 1, .profile = profile};
   cJSON *ro = cJSON_CreateObject();
   if (c->run(&env, &L->rungs[i].knobs, 0, ro)) {
-    print_error("run ckpt: %s\n", env.err);
+    print_error("run ckpt: %s\n", env.err.msg);
     fail();
   }
   return ro;
@@ -133,13 +134,14 @@ static void test_report_shows_profile(void **state) {
   vl_ladder L;
   const vl_case *c = load(&L);
   cJSON *res = results_with_profile(c, &L);
-  char res_path[512], md[512], err[1024] = "";
+  char res_path[512], md[512];
+  vl_err err = {0};
   tu_join(res_path, sizeof res_path, tu_tmp, "results.json");
   tu_join(md, sizeof md, tu_tmp, "report.md");
   save(res_path, res);
   setenv("VRAMLAB_NO_GNUPLOT", "1", 1);
-  if (vl_report_write(c, &L, res_path, md, err, sizeof err)) {
-    print_error("report: %s\n", err);
+  if (vl_report_write(c, &L, res_path, md, &err)) {
+    print_error("report: %s\n", err.msg);
     fail();
   }
   uint8_t *t;
@@ -158,7 +160,7 @@ static void test_report_shows_profile(void **state) {
   /* without a profile in the results, no section */
   cJSON_DeleteItemFromObject(first_run(res), "profile");
   save(res_path, res);
-  assert_int_equal(vl_report_write(c, &L, res_path, md, err, sizeof err), 0);
+  assert_int_equal(vl_report_write(c, &L, res_path, md, &err), 0);
   n = tu_slurp(md, &t);
   t[n] = 0;
   assert_null(strstr((char *)t, "Where the time goes"));
@@ -174,8 +176,8 @@ static void test_validator_refuses_bad_profile(void **state) {
   const vl_case *c = load(&L);
   cJSON *res = results_with_profile(c, &L);
   cJSON *run = first_run(res);
-  char err[600];
-  assert_int_equal(vl_results_validate(res, c, &L, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_results_validate(res, c, &L, &err), 0);
   static const struct { const char *key, *json, *msg; } bad[] = {
       {"calls", "\"many\"", "rungs[0].runs[0].profile[0].calls: expected a number"},
       {"op", "42", "rungs[0].runs[0].profile[0].op: expected a string"},
@@ -186,21 +188,21 @@ static void test_validator_refuses_bad_profile(void **state) {
     cJSON_ReplaceItemInObject(e, bad[i].key, cJSON_Parse(bad[i].json));
     cJSON *copy = cJSON_Duplicate(res, 1);
     cJSON_ReplaceItemInArray(cJSON_GetObjectItem(first_run(copy), "profile"), 0, e);
-    assert_int_not_equal(vl_results_validate(copy, c, &L, err, sizeof err), 0);
-    if (!strstr(err, bad[i].msg)) {
-      print_error("expected \"%s\", got \"%s\"\n", bad[i].msg, err);
+    assert_int_not_equal(vl_results_validate(copy, c, &L, &err), 0);
+    if (!strstr(err.msg, bad[i].msg)) {
+      print_error("expected \"%s\", got \"%s\"\n", bad[i].msg, err.msg);
       fail();
     }
     cJSON_Delete(copy);
   }
   /* the table itself and its companion numbers */
   cJSON_ReplaceItemInObject(run, "profile_other_seconds", cJSON_CreateString("0.1"));
-  assert_int_not_equal(vl_results_validate(res, c, &L, err, sizeof err), 0);
-  assert_non_null(strstr(err, "rungs[0].runs[0].profile_other_seconds: expected a number"));
+  assert_int_not_equal(vl_results_validate(res, c, &L, &err), 0);
+  assert_non_null(strstr(err.msg, "rungs[0].runs[0].profile_other_seconds: expected a number"));
   cJSON_ReplaceItemInObject(run, "profile_other_seconds", cJSON_CreateNumber(0.1));
   cJSON_ReplaceItemInObject(run, "profile", cJSON_CreateObject());
-  assert_int_not_equal(vl_results_validate(res, c, &L, err, sizeof err), 0);
-  assert_non_null(strstr(err, "rungs[0].runs[0].profile: expected an array"));
+  assert_int_not_equal(vl_results_validate(res, c, &L, &err), 0);
+  assert_non_null(strstr(err.msg, "rungs[0].runs[0].profile: expected an array"));
   cJSON_Delete(res);
 }
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "regress.h"
+#include "harness/regress.h"
 #include "testutil.h"
 
 /* A baseline with one metric of every kind, as vramlab regress writes them. */
@@ -145,10 +145,10 @@ static void test_device_class(void **state) {
 /* ---- issue #22: malformed baselines are refused, and a metric not compared is a failure ---- */
 static void expect_invalid(const char *text, const char *want) {
   cJSON *d = cJSON_Parse(text);
-  char err[512] = "";
+  vl_err err = {0};
   if (!d) fail_msg("fixture is not JSON: %s", text);
-  if (vl_regress_validate(d, err, sizeof err) == 0) fail_msg("accepted: %s", text);
-  if (!strstr(err, want)) fail_msg("'%s': error '%s' does not say '%s'", text, err, want);
+  if (vl_regress_validate(d, &err) == 0) fail_msg("accepted: %s", text);
+  if (!strstr(err.msg, want)) fail_msg("'%s': error '%s' does not say '%s'", text, err.msg, want);
   cJSON_Delete(d);
 }
 
@@ -158,8 +158,8 @@ static void expect_invalid(const char *text, const char *want) {
 static void test_malformed_baselines_refused(void **state) {
   (void)state;
   cJSON *b = baseline();
-  char err[256];
-  assert_int_equal(vl_regress_validate(b, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_regress_validate(b, &err), 0);
   cJSON_Delete(b);
   expect_invalid("{}", "version");
   expect_invalid("[1, 2]", "expected an object");
@@ -327,8 +327,8 @@ static int regress_main(const char *now, const char *base) {
 static void test_committed_baseline_travels(void **state) {
   (void)state;
   cJSON *now = load(COMMITTED);
-  char err[512];
-  if (vl_regress_validate(now, err, sizeof err)) fail_msg(COMMITTED ": %s", err);
+  vl_err err;
+  if (vl_regress_validate(now, &err)) fail_msg(COMMITTED ": %s", err.msg);
   char dir[] = "/tmp/vramlab-test-regress-XXXXXX", np[128], bp[128];
   assert_non_null(mkdtemp(dir));
   snprintf(np, sizeof np, "%s/now.json", dir);

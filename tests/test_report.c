@@ -14,8 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static const char *case_ids[] = {"llm-lora", "seg-ckpt", "dataloader"};
@@ -29,8 +30,8 @@ static int setup(void **state) {
 static const vl_case *load(const char *id, vl_ladder *L) {
   const vl_case *c = vl_case_find(id);
   assert_non_null(c);
-  char err[512];
-  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, id, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, id, &err), 0);
   return c;
 }
 
@@ -260,7 +261,8 @@ static void assert_artifacts_safe(const char *dir) {
  * such names directly, write them into scripts and data files only as inert tokens. */
 static void test_rung_name_cannot_run_commands(void **state) {
   (void)state;
-  char pwned[512], evil[700], dir[512], res_path[512], md[512], err[1024] = "";
+  char pwned[512], evil[700], dir[512], res_path[512], md[512];
+  vl_err err = {0};
   tu_join(pwned, sizeof pwned, tu_tmp, "PWNED_xyz");
   snprintf(evil, sizeof evil, "x'\nsystem('touch %s')\n#", pwned);
   for (int k = 0; k < N_CASES; k++) {
@@ -277,10 +279,10 @@ static void test_rung_name_cannot_run_commands(void **state) {
     tu_join(res_path, sizeof res_path, dir, "results.json");
     tu_join(md, sizeof md, dir, "report.md");
     save(res_path, res);
-    int rc = vl_report_write(c, &L, res_path, md, err, sizeof err);
+    int rc = vl_report_write(c, &L, res_path, md, &err);
     assert_false(exists(pwned));
     assert_int_not_equal(rc, 0);
-    assert_non_null(strstr(err, "rungs[0].name"));
+    assert_non_null(strstr(err.msg, "rungs[0].name"));
     /* the case's own report sections, bypassing the validation */
     char *buf = NULL;
     size_t len = 0;
@@ -360,12 +362,13 @@ static void test_schema_rejected_before_writing(void **state) {
   };
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
-  char dir[512], res_path[512], md[512], keep[512], err[1024];
+  char dir[512], res_path[512], md[512], keep[512];
+  vl_err err;
   fresh_dir(dir, sizeof dir, "schema");
   tu_join(res_path, sizeof res_path, dir, "results.json");
   tu_join(md, sizeof md, dir, "report.md");
   snprintf(keep, sizeof keep, "%s/llm-lora/results.json", dir);
-  assert_int_equal(vl_mkdir_p(strcat(strcpy(err, dir), "/llm-lora")), 0);
+  assert_int_equal(vl_mkdir_p(strcat(strcpy(err.msg, dir), "/llm-lora")), 0);
   for (size_t i = 0; i < sizeof bad / sizeof *bad + 1; i++) {
     cJSON *res = results_for(c, &L);
     const char *expect;
@@ -380,10 +383,10 @@ static void test_schema_rejected_before_writing(void **state) {
     save(res_path, res);
     cJSON_Delete(res);
     tu_write_text(keep, "previous results");
-    err[0] = 0;
-    int rc = vl_report_write(c, &L, res_path, md, err, sizeof err);
-    if (rc == 0 || !strstr(err, expect) || !strstr(err, res_path)) {
-      print_error("case %zu: rc %d, err '%s', expected '%s' and the file name\n", i, rc, err, expect);
+    err.msg[0] = 0;
+    int rc = vl_report_write(c, &L, res_path, md, &err);
+    if (rc == 0 || !strstr(err.msg, expect) || !strstr(err.msg, res_path)) {
+      print_error("case %zu: rc %d, err '%s', expected '%s' and the file name\n", i, rc, err.msg, expect);
       fail();
     }
     assert_false(exists(md));
@@ -409,16 +412,17 @@ static void test_schema_rejects_raw_text(void **state) {
   };
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
-  char dir[512], res_path[512], md[512], err[1024];
+  char dir[512], res_path[512], md[512];
+  vl_err err;
   fresh_dir(dir, sizeof dir, "raw");
   tu_join(res_path, sizeof res_path, dir, "results.json");
   tu_join(md, sizeof md, dir, "report.md");
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     tu_write_bytes(res_path, bad[i].text, bad[i].n ? bad[i].n : strlen(bad[i].text));
-    err[0] = 0;
-    int rc = vl_report_write(c, &L, res_path, md, err, sizeof err);
-    if (rc == 0 || !strstr(err, bad[i].expect)) {
-      print_error("case %zu: rc %d, err '%s', expected '%s'\n", i, rc, err, bad[i].expect);
+    err.msg[0] = 0;
+    int rc = vl_report_write(c, &L, res_path, md, &err);
+    if (rc == 0 || !strstr(err.msg, bad[i].expect)) {
+      print_error("case %zu: rc %d, err '%s', expected '%s'\n", i, rc, err.msg, bad[i].expect);
       fail();
     }
     assert_false(exists(md));
@@ -452,14 +456,15 @@ static void test_missing_fields_print_dash(void **state) {
                                                        " \"pixel_accuracy_per_epoch\": [null, 0.5]}]"));
         cJSON_AddItemToArray(rungs, r);
       }
-      char dir[512], res_path[512], md[512], err[1024] = "";
+      char dir[512], res_path[512], md[512];
+      vl_err err = {0};
       fresh_dir(dir, sizeof dir, "missing");
       tu_join(res_path, sizeof res_path, dir, "results.json");
       tu_join(md, sizeof md, dir, "report.md");
       save(res_path, res);
       cJSON_Delete(res);
-      if (vl_report_write(c, &L, res_path, md, err, sizeof err)) {
-        print_error("%s variant %d: %s\n", c->id, variant, err);
+      if (vl_report_write(c, &L, res_path, md, &err)) {
+        print_error("%s variant %d: %s\n", c->id, variant, err.msg);
         fail();
       }
       char *t = read_text(md);
@@ -483,7 +488,8 @@ static void test_results_path_not_a_file(void **state) {
   (void)state;
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
-  char dir[512], md[512], fifo[512], err[1024];
+  char dir[512], md[512], fifo[512];
+  vl_err err;
   fresh_dir(dir, sizeof dir, "notfile");
   tu_join(md, sizeof md, dir, "report.md");
   tu_join(fifo, sizeof fifo, dir, "fifo.json");
@@ -495,9 +501,9 @@ static void test_results_path_not_a_file(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) {
       alarm(10);
-      err[0] = 0;
-      int rc = vl_report_write(c, &L, paths[i], md, err, sizeof err);
-      _exit(rc != 0 && strstr(err, "not a regular file") && strstr(err, paths[i]) ? 0 : 1);
+      err.msg[0] = 0;
+      int rc = vl_report_write(c, &L, paths[i], md, &err);
+      _exit(rc != 0 && strstr(err.msg, "not a regular file") && strstr(err.msg, paths[i]) ? 0 : 1);
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
@@ -531,7 +537,8 @@ static void test_artifacts_whole_under_full_disk(void **state) {
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(cJSON_AddObjectToObject(r, "plan"), "by_category"), "acts", 1);
     cJSON_AddItemToArray(rungs, r);
   }
-  char dir[512], res_path[512], ref[512], lim[512], md[600], err[1024];
+  char dir[512], res_path[512], ref[512], lim[512], md[600];
+  vl_err err;
   fresh_dir(dir, sizeof dir, "fsize");
   tu_join(res_path, sizeof res_path, dir, "results.json");
   char *t = cJSON_PrintUnformatted(res);
@@ -544,7 +551,7 @@ static void test_artifacts_whole_under_full_disk(void **state) {
   assert_int_equal(vl_mkdir_p(ref), 0);
   assert_int_equal(vl_mkdir_p(lim), 0);
   tu_join(md, sizeof md, ref, "report.md");
-  assert_int_equal(vl_report_write(c, &L, res_path, md, err, sizeof err), 0);
+  assert_int_equal(vl_report_write(c, &L, res_path, md, &err), 0);
   tu_join(md, sizeof md, lim, "report.md");
   pid_t pid = fork();
   assert_true(pid >= 0);
@@ -552,7 +559,7 @@ static void test_artifacts_whole_under_full_disk(void **state) {
     struct rlimit rl = {limit, limit};
     signal(SIGXFSZ, SIG_IGN); /* a write past the limit fails with EFBIG, as on a full disk */
     if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(3);
-    vl_report_write(c, &L, res_path, md, err, sizeof err);
+    vl_report_write(c, &L, res_path, md, &err);
     _exit(0);
   }
   int st;
@@ -626,14 +633,15 @@ static void test_plot_failures_reported(void **state) {
     vl_ladder L;
     const vl_case *c = load("llm-lora", &L);
     cJSON *res = results_for(c, &L);
-    char dir[512], res_path[512], md[512], err[1024] = "", plots[600];
+    char dir[512], res_path[512], md[512], plots[600];
+    vl_err err = {0};
     fresh_dir(dir, sizeof dir, "plotfail");
     tu_join(res_path, sizeof res_path, dir, "results.json");
     tu_join(md, sizeof md, dir, "report.md");
     tu_join(plots, sizeof plots, dir, c->id);
     save(res_path, res);
     cJSON_Delete(res);
-    int rc = vl_report_write(c, &L, res_path, md, err, sizeof err);
+    int rc = vl_report_write(c, &L, res_path, md, &err);
     setenv("PATH", saved, 1);
     assert_int_equal(rc, 0);
     assert_artifacts_safe(plots);
@@ -671,7 +679,8 @@ static void assert_no_tmp(const char *dir) {
  * leaves no log (the link removed); the link's target keeps its bytes either way. */
 static void test_gnuplot_log_link_not_followed(void **state) {
   (void)state;
-  char dir[512], victim[512], link_path[600], bin[512], gp[600], path_env[4096], why[1600];
+  char dir[512], victim[512], link_path[600], bin[512], gp[600], path_env[4096];
+  vl_err why;
   fresh_dir(dir, sizeof dir, "loglink");
   tu_join(victim, sizeof victim, tu_tmp, "precious.txt");
   tu_join(link_path, sizeof link_path, dir, "timeline.gnuplot.log");
@@ -692,22 +701,22 @@ static void test_gnuplot_log_link_not_followed(void **state) {
     unlink(link_path);
     assert_int_equal(symlink(victim, link_path), 0);
     if (variant == 0) setenv("PATH", path_env, 1); /* the fake gnuplot, which fails */
-    int rc = vl_rep_gnuplot(dir, "timeline", script, why, sizeof why);
+    int rc = vl_rep_gnuplot(dir, "timeline", script, &why);
     setenv("PATH", saved, 1);
     char *t = read_text(victim);
     assert_string_equal(t, "precious\n");
     free(t);
     struct stat st;
     if (variant == 0) {
-      assert_int_equal(rc, -1);
-      assert_non_null(strstr(why, "gnuplot failed with status 3"));
+      assert_int_equal(rc, VL_ERR_IO); /* the status of a plot that failed */
+      assert_non_null(strstr(why.msg, "gnuplot failed with status 3"));
       assert_int_equal(lstat(link_path, &st), 0);
       assert_true(S_ISREG(st.st_mode));
       t = read_text(link_path);
       assert_non_null(strstr(t, "fake gnuplot: cannot render"));
       free(t);
     } else {
-      if (rc) fail_msg("gnuplot: %s", why);
+      if (rc) fail_msg("gnuplot: %s", why.msg);
       assert_int_equal(lstat(link_path, &st), -1);
     }
     assert_no_tmp(dir);
@@ -722,7 +731,8 @@ static void test_dat_failure_reported(void **state) {
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
   cJSON *res = results_for(c, &L);
-  char dir[512], res_path[512], md[512], err[1024] = "", block[700];
+  char dir[512], res_path[512], md[512], block[700];
+  vl_err err = {0};
   fresh_dir(dir, sizeof dir, "datfail");
   tu_join(res_path, sizeof res_path, dir, "results.json");
   tu_join(md, sizeof md, dir, "report.md");
@@ -732,7 +742,7 @@ static void test_dat_failure_reported(void **state) {
   assert_int_equal(vl_mkdir_p(block), 0);
   snprintf(block, sizeof block, "%s/llm-lora/timeline.dat/x", dir);
   tu_write_text(block, "x");
-  assert_int_equal(vl_report_write(c, &L, res_path, md, err, sizeof err), 0);
+  assert_int_equal(vl_report_write(c, &L, res_path, md, &err), 0);
   char *t = read_text(md);
   if (!strstr(t, "`timeline` is missing") || !strstr(t, "timeline.dat")) {
     print_error("the report does not say the timeline plot is missing and why:\n%s\n", t);
@@ -751,7 +761,8 @@ static void test_report_dir_with_quote(void **state) {
   (void)state;
   vl_ladder L;
   const vl_case *c = load("llm-lora", &L);
-  char pwned[512], dir[1024], res_path[1100], md[1100], err[1024] = "";
+  char pwned[512], dir[1024], res_path[1100], md[1100];
+  vl_err err = {0};
   tu_join(pwned, sizeof pwned, tu_tmp, "PWNED_dir");
   snprintf(dir, sizeof dir, "%s/q'$(touch %s)'x", tu_tmp, pwned);
   tu_rmtree(dir);
@@ -761,7 +772,7 @@ static void test_report_dir_with_quote(void **state) {
   cJSON *res = results_for(c, &L);
   save(res_path, res);
   cJSON_Delete(res);
-  assert_int_equal(vl_report_write(c, &L, res_path, md, err, sizeof err), 0);
+  assert_int_equal(vl_report_write(c, &L, res_path, md, &err), 0);
   assert_false(exists(pwned));
   if (!have_gnuplot()) {
     print_message("skipped the rendering half: gnuplot is not installed\n");
@@ -810,46 +821,47 @@ static void test_gp_str_whitelist(void **state) {
  * large; vl_read_file keeps its signature for the other callers. */
 static void test_read_file_max(void **state) {
   (void)state;
-  char dir[512], f[600], fifo[600], err[1024];
+  char dir[512], f[600], fifo[600];
+  vl_err err;
   size_t n = 99;
   fresh_dir(dir, sizeof dir, "readfile");
   tu_join(f, sizeof f, dir, "a.json");
   tu_write_text(f, "{\"a\": 1}");
-  char *t = vl_read_file_max(f, 100, &n, err, sizeof err);
+  char *t = vl_read_file_max(f, 100, &n, &err);
   assert_non_null(t);
   assert_string_equal(t, "{\"a\": 1}");
   assert_int_equal(n, 8);
   free(t);
-  assert_null(vl_read_file_max(f, 7, &n, err, sizeof err));
-  assert_non_null(strstr(err, "exceeds the limit (7)"));
+  assert_null(vl_read_file_max(f, 7, &n, &err));
+  assert_non_null(strstr(err.msg, "exceeds the limit (7)"));
   assert_int_equal(errno, EFBIG);
-  t = vl_read_file_max(f, 8, &n, err, sizeof err); /* exactly the limit */
+  t = vl_read_file_max(f, 8, &n, &err); /* exactly the limit */
   assert_non_null(t);
   free(t);
-  t = vl_read_file_max(f, (size_t)-1, &n, err, sizeof err); /* no limit at all */
+  t = vl_read_file_max(f, (size_t)-1, &n, &err); /* no limit at all */
   assert_non_null(t);
   assert_string_equal(t, "{\"a\": 1}");
   free(t);
   tu_write_text(f, "");
-  t = vl_read_file_max(f, 8, &n, err, sizeof err);
+  t = vl_read_file_max(f, 8, &n, &err);
   assert_non_null(t);
   assert_int_equal(n, 0);
   assert_string_equal(t, "");
   free(t);
-  assert_null(vl_read_file_max(dir, 100, &n, err, sizeof err));
-  assert_non_null(strstr(err, "not a regular file (directory)"));
+  assert_null(vl_read_file_max(dir, 100, &n, &err));
+  assert_non_null(strstr(err.msg, "not a regular file (directory)"));
   assert_int_equal(errno, EISDIR);
   assert_null(vl_read_file(dir, &n));
   tu_join(fifo, sizeof fifo, dir, "fifo");
   assert_int_equal(mkfifo(fifo, 0644), 0);
-  assert_null(vl_read_file_max(fifo, 100, &n, err, sizeof err)); /* at once, no writer needed */
-  assert_non_null(strstr(err, "not a regular file (fifo)"));
-  assert_null(vl_read_file_max("/dev/zero", 100, &n, err, sizeof err));
-  assert_non_null(strstr(err, "not a regular file (character device)"));
+  assert_null(vl_read_file_max(fifo, 100, &n, &err)); /* at once, no writer needed */
+  assert_non_null(strstr(err.msg, "not a regular file (fifo)"));
+  assert_null(vl_read_file_max("/dev/zero", 100, &n, &err));
+  assert_non_null(strstr(err.msg, "not a regular file (character device)"));
   tu_join(f, sizeof f, dir, "nosuch.json");
-  assert_null(vl_read_file_max(f, 100, &n, err, sizeof err));
+  assert_null(vl_read_file_max(f, 100, &n, &err));
   assert_int_equal(errno, ENOENT);
-  assert_null(vl_read_file_max(f, 100, NULL, NULL, 0)); /* no message wanted */
+  assert_null(vl_read_file_max(f, 100, NULL, NULL)); /* no message wanted */
 }
 
 /* Every number of the file (but schema_version) set to one impossible value at once, as a
@@ -870,12 +882,12 @@ static void test_schema_rejects_impossible_numbers(void **state) {
   const vl_case *c = load("llm-lora", &L);
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     cJSON *res = results_for(c, &L);
-    assert_int_equal(vl_results_validate(res, c, &L, (char[8]){0}, 8), 0); /* sound before */
+    assert_int_equal(vl_results_validate(res, c, &L, NULL), 0); /* sound before */
     set_every_number(res, bad[i]);
-    char err[1024] = "";
-    if (vl_results_validate(res, c, &L, err, sizeof err) == 0) fail_msg("every number %g: accepted", bad[i]);
-    print_message("  every number %g: %s\n", bad[i], err);
-    assert_non_null(strstr(err, ": expected a "));
+    vl_err err = {0};
+    if (vl_results_validate(res, c, &L, &err) == 0) fail_msg("every number %g: accepted", bad[i]);
+    print_message("  every number %g: %s\n", bad[i], err.msg);
+    assert_non_null(strstr(err.msg, ": expected a "));
     cJSON_Delete(res);
   }
 }
@@ -885,13 +897,14 @@ static void test_schema_rejects_impossible_numbers(void **state) {
 static void test_validate_real_results(void **state) {
   (void)state;
   for (int k = 0; k < N_CASES; k++) {
-    char path[512], err[1024];
+    char path[512];
+    vl_err err;
     snprintf(path, sizeof path, "%s/reports/%s/results.json", VRAMLAB_SOURCE_DIR, case_ids[k]);
     if (!exists(path)) {
       print_message("skipped %s: no %s\n", case_ids[k], path);
       continue;
     }
-    char *t = vl_read_file_max(path, VL_RESULTS_MAX_BYTES, NULL, err, sizeof err);
+    char *t = vl_read_file_max(path, VL_RESULTS_MAX_BYTES, NULL, &err);
     assert_non_null(t);
     cJSON *res = cJSON_Parse(t);
     free(t);
@@ -899,14 +912,14 @@ static void test_validate_real_results(void **state) {
     for (int j = 0; j < N_CASES; j++) {
       vl_ladder L;
       const vl_case *c = load(case_ids[j], &L);
-      int rc = vl_results_validate(res, c, &L, err, sizeof err);
+      int rc = vl_results_validate(res, c, &L, &err);
       if (j == k && rc) {
-        print_error("%s: %s\n", path, err);
+        print_error("%s: %s\n", path, err.msg);
         fail();
       }
       if (j != k) {
         assert_int_not_equal(rc, 0);
-        assert_non_null(strstr(err, "case: these are results of"));
+        assert_non_null(strstr(err.msg, "case: these are results of"));
       }
     }
     cJSON_Delete(res);

@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sd-lora/sdl.h"
-#include "report.h"
+#include "cases/sd-lora/sdl.h"
+#include "harness/report.h"
 #include "testutil.h"
 
 static vl_ladder *ladder; /* large: not on the stack */
@@ -20,8 +20,8 @@ static vl_ladder *ladder; /* large: not on the stack */
 static int setup(void **state) {
   (void)state;
   ladder = malloc(sizeof *ladder);
-  char err[512];
-  if (!ladder || vl_ladder_load(ladder, VRAMLAB_SOURCE_DIR, "sd-lora", err, sizeof err)) return -1;
+  vl_err err;
+  if (!ladder || vl_ladder_load(ladder, VRAMLAB_SOURCE_DIR, "sd-lora", &err)) return -1;
   if (tu_tmpdir(tu_tmp, sizeof tu_tmp, "vramlab-sdl-")) return -1;
   /* tiny and quick: a few images, one epoch, no loss comparison unless a test asks */
   char data[300], cache[300];
@@ -57,7 +57,7 @@ static void test_plan_every_rung(void **state) {
   double peak[VL_MAX_RUNGS], batch[VL_MAX_RUNGS], frozen[VL_MAX_RUNGS];
   for (int i = 0; i < ladder->n_rungs; i++) {
     cJSON *o = cJSON_CreateObject();
-    if (c->plan(&env, "full", &ladder->rungs[i].knobs, o)) fail_msg("%s: %s", ladder->rungs[i].name, env.err);
+    if (c->plan(&env, "full", &ladder->rungs[i].knobs, o)) fail_msg("%s: %s", ladder->rungs[i].name, env.err.msg);
     peak[i] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "peak_bytes"));
     batch[i] = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "batch"));
     frozen[i] = cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "by_category"), "frozen"));
@@ -80,11 +80,11 @@ static void test_plan_every_rung(void **state) {
 static void expect_refused(const vl_knobs *base, const char *set, const char *names) {
   const vl_case *c = vl_case_find("sd-lora");
   vl_knobs k = *base;
-  char err[256];
-  assert_int_equal(vl_knobs_apply_list(&k, set, err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_knobs_apply_list(&k, set, &err), 0);
   vl_case_env env = env_at("tiny", VL_DEV_CPU);
   if (c->check(&env, &k) != VL_ERR_INVALID) fail_msg("%s was accepted", set);
-  if (!strstr(env.err, names)) fail_msg("%s: the message does not name '%s': %s", set, names, env.err);
+  if (!strstr(env.err.msg, names)) fail_msg("%s: the message does not name '%s': %s", set, names, env.err.msg);
 }
 
 static void test_check_refuses_bad_knobs(void **state) {
@@ -104,8 +104,8 @@ static void test_check_refuses_bad_knobs(void **state) {
   /* the text encoder trains in the step without a cache */
   const vl_case *c = vl_case_find("sd-lora");
   vl_knobs k = *b;
-  char err[256];
-  assert_int_equal(vl_knobs_apply_list(&k, "text_lora_rank=4", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_knobs_apply_list(&k, "text_lora_rank=4", &err), 0);
   vl_case_env env = env_at("tiny", VL_DEV_CPU);
   assert_int_equal(c->check(&env, &k), VL_OK);
   /* a bad setting is refused too */
@@ -115,7 +115,7 @@ static void test_check_refuses_bad_knobs(void **state) {
   assert_int_equal(vl_knob_set(&L->setting, "cache_mismatch", "maybe"), 0);
   env.setting = &L->setting;
   assert_int_equal(c->check(&env, b), VL_ERR_INVALID);
-  assert_non_null(strstr(env.err, "cache_mismatch"));
+  assert_non_null(strstr(env.err.msg, "cache_mismatch"));
   free(L);
 }
 
@@ -123,11 +123,11 @@ static void test_check_refuses_bad_knobs(void **state) {
 static cJSON *run_rung(const char *name, const char *set) {
   const vl_case *c = vl_case_find("sd-lora");
   vl_knobs k = *rung(name);
-  char err[256];
-  if (set) assert_int_equal(vl_knobs_apply_list(&k, set, err, sizeof err), 0);
+  vl_err err;
+  if (set) assert_int_equal(vl_knobs_apply_list(&k, set, &err), 0);
   vl_case_env env = env_at("tiny", VL_DEV_CPU);
   cJSON *o = cJSON_CreateObject();
-  if (c->run(&env, &k, 0, o)) fail_msg("run %s: %s", name, env.err);
+  if (c->run(&env, &k, 0, o)) fail_msg("run %s: %s", name, env.err.msg);
   return o;
 }
 
@@ -225,7 +225,7 @@ static void test_cached_run_builds_reuses_rebuilds(void **state) {
   vl_sdl_caches cc;
   vl_sdl_build b;
   assert_int_equal(vl_sdl_caches_open(&e2, &r2, set, VL_CACHE_MOMENTS, false, &cc, &b), VL_ERR_INVALID);
-  assert_non_null(strstr(e2.err, "model_hash"));
+  assert_non_null(strstr(e2.err.msg, "model_hash"));
   vl_captions_close(set);
   free(L);
 }
@@ -235,15 +235,15 @@ static void test_cached_and_uncached_latents_agree(void **state) {
   (void)state;
   vl_case_env env = env_at("tiny", VL_DEV_CPU);
   vl_knobs k = *rung("disk_cache");
-  char err[256];
-  assert_int_equal(vl_knobs_apply_list(&k, "precision=fp32,cache_dtype=fp32", err, sizeof err), 0);
+  vl_err err;
+  assert_int_equal(vl_knobs_apply_list(&k, "precision=fp32,cache_dtype=fp32", &err), 0);
   vl_sdl_rung r;
   assert_int_equal(vl_sdl_parse_rung(&env, "tiny", &k, &r), VL_OK);
   vl_captions *set = NULL;
   assert_int_equal(vl_sdl_open_set(&env, &r, &set), VL_OK);
   vl_sdl_caches cc;
   vl_sdl_build b;
-  if (vl_sdl_caches_open(&env, &r, set, VL_CACHE_MOMENTS, false, &cc, &b)) fail_msg("%s", env.err);
+  if (vl_sdl_caches_open(&env, &r, set, VL_CACHE_MOMENTS, false, &cc, &b)) fail_msg("%s", env.err.msg);
   /* the uncached path: the loader's image 3, the model's own VAE on it */
   const int64_t idx = 3, C = r.model.vae.latent_ch, h = r.model.unet.sample, side = vl_sd_image_side(&r.model);
   vl_loader_cfg lc;
@@ -363,7 +363,7 @@ static void test_cache_reader_every_sample_once(void **state) {
   assert_int_equal(vl_sdl_open_set(&env, &r, &set), VL_OK);
   vl_sdl_caches cc;
   vl_sdl_build b;
-  if (vl_sdl_caches_open(&env, &r, set, VL_CACHE_MOMENTS, true, &cc, &b)) fail_msg("%s", env.err);
+  if (vl_sdl_caches_open(&env, &r, set, VL_CACHE_MOMENTS, true, &cc, &b)) fail_msg("%s", env.err.msg);
   assert_int_equal(vl_captions_len(set), 8);
   r.workers = 2;
   r.prefetch = 2;
@@ -413,13 +413,13 @@ static void test_report_of_a_tiny_ladder(void **state) {
     for (int j = 0; j < L->rungs[i].knobs.n; j++)
       cJSON_AddStringToObject(kn, L->rungs[i].knobs.k[j].key, L->rungs[i].knobs.k[j].val);
     vl_case_env pe = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
-    if (c->plan(&pe, "full", &L->rungs[i].knobs, cJSON_AddObjectToObject(o, "plan"))) fail_msg("%s", pe.err);
+    if (c->plan(&pe, "full", &L->rungs[i].knobs, cJSON_AddObjectToObject(o, "plan"))) fail_msg("%s", pe.err.msg);
     cJSON *run = cJSON_CreateObject();
-    if (c->run(&env, &L->rungs[i].knobs, 0, run)) fail_msg("%s: %s", L->rungs[i].name, env.err);
+    if (c->run(&env, &L->rungs[i].knobs, 0, run)) fail_msg("%s: %s", L->rungs[i].name, env.err.msg);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "runs"), run);
     cJSON_AddItemToArray(rungs, o);
   }
-  if (c->extra(&env, res)) fail_msg("extra: %s", env.err);
+  if (c->extra(&env, res)) fail_msg("extra: %s", env.err.msg);
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cm, "cache_build_s")) > 0);
   assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cm, "loss_cached_moments")), 2);
@@ -428,14 +428,15 @@ static void test_report_of_a_tiny_ladder(void **state) {
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cm, "loss_max_rel_diff_moments")) < 2e-3);
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cm, "latent_epoch_change_moments")) > 0.01);
   assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cm, "latent_epoch_change_sample")) == 0);
-  char path[512], md[512], err[1024] = "";
+  char path[512], md[512];
+  vl_err err = {0};
   tu_join(path, sizeof path, tu_tmp, "results.json");
   tu_join(md, sizeof md, tu_tmp, "sd-lora.md");
   char *text = cJSON_Print(res);
   tu_write_text(path, text);
   free(text);
   setenv("VRAMLAB_NO_GNUPLOT", "1", 1);
-  if (vl_report_write(c, L, path, md, err, sizeof err)) fail_msg("report: %s", err);
+  if (vl_report_write(c, L, path, md, &err)) fail_msg("report: %s", err.msg);
   uint8_t *t;
   size_t n = tu_slurp(md, &t);
   t[n] = 0;

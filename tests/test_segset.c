@@ -6,7 +6,8 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -711,11 +712,11 @@ static void test_case_knobs(void **state) {
     vl_knobs b = {0};
     assert_int_equal(vl_knob_set(&b, bad[i].key, bad[i].val), 0);
     cJSON *o = cJSON_CreateObject();
-    env.err[0] = 0;
+    env.err.msg[0] = 0;
     assert_int_equal(c->plan(&env, "tiny", &b, o), VL_ERR_INVALID);
     cJSON_Delete(o);
-    if (!strstr(env.err, bad[i].needle)) print_error("\"%s\" lacks \"%s\"\n", env.err, bad[i].needle);
-    assert_non_null(strstr(env.err, bad[i].needle));
+    if (!strstr(env.err.msg, bad[i].needle)) print_error("\"%s\" lacks \"%s\"\n", env.err.msg, bad[i].needle);
+    assert_non_null(strstr(env.err.msg, bad[i].needle));
   }
 }
 

@@ -46,21 +46,21 @@ vl_status vl_dl_parse(vl_case_env *env, const char *scale, const vl_knobs *k, vl
   /* pinned by the golden plan test, so a snapshot does not depend on the machine */
   const char *nc = vl_knob_str(s, "cores", vl_dl_knobs);
   if (!strcasecmp(nc, "auto")) d->cores = n_cores();
-  else VL_TRY(vl_case_knob_int(env, s, "cores", vl_dl_knobs, 1, 4096, &d->cores));
-  VL_TRY(vl_case_knob_int(env, s, "images", vl_dl_knobs, 1, 10000000, &d->images));
+  else VL_TRY(vl_knob_int(s, "cores", vl_dl_knobs, 1, 4096, &d->cores, &env->err));
+  VL_TRY(vl_knob_int(s, "images", vl_dl_knobs, 1, 10000000, &d->images, &env->err));
   if (!strcasecmp(scale, "tiny")) d->images = d->images < 48 ? d->images : 48;
   else if (strcasecmp(scale, "small") && strcasecmp(scale, "full"))
     return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
-  VL_TRY(vl_case_knob_int(env, s, "data_seed", vl_dl_knobs, 0, 1L << 40, &d->data_seed));
-  VL_TRY(vl_case_knob_int(env, s, "batch", vl_dl_knobs, 1, 65536, &v));
+  VL_TRY(vl_knob_int(s, "data_seed", vl_dl_knobs, 0, 1L << 40, &d->data_seed, &env->err));
+  VL_TRY(vl_knob_int(s, "batch", vl_dl_knobs, 1, 65536, &v, &env->err));
   d->lc.batch = v;
   if (!strcasecmp(scale, "tiny") && d->lc.batch > 8) d->lc.batch = 8;
-  VL_TRY(vl_case_knob_int(env, s, "crop", vl_dl_knobs, 8, 4096, &v));
+  VL_TRY(vl_knob_int(s, "crop", vl_dl_knobs, 8, 4096, &v, &env->err));
   d->lc.crop = (int)v;
-  VL_TRY(vl_case_knob_int(env, s, "epochs", vl_dl_knobs, 1, 1000, &d->epochs));
-  VL_TRY(vl_case_knob_int(env, s, "seed", vl_dl_knobs, 0, 1L << 40, &v));
+  VL_TRY(vl_knob_int(s, "epochs", vl_dl_knobs, 1, 1000, &d->epochs, &env->err));
+  VL_TRY(vl_knob_int(s, "seed", vl_dl_knobs, 0, 1L << 40, &v, &env->err));
   d->lc.seed = (uint64_t)v;
-  VL_TRY(vl_case_knob_double(env, s, "consumer_ms", vl_dl_knobs, 0, 1e6, &d->consumer_ms));
+  VL_TRY(vl_knob_double(s, "consumer_ms", vl_dl_knobs, 0, 1e6, &d->consumer_ms, &env->err));
   const char *dd = vl_knob_str(s, "data_dir", vl_dl_knobs);
   int dn = snprintf(d->data_dir, sizeof d->data_dir, "%s/n%ld-s%ld", dd, d->images, d->data_seed);
   if (dn < 0 || (size_t)dn >= sizeof d->data_dir)
@@ -69,21 +69,21 @@ vl_status vl_dl_parse(vl_case_env *env, const char *scale, const vl_knobs *k, vl
                         sizeof d->data_dir - 1);
   /* the sweep is run by extra after the whole ladder: parsed here so a bad list is refused
    * before the first rung runs */
-  VL_TRY(vl_case_knob_int_list(env, s, "sweep_workers", vl_dl_knobs, 0, VL_LOADER_WORKERS_MAX, d->sweep_w, 16,
-                               &d->n_sweep_w));
-  VL_TRY(vl_case_knob_int_list(env, s, "sweep_prefetch", vl_dl_knobs, 1, 1024, d->sweep_p, 16, &d->n_sweep_p));
+  VL_TRY(vl_knob_int_list(s, "sweep_workers", vl_dl_knobs, 0, VL_LOADER_WORKERS_MAX, d->sweep_w, 16,
+                               &d->n_sweep_w, &env->err));
+  VL_TRY(vl_knob_int_list(s, "sweep_prefetch", vl_dl_knobs, 1, 1024, d->sweep_p, 16, &d->n_sweep_p, &env->err));
   const char *w = vl_knob_get(k, "workers");
   if (w && !strcasecmp(w, "cores")) d->lc.workers = (int)d->cores;
   else {
-    VL_TRY(vl_case_knob_int(env, k, "workers", vl_dl_knobs, 0, 1024, &v));
+    VL_TRY(vl_knob_int(k, "workers", vl_dl_knobs, 0, 1024, &v, &env->err));
     d->lc.workers = (int)v;
   }
-  VL_TRY(vl_case_knob_int(env, k, "prefetch", vl_dl_knobs, 1, 1024, &v));
+  VL_TRY(vl_knob_int(k, "prefetch", vl_dl_knobs, 1, 1024, &v, &env->err));
   d->lc.prefetch = (int)v;
   int b;
-  VL_TRY(vl_case_knob_bool(env, k, "pin", vl_dl_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "pin", vl_dl_knobs, &b, &env->err));
   d->pin = b;
-  VL_TRY(vl_case_knob_bool(env, k, "persistent", vl_dl_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "persistent", vl_dl_knobs, &b, &env->err));
   d->lc.persistent = b;
   const char *c = vl_knob_str(k, "collate", vl_dl_knobs);
   if (!strcasecmp(c, "per_sample")) d->lc.batched_collate = false;
@@ -95,7 +95,7 @@ vl_status vl_dl_parse(vl_case_env *env, const char *scale, const vl_knobs *k, vl
   if (vl_corrupt_policy_parse(cp, &d->lc.on_corrupt))
     return vl_case_fail(env, VL_ERR_INVALID, "corrupt = '%s': expected skip or error", cp);
   size_t mfb;
-  VL_TRY(vl_case_knob_bytes(env, k, "max_file_bytes", vl_dl_knobs, &mfb));
+  VL_TRY(vl_knob_bytes(k, "max_file_bytes", vl_dl_knobs, &mfb, &env->err));
   d->lc.max_file_bytes = mfb; /* a larger file is a corrupt sample, refused unread */
   d->lc.drop_last = true;
   return VL_OK;

@@ -5,7 +5,7 @@
 #ifndef VRAMLAB_DATALOADER_H
 #define VRAMLAB_DATALOADER_H
 
-#include "case.h"
+#include "kit/case.h"
 #include "datasets/jpegset.h"
 #include "vramlab/data.h"
 
@@ -51,5 +51,8 @@ vl_status vl_dl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 /* The decode-only ceiling, the workers x prefetch sweep and the PyTorch reference after
  * the ladder (sweep.c): the case's extra hook. */
 vl_status vl_dl_extra(vl_case_env *env, cJSON *res);
+
+/* The case's report sections (the report hook). */
+void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "dl.h"
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "vramlab/backend.h"
 
 static double cpu_seconds(void) {
@@ -117,7 +117,7 @@ vl_status vl_dl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_loader_stats_get(l, &st);
   if (s != VL_OK) {
     vl_case_fail(env, s, "%s: %s", vl_status_name(s), st.last_error[0] ? st.last_error : "loader failed");
-    cJSON_AddStringToObject(out, "error", env->err);
+    cJSON_AddStringToObject(out, "error", env->err.msg);
     if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
   } else {
     /* the last epoch is reported: its workers are warm when persistent */

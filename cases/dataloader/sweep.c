@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "dl.h"
-#include "interrupt.h"
-#include "peers.h"
-#include "proc.h"
-#include "report.h"
+#include "kit/interrupt.h"
+#include "kit/peers.h"
+#include "kit/proc.h"
+#include "kit/rep.h"
 
 /* The PyTorch DataLoader's images/s over the same set with `workers` workers, decoding with
  * `decoder` (tools/torch_loader_bench.py: pil, or decode_jpeg: torchvision.io.decode_jpeg on
@@ -79,7 +79,7 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
   const cJSON *last = cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"),
                                          cJSON_GetArraySize(cJSON_GetObjectItem(res, "rungs")) - 1);
   VL_TRY(vl_case_knobs_of(env, last, &k));
-  VL_TRY(vl_case_knob_set(env, &k, "collate", "batched"));
+  VL_TRY(vl_knob_set_err(&k, "collate", "batched", &env->err));
   vl_dl_cfg d;
   VL_TRY(vl_dl_parse(env, env->scale, &k, &d));
   vl_jpegset *js = NULL;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "llm.h"
-#include "peer.h"
+#include "llm_torch.h"
 #include "datasets/dialogue.h"
 
 /* ---- planning ---------------------------------------------------------------------------- */
@@ -105,7 +105,7 @@ static const char *const metrics[] = {
     "max_batch_at_search_limit", "cuda_context_bytes", "plan_seconds", "max_batch_search_seconds", "oom_rate",
     "max_len_fit", "oom_batches", "oom", "tokens_per_s", "sec_per_token", "model_flops_per_step", "flops_per_s",
     "skipped_steps", "loss_scale_end", "measured_peak_bytes", "planned_peak_bytes", "plan_matches_measured",
-    /* the extra hook's PyTorch side by side (peer.c), on the compared rungs' first runs */
+    /* the extra hook's PyTorch side by side (llm_torch.c), on the compared rungs' first runs */
     "peer_step_seconds", "speedup_vs_torch", "peer_peak_bytes", NULL};
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};

@@ -61,7 +61,7 @@ static vl_status size_knob(vl_case_env *env, const char *key, long lo, long hi, 
   *given = strcasecmp(t, "preset") != 0;
   if (!*given) return VL_OK;
   long x;
-  VL_TRY(vl_case_knob_int(env, env->setting, key, vl_llm_knobs, lo, hi, &x));
+  VL_TRY(vl_knob_int(env->setting, key, vl_llm_knobs, lo, hi, &x, &env->err));
   *v = x;
   return VL_OK;
 }
@@ -108,24 +108,24 @@ vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
   VL_TRY(parse_model(env, scale, &r->model.mc, &r->max_pos));
   vl_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
-  VL_TRY(vl_case_knob_int(env, s, "run_seq", vl_llm_knobs, 0, vl_llm_dim_max.seq, &r->run_seq));
+  VL_TRY(vl_knob_int(s, "run_seq", vl_llm_knobs, 0, vl_llm_dim_max.seq, &r->run_seq, &env->err));
   if (r->max_pos && r->run_seq > r->max_pos)
     return vl_case_fail(env, VL_ERR_INVALID, "run_seq = %ld exceeds max_position_embeddings %lld of model_config",
                         r->run_seq, (long long)r->max_pos);
   VL_TRY(vl_case_card_parse(env, k, &r->card));
-  VL_TRY(vl_case_knob_int(env, s, "seed", vl_llm_knobs, 0, 1L << 40, &r->seed));
-  VL_TRY(vl_case_knob_int(env, s, "steps", vl_llm_knobs, 1, 100000, &r->steps));
-  VL_TRY(vl_case_knob_int(env, s, "warmup", vl_llm_knobs, 0, 1000, &r->warmup));
-  VL_TRY(vl_case_knob_int(env, s, "oom_batches", vl_llm_knobs, 1, 1000000, &r->oom_batches));
+  VL_TRY(vl_knob_int(s, "seed", vl_llm_knobs, 0, 1L << 40, &r->seed, &env->err));
+  VL_TRY(vl_knob_int(s, "steps", vl_llm_knobs, 1, 100000, &r->steps, &env->err));
+  VL_TRY(vl_knob_int(s, "warmup", vl_llm_knobs, 0, 1000, &r->warmup, &env->err));
+  VL_TRY(vl_knob_int(s, "oom_batches", vl_llm_knobs, 1, 1000000, &r->oom_batches, &env->err));
   VL_TRY(parse_dtype(env, k, "compute", &tc->compute));
   if (tc->compute == VL_NF4)
     return vl_case_fail(env, VL_ERR_INVALID, "compute = nf4: nf4 is a storage format for frozen weights");
   VL_TRY(parse_dtype(env, k, "frozen", &tc->frozen));
   long v;
-  VL_TRY(vl_case_knob_int(env, k, "lora_rank", vl_llm_knobs, 0, 4096, &v));
+  VL_TRY(vl_knob_int(k, "lora_rank", vl_llm_knobs, 0, 4096, &v, &env->err));
   tc->lora_rank = (int)v;
   double d;
-  VL_TRY(vl_case_knob_double(env, k, "lora_alpha", vl_llm_knobs, 1e-6, 1e6, &d));
+  VL_TRY(vl_knob_double(k, "lora_alpha", vl_llm_knobs, 1e-6, 1e6, &d, &env->err));
   tc->lora_alpha = (float)d;
   const char *t = vl_knob_str(k, "lora_targets", vl_llm_knobs);
   if (!strcasecmp(t, "all")) tc->lora_targets = VL_LORA_ALL;
@@ -135,15 +135,15 @@ vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
   if (vl_optimizer_parse(o, &tc->optim.opt))
     return vl_case_fail(env, VL_ERR_INVALID, "optimizer = '%s': expected adamw, adafactor or sgd", o);
   int b;
-  VL_TRY(vl_case_knob_bool(env, k, "adafactor_beta1", vl_llm_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "adafactor_beta1", vl_llm_knobs, &b, &env->err));
   tc->optim.adafactor_beta1 = b;
-  VL_TRY(vl_case_knob_bool(env, k, "checkpoint", vl_llm_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "checkpoint", vl_llm_knobs, &b, &env->err));
   tc->checkpoint = b;
-  VL_TRY(vl_case_knob_double(env, k, "lr", vl_llm_knobs, 1e-12, 10, &d));
+  VL_TRY(vl_knob_double(k, "lr", vl_llm_knobs, 1e-12, 10, &d, &env->err));
   tc->optim.hp.lr = (float)d;
-  VL_TRY(vl_case_knob_double(env, k, "clip", vl_llm_knobs, 0, 1e9, &d));
+  VL_TRY(vl_knob_double(k, "clip", vl_llm_knobs, 0, 1e9, &d, &env->err));
   tc->clip = (float)d;
-  VL_TRY(vl_case_knob_double(env, k, "weight_decay", vl_llm_knobs, 0, 10, &d));
+  VL_TRY(vl_knob_double(k, "weight_decay", vl_llm_knobs, 0, 10, &d, &env->err));
   tc->optim.hp.weight_decay = (float)d;
   /* the rung's batch, else the setting's, else the declared default */
   const char *bs = vl_knob_get(k, "batch");
@@ -152,14 +152,14 @@ vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs 
   else {
     vl_knobs tmp = {0};
     vl_knob_set(&tmp, "batch", bs);
-    VL_TRY(vl_case_knob_int(env, &tmp, "batch", vl_llm_knobs, 1, 1 << 20, &r->batch));
+    VL_TRY(vl_knob_int(&tmp, "batch", vl_llm_knobs, 1, 1 << 20, &r->batch, &env->err));
   }
-  VL_TRY(vl_case_knob_int(env, k, "accum", vl_llm_knobs, 1, 4096, &r->accum));
+  VL_TRY(vl_knob_int(k, "accum", vl_llm_knobs, 1, 4096, &r->accum, &env->err));
   /* Runs are uncapped unless run_cap says otherwise (to study OOM at the run scale); parsed
    * here with the rest so a bad value is refused before anything runs. */
   r->run_cap = VL_NO_CAP;
   const char *rc_s = vl_knob_str(s, "run_cap", vl_llm_knobs);
-  if (strcasecmp(rc_s, "none")) VL_TRY(vl_case_knob_bytes(env, s, "run_cap", vl_llm_knobs, &r->run_cap));
+  if (strcasecmp(rc_s, "none")) VL_TRY(vl_knob_bytes(s, "run_cap", vl_llm_knobs, &r->run_cap, &env->err));
   return VL_OK;
 }
 

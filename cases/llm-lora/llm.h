@@ -4,7 +4,7 @@
 #ifndef VRAMLAB_LLM_LORA_H
 #define VRAMLAB_LLM_LORA_H
 
-#include "case.h"
+#include "kit/case.h"
 #include "vramlab/mistral.h"
 
 typedef struct {
@@ -55,5 +55,8 @@ int64_t vl_llm_max_batch(const vl_llm_rung *r);
 
 /* One repetition of a rung on env->device at env->scale (run.c): the case's run hook. */
 vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
+
+/* The case's report sections (the report hook). */
+void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

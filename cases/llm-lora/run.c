@@ -10,7 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "llm.h"
 #include "datasets/dialogue.h"
 

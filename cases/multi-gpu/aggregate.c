@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "mg.h"
-#include "report.h"
+#include "kit/rep.h"
 
 static double num(const cJSON *o, const char *k) { return vl_rep_num(o, k); }
 

@@ -1,7 +1,7 @@
 /* multi-gpu's knobs and what they mean: the knob table, a rung's knobs and the setting
  * mapped to the data-parallel wrapper's config over seg-ckpt's ResNet-101 U-Net, and the
  * step a rung plans and runs. The U-Net, its training and loader knobs are seg-ckpt's,
- * parsed by seg-ckpt's own code (vl_seg_parse_rung) with the same names and defaults. */
+ * parsed by seg-ckpt's own code (vl_segrung_parse) with the same names and defaults. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +26,10 @@ const vl_knob_decl vl_mg_knobs[] = {
     {"bucket_cap", "25MiB", "ddp: bucket size cap (PyTorch's bucket_cap_mb = 25)", VL_KNOB_RUNG},
     {"first_bucket_cap", "1MiB", "ddp: the first bucket's cap (PyTorch's 1 MiB)", VL_KNOB_RUNG},
     {"batch", "8", "micro-batch per rank (>= 2, batch norm): the global batch is ranks x batch", VL_KNOB_RUNG},
-    VL_SEG_MODEL_KNOBS,
-    VL_SEG_LOADER_KNOBS, /* per rank */
+    VL_SEGRUNG_MODEL_KNOBS,
+    VL_SEGRUNG_LOADER_KNOBS, /* per rank */
     VL_CASE_CARD_KNOBS,
-    VL_SEG_SIZE_SETTINGS,
+    VL_SEGRUNG_SIZE_SETTINGS,
     {"train_images", "256", "training split at the run scale (made on first use), sharded over the ranks",
      VL_KNOB_SETTING},
     {"data_dir", "data/segset", "where the segmentation split is made and read", VL_KNOB_SETTING},
@@ -84,9 +84,9 @@ static vl_status parse_link(vl_case_env *env, const char *name, double eff, vl_m
   snprintf(kb, sizeof kb, "%s_busbw_gbs", name);
   snprintf(kl, sizeof kl, "%s_latency_us", name);
   double tf, bw, lat;
-  VL_TRY(vl_case_knob_double(env, env->setting, kt, vl_mg_knobs, 1e-3, 1e6, &tf));
-  VL_TRY(vl_case_knob_double(env, env->setting, kb, vl_mg_knobs, 1e-3, 1e6, &bw));
-  VL_TRY(vl_case_knob_double(env, env->setting, kl, vl_mg_knobs, 0, 1e6, &lat));
+  VL_TRY(vl_knob_double(env->setting, kt, vl_mg_knobs, 1e-3, 1e6, &tf, &env->err));
+  VL_TRY(vl_knob_double(env->setting, kb, vl_mg_knobs, 1e-3, 1e6, &bw, &env->err));
+  VL_TRY(vl_knob_double(env->setting, kl, vl_mg_knobs, 0, 1e6, &lat, &env->err));
   *l = (vl_mg_link){name, bw * 1e9, lat * 1e-6, tf * 1e12, eff};
   return VL_OK;
 }
@@ -98,20 +98,20 @@ static vl_status parse_dist(vl_case_env *env, const vl_knobs *k, vl_mg_rung *r) 
     return vl_case_fail(env, VL_ERR_INVALID, "mode = '%s': expected single, dp, ddp or zero1", ms);
   long v;
   int b;
-  VL_TRY(vl_case_knob_int(env, k, "ranks", vl_mg_knobs, 1, 256, &v));
+  VL_TRY(vl_knob_int(k, "ranks", vl_mg_knobs, 1, 256, &v, &env->err));
   r->ranks = (int)v;
   if (r->mode == VL_DIST_SINGLE && r->ranks != 1)
     return vl_case_fail(env, VL_ERR_INVALID, "ranks = %d: mode single runs on one rank (ranks = 1)", r->ranks);
-  VL_TRY(vl_case_knob_int(env, k, "threads", vl_mg_knobs, 1, 256, &v));
+  VL_TRY(vl_knob_int(k, "threads", vl_mg_knobs, 1, 256, &v, &env->err));
   r->threads = (int)v;
-  VL_TRY(vl_case_knob_bool(env, k, "oversubscribe", vl_mg_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "oversubscribe", vl_mg_knobs, &b, &env->err));
   r->oversubscribe = b;
-  VL_TRY(vl_case_knob_bool(env, k, "overlap", vl_mg_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "overlap", vl_mg_knobs, &b, &env->err));
   r->overlap = b;
-  VL_TRY(vl_case_knob_bool(env, k, "grad_as_bucket_view", vl_mg_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "grad_as_bucket_view", vl_mg_knobs, &b, &env->err));
   r->grad_as_bucket_view = b;
-  VL_TRY(vl_case_knob_bytes(env, k, "bucket_cap", vl_mg_knobs, &r->bucket_cap));
-  VL_TRY(vl_case_knob_bytes(env, k, "first_bucket_cap", vl_mg_knobs, &r->first_bucket_cap));
+  VL_TRY(vl_knob_bytes(k, "bucket_cap", vl_mg_knobs, &r->bucket_cap, &env->err));
+  VL_TRY(vl_knob_bytes(k, "first_bucket_cap", vl_mg_knobs, &r->first_bucket_cap, &env->err));
   if (r->bucket_cap < 1024 || r->first_bucket_cap < 1024)
     return vl_case_fail(env, VL_ERR_INVALID, "%s: below 1 KiB", r->bucket_cap < 1024 ? "bucket_cap" : "first_bucket_cap");
   return VL_OK;
@@ -120,26 +120,26 @@ static vl_status parse_dist(vl_case_env *env, const vl_knobs *k, vl_mg_rung *r) 
 /* The setting's run and model knobs. */
 static vl_status parse_setting(vl_case_env *env, vl_mg_rung *r) {
   const vl_knobs *s = env->setting;
-  VL_TRY(vl_case_knob_int(env, s, "steps", vl_mg_knobs, 1, 100000, &r->steps));
-  VL_TRY(vl_case_knob_int(env, s, "warmup", vl_mg_knobs, 0, 1000, &r->warmup));
-  VL_TRY(vl_case_knob_double(env, s, "timeout", vl_mg_knobs, 1, 86400, &r->timeout_s));
-  VL_TRY(vl_case_knob_double(env, s, "bwd_share", vl_mg_knobs, 0, 1, &r->bwd_share));
+  VL_TRY(vl_knob_int(s, "steps", vl_mg_knobs, 1, 100000, &r->steps, &env->err));
+  VL_TRY(vl_knob_int(s, "warmup", vl_mg_knobs, 0, 1000, &r->warmup, &env->err));
+  VL_TRY(vl_knob_double(s, "timeout", vl_mg_knobs, 1, 86400, &r->timeout_s, &env->err));
+  VL_TRY(vl_knob_double(s, "bwd_share", vl_mg_knobs, 0, 1, &r->bwd_share, &env->err));
   double eff;
-  VL_TRY(vl_case_knob_double(env, s, "efficiency", vl_mg_knobs, 1e-3, 1, &eff));
+  VL_TRY(vl_knob_double(s, "efficiency", vl_mg_knobs, 1e-3, 1, &eff, &env->err));
   VL_TRY(parse_link(env, "pcie", eff, &r->link[0]));
   VL_TRY(parse_link(env, "nvlink", eff, &r->link[1]));
   VL_TRY(parse_sweep(env, r));
-  VL_TRY(vl_case_knob_bytes(env, s, "coll_max_bytes", vl_mg_knobs, &r->coll_max_bytes));
+  VL_TRY(vl_knob_bytes(s, "coll_max_bytes", vl_mg_knobs, &r->coll_max_bytes, &env->err));
   if (r->coll_max_bytes < 1024 || r->coll_max_bytes > ((size_t)1 << 30))
     return vl_case_fail(env, VL_ERR_INVALID, "coll_max_bytes: expected 1KiB .. 1GiB");
-  VL_TRY(vl_case_knob_double(env, s, "disturbed_share", vl_mg_knobs, 0, 1, &r->disturbed_share));
-  VL_TRY(vl_case_knob_int(env, s, "disturbed_retries", vl_mg_knobs, 0, 20, &r->disturbed_retries));
+  VL_TRY(vl_knob_double(s, "disturbed_share", vl_mg_knobs, 0, 1, &r->disturbed_share, &env->err));
+  VL_TRY(vl_knob_int(s, "disturbed_retries", vl_mg_knobs, 0, 20, &r->disturbed_retries, &env->err));
   return VL_OK;
 }
 
 vl_status vl_mg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_mg_rung *r) {
   memset(r, 0, sizeof *r);
-  VL_TRY(vl_seg_parse_rung(env, scale, k, &r->seg));
+  VL_TRY(vl_segrung_parse(env, scale, k, &r->seg));
   if (r->seg.batch == 0)
     return vl_case_fail(env, VL_ERR_INVALID, "batch = max: multi-gpu takes a micro-batch per rank (>= 2)");
   VL_TRY(parse_dist(env, k, r));

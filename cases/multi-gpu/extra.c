@@ -10,10 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
-#include "mpirun.h"
-#include "report.h"
+#include "kit/mpirun.h"
+#include "kit/rep.h"
 #include "vramlab/fileio.h"
 
 /* A rung of the results with its parsed knobs. */
@@ -133,7 +133,7 @@ static vl_status sweep(vl_case_env *env, const mg_rung_ref *rr, int n, cJSON *re
     *k = t->k;
     char v[32];
     snprintf(v, sizeof v, "%zu", t->r.sweep[i]);
-    vl_status s = vl_case_knob_set(env, k, "bucket_cap", v);
+    vl_status s = vl_knob_set_err(k, "bucket_cap", v, &env->err);
     vl_mg_rung r = t->r;
     r.bucket_cap = t->r.sweep[i];
     cJSON *ranks = NULL;
@@ -164,7 +164,8 @@ static vl_status sweep(vl_case_env *env, const mg_rung_ref *rr, int n, cJSON *re
 /* `vramlab bench COLL --ranks N --json FILE --min-bytes A --max-bytes B` under mpirun. */
 static vl_status collective(vl_case_env *env, const char *coll, int np, size_t lo, size_t hi, double timeout,
                             cJSON *arr) {
-  char exe[4096], dir[] = "/tmp/vramlab-coll-XXXXXX", file[256], log[256], nps[16], los[32], his[32], err[512];
+  char exe[4096], dir[] = "/tmp/vramlab-coll-XXXXXX", file[256], log[256], nps[16], los[32], his[32];
+  vl_err err;
   if (vl_self_exe(exe, sizeof exe)) return vl_case_fail(env, VL_ERR_IO, "cannot find this executable");
   if (!mkdtemp(dir)) return vl_case_fail(env, VL_ERR_IO, "cannot make a folder in /tmp");
   snprintf(file, sizeof file, "%s/%s.json", dir, coll);
@@ -175,9 +176,9 @@ static vl_status collective(vl_case_env *env, const char *coll, int np, size_t l
   char *argv[] = {exe, "bench", (char *)coll, "--ranks", nps, "--json", file, "--min-bytes", los, "--max-bytes", his, NULL};
   vl_mpirun_opts o = {np, np > vl_cores(), 1, timeout, log};
   if (!env->quiet) vl_progress("collective benchmark: %s on %d ranks, %s..%s bytes", coll, np, los, his);
-  int rc = vl_mpirun(&o, argv, err, sizeof err);
+  int rc = vl_mpirun(&o, argv, &err);
   vl_status s = VL_OK;
-  char *t = rc == 0 ? vl_file_read_text(file, (uint64_t)16 << 20, NULL, NULL, err, sizeof err) : NULL;
+  char *t = rc == 0 ? vl_file_read_text(file, (uint64_t)16 << 20, NULL, NULL, err.msg, sizeof err.msg) : NULL;
   cJSON *j = t ? cJSON_Parse(t) : NULL;
   free(t);
   if (j) {
@@ -186,7 +187,7 @@ static vl_status collective(vl_case_env *env, const char *coll, int np, size_t l
     cJSON *e = cJSON_CreateObject();
     cJSON_AddStringToObject(e, "collective", coll);
     char why[800];
-    if (rc < 0) snprintf(why, sizeof why, "not measured here: %s", err);
+    if (rc < 0) snprintf(why, sizeof why, "not measured here: %s", err.msg);
     else snprintf(why, sizeof why, "failed (status %d; its output is in %s)", rc, log);
     cJSON_AddStringToObject(e, "error", why);
     cJSON_AddItemToArray(arr, e);

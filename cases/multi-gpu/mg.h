@@ -2,13 +2,15 @@
  * (config.c), the ring allreduce time model of the modeled section (timemodel.c), the
  * full-scale plan of a rung and its per-card tables (plan.c), the per-rank worker under
  * mpirun (worker.c), the parent's run hook that starts and aggregates it (run.c), the
- * case-wide measurements after the ladder (extra.c) and the report sections (report.c).
- * The U-Net, its training settings, its data and loader come from seg-ckpt (seg.h).
+ * case-wide measurements after the ladder (extra.c) and the report sections
+ * (mg_report.c).
+ * The U-Net rung, its training settings, its data and loader are the kit's (kit/segrung.h),
+ * shared with seg-ckpt.
  * Every function that can fail returns vl_status with its message in env->err. */
 #ifndef VRAMLAB_MULTI_GPU_H
 #define VRAMLAB_MULTI_GPU_H
 
-#include "../seg-ckpt/seg.h"
+#include "kit/segrung.h"
 #include "vramlab/ddp.h"
 
 /* ---- the ring allreduce time model (pure) ---------------------------------------------- */
@@ -58,7 +60,7 @@ vl_mg_time vl_mg_model(vl_dist_mode mode, bool overlap, int n, const vl_mg_link 
 extern const int vl_mg_cards[VL_MG_CARDS_N];
 
 typedef struct {
-  vl_seg_rung seg;          /* the U-Net, training, loader, card (seg-ckpt's parse) */
+  vl_segrung seg;          /* the U-Net, training, loader, card (seg-ckpt's parse) */
   vl_dist_mode mode;
   int ranks, threads;
   bool oversubscribe, overlap, grad_as_bucket_view;
@@ -123,7 +125,7 @@ double vl_mg_median(double *v, int n);
  * *used / *total (may be NULL): the runs it took and the runs with the key. */
 double vl_mg_run_median(const cJSON *rung, const char *key, int *used, int *total);
 
-/* ---- report (report.c) ------------------------------------------------------------------- */
+/* ---- report (mg_report.c) ---------------------------------------------------------------- */
 void vl_mg_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

@@ -50,7 +50,7 @@ typedef struct {
 static vl_status model_inputs(vl_case_env *env, const vl_mg_rung *r, mg_inputs *in) {
   memset(in, 0, sizeof *in);
   /* compute: the inner U-Net's step at the per-card batch, whatever the mode */
-  vl_step_spec one = vl_seg_step_spec(&r->seg, r->seg.batch, 1);
+  vl_step_spec one = vl_segrung_step_spec(&r->seg, r->seg.batch, 1);
   vl_plan_result p;
   vl_run_plan(&one, VL_NO_CAP, VL_DEV_CUDA, false, &p);
   vl_plan_result_free(&p);

@@ -15,10 +15,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
-#include "mpirun.h"
-#include "report.h"
+#include "kit/mpirun.h"
+#include "kit/rep.h"
 #include "vramlab/fileio.h"
 
 #define MG_APT "apt-get install libopenmpi-dev openmpi-bin"
@@ -144,7 +144,8 @@ vl_status vl_mg_launch(vl_case_env *env, const vl_mg_rung *r, const vl_knobs *k,
                        double *foreign) {
   *ranks = NULL;
   if (foreign) *foreign = NAN;
-  char exe[PATH_MAX], dir[] = "/tmp/vramlab-mg-XXXXXX", log[PATH_MAX], err[VL_CASE_ERR_LEN];
+  char exe[PATH_MAX], dir[] = "/tmp/vramlab-mg-XXXXXX", log[PATH_MAX];
+  vl_err err;
   if (vl_self_exe(exe, sizeof exe)) return vl_case_fail(env, VL_ERR_IO, "cannot find this executable (/proc/self/exe)");
   if (!mkdtemp(dir)) return vl_case_fail(env, VL_ERR_IO, "cannot make a folder in /tmp for the ranks' results");
   snprintf(log, sizeof log, "%s/job.log", dir);
@@ -154,9 +155,9 @@ vl_status vl_mg_launch(vl_case_env *env, const vl_mg_rung *r, const vl_knobs *k,
     return vl_case_fail(env, VL_ERR_OOM, "host memory");
   }
   vl_mpirun_opts o = {np, r->oversubscribe, r->threads, r->timeout_s, log};
-  err[0] = 0;
+  err.msg[0] = 0;
   double m0 = machine_cpu_s(), c0 = children_cpu_s(), t0 = vl_now();
-  int rc = vl_mpirun(&o, argv, err, sizeof err);
+  int rc = vl_mpirun(&o, argv, &err);
   /* the share of the machine's cores other processes used meanwhile (a neighbour's build
    * or benchmark slows the ranks down: the report flags it) */
   double wall = vl_now() - t0, other = (machine_cpu_s() - m0) - (children_cpu_s() - c0);
@@ -164,7 +165,7 @@ vl_status vl_mg_launch(vl_case_env *env, const vl_mg_rung *r, const vl_knobs *k,
   free_argv(argv);
   vl_status s = VL_OK;
   if (rc < 0) {
-    s = vl_case_fail(env, VL_ERR_UNSUPPORTED, "%s", err);
+    s = vl_case_fail(env, VL_ERR_UNSUPPORTED, "%s", err.msg);
   } else if (rc != 0) {
     char tail[360];
     log_tail(log, tail, sizeof tail);
@@ -233,17 +234,17 @@ vl_status vl_mg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     return vl_case_fail(env, VL_ERR_UNSUPPORTED, "a full-scale (512x512 ResNet-101) step is too slow for this CPU: "
                         "use --scale small or tiny, or --device plan");
   vl_segset *ts = NULL; /* made here, once, before any rank reads it */
-  VL_TRY(vl_seg_open_split(env, &r.seg, false, &ts));
+  VL_TRY(vl_segrung_open_split(env, &r.seg, false, &ts));
   vl_segset_close(ts);
   cJSON *ranks = NULL;
   vl_status s = vl_mg_launch_quiet(env, &r, k, r.ranks, &ranks, out);
   if (s == VL_ERR_UNSUPPORTED) { /* no mpirun: not measured, the bench goes on */
-    cJSON_AddStringToObject(out, "not_measured", env->err);
-    if (!env->quiet) vl_progress("  not measured here: %s", env->err);
+    cJSON_AddStringToObject(out, "not_measured", env->err.msg);
+    if (!env->quiet) vl_progress("  not measured here: %s", env->err.msg);
     return VL_OK;
   }
   if (s != VL_OK) {
-    cJSON_AddStringToObject(out, "error", env->err);
+    cJSON_AddStringToObject(out, "error", env->err.msg);
     return s;
   }
   cJSON_AddBoolToObject(out, "oversubscribed", over);

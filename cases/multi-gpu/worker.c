@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "mg.h"
 #include "vramlab/fileio.h"
 
@@ -21,34 +21,35 @@ typedef struct {
   vl_knobs setting, knobs;
 } wargs;
 
-static int parse_args(int argc, char **argv, wargs *a, char *err, size_t errn) {
+static vl_status parse_args(int argc, char **argv, wargs *a, vl_err *e) {
   a->scale = "small";
   a->out = NULL;
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(s, "--quiet")) { a->quiet = true; continue; }
-    if (!v) { snprintf(err, errn, "%s needs a value", s); return -1; }
+    if (!v) return vl_err_set(e, VL_ERR_INVALID, "%s needs a value", s);
     i++;
     if (!strcmp(s, "--scale")) { a->scale = v; continue; }
     if (!strcmp(s, "--out")) { a->out = v; continue; }
     vl_knobs *k = !strcmp(s, "--set") ? &a->setting : !strcmp(s, "--knob") ? &a->knobs : NULL;
-    if (!k) { snprintf(err, errn, "unknown option '%s'", s); return -1; }
+    if (!k) return vl_err_set(e, VL_ERR_INVALID, "unknown option '%s'", s);
     /* one key=value (a value may hold commas: blocks=3,4,23,3) */
     const char *eq = strchr(v, '=');
     char key[VL_KNOB_KEY_LEN];
-    if (!eq || eq == v || (size_t)(eq - v) >= sizeof key) { snprintf(err, errn, "%s '%s': expected key=value", s, v); return -1; }
+    if (!eq || eq == v || (size_t)(eq - v) >= sizeof key)
+      return vl_err_set(e, VL_ERR_INVALID, "%s '%s': expected key=value", s, v);
     memcpy(key, v, (size_t)(eq - v));
     key[eq - v] = 0;
-    if (vl_knob_set_err(k, key, eq + 1, err, errn)) return -1;
+    VL_TRY(vl_knob_set_err(k, key, eq + 1, e));
   }
-  if (!a->out) { snprintf(err, errn, "--out DIR is needed"); return -1; }
-  return 0;
+  if (!a->out) return vl_err_set(e, VL_ERR_INVALID, "--out DIR is needed");
+  return VL_OK;
 }
 
 /* ---- the rank's data ------------------------------------------------------------------------ */
 typedef struct {
-  vl_seg_feed f;     /* seg-ckpt's feed over this rank's loader (NULL loader: no data) */
-  vl_seg_rung seg;   /* the rung with this rank's batch */
+  vl_segrung_feed f;     /* seg-ckpt's feed over this rank's loader (NULL loader: no data) */
+  vl_segrung seg;   /* the rung with this rank's batch */
   vl_batch empty;    /* DataParallel's ranks other than 0: no data of their own */
 } rank_feed;
 
@@ -77,7 +78,7 @@ static vl_status feed_open(vl_case_env *env, const vl_mg_rung *r, int64_t B, int
     return VL_OK;
   }
   vl_loader_cfg lc;
-  vl_seg_loader_cfg(&F->seg, &lc, B, false, c);
+  vl_segrung_loader_cfg(&F->seg, &lc, B, false, c);
   /* DistributedSampler: every rank its own shard of the epoch; DataParallel's rank 0 alone
    * loads the whole global batch */
   lc.rank = r->mode == VL_DIST_DP ? 0 : rank;
@@ -196,7 +197,7 @@ static vl_status rank_run(vl_case_env *env, const wargs *a, vl_comm *cm) {
     return vl_case_fail(env, VL_ERR_INVALID, "batch %lld per step exceeds the %ld images this rank gets per epoch",
                         (long long)B, per_epoch);
   vl_segset *ts = NULL;
-  VL_TRY(vl_seg_open_split(env, &r.seg, false, &ts));
+  VL_TRY(vl_segrung_open_split(env, &r.seg, false, &ts));
   vl_ctx *c = NULL;
   vl_model *m = NULL;
   rank_feed F;
@@ -210,7 +211,7 @@ static vl_status rank_run(vl_case_env *env, const wargs *a, vl_comm *cm) {
   if (s == VL_OK) s = feed_open(env, &r, B, world, rank, ts, c, &F);
   int64_t epoch = 0;
   if (s == VL_OK && F.f.l && (s = vl_loader_start_epoch(F.f.l, 0)) != VL_OK) vl_case_fail(env, s, "loader: epoch 0");
-  vl_loop_cfg cfg = {.warmup = r.warmup, .next = F.f.l ? vl_seg_next : next_empty, .user = F.f.l ? (void *)&F.f : &F,
+  vl_loop_cfg cfg = {.warmup = r.warmup, .next = F.f.l ? vl_segrung_next : next_empty, .user = F.f.l ? (void *)&F.f : &F,
                      .stop = &vl_interrupted, .stop_now = &vl_terminated};
   F.f.max_steps = r.warmup + r.steps;
   if (s == VL_OK && r.warmup > 0) s = loop_to(env, m, &cfg, &F, r.warmup, &epoch, &res);
@@ -239,8 +240,8 @@ int vl_mg_worker(int argc, char **argv) {
     free(env);
     return 1;
   }
-  if (parse_args(argc, argv, a, env->err, sizeof env->err)) {
-    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", env->err);
+  if (parse_args(argc, argv, a, &env->err)) {
+    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", env->err.msg);
     free(a);
     free(env);
     return 2;
@@ -259,10 +260,10 @@ int vl_mg_worker(int argc, char **argv) {
   s = rank_run(env, a, cm);
   if (s != VL_OK && vl_comm_size(cm) > 1) {
     char why[VL_CASE_ERR_LEN + 32];
-    snprintf(why, sizeof why, "multi-gpu worker: %s", env->err);
+    snprintf(why, sizeof why, "multi-gpu worker: %s", env->err.msg);
     vl_comm_abort(cm, 1, why); /* ends every rank of the job */
   }
-  if (s != VL_OK) fprintf(stderr, "vramlab: worker multi-gpu: rank 0 of 1: %s\n", env->err);
+  if (s != VL_OK) fprintf(stderr, "vramlab: worker multi-gpu: rank 0 of 1: %s\n", env->err.msg);
   vl_comm_destroy(cm);
   free(a);
   free(env);

@@ -69,14 +69,14 @@ static vl_status parse_path(vl_case_env *env, const char *key, char *dst, size_t
 /* The setting: the same for every rung. */
 static vl_status parse_setting(vl_case_env *env, const char *scale, vl_sdl_rung *r) {
   const vl_knobs *s = env->setting;
-  VL_TRY(vl_case_knob_int(env, s, "seed", vl_sdl_knobs, 0, 1L << 40, &r->seed));
-  VL_TRY(vl_case_knob_int(env, s, "images", vl_sdl_knobs, 4, 1 << 24, &r->images));
+  VL_TRY(vl_knob_int(s, "seed", vl_sdl_knobs, 0, 1L << 40, &r->seed, &env->err));
+  VL_TRY(vl_knob_int(s, "images", vl_sdl_knobs, 4, 1 << 24, &r->images, &env->err));
   if (!strcasecmp(scale, "tiny") && r->images > 32) r->images = 32; /* CI runs in seconds */
-  VL_TRY(vl_case_knob_int(env, s, "epochs", vl_sdl_knobs, 1, 1000, &r->epochs));
-  VL_TRY(vl_case_knob_int(env, s, "steps", vl_sdl_knobs, 0, 1000000, &r->steps));
-  VL_TRY(vl_case_knob_int(env, s, "warmup", vl_sdl_knobs, 0, 1000, &r->warmup));
-  VL_TRY(vl_case_knob_int(env, s, "loss_steps", vl_sdl_knobs, 0, 1000, &r->loss_steps));
-  VL_TRY(vl_case_knob_int(env, s, "loss_batch", vl_sdl_knobs, 1, 64, &r->loss_batch));
+  VL_TRY(vl_knob_int(s, "epochs", vl_sdl_knobs, 1, 1000, &r->epochs, &env->err));
+  VL_TRY(vl_knob_int(s, "steps", vl_sdl_knobs, 0, 1000000, &r->steps, &env->err));
+  VL_TRY(vl_knob_int(s, "warmup", vl_sdl_knobs, 0, 1000, &r->warmup, &env->err));
+  VL_TRY(vl_knob_int(s, "loss_steps", vl_sdl_knobs, 0, 1000, &r->loss_steps, &env->err));
+  VL_TRY(vl_knob_int(s, "loss_batch", vl_sdl_knobs, 1, 64, &r->loss_batch, &env->err));
   const char *ls = vl_knob_str(s, "loss_scale", vl_sdl_knobs);
   vl_sd_cfg probe;
   if (strcasecmp(ls, "run") && vl_sd_preset(ls, &probe))
@@ -93,11 +93,11 @@ static vl_status parse_setting(vl_case_env *env, const char *scale, vl_sdl_rung 
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     r->cores = n > 0 ? n : 1;
   } else {
-    VL_TRY(vl_case_knob_int(env, s, "cores", vl_sdl_knobs, 1, 4096, &r->cores));
+    VL_TRY(vl_knob_int(s, "cores", vl_sdl_knobs, 1, 4096, &r->cores, &env->err));
   }
   /* the second card: its own size, the rung's cap fraction, the same context */
   size_t c48;
-  VL_TRY(vl_case_knob_bytes(env, s, "card_48", vl_sdl_knobs, &c48));
+  VL_TRY(vl_knob_bytes(s, "card_48", vl_sdl_knobs, &c48, &env->err));
   if (c48 <= r->card.context) return vl_case_fail(env, VL_ERR_INVALID, "card_48 must be larger than cuda_context");
   r->card48 = r->card;
   r->card48.card = c48;
@@ -121,18 +121,18 @@ static vl_status parse_model(vl_case_env *env, const char *scale, const vl_knobs
     return vl_case_fail(env, VL_ERR_INVALID, "attention = '%s': expected classic or efficient", a);
   m->unet.attn = m->vae.attn = m->clip.attn = impl;
   int b;
-  VL_TRY(vl_case_knob_bool(env, k, "checkpoint", vl_sdl_knobs, &b));
+  VL_TRY(vl_knob_bool(k, "checkpoint", vl_sdl_knobs, &b, &env->err));
   m->unet.checkpoint = b;
   long v;
-  VL_TRY(vl_case_knob_int(env, k, "lora_rank", vl_sdl_knobs, 1, 1024, &v));
+  VL_TRY(vl_knob_int(k, "lora_rank", vl_sdl_knobs, 1, 1024, &v, &env->err));
   m->unet.lora_rank = (int)v;
   double d;
-  VL_TRY(vl_case_knob_double(env, k, "lora_alpha", vl_sdl_knobs, 1e-6, 1e6, &d));
+  VL_TRY(vl_knob_double(k, "lora_alpha", vl_sdl_knobs, 1e-6, 1e6, &d, &env->err));
   m->unet.lora_alpha = (float)d;
-  VL_TRY(vl_case_knob_double(env, k, "lr", vl_sdl_knobs, 1e-12, 10, &d));
+  VL_TRY(vl_knob_double(k, "lr", vl_sdl_knobs, 1e-12, 10, &d, &env->err));
   m->optim.hp.lr = (float)d;
   m->encoders_in_step = r->cache == VL_SDL_CACHE_NONE;
-  VL_TRY(vl_case_knob_int(env, k, "text_lora_rank", vl_sdl_knobs, 0, 1024, &v));
+  VL_TRY(vl_knob_int(k, "text_lora_rank", vl_sdl_knobs, 0, 1024, &v, &env->err));
   if (v > 0 && !m->encoders_in_step)
     return vl_case_fail(env, VL_ERR_INVALID,
                         "text_lora_rank = %ld trains the text encoder in the step: it needs cache = none "
@@ -158,19 +158,19 @@ static vl_status parse_pipeline(vl_case_env *env, const vl_knobs *k, vl_sdl_rung
     return vl_case_fail(env, VL_ERR_INVALID, "cache_dtype = '%s': expected fp16 or fp32", cd);
   const char *w = vl_knob_str(k, "workers", vl_sdl_knobs);
   if (!strcasecmp(w, "cores")) r->workers = r->cores; /* the article's 8 processes on its CPU */
-  else VL_TRY(vl_case_knob_int(env, k, "workers", vl_sdl_knobs, 0, VL_LOADER_WORKERS_MAX, &r->workers));
-  VL_TRY(vl_case_knob_int(env, k, "prefetch", vl_sdl_knobs, 1, 64, &r->prefetch));
-  VL_TRY(vl_case_knob_bool(env, k, "batched", vl_sdl_knobs, &r->batched));
-  VL_TRY(vl_case_knob_bool(env, k, "drop_last", vl_sdl_knobs, &r->drop_last));
+  else VL_TRY(vl_knob_int(k, "workers", vl_sdl_knobs, 0, VL_LOADER_WORKERS_MAX, &r->workers, &env->err));
+  VL_TRY(vl_knob_int(k, "prefetch", vl_sdl_knobs, 1, 64, &r->prefetch, &env->err));
+  VL_TRY(vl_knob_bool(k, "batched", vl_sdl_knobs, &r->batched, &env->err));
+  VL_TRY(vl_knob_bool(k, "drop_last", vl_sdl_knobs, &r->drop_last, &env->err));
   const char *bs = vl_knob_str(k, "batch", vl_sdl_knobs);
   if (!strcasecmp(bs, "max")) r->batch = 0;
-  else VL_TRY(vl_case_knob_int(env, k, "batch", vl_sdl_knobs, 1, 1 << 16, &r->batch));
-  VL_TRY(vl_case_knob_int(env, k, "accum", vl_sdl_knobs, 1, 4096, &r->accum));
+  else VL_TRY(vl_knob_int(k, "batch", vl_sdl_knobs, 1, 1 << 16, &r->batch, &env->err));
+  VL_TRY(vl_knob_int(k, "accum", vl_sdl_knobs, 1, 4096, &r->accum, &env->err));
   const char *cs = vl_knob_str(k, "consumer", vl_sdl_knobs);
   if (!strcasecmp(cs, "modeled")) r->consumer = VL_SDL_MODELED;
   else if (!strcasecmp(cs, "model")) r->consumer = VL_SDL_MODEL;
   else return vl_case_fail(env, VL_ERR_INVALID, "consumer = '%s': expected modeled or model", cs);
-  VL_TRY(vl_case_knob_double(env, k, "consumer_ms", vl_sdl_knobs, 0, 1e7, &r->consumer_ms));
+  VL_TRY(vl_knob_double(k, "consumer_ms", vl_sdl_knobs, 0, 1e7, &r->consumer_ms, &env->err));
   return VL_OK;
 }
 

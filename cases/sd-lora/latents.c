@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sdl.h"
 #include "vramlab/fileio.h"
 

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sdl.h"
 
 static const char *name_of(const cJSON *r) { return cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")); }
@@ -43,8 +43,7 @@ static void set_run_metric(cJSON *rung, const char *k, double v) {
 static vl_status rung_with(vl_case_env *env, const cJSON *rung, const char *set, const char *scale, vl_knobs *k,
                            vl_sdl_rung *r) {
   VL_TRY(vl_case_knobs_of(env, rung, k));
-  char err[256];
-  if (set && vl_knobs_apply_list(k, set, err, sizeof err)) return vl_case_fail(env, VL_ERR_INVALID, "%s", err);
+  if (set) VL_TRY(vl_knobs_apply_list(k, set, &env->err));
   return vl_sdl_parse_rung(env, scale, k, r);
 }
 

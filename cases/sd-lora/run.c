@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "sdl.h"
 
 /* ---- the modeled accelerator ------------------------------------------------------------ */
@@ -259,7 +259,7 @@ vl_status vl_sdl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   epoch_m last = {0};
   if (st == VL_OK) st = run_epochs(env, &r, &s, limit, eps, &last);
   bool ran = false;
-  st = vl_case_triage(env, st, env->err, out, &ran); /* every failure left its message in env */
+  st = vl_case_triage(env, st, env->err.msg, out, &ran); /* every failure left its message in env */
   if (ran && s.res.timed < 1) {
     st = vl_case_fail(env, VL_ERR_INVALID, "no timed step: %ld images give %ld step(s) of %lld x %ld", r.images,
                       s.res.steps, (long long)B, r.accum);

@@ -2,13 +2,14 @@
  * the modeled accelerator (config.c); the captioned set, the per-sample draws and the
  * loader's config (data.c); the latent and text-embedding cache files (latents.c); the
  * batch sources over the loader or over the caches (feed.c); the timed run (run.c); the loss
- * over the same seeded samples with and without the cache (losscmp.c); the report (report.c).
+ * over the same seeded samples with and without the cache (losscmp.c); the report
+ * (sdl_report.c).
  * Every function that can fail returns vl_status with its message in env->err
  * (vl_case_fail). */
 #ifndef VRAMLAB_SD_LORA_CASE_H
 #define VRAMLAB_SD_LORA_CASE_H
 
-#include "case.h"
+#include "kit/case.h"
 #include "datasets/captions.h"
 #include "vramlab/cache.h"
 #include "vramlab/data.h"
@@ -142,7 +143,7 @@ vl_status vl_sdl_micro_alloc(const vl_sd_cfg *m, int64_t B, vl_sdl_micro *mb);
 void vl_sdl_micro_bind(const vl_sd_cfg *m, vl_sdl_micro *mb);
 void vl_sdl_micro_free(vl_sdl_micro *mb);
 
-/* ---- run.c, losscmp.c, report.c ------------------------------------------------------------ */
+/* ---- run.c, losscmp.c, sdl_report.c -------------------------------------------------------- */
 /* The modeled accelerator as a vl_model: its step sleeps its seconds per image x the batch's
  * images (wall time, no CPU). */
 extern const vl_model_type vl_sdl_modeled_model;

@@ -2,21 +2,21 @@
  * Memory, FLOPs, fit, largest batch and the memory-vs-batch line come from the plan backend
  * at the scale asked (full = the article's 512x512, batch 8); step time, images/s, the
  * data-wait share and held-out accuracy from real training at the run scale (run.c), fed by
- * the engine's loader from a synthetic JPEG segmentation set (decoded every epoch, data.c).
+ * the engine's loader from a synthetic JPEG segmentation set (decoded every epoch, kit/segrung_data.c).
  * The scaffolding (plan, search, timed loop, OOM triage, planned-equals-measured,
  * interleaved repetitions) is the engine's (vramlab/run.h); knobs map to a model config in
- * config.c. This file holds the plan, the check and the case itself. */
+ * kit/segrung.c. This file holds the plan, the check and the case itself. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "peer.h"
+#include "seg_torch.h"
 #include "seg.h"
 
 /* ---- planning ---------------------------------------------------------------------------- */
 /* Memory vs batch: planned peaks, the fitted line base + batch x per_sample, and the batch
  * that line predicts under the cap against the planner's exact answer (mb). */
-static vl_status curve_json(vl_case_env *env, const vl_seg_rung *r, int64_t mb, cJSON *out) {
+static vl_status curve_json(vl_case_env *env, const vl_segrung *r, int64_t mb, cJSON *out) {
   int64_t top = mb > 8 ? mb + mb / 4 + 2 : 16;
   int np = (int)(top < r->curve_points ? top : r->curve_points);
   double *xs = calloc((size_t)np, sizeof *xs), *ys = calloc((size_t)np, sizeof *ys);
@@ -27,7 +27,7 @@ static vl_status curve_json(vl_case_env *env, const vl_seg_rung *r, int64_t mb, 
     int64_t b = 2 + (int64_t)((double)i * (double)(top - 2) / (double)(np > 1 ? np - 1 : 1));
     if (got && b <= (int64_t)xs[got - 1]) continue;
     vl_plan_result q;
-    vl_step_spec s = vl_seg_step_spec(r, b, 1);
+    vl_step_spec s = vl_segrung_step_spec(r, b, 1);
     if (vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &q) != VL_OK) break;
     xs[got] = (double)b;
     ys[got++] = (double)q.mem.peak_total;
@@ -47,15 +47,15 @@ static vl_status curve_json(vl_case_env *env, const vl_seg_rung *r, int64_t mb, 
 }
 
 static vl_status seg_plan(vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out) {
-  vl_seg_rung r;
-  VL_TRY(vl_seg_parse_rung(env, scale, k, &r));
+  vl_segrung r;
+  VL_TRY(vl_segrung_parse(env, scale, k, &r));
   double t0 = vl_now();
-  int64_t mb = vl_seg_max_batch(&r);
+  int64_t mb = vl_segrung_max_batch(&r);
   double t_search = vl_now() - t0;
   if (r.batch == 0) r.batch = mb > 0 ? mb : 2;
   int64_t B = r.batch;
   vl_plan_result p;
-  vl_step_spec spec = vl_seg_step_spec(&r, B, r.accum), one = vl_seg_step_spec(&r, B, 1);
+  vl_step_spec spec = vl_segrung_step_spec(&r, B, r.accum), one = vl_segrung_step_spec(&r, B, 1);
   double t1 = vl_now();
   vl_run_plan(&spec, VL_NO_CAP, VL_DEV_CUDA, false, &p);
   double t_plan = vl_now() - t1;
@@ -82,8 +82,8 @@ static vl_status seg_plan(vl_case_env *env, const char *scale, const vl_knobs *k
 
 /* Every knob of a rung and the setting, without planning or running. */
 static vl_status seg_check(vl_case_env *env, const vl_knobs *k) {
-  vl_seg_rung r;
-  return vl_seg_parse_rung(env, env->scale, k, &r);
+  vl_segrung r;
+  return vl_segrung_parse(env, env->scale, k, &r);
 }
 
 /* What plan, run and extra write at the top level of a rung's plan or run. */
@@ -97,27 +97,27 @@ static const char *const metrics[] = {
     "sec_per_batch_data", "model_flops_per_step", "flops_per_s", "optimizer_steps", "images_seen", "run_seconds",
     "pixel_accuracy", "miou", "skipped_steps", "loss_scale_end", "measured_peak_bytes", "measured_acts_bytes",
     "measured_fragmentation", "planned_peak_bytes", "plan_matches_measured", "interleaved_step_seconds",
-    /* the extra hook's PyTorch side by side (peer.c), on the compared rungs' first runs */
+    /* the extra hook's PyTorch side by side (seg_torch.c), on the compared rungs' first runs */
     "peer_step_seconds", "speedup_vs_torch", "peer_peak_bytes", NULL};
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
 /* After the ladder: checkpointing's cost with the models in turn (interleaved.c), then the
- * before and relu_off rungs beside PyTorch (peer.c). */
+ * before and relu_off rungs beside PyTorch (seg_torch.c). */
 static vl_status seg_extra(vl_case_env *env, cJSON *res) {
-  VL_TRY(vl_seg_interleaved(env, res));
-  return vl_seg_peers(env, res);
+  VL_TRY(vl_segcase_interleaved(env, res));
+  return vl_segcase_peers(env, res);
 }
 
 const vl_case vl_case_seg_ckpt = {
     .id = "seg-ckpt",
     .summary = "ResNet-101 U-Net segmentation, 512x512 batch 8 on 24 GB: checkpointing -> ReLU in-place off -> accumulation 4 -> AMP -> loader -> largest batch",
-    .knobs = vl_seg_knobs,
+    .knobs = vl_segrung_knobs,
     .scales = scales,
     .metrics = metrics,
     .check = seg_check,
     .plan = seg_plan,
-    .run = vl_seg_run,
+    .run = vl_segcase_run,
     .resumable = true, /* --save-every / --resume (run.c) */
     .extra = seg_extra,
     .method = "Memory, FLOPs, fit, largest batch and the memory-vs-batch line are **planned at full "
@@ -128,5 +128,5 @@ const vl_case vl_case_seg_ckpt = {
               "number of epochs (the same images, in the same seeded order) at the run scale, fed "
               "by the engine's loader, which decodes the synthetic JPEG set every epoch. The before and "
               "relu_off rungs are then run side by side with the same step in PyTorch when it is installed.",
-    .report = vl_seg_ckpt_report,
+    .report = vl_segcase_report,
 };

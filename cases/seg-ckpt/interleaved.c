@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "seg.h"
 
 /* ---- checkpointing's time cost, interleaved ------------------------------------------------
@@ -19,7 +19,7 @@ static double median_of(double *t, int n) { /* n small: insertion sort */
   return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-vl_status vl_seg_interleaved(vl_case_env *env, cJSON *res) {
+vl_status vl_segcase_interleaved(vl_case_env *env, cJSON *res) {
   static const char *const names[3] = {"before", "ckpt", "relu_off"};
   enum { ROUNDS = 9, WARM = 2 };
   cJSON *rung[3] = {0}, *r;
@@ -27,11 +27,11 @@ vl_status vl_seg_interleaved(vl_case_env *env, cJSON *res) {
     for (int i = 0; i < 3; i++)
       if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), names[i])) rung[i] = r;
   if (!rung[0] || !rung[1] || !rung[2]) return VL_OK; /* a ladder without them: nothing to compare */
-  vl_seg_rung cfg[3];
+  vl_segrung cfg[3];
   for (int i = 0; i < 3; i++) {
     vl_knobs k;
     VL_TRY(vl_case_knobs_of(env, rung[i], &k));
-    VL_TRY(vl_seg_parse_rung(env, env->scale, &k, &cfg[i]));
+    VL_TRY(vl_segrung_parse(env, env->scale, &k, &cfg[i]));
     if (cfg[i].batch == 0) return VL_OK;
   }
   vl_ctx *c;

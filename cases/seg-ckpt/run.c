@@ -4,29 +4,29 @@
  * Checkpoints (--save-every, --resume) hold, beside the model's state (batch-norm running
  * statistics included), the epoch in progress, the step it started at and the held-out
  * scores of the epochs done; a resume restarts that epoch's seeded order and skips the
- * batches its steps consumed (vl_seg_skip), so the data stream is the same. */
+ * batches its steps consumed (vl_segrung_skip), so the data stream is the same. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "interrupt.h"
+#include "kit/interrupt.h"
 #include "seg.h"
 
 /* The run's state around the feed: what a checkpoint keeps beside the model. */
 typedef struct {
-  vl_seg_feed f;
+  vl_segrung_feed f;
   vl_ctx *c;
   long steps_per_epoch, epochs_done, epoch_start; /* epoch_start: res.steps when epoch epochs_done began */
   double *acc, *miou;                              /* (epochs) held-out scores of the epochs done */
 } seg_run;
 
 static vl_status seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
-  return vl_seg_next(&((seg_run *)user)->f, step, mb, n, wait);
+  return vl_segrung_next(&((seg_run *)user)->f, step, mb, n, wait);
 }
 
 static void seg_after(void *user, long step, bool timed, const vl_step_info *info, double dt, double wait) {
-  vl_seg_feed *L = &((seg_run *)user)->f;
+  vl_segrung_feed *L = &((seg_run *)user)->f;
   if (!L->env->quiet && ((step + 1) % 10 == 0 || step + 1 == L->max_steps))
     vl_progress("  step %ld/%ld  loss %.4f  %.3f s (data wait %.3f s)", step + 1, L->max_steps, info->loss, dt, wait);
 }
@@ -41,7 +41,7 @@ static const char *const seg_words[W_HEAD] = {"version", "batch",           "acc
                                               "epochs_done", "epoch_start"};
 
 static void seg_head(const seg_run *R, uint64_t *w) {
-  const vl_seg_rung *r = R->f.r;
+  const vl_segrung *r = R->f.r;
   w[W_VERSION] = SEG_BLOB_VERSION;
   w[W_BATCH] = (uint64_t)r->batch;
   w[W_ACCUM] = (uint64_t)r->accum;
@@ -111,7 +111,7 @@ static vl_status seg_restore(seg_run *R, const void *blob, size_t len, const cha
  * seeded; its threads only fetch), data_dir (the splits are made from the seed, sizes and
  * counts recorded here), card, cuda_context and cap_fraction (planning), and the harness's
  * reps, --save-every, --keep-last, --out, --quiet, --profile and the thread count. */
-static vl_status seg_settings(vl_case_env *env, const vl_seg_rung *r, char *buf, size_t n) {
+static vl_status seg_settings(vl_case_env *env, const vl_segrung *r, char *buf, size_t n) {
   const vl_resunet_cfg *mc = &r->model.mc;
   const vl_seg_train_cfg *tc = &r->model.tc;
   buf[0] = 0;
@@ -151,15 +151,15 @@ static void seg_ckpt_json(cJSON *out, const vl_loop_result *res) {
   cJSON_AddNumberToObject(out, "checkpoint_seconds", res->save_seconds);
 }
 
-vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
-  vl_seg_rung r;
-  VL_TRY(vl_seg_parse_rung(env, env->scale, k, &r));
+vl_status vl_segcase_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
+  vl_segrung r;
+  VL_TRY(vl_segrung_parse(env, env->scale, k, &r));
   if (env->device == VL_DEV_PLAN)
     return vl_case_fail(env, VL_ERR_INVALID, "run needs a compute device (cpu or cuda), not plan");
   if (r.batch == 0) { /* "max": the planner's answer at full scale */
-    vl_seg_rung full;
-    VL_TRY(vl_seg_parse_rung(env, "full", k, &full));
-    int64_t mb = vl_seg_max_batch(&full);
+    vl_segrung full;
+    VL_TRY(vl_segrung_parse(env, "full", k, &full));
+    int64_t mb = vl_segrung_max_batch(&full);
     r.batch = mb > 0 ? mb : 2;
     /* at a reduced run scale the full-scale batch may not fit the data set: keep >= 2
      * micro-batches per epoch */
@@ -177,8 +177,8 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     return vl_case_fail(env, VL_ERR_INVALID, "batch %ld x accum %ld exceeds the %ld training images", B, r.accum,
                         r.train_images);
   vl_segset *ts = NULL, *es = NULL;
-  vl_status s = vl_seg_open_split(env, &r, false, &ts);
-  if (s == VL_OK) s = vl_seg_open_split(env, &r, true, &es);
+  vl_status s = vl_segrung_open_split(env, &r, false, &ts);
+  if (s == VL_OK) s = vl_segrung_open_split(env, &r, true, &es);
   if (s != VL_OK) {
     vl_segset_close(ts);
     return s;
@@ -193,7 +193,7 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
   vl_model *m = NULL;
   s = vl_model_create(c, &vl_model_resunet, &r.model, (uint64_t)r.seed, &m);
   vl_loader_cfg lc;
-  vl_seg_loader_cfg(&r, &lc, B, false, c);
+  vl_segrung_loader_cfg(&r, &lc, B, false, c);
   vl_dataset ds = vl_segset_dataset(ts);
   char lerr[VL_CASE_ERR_LEN] = ""; /* the data's or the evaluation's message, when one failed */
   long steps_per_epoch = r.train_images / per_step, HW = r.model.mc.image * r.model.mc.image;
@@ -202,7 +202,7 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
                 malloc((size_t)(per_step * HW) * sizeof(int32_t)), steps_per_epoch * r.epochs},
                c, steps_per_epoch, 0, 0, calloc((size_t)r.epochs, sizeof(double)),
                calloc((size_t)r.epochs, sizeof(double))};
-  vl_seg_feed *L = &R.f;
+  vl_segrung_feed *L = &R.f;
   double *acc = R.acc, *miou = R.miou;
   if (s == VL_OK) s = vl_loader_create(&L->l, &lc, &ds, lerr, sizeof lerr);
   if (!L->held || !L->mb || !L->xs || !L->ys || !acc || !miou) s = VL_ERR_OOM;
@@ -227,7 +227,7 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     if (!resumed_epoch) R.epoch_start = res.steps;
     /* after a resume: the batches of this epoch that the saved steps consumed */
     long consumed = (res.steps - R.epoch_start) * r.accum;
-    if (s == VL_OK && consumed > 0 && (s = vl_seg_skip(L, consumed)) != VL_OK) {
+    if (s == VL_OK && consumed > 0 && (s = vl_segrung_skip(L, consumed)) != VL_OK) {
       vl_loader_stats lst;
       vl_loader_stats_get(L->l, &lst);
       snprintf(lerr, sizeof lerr, "skipping the %ld batches consumed before the resume: %s", consumed,
@@ -235,8 +235,8 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     }
     cfg.total = R.epoch_start + steps_per_epoch;
     if (s == VL_OK) s = vl_run_loop(m, &cfg, &res);
-    if (s == VL_OK && (s = vl_seg_evaluate(env, m, &r, es, &acc[e], &miou[e])) != VL_OK)
-      snprintf(lerr, sizeof lerr, "%s", env->err);
+    if (s == VL_OK && (s = vl_segrung_evaluate(env, m, &r, es, &acc[e], &miou[e])) != VL_OK)
+      snprintf(lerr, sizeof lerr, "%s", env->err.msg);
     if (s == VL_OK) R.epochs_done = e + 1;
     if (s == VL_OK && !env->quiet)
       vl_progress("  epoch %ld: held-out pixel accuracy %.4f, mIoU %.4f", e + 1, acc[e], miou[e]);
@@ -277,7 +277,7 @@ vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     cJSON_AddNumberToObject(out, "skipped_steps", (double)res.skipped);
     cJSON_AddNumberToObject(out, "measured_acts_bytes", (double)ms.peak[VL_MEM_ACTS]);
     cJSON_AddNumberToObject(out, "measured_fragmentation", ms.fragmentation);
-    vl_step_spec spec = vl_seg_step_spec(&r, B, r.accum); /* the planner with this device's rules */
+    vl_step_spec spec = vl_segrung_step_spec(&r, B, r.accum); /* the planner with this device's rules */
     vl_case_plan_check_json(out, env, &spec, ms.peak_total);
   }
   if (L->l) vl_loader_destroy(L->l);

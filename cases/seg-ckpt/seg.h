@@ -1,96 +1,20 @@
-/* seg-ckpt's own pieces shared by its files: a rung's settings, its knob table and step
- * (config.c), its data, the synthetic segmentation splits fed through the engine's loader,
- * and held-out evaluation (data.c), the timed run (run.c) and the interleaved step timing
- * (interleaved.c). Every function that can fail returns vl_status with its message in
- * env->err (vl_case_fail). */
+/* seg-ckpt's own pieces shared by its files: the timed run (run.c), the interleaved step
+ * timing (interleaved.c) and the report (seg_report.c). The rung they train (knobs, step,
+ * data, loader, evaluation) is the kit's (kit/segrung.h), shared with multi-gpu. Every
+ * function that can fail returns vl_status with its message in env->err (vl_case_fail). */
 #ifndef VRAMLAB_SEG_CKPT_H
 #define VRAMLAB_SEG_CKPT_H
 
-#include "case.h"
-#include "datasets/segset.h"
-#include "vramlab/data.h"
-#include "vramlab/resunet.h"
-
-/* Knob declarations seg-ckpt shares with the cases built on its U-Net and data (multi-gpu):
- * each default written once (knobs.h). */
-#define VL_SEG_MODEL_KNOBS                                                                        \
-  {"compute", "fp32", "compute dtype: fp32, fp16 or bf16 (AMP with fp32 master weights)", VL_KNOB_RUNG}, \
-  {"checkpoint", "false", "activation checkpointing per bottleneck block", VL_KNOB_RUNG},        \
-  {"relu_inplace", "true", "ReLU overwrites its input (no separate output kept)", VL_KNOB_RUNG}
-#define VL_SEG_LOADER_KNOBS                                                                       \
-  {"workers", "0", "loader worker threads, or cores (one per core)", VL_KNOB_RUNG},              \
-  {"prefetch", "2", "batches in flight per worker", VL_KNOB_RUNG},                                \
-  {"pinned", "false", "batches in pinned host staging", VL_KNOB_RUNG},                            \
-  {"lr", "1e-3", "learning rate (Adam)", VL_KNOB_RUNG},                                           \
-  {"corrupt", "error", "a damaged file in the data: error (stop) or skip (leave it out, counted)", \
-   VL_KNOB_RUNG},                                                                                 \
-  {"max_file_bytes", "64MiB", "larger input files are corrupt samples, refused unread", VL_KNOB_RUNG}
-#define VL_SEG_SIZE_SETTINGS                                                                      \
-  {"classes", "5", "segmentation classes, background included (2..255)", VL_KNOB_SETTING},      \
-  {"image", "preset",                                                                             \
-   "image side, a multiple of 32 (32..2048); preset: the scale's (512 full, 128 small, 32 tiny)", \
-   VL_KNOB_SETTING},                                                                              \
-  {"width_div", "preset",                                                                         \
-   "widths of ResNet-101 and the decoder divided by 1, 2, 4 .. 64 (decoder >= 2); preset: 1 full, 4 small, 16 tiny", \
-   VL_KNOB_SETTING},                                                                              \
-  {"blocks", "preset", "bottlenecks per stage, 4 comma-separated (ResNet-101: 3,4,23,3); preset: the scale's", \
-   VL_KNOB_SETTING},                                                                              \
-  {"seed", "1", "seed of weights, data order and the data sets", VL_KNOB_SETTING}
-
-typedef struct {
-  vl_resunet_model_cfg model;
-  long batch;            /* micro-batch; 0 = "max" */
-  long accum, workers, prefetch;
-  int pinned;
-  vl_corrupt_policy corrupt;
-  size_t max_file_bytes;
-  vl_case_card card;
-  long seed, epochs, train_images, eval_images, curve_points;
-  char data_dir[VL_KNOB_VAL_LEN]; /* the data_dir knob (its length checked by vl_knob_set) */
-} vl_seg_rung;
-
-/* Every knob a rung may set and every setting the case reads (config.c). */
-extern const vl_knob_decl vl_seg_knobs[];
-/* Every knob of a rung and the setting at `scale` into r; VL_ERR_INVALID with a message
- * naming the knob. */
-vl_status vl_seg_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_seg_rung *r);
-/* A step of accum micro-batches of B images at the model's size. */
-vl_step_spec vl_seg_step_spec(const vl_seg_rung *r, int64_t B, long accum);
-/* Largest micro-batch (>= 2: batch norm needs two samples at 1/32 resolution) whose step of
- * one micro-batch fits under the cap; 0 when none does. */
-int64_t vl_seg_max_batch(const vl_seg_rung *r);
-
-/* The train or eval split at this scale's image size, made on first use (seeded). */
-vl_status vl_seg_open_split(vl_case_env *env, const vl_seg_rung *r, bool eval, vl_segset **out);
-/* The loader of a split: batches of B, training (shuffled, workers) or evaluation. */
-void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c);
-/* Pixel accuracy and mean IoU (over classes present in the labels or predictions) on the
- * held-out split, BN in evaluation mode. */
-vl_status vl_seg_evaluate(vl_case_env *env, vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc,
-                          double *miou);
-
-/* The training loop's data (vl_loop_cfg.next): a step's accum micro-batches from the loader. */
-typedef struct {
-  const vl_case_env *env;
-  const vl_seg_rung *r;
-  vl_loader *l;
-  vl_batch_buf **held;
-  vl_batch *mb;  /* accum micro-batches: images (B, 3, H, W), masks (B, H, W) */
-  float *xs;     /* (accum, B, 3, H, W) */
-  int32_t *ys;   /* (accum, B, H, W) */
-  long max_steps;
-} vl_seg_feed;
-vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait);
-/* Take and release the next n batches of the loader's epoch unused (a resume's position:
- * the epoch's seeded order restarted, the batches its saved steps consumed passed over,
- * so corrupt-sample skips fall as they did). The end of the epoch stops it early. */
-vl_status vl_seg_skip(vl_seg_feed *L, long n);
+#include "kit/segrung.h"
 
 /* One repetition of a rung on env->device at env->scale (run.c): the case's run hook. */
-vl_status vl_seg_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
+vl_status vl_segcase_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 
 /* The cost of checkpointing and in-place ReLU off, the three rungs' models stepped in turn
  * (interleaved.c): case_metrics.interleaved_steps and each rung's interleaved_step_seconds. */
-vl_status vl_seg_interleaved(vl_case_env *env, cJSON *res);
+vl_status vl_segcase_interleaved(vl_case_env *env, cJSON *res);
+
+/* The case's report sections (the report hook). */
+void vl_segcase_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

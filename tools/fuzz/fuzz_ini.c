@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
 
 static vl_ladder *L; /* about 1 MB: off the stack, allocated once */
 
@@ -71,11 +72,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   if (sets > buf + n + 1) sets = buf + n + 2;
   int nc;
   const vl_case *const *all = vl_case_all(&nc);
-  char err[512];
+  vl_err err;
   for (int ci = -1; ci < nc; ci++) {
     const vl_case *c = ci < 0 ? NULL : all[ci];
-    if (vl_ladder_parse(L, c ? c->id : "fuzz", ladder, claims, "fuzz", err, sizeof err)) {
-      if (!err[0]) die("refused without a message", c ? c->id : "fuzz");
+    if (vl_ladder_parse(L, c ? c->id : "fuzz", ladder, claims, "fuzz", &err)) {
+      if (!err.msg[0]) die("refused without a message", c ? c->id : "fuzz");
       continue;
     }
     check_ladder(c);
@@ -88,8 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
       if (!a) break;
       memcpy(a, p, len);
       a[len] = 0;
-      err[0] = 0;
-      if (vl_ladder_set(L, a, err, sizeof err) && !err[0]) die("--set refused without a message", a);
+      err.msg[0] = 0;
+      if (vl_ladder_set(L, a, &err) && !err.msg[0]) die("--set refused without a message", a);
       free(a);
       check_ladder(c);
       p += len + (nl ? 1 : 0);

@@ -1,6 +1,6 @@
 /* libFuzzer target: arbitrary bytes as `--set` assignments and knob values. The first byte
  * picks a registered case, whose real ladder (loaded once) is copied; every following line
- * is applied with vl_ladder_set, then run through the strict number parsers (harness/parse.c)
+ * is applied with vl_ladder_set, then run through the strict number parsers (kit/parse.c)
  * and the knob helpers (vl_knob_int/double/bool/bytes/int_list), and finally every rung of
  * the modified ladder goes through the case's knob validation (vl_case_check_knobs and its
  * check hook: what `vramlab` runs before anything is planned). Nothing is planned or run.
@@ -13,8 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "case.h"
-#include "parse.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "kit/parse.h"
 
 static const vl_case *const *cases;
 static int n_cases;
@@ -31,8 +32,8 @@ static void init(void) {
   work = malloc(sizeof *work);
   if (!pristine || !work) die("calloc", "ladders");
   for (int i = 0; i < n_cases; i++) {
-    char err[1024];
-    if (vl_ladder_load(&pristine[i], VRAMLAB_SOURCE_DIR, cases[i]->id, err, sizeof err)) die("ladder", err);
+    vl_err err;
+    if (vl_ladder_load(&pristine[i], VRAMLAB_SOURCE_DIR, cases[i]->id, &err)) die("ladder", err.msg);
   }
 }
 
@@ -69,27 +70,27 @@ static void parse_value(const char *v) {
   static const vl_knob_decl decl[] = {{"v", "1", "the fuzzed value", VL_KNOB_RUNG}, {NULL, NULL, NULL, 0}};
   vl_knobs *k = calloc(1, sizeof *k);
   if (!k) return;
-  char err[512];
-  if (vl_knob_set_err(k, "v", v, err, sizeof err) == 0) {
+  vl_err err;
+  if (vl_knob_set_err(k, "v", v, &err) == 0) {
     long l, lv[16];
     int b, m;
     size_t sz;
-    err[0] = 0;
-    if (vl_knob_int(k, "v", decl, 1, 4096, &l, err, sizeof err)) { if (!err[0]) die("int refused without a message", v); }
+    err.msg[0] = 0;
+    if (vl_knob_int(k, "v", decl, 1, 4096, &l, &err)) { if (!err.msg[0]) die("int refused without a message", v); }
     else if (l < 1 || l > 4096) die("knob int out of range", v);
-    err[0] = 0;
-    if (vl_knob_double(k, "v", decl, 1e-12, 10, &x, err, sizeof err)) { if (!err[0]) die("double refused without a message", v); }
+    err.msg[0] = 0;
+    if (vl_knob_double(k, "v", decl, 1e-12, 10, &x, &err)) { if (!err.msg[0]) die("double refused without a message", v); }
     else if (!(x >= 1e-12 && x <= 10)) die("knob double out of range", v);
-    err[0] = 0;
-    if (vl_knob_bool(k, "v", decl, &b, err, sizeof err)) { if (!err[0]) die("bool refused without a message", v); }
+    err.msg[0] = 0;
+    if (vl_knob_bool(k, "v", decl, &b, &err)) { if (!err.msg[0]) die("bool refused without a message", v); }
     else if (b != 0 && b != 1) die("knob bool", v);
-    err[0] = 0;
-    if (vl_knob_bytes(k, "v", decl, &sz, err, sizeof err)) { if (!err[0]) die("bytes refused without a message", v); }
+    err.msg[0] = 0;
+    if (vl_knob_bytes(k, "v", decl, &sz, &err)) { if (!err.msg[0]) die("bytes refused without a message", v); }
     else if (sz == 0) die("knob bytes 0", v);
-    err[0] = 0;
-    if (vl_knob_int_list(k, "v", decl, 0, 1024, lv, 16, &m, err, sizeof err)) { if (!err[0]) die("list refused without a message", v); }
+    err.msg[0] = 0;
+    if (vl_knob_int_list(k, "v", decl, 0, 1024, lv, 16, &m, &err)) { if (!err.msg[0]) die("list refused without a message", v); }
     else if (m < 1 || m > 16) die("knob list count", v);
-  } else if (!err[0]) {
+  } else if (!err.msg[0]) {
     die("knob refused without a message", v);
   }
   free(k);
@@ -105,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   if (!buf) return 0;
   memcpy(buf, d + 1, n - 1);
   buf[n - 1] = 0; /* a NUL inside ends the input: a C string cannot hold one */
-  char err[512];
+  vl_err err;
   const char *p = buf;
   for (int k = 0; k < 32 && *p; k++) {
     const char *nl = strchr(p, '\n');
@@ -114,8 +115,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     if (!a) break;
     memcpy(a, p, len);
     a[len] = 0;
-    err[0] = 0;
-    if (vl_ladder_set(work, a, err, sizeof err) && !err[0]) die("--set refused without a message", a);
+    err.msg[0] = 0;
+    if (vl_ladder_set(work, a, &err) && !err.msg[0]) die("--set refused without a message", a);
     const char *eq = strchr(a, '=');
     parse_value(eq ? eq + 1 : a);
     free(a);
@@ -128,17 +129,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   const char *scales[] = {"tiny", "full"};
   for (int s = 0; s < 2; s++) {
     vl_case_env env = {.scale = scales[s], .device = VL_DEV_PLAN, .setting = &work->setting, .quiet = 1};
-    env.err[0] = 0;
-    if (c->check(&env, &no_knobs) != VL_OK && !env.err[0]) die("setting refused without a message", c->id);
+    env.err.msg[0] = 0;
+    if (c->check(&env, &no_knobs) != VL_OK && !env.err.msg[0]) die("setting refused without a message", c->id);
     for (int i = 0; i < work->n_rungs; i++) {
       check_knobs(&work->rungs[i].knobs, work->rungs[i].name);
-      env.err[0] = 0;
+      env.err.msg[0] = 0;
       if (vl_case_check_knobs(&env, c, work->rungs[i].name, &work->rungs[i].knobs) != VL_OK) {
-        if (!env.err[0]) die("unknown knob without a message", work->rungs[i].name);
+        if (!env.err.msg[0]) die("unknown knob without a message", work->rungs[i].name);
         continue;
       }
-      env.err[0] = 0;
-      if (c->check(&env, &work->rungs[i].knobs) != VL_OK && !env.err[0])
+      env.err.msg[0] = 0;
+      if (c->check(&env, &work->rungs[i].knobs) != VL_OK && !env.err.msg[0])
         die("rung refused without a message", work->rungs[i].name);
     }
   }

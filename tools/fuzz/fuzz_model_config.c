@@ -10,8 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "llm-lora/llm.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "cases/llm-lora/llm.h"
 
 static void die(const char *what, const char *detail) {
   fprintf(stderr, "fuzz_model_config: %s: %s\n", what, detail);
@@ -39,9 +40,9 @@ static vl_status read_one(const char *text, size_t n, const char *path, vl_mistr
     if (m->seq != before.seq) die("seq changed", "a training setting, not the config's");
     return s;
   }
-  if (memcmp(m, &before, sizeof *m)) die("refused but changed the model", env.err);
-  if (!strstr(env.err, "model_config")) die("refused without naming the setting", env.err);
-  if (!path && !strstr(env.err, "'f.json'")) die("refused without naming the file", env.err);
+  if (memcmp(m, &before, sizeof *m)) die("refused but changed the model", env.err.msg);
+  if (!strstr(env.err.msg, "model_config")) die("refused without naming the setting", env.err.msg);
+  if (!path && !strstr(env.err.msg, "'f.json'")) die("refused without naming the file", env.err.msg);
   return s;
 }
 

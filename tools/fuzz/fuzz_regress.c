@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "regress.h"
+#include "harness/regress.h"
 
 static cJSON *fixed_now(void) {
   static const char *text =
@@ -26,8 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!now && !(now = fixed_now())) abort();
   cJSON *base = cJSON_ParseWithLength((const char *)data, size);
   if (!base) return 0;
-  char err[512];
-  if (vl_regress_validate(base, err, sizeof err) == 0) {
+  vl_err err;
+  if (vl_regress_validate(base, &err) == 0) {
     int n = cJSON_GetArraySize(cJSON_GetObjectItem(base, "metrics"));
     vl_regress_counts k;
     vl_regress_compare(base, now, 0.07, VL_REGRESS_ROWS_ALL, NULL, &k);
@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     vl_regress_compare(base, base, 0.07, VL_REGRESS_ROWS_ALL, NULL, &k);
     if (k.regressed || k.missing || k.added || k.ok + k.incomparable != n) abort();
     vl_regress_compare(now, base, 0.07, VL_REGRESS_ROWS_ALL, NULL, &k);
-  } else if (!err[0]) {
+  } else if (!err.msg[0]) {
     abort(); /* a refusal always says why */
   }
   cJSON_Delete(base);

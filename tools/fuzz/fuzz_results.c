@@ -11,8 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "case.h"
-#include "report.h"
+#include "harness/ladder.h"
+#include "harness/registry.h"
+#include "harness/report.h"
 
 /* Every artifact goes through vl_write_atomic, whose fsync costs milliseconds on a disk: ten
  * of them per valid input would cut the executions tenfold. Durability is not what is fuzzed
@@ -44,8 +45,8 @@ static void init(void) {
   ladders = calloc((size_t)n_cases, sizeof *ladders);
   if (!ladders) die("calloc", "ladders");
   for (int i = 0; i < n_cases; i++) {
-    char err[1024];
-    if (vl_ladder_load(&ladders[i], VRAMLAB_SOURCE_DIR, cases[i]->id, err, sizeof err)) die("ladder", err);
+    vl_err err;
+    if (vl_ladder_load(&ladders[i], VRAMLAB_SOURCE_DIR, cases[i]->id, &err)) die("ladder", err.msg);
   }
 }
 
@@ -94,9 +95,9 @@ static void check_dir(const char *dir) {
     size_t n = strlen(e->d_name);
     bool gp = n > 3 && !strcmp(e->d_name + n - 3, ".gp"), dat = n > 4 && !strcmp(e->d_name + n - 4, ".dat");
     if (gp || dat) {
-      char err[256];
-      char *t = vl_read_file_max(path, (size_t)1 << 30, NULL, err, sizeof err);
-      if (!t) die("cannot read back", err);
+      vl_err err;
+      char *t = vl_read_file_max(path, (size_t)1 << 30, NULL, &err);
+      if (!t) die("cannot read back", err.msg);
       check_file(path, e->d_name, t, gp);
       free(t);
     }
@@ -112,8 +113,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size && fwrite(data, 1, size, f) != size) die("fwrite", in_path);
   if (fclose(f)) die("fclose", in_path);
   for (int i = 0; i < n_cases; i++) {
-    char err[2048] = "", dir[700];
-    if (vl_report_write(cases[i], &ladders[i], in_path, md_path, err, sizeof err)) continue;
+    char dir[700];
+    vl_err err = {0};
+    if (vl_report_write(cases[i], &ladders[i], in_path, md_path, &err)) continue;
     snprintf(dir, sizeof dir, "%s/%s", tmp, cases[i]->id);
     check_dir(dir);
   }

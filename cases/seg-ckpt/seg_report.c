@@ -1,15 +1,15 @@
 /* seg-ckpt's report sections: the full-scale ladder (planned), the linear memory model, the
  * measured ladder (time, throughput, data wait, accuracy), and plots (memory by category
  * per rung, memory vs batch with the cap and the fitted line, accuracy per epoch per rung), and
- * PyTorch side by side (peer.c).
+ * PyTorch side by side (seg_torch.c).
  * The harness writes the header, setting and claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "peer.h"
-#include "report.h"
+#include "kit/case.h"
+#include "seg_torch.h"
+#include "kit/rep.h"
 
 static const char *name_of(const cJSON *r) { return vl_rep_str(r, "name"); }
 
@@ -21,10 +21,11 @@ static const char *gp_num(const char *fmt, double v, char *b, size_t n) {
 }
 
 static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
-  char s[4096], why[1600], name[VL_REP_GP_MAX + 1];
+  char s[4096], name[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned, 512x512, batch as configured)",
-                             s, sizeof s, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "mem_by_category", why);
+                             s, sizeof s, &why))
+    vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
   const cJSON *last = NULL, *r;
@@ -33,8 +34,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(last, "name")), false, name, sizeof name);
   if (!cJSON_GetArraySize(bc)) {
     vl_rep_plot_missing(md, dir, "batch", "the results hold no batch curve for the last rung");
-  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "batch", why);
+  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, &why)) {
+    vl_rep_plot_missing(md, dir, "batch", why.msg);
   } else {
     double a = vl_rep_num(lp, "fit_base_bytes") / 1e9, b = vl_rep_num(lp, "fit_per_sample_bytes") / 1e9,
            cap = vl_rep_num(lp, "cap_bytes") / 1e9;
@@ -82,8 +83,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     nr++;
   }
-  if (vl_rep_dat_commit(&d, dir, "accuracy.dat", why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "accuracy", why);
+  if (vl_rep_dat_commit(&d, dir, "accuracy.dat", &why)) {
+    vl_rep_plot_missing(md, dir, "accuracy", why.msg);
   } else if (nr) {
     snprintf(s, sizeof s,
              "set terminal png size 900,480 noenhanced\nset output vl_png\n"
@@ -217,7 +218,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.1f", sg / 1e9));
 }
 
-void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_segcase_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
   planned_ladder(res, md);
   linear_model(res, md);
   bool ran = false;
@@ -225,7 +226,7 @@ void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;
   if (ran) {
     measured_ladder(res, md);
-    vl_seg_peers_report(res, md);
+    vl_segcase_peers_report(res, md);
   } else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   fprintf(md, "## Plots\n\n");
   plots(res, dir, md, case_id, gnuplot);

@@ -1,8 +1,8 @@
 /* `vramlab worker CASE ARGS...`: the per-rank process of a case that runs under mpirun. */
 #include <stdio.h>
 
-#include "case.h"
-#include "mpirun.h"
+#include "registry.h"
+#include "kit/mpirun.h"
 
 int vl_case_worker_main(int argc, char **argv) {
   if (argc < 1) {

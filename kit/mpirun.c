@@ -248,7 +248,7 @@ static void end_job(pid_t pid, int *st) {
 
 /* argv of mpirun: the options, then cmd. */
 static int build_argv(const vl_mpirun_opts *o, const char *mpirun, char *const cmd[], char **av,
-                      char *np, size_t npn, char *err, size_t errn) {
+                      char *np, size_t npn, vl_err *err) {
   int k = 0;
   snprintf(np, npn, "%d", o->np);
   av[k++] = (char *)mpirun;
@@ -268,7 +268,7 @@ static int build_argv(const vl_mpirun_opts *o, const char *mpirun, char *const c
   }
   for (int i = 0; cmd[i]; i++) {
     if (k >= MAX_ARGS - 1) {
-      snprintf(err, errn, "mpirun: more than %d arguments", MAX_ARGS - 16);
+      vl_err_set(err, VL_ERR_IO, "mpirun: more than %d arguments", MAX_ARGS - 16);
       return -1;
     }
     av[k++] = cmd[i];
@@ -277,52 +277,52 @@ static int build_argv(const vl_mpirun_opts *o, const char *mpirun, char *const c
   return 0;
 }
 
-static int check_opts(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
+static int check_opts(const vl_mpirun_opts *o, char *const cmd[], vl_err *err) {
   if (!o || !cmd || !cmd[0] || !cmd[0][0]) {
-    snprintf(err, errn, "mpirun: no command to run");
+    vl_err_set(err, VL_ERR_INVALID, "mpirun: no command to run");
     return -1;
   }
   if (o->np < 1) {
-    snprintf(err, errn, "mpirun: %d ranks: need at least 1", o->np);
+    vl_err_set(err, VL_ERR_INVALID, "mpirun: %d ranks: need at least 1", o->np);
     return -1;
   }
   int cores = vl_cores();
   if (o->np > cores && !o->oversubscribe) {
-    snprintf(err, errn, "mpirun: %d ranks on %d cores: ask for oversubscription (--oversubscribe) "
-                        "to run more ranks than cores", o->np, cores);
+    vl_err_set(err, VL_ERR_INVALID, "mpirun: %d ranks on %d cores: ask for oversubscription (--oversubscribe) "
+                                    "to run more ranks than cores", o->np, cores);
     return -1;
   }
   if (o->timeout_s < 0) {
-    snprintf(err, errn, "mpirun: timeout %g s is negative", o->timeout_s);
+    vl_err_set(err, VL_ERR_INVALID, "mpirun: timeout %g s is negative", o->timeout_s);
     return -1;
   }
   return 0;
 }
 
-int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn) {
-  if (check_opts(o, cmd, err, errn)) return -1;
+int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], vl_err *err) {
+  if (check_opts(o, cmd, err)) return -1;
   char mpirun[4096], np[16];
   if (find_mpirun(mpirun, sizeof mpirun)) {
     const char *env = getenv("VRAMLAB_MPIRUN");
     if (env && *env)
-      snprintf(err, errn, "mpirun not found at VRAMLAB_MPIRUN=%s: %s", env, MPIRUN_INSTALL);
+      vl_err_set(err, VL_ERR_IO, "mpirun not found at VRAMLAB_MPIRUN=%s: %s", env, MPIRUN_INSTALL);
     else
-      snprintf(err, errn, "mpirun not found (Open MPI is not installed): %s", MPIRUN_INSTALL);
+      vl_err_set(err, VL_ERR_IO, "mpirun not found (Open MPI is not installed): %s", MPIRUN_INSTALL);
     return -1;
   }
   char *av[MAX_ARGS];
-  if (build_argv(o, mpirun, cmd, av, np, sizeof np, err, errn)) return -1;
+  if (build_argv(o, mpirun, cmd, av, np, sizeof np, err)) return -1;
   /* the job's output goes to a fresh file of ours, renamed to out_path when the job ends: a
    * link planted at out_path is replaced, never written through */
   char out_tmp[PATH_MAX], m[PATH_MAX + 200];
   int out_fd = -1;
   if (o->out_path && (out_fd = vl_file_tmp_beside(o->out_path, out_tmp, sizeof out_tmp, m, sizeof m)) < 0) {
-    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m);
     return -1;
   }
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC)) {
-    snprintf(err, errn, "mpirun: pipe: %s", strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "mpirun: pipe: %s", strerror(errno));
     if (out_fd >= 0) close(out_fd), unlink(out_tmp);
     return -1;
   }
@@ -332,7 +332,7 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   catch_job_signals(old); /* before the fork: no signal between it and the wait is lost */
   pid_t pid = fork();
   if (pid < 0) {
-    snprintf(err, errn, "mpirun: fork: %s", strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "mpirun: fork: %s", strerror(errno));
     restore_job_signals(old);
     close(pfd[0]), close(pfd[1]);
     if (out_fd >= 0) close(out_fd), unlink(out_tmp);
@@ -352,8 +352,8 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
     int st;
     waitpid(pid, &st, 0);
     restore_job_signals(old);
-    snprintf(err, errn, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
-             o->out_path ? o->out_path : "", strerror(e));
+    vl_err_set(err, VL_ERR_IO, "mpirun: could not start %s%s%s: %s", mpirun, o->out_path ? " into " : "",
+               o->out_path ? o->out_path : "", strerror(e));
     if (out_fd >= 0) close(out_fd), unlink(out_tmp);
     return -1;
   }
@@ -365,16 +365,16 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn
   restore_job_signals(old);
   int rc;
   if (sig) {
-    snprintf(err, errn, "mpirun: the job was ended: this process got %s", strsignal(sig));
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job was ended: this process got %s", strsignal(sig));
     rc = 128 + sig;
   } else if (!ended) {
-    snprintf(err, errn, "mpirun: the job ran past %g s and was killed", limit);
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job ran past %g s and was killed", limit);
     rc = 124;
   } else {
     rc = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
   }
   if (out_fd >= 0 && vl_file_tmp_commit(out_fd, out_tmp, o->out_path, m, sizeof m) && rc == 0) {
-    snprintf(err, errn, "mpirun: the job's output: %s", m);
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m);
     rc = -1;
   }
   /* the job is gone and its output kept; now the launcher's own handling of the signal (the

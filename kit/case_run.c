@@ -9,11 +9,11 @@ static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL,
 
 vl_status vl_case_card_parse(vl_case_env *env, const vl_knobs *k, vl_case_card *out) {
   const vl_knobs *s = env->setting;
-  VL_TRY(vl_case_knob_bytes(env, s, "card", card_knobs, &out->card));
+  VL_TRY(vl_knob_bytes(s, "card", card_knobs, &out->card, &env->err));
   /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
    * measured here: no GPU. A GPU run can measure it and set cuda_context. */
-  VL_TRY(vl_case_knob_bytes(env, s, "cuda_context", card_knobs, &out->context));
-  VL_TRY(vl_case_knob_double(env, k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction));
+  VL_TRY(vl_knob_bytes(s, "cuda_context", card_knobs, &out->context, &env->err));
+  VL_TRY(vl_knob_double(k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction, &env->err));
   out->cap = (size_t)((double)out->card * out->cap_fraction);
   if (out->context >= out->card) return vl_case_fail(env, VL_ERR_INVALID, "cuda_context must be smaller than the card");
   if (out->cap > out->card - out->context) out->cap = out->card - out->context;
@@ -122,7 +122,7 @@ vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *
   char m[VL_CASE_ERR_LEN]; /* msg may be env->err itself (a helper's message passed on) */
   snprintf(m, sizeof m, "%s", msg);
   vl_case_fail(env, s, "%s at scale %s: %s (%s)", vl_device_name(env->device), env->scale, vl_status_name(s), m);
-  cJSON_AddStringToObject(out, "error", env->err);
+  cJSON_AddStringToObject(out, "error", env->err.msg);
   if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
   return s;
 }

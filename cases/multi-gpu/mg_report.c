@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "mg.h"
-#include "report.h"
+#include "kit/rep.h"
 
 #define G 1e9
 
@@ -405,7 +405,8 @@ static void modeled_section(const cJSON *res, FILE *md) {
 /* ---- plots ------------------------------------------------------------------------------------- */
 static void plot_speedup(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char why[1600], s[6000], plot[5000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[6000], plot[5000] = "", nm[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "speedup", "out of memory"); return; }
   /* block 0: the article's table (004); then each data-parallel rung's modeled line (PCIe;
    * NVLink too for the last DDP rung); then each measured rung (x jittered apart) */
@@ -453,7 +454,7 @@ static void plot_speedup(const cJSON *res, const char *dir, FILE *md, const char
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     measured++;
   }
-  if (vl_rep_dat_commit(&d, dir, "speedup.dat", why, sizeof why)) { vl_rep_plot_missing(md, dir, "speedup", why); return; }
+  if (vl_rep_dat_commit(&d, dir, "speedup.dat", &why)) { vl_rep_plot_missing(md, dir, "speedup", why.msg); return; }
   snprintf(s, sizeof s,
            "set terminal png size 1000,600 noenhanced\nset output vl_png\n"
            "set title 'Speedup vs ranks: samples/s against 1 card at the same per-card batch (measured: CPU ranks, median)'\n"
@@ -465,7 +466,8 @@ static void plot_speedup(const cJSON *res, const char *dir, FILE *md, const char
 
 static void plot_memory(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char why[1600], s[4096], plot[3000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[4096], plot[3000] = "", nm[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "mem_per_card", "out of memory"); return; }
   int blocks = 0;
   const cJSON *r;
@@ -487,8 +489,8 @@ static void plot_memory(const cJSON *res, const char *dir, FILE *md, const char 
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     blocks++;
   }
-  if (vl_rep_dat_commit(&d, dir, "mem_per_card.dat", why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "mem_per_card", why);
+  if (vl_rep_dat_commit(&d, dir, "mem_per_card.dat", &why)) {
+    vl_rep_plot_missing(md, dir, "mem_per_card", why.msg);
     return;
   }
   if (!blocks) { vl_rep_plot_missing(md, dir, "mem_per_card", "the results hold no per-card plans"); return; }
@@ -504,7 +506,8 @@ static void plot_busbw(const cJSON *res, const char *dir, FILE *md, const char *
   const cJSON *arr = cJSON_GetObjectItem(res, "collectives"), *c, *row;
   if (!cJSON_IsArray(arr)) return;
   vl_rep_dat d;
-  char why[1600], s[4096], plot[2000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[4096], plot[2000] = "", nm[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "busbw", "out of memory"); return; }
   int blocks = 0;
   cJSON_ArrayForEach(c, arr) {
@@ -524,7 +527,7 @@ static void plot_busbw(const cJSON *res, const char *dir, FILE *md, const char *
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     blocks++;
   }
-  if (vl_rep_dat_commit(&d, dir, "busbw.dat", why, sizeof why)) { vl_rep_plot_missing(md, dir, "busbw", why); return; }
+  if (vl_rep_dat_commit(&d, dir, "busbw.dat", &why)) { vl_rep_plot_missing(md, dir, "busbw", why.msg); return; }
   if (!blocks) { vl_rep_plot_missing(md, dir, "busbw", "the collective benchmark gave no rows"); return; }
   snprintf(s, sizeof s,
            "set terminal png size 900,480 noenhanced\nset output vl_png\n"
@@ -535,7 +538,8 @@ static void plot_busbw(const cJSON *res, const char *dir, FILE *md, const char *
 
 static void plot_loss(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char why[1600], s[4096], plot[3000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[4096], plot[3000] = "", nm[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "loss", "out of memory"); return; }
   int blocks = 0;
   const cJSON *r, *e;
@@ -556,7 +560,7 @@ static void plot_loss(const cJSON *res, const char *dir, FILE *md, const char *c
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     blocks++;
   }
-  if (vl_rep_dat_commit(&d, dir, "loss.dat", why, sizeof why)) { vl_rep_plot_missing(md, dir, "loss", why); return; }
+  if (vl_rep_dat_commit(&d, dir, "loss.dat", &why)) { vl_rep_plot_missing(md, dir, "loss", why.msg); return; }
   if (!blocks) return;
   snprintf(s, sizeof s,
            "set terminal png size 900,480 noenhanced\nset output vl_png\n"
@@ -584,10 +588,11 @@ void vl_mg_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bo
   plot_memory(res, dir, md, case_id, gnuplot);
   plot_busbw(res, dir, md, case_id, gnuplot);
   plot_loss(res, dir, md, case_id, gnuplot);
-  char s[4096], why[1600];
+  char s[4096];
+  vl_err why;
   if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned per card, 512x512, rank 0)", s,
-                             sizeof s, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "mem_by_category", why);
+                             sizeof s, &why))
+    vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
 }

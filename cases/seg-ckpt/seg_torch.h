@@ -1,15 +1,15 @@
-/* seg-ckpt beside its PyTorch peer (peer.c): the extra hook's comparison and the report's
+/* seg-ckpt beside its PyTorch peer (seg_torch.c): the extra hook's comparison and the report's
  * side-by-side section. */
 #ifndef VRAMLAB_SEG_CKPT_PEER_H
 #define VRAMLAB_SEG_CKPT_PEER_H
 
-#include "case.h"
+#include "kit/case.h"
 
 /* The before and relu_off rungs, engine and tools/peers/seg_peer.py in turn, into
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
  * when PyTorch is not there or fails (VL_OK: never a failure of the bench). */
-vl_status vl_seg_peers(vl_case_env *env, cJSON *res);
+vl_status vl_segcase_peers(vl_case_env *env, cJSON *res);
 /* "## PyTorch side by side" of the report. */
-void vl_seg_peers_report(const cJSON *res, FILE *md);
+void vl_segcase_peers_report(const cJSON *res, FILE *md);
 
 #endif

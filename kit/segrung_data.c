@@ -1,12 +1,12 @@
-/* seg-ckpt's data: the synthetic segmentation splits (made on first use, seeded), the
- * engine's loader over them, and the held-out evaluation of a model. */
+/* A U-Net segmentation rung's data (seg-ckpt's and multi-gpu's): the synthetic segmentation
+ * splits (made on first use, seeded), the engine's loader over them, and the held-out evaluation of a model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "seg.h"
+#include "segrung.h"
 
-vl_status vl_seg_open_split(vl_case_env *env, const vl_seg_rung *r, bool eval, vl_segset **out) {
+vl_status vl_segrung_open_split(vl_case_env *env, const vl_segrung *r, bool eval, vl_segset **out) {
   char dir[VL_KNOB_VAL_LEN + 128]; /* data_dir + the split's folder name: cannot be cut */
   long n = eval ? r->eval_images : r->train_images;
   uint64_t seed = (uint64_t)r->seed * 1000003u + (eval ? 7u : 0u);
@@ -34,7 +34,7 @@ vl_status vl_seg_open_split(vl_case_env *env, const vl_seg_rung *r, bool eval, v
   return VL_OK;
 }
 
-void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c) {
+void vl_segrung_loader_cfg(const vl_segrung *r, vl_loader_cfg *lc, int64_t B, bool eval, vl_ctx *c) {
   vl_loader_cfg_default(lc);
   lc->batch = B;
   lc->masks = true;
@@ -55,13 +55,13 @@ void vl_seg_loader_cfg(const vl_seg_rung *r, vl_loader_cfg *lc, int64_t B, bool 
   }
 }
 
-vl_status vl_seg_evaluate(vl_case_env *env, vl_model *m, const vl_seg_rung *r, vl_segset *es, double *acc,
+vl_status vl_segrung_evaluate(vl_case_env *env, vl_model *m, const vl_segrung *r, vl_segset *es, double *acc,
                           double *miou) {
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &r->model.mc;
   vl_loader_cfg lc;
   int64_t B = 8;
-  vl_seg_loader_cfg(r, &lc, B, true, c);
+  vl_segrung_loader_cfg(r, &lc, B, true, c);
   vl_dataset ds = vl_segset_dataset(es);
   vl_loader *l = NULL;
   char lerr[VL_CASE_ERR_LEN] = "";
@@ -113,8 +113,8 @@ vl_status vl_seg_evaluate(vl_case_env *env, vl_model *m, const vl_seg_rung *r, v
 /* A step's accum micro-batches from the loader. The loader keeps a bounded pool of batch
  * buffers: micro-batches of one step are copied out (a memcpy each) and handed back at
  * once. The end of the epoch's data (a partial step) ends the loop. */
-vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
-  vl_seg_feed *L = user;
+vl_status vl_segrung_next(void *user, long step, const vl_batch **mb, int *n, double *wait) {
+  vl_segrung_feed *L = user;
   const vl_resunet_cfg *mc = &L->r->model.mc;
   size_t nxb = (size_t)(3 * mc->image * mc->image), nyb = (size_t)(mc->image * mc->image);
   for (long i = 0; i < L->r->accum; i++) {
@@ -139,7 +139,7 @@ vl_status vl_seg_next(void *user, long step, const vl_batch **mb, int *n, double
   return VL_OK;
 }
 
-vl_status vl_seg_skip(vl_seg_feed *L, long n) {
+vl_status vl_segrung_skip(vl_segrung_feed *L, long n) {
   for (long i = 0; i < n; i++) {
     vl_batch_buf *h = NULL;
     VL_TRY(vl_loader_next(L->l, &h));

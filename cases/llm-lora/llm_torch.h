@@ -1,9 +1,9 @@
-/* llm-lora beside its PyTorch peer (peer.c): the extra hook's comparison and the report's
+/* llm-lora beside its PyTorch peer (llm_torch.c): the extra hook's comparison and the report's
  * side-by-side section. */
 #ifndef VRAMLAB_LLM_LORA_PEER_H
 #define VRAMLAB_LLM_LORA_PEER_H
 
-#include "case.h"
+#include "kit/case.h"
 
 /* The baseline and lora rungs, engine and tools/peers/llm_lora_peer.py in turn, into
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason

@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "vramlab/core.h" /* vl_err */
+
 /* This machine's cores available to us (sched_getaffinity). */
 int vl_cores(void);
 /* The path of this executable (/proc/self/exe) into buf; 0 on success. */
@@ -27,7 +29,7 @@ typedef struct {
  * the caller: SIGTERM, SIGINT or SIGHUP to the caller while it waits ends the job (its
  * process group: SIGTERM, SIGKILL 5 s later), then the caller's own disposition of the
  * signal runs (raise) and, if the caller lives on, 128 + the signal is returned. */
-int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], char *err, size_t errn);
+int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], vl_err *err);
 
 /* In a rank of a vl_mpirun job: a thread that ends this process (exit status 130) within
  * a fraction of a second once the launching process, whatever killed it (SIGKILL included),

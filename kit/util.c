@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "util.h"
 #include "vramlab/fileio.h"
 
 static int cmp_d(const void *a, const void *b) {
@@ -89,19 +89,20 @@ cJSON *vl_env_json(const char *device) {
 /* The harness's names for the engine's file functions (vramlab/fileio.h). */
 int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL, 0); }
 
-int vl_write_atomic(const char *path, const char *text, char *err, size_t errn) {
-  return vl_file_write_atomic(path, text, strlen(text), err, errn);
+vl_status vl_write_atomic(const char *path, const char *text, vl_err *e) {
+  return vl_file_write_atomic(path, text, strlen(text), e ? e->msg : NULL, e ? sizeof e->msg : 0) ? VL_ERR_IO
+                                                                                                  : VL_OK;
 }
 
 /* A results file, a ladder or a report path given by a user may name a FIFO (whose open
  * waits for a writer forever) or a huge file: an error, never a hang or a 2^63-byte
  * allocation. */
-char *vl_read_file_max(const char *path, size_t max, size_t *n, char *err, size_t errn) {
-  return vl_file_read_text(path, max, NULL, n, err, errn);
+char *vl_read_file_max(const char *path, size_t max, size_t *n, vl_err *e) {
+  return vl_file_read_text(path, max, NULL, n, e ? e->msg : NULL, e ? sizeof e->msg : 0);
 }
 
 char *vl_read_file(const char *path, size_t *n) {
-  return vl_read_file_max(path, (size_t)1 << 30, n, NULL, 0);
+  return vl_read_file_max(path, (size_t)1 << 30, n, NULL);
 }
 
 void vl_progress(const char *fmt, ...) {

@@ -1,11 +1,11 @@
 /* The PyTorch peers of the model cases (docs/architecture.md "Measurement rules": peers side by side):
  * a peer process (tools/peers/<case>_peer.py) driven over a line protocol
  * (tools/peers/peer_common.py), the same step run in turn with the engine's in one run, and
- * the report's side-by-side section. Shared by llm-lora and seg-ckpt (each case's peer.c
- * maps its rungs to the peer's config). A peer that is missing, fails, prints garbage or
+ * the report's side-by-side section. Shared by llm-lora and seg-ckpt (llm_torch.c,
+ * seg_torch.c map their rungs to the peer's config). A peer that is missing, fails, prints garbage or
  * stalls is a "not measured here" with the reason, never a failure of the bench. */
-#ifndef VRAMLAB_CASES_PEERS_H
-#define VRAMLAB_CASES_PEERS_H
+#ifndef VRAMLAB_KIT_PEERS_H
+#define VRAMLAB_KIT_PEERS_H
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -2,15 +2,15 @@
  * SDPA, PEFT LoRA): the extra hook runs the baseline rung (fp32 full fine-tune, the ladder's
  * start) and the lora rung (the last rung a CPU peer can run: the later ones add an NF4
  * base, which needs bitsandbytes on a GPU) on one fixed-length batch, engine and PyTorch in
- * turn (cases/peers.c), and the report shows them side by side. */
+ * turn (kit/peers.c), and the report shows them side by side. */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "llm.h"
-#include "peer.h"
-#include "peers.h"
-#include "report.h"
+#include "llm_torch.h"
+#include "kit/peers.h"
+#include "kit/rep.h"
 
 static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens"};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
@@ -23,9 +23,9 @@ static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hell
   const char *c = vl_knob_str(k, "compute", vl_llm_knobs);
   bool f16 = !strcasecmp(c, "fp16"), b16 = !strcasecmp(c, "bf16");
   if ((!f16 && !b16) || cJSON_IsTrue(cJSON_GetObjectItem(hello, f16 ? "fp16_fast" : "bf16_fast"))) return NULL;
-  *s = vl_case_knob_set(env, k, "compute", "fp32");
+  *s = vl_knob_set_err(k, "compute", "fp32", &env->err);
   const char *fz = vl_knob_str(k, "frozen", vl_llm_knobs);
-  if (*s == VL_OK && (!strcasecmp(fz, "fp16") || !strcasecmp(fz, "bf16"))) *s = vl_case_knob_set(env, k, "frozen", "fp32");
+  if (*s == VL_OK && (!strcasecmp(fz, "fp16") || !strcasecmp(fz, "bf16"))) *s = vl_knob_set_err(k, "frozen", "fp32", &env->err);
   return f16 ? "compute and frozen base in fp32 on both sides: PyTorch has no fast fp16 kernels on this CPU "
                "(oneDNN's need AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
              : "compute and frozen base in fp32 on both sides: PyTorch has no fast bf16 kernels on this CPU";

@@ -3,14 +3,14 @@
  * runs the before rung (fp32, no checkpointing) and the relu_off rung (checkpointing per
  * bottleneck, in-place ReLU off: the article's "after" model without fp16, which PyTorch has
  * no fast CPU kernels for, accumulation and the GPU's largest batch) on one batch, engine
- * and PyTorch in turn (cases/peers.c), and the report shows them side by side. */
+ * and PyTorch in turn (kit/peers.c), and the report shows them side by side. */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "peer.h"
-#include "peers.h"
-#include "report.h"
+#include "seg_torch.h"
+#include "kit/peers.h"
+#include "kit/rep.h"
 #include "seg.h"
 
 static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images"};
@@ -20,16 +20,16 @@ static const char *const compared[] = {"before", "relu_off"};
 /* A half-precision compute dtype PyTorch has no fast kernels for here: the rung runs in
  * fp32 on both sides (set in k), and says why; NULL when it runs as it is. */
 static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hello, vl_status *s) {
-  const char *c = vl_knob_str(k, "compute", vl_seg_knobs);
+  const char *c = vl_knob_str(k, "compute", vl_segrung_knobs);
   bool f16 = !strcasecmp(c, "fp16"), b16 = !strcasecmp(c, "bf16");
   if ((!f16 && !b16) || cJSON_IsTrue(cJSON_GetObjectItem(hello, f16 ? "fp16_fast" : "bf16_fast"))) return NULL;
-  *s = vl_case_knob_set(env, k, "compute", "fp32");
+  *s = vl_knob_set_err(k, "compute", "fp32", &env->err);
   return f16 ? "fp32 on both sides: PyTorch has no fast fp16 convolutions on this CPU (oneDNN's need "
                "AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
              : "fp32 on both sides: PyTorch has no fast bf16 kernels on this CPU";
 }
 
-static cJSON *setup_json(const vl_seg_rung *r, vl_device dev, int threads, int64_t B) {
+static cJSON *setup_json(const vl_segrung *r, vl_device dev, int threads, int64_t B) {
   const vl_resunet_cfg *mc = &r->model.mc;
   const vl_seg_train_cfg *tc = &r->model.tc;
   cJSON *s = cJSON_CreateObject();
@@ -62,8 +62,8 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   vl_status s = VL_OK;
   const char *variant = half_variant(env, &k, hello, &s);
   VL_TRY(s);
-  vl_seg_rung r;
-  VL_TRY(vl_seg_parse_rung(env, env->scale, &k, &r));
+  vl_segrung r;
+  VL_TRY(vl_segrung_parse(env, env->scale, &k, &r));
   if (r.batch == 0) {
     cJSON_AddStringToObject(o, "rung", name);
     cJSON_AddStringToObject(o, "not_measured", "batch = max is compared only at a fixed batch");
@@ -71,7 +71,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   }
   const vl_resunet_cfg *mc = &r.model.mc;
   int64_t B = r.batch, HW = mc->image * mc->image;
-  vl_step_spec spec = vl_seg_step_spec(&r, B, r.accum);
+  vl_step_spec spec = vl_segrung_step_spec(&r, B, r.accum);
   vl_ctx *c;
   s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
   if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
@@ -103,12 +103,12 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   return s;
 }
 
-vl_status vl_seg_peers(vl_case_env *env, cJSON *res) {
+vl_status vl_segcase_peers(vl_case_env *env, cJSON *res) {
   return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
                               compare_rung);
 }
 
-void vl_seg_peers_report(const cJSON *res, FILE *md) {
+void vl_segcase_peers_report(const cJSON *res, FILE *md) {
   vl_peer_report(res, md, &kind,
                  "What differs by construction: PyTorch's checkpoint re-runs each bottleneck's batch norm in "
                  "training mode and so updates its running statistics twice per step (the engine's re-run does "

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "interrupt.h"
-#include "report.h"
+#include "rep.h"
 
 extern char **environ;
 

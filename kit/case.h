@@ -1,5 +1,8 @@
 /* A case wires engine parts into one case study: which model, which data, which metrics.
- * The harness drives it rung by rung; a case never prints reports itself. */
+ * The driver (harness/) drives it rung by rung; a case never prints reports itself. This
+ * header is the kit's side of that contract: the env a hook gets, the hooks a case fills
+ * in, and the pieces every case shares (kit/case_env.c, kit/case_run.c). The registry of
+ * cases is the driver's (harness/registry.h). */
 #ifndef VRAMLAB_CASE_H
 #define VRAMLAB_CASE_H
 
@@ -7,15 +10,20 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "harness.h"
 #include "knobs.h"
+#include "util.h"
 #include "vramlab/run.h"
 
 /* A case's failures follow the engine's convention (vramlab/core.h): every hook and helper
- * returns vl_status and leaves its message here, in the env, once (vl_case_fail); the
- * harness owns the env and prints the message. 512, like the engine context's: the harness
- * printed messages from 512-byte buffers before. */
-#define VL_CASE_ERR_LEN 512
+ * returns vl_status and leaves its message once in the env's vl_err (vl_case_fail, or a
+ * kit call given &env->err: vl_knob_int(k, ..., &env->err)); the driver owns the env and
+ * prints the message. VL_CASE_ERR_LEN: the size of a case's local message buffers for the
+ * engine's and the data sets' calls that still take one. */
+#define VL_CASE_ERR_LEN VL_ERR_LEN
+
+/* The most rungs a ladder holds (harness/ladder.h), so the most a results file's rungs
+ * array holds for a case to walk. */
+#define VL_MAX_RUNGS 16
 
 typedef struct {
   const char *scale;       /* run scale: tiny | small | full */
@@ -24,7 +32,7 @@ typedef struct {
   int quiet;
   bool profile;            /* --profile: model cases time every operation of the timed steps */
   double sgemm_flops;      /* this machine's sgemm FLOP/s, measured before the ladder (0: not) */
-  char err[VL_CASE_ERR_LEN]; /* the last failure's message (vl_case_fail) */
+  vl_err err;              /* the last failure's message (vl_case_fail) */
   /* Checkpoint and resume (run, bench; only cases with `resumable` get them):
    * --save-every N: a checkpoint every N optimizer steps into ckpt_dir (0: none); ckpt_dir
    * (<out>/<case>/ckpt/<rung>-rep<k>, set per run by the harness; NULL: no checkpoints,
@@ -78,41 +86,10 @@ typedef struct vl_case {
   bool resumable;
 } vl_case;
 
-const vl_case *vl_case_find(const char *id);
-/* `vramlab worker CASE ARGS...`: argv[0] is CASE; its worker hook's exit status, 2 when the
- * case is unknown or has none (case_worker.c). */
-int vl_case_worker_main(int argc, char **argv);
-const vl_case *const *vl_case_all(int *n);
-/* The declaration of name in the case's table (or, for a setting, the harness's) when it
- * may be set `where` (VL_KNOB_RUNG, VL_KNOB_SETTING); NULL otherwise. */
-const vl_knob_decl *vl_case_knob(const vl_case *c, const char *name, unsigned where);
-/* Check a rung's knobs against the case's declarations: an unknown knob is VL_ERR_INVALID
- * with a message naming the known ones. */
-vl_status vl_case_check_knobs(vl_case_env *env, const vl_case *c, const char *rung, const vl_knobs *k);
-/* The names declared with `where` (the case's, then for settings the harness's), ", "-separated
- * into buf (cut at n, for messages). */
-void vl_case_known_names(const vl_case *c, unsigned where, char *buf, size_t n);
-/* The same for one [case] setting key. */
-vl_status vl_case_check_setting(vl_case_env *env, const vl_case *c, const char *key);
-
-/* The harness's knob reads (knobs.h) for the cases: VL_OK, or VL_ERR_INVALID with the
- * knob helper's message in env->err (case_knobs.c). */
-vl_status vl_case_knob_int(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                           long lo, long hi, long *out);
-vl_status vl_case_knob_double(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                              double lo, double hi, double *out);
-vl_status vl_case_knob_bool(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                            int *out);
-vl_status vl_case_knob_bytes(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                             size_t *out);
-vl_status vl_case_knob_int_list(vl_case_env *env, const vl_knobs *k, const char *key, const vl_knob_decl *decl,
-                                long lo, long hi, long *out, int max, int *n);
-/* vl_knob_set_err: set key = val in k. */
-vl_status vl_case_knob_set(vl_case_env *env, vl_knobs *k, const char *key, const char *val);
 /* A rung's knobs as a results file holds them (rung.knobs, strings) into k. */
 vl_status vl_case_knobs_of(vl_case_env *env, const cJSON *rung, vl_knobs *k);
 
-/* Shared pieces of the cases (cases/registry.c). */
+/* Shared pieces of the cases (case_env.c). */
 /* A JSON object {category: bytes} of the arena's categories. */
 cJSON *vl_case_cats_json(const size_t *v);
 /* Loader x_alloc/x_free hooks: batch images in the backend's pinned host memory; user is
@@ -164,12 +141,4 @@ void vl_case_plan_check_json(cJSON *out, const vl_case_env *env, const vl_step_s
  * when so). */
 vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *out, bool *ran);
 
-extern const vl_case vl_case_llm_lora;
-extern const vl_case vl_case_sd_lora;
-extern const vl_case vl_case_dataloader;
-extern const vl_case vl_case_seg_ckpt;
-extern const vl_case vl_case_multi_gpu;
-void vl_seg_ckpt_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
-void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
-void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
 #endif

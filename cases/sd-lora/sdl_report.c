@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "report.h"
+#include "kit/rep.h"
 #include "sdl.h"
 
 static const cJSON *last_rung(const cJSON *res) {
@@ -208,7 +208,8 @@ static void dat_num(FILE *f, const char *fmt, double v) {
 /* Load time per batch per rung (log scale), and for uncached rungs the inputs on this CPU. */
 static void plot_load(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char why[1600], name[VL_REP_GP_MAX + 1];
+  char name[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "load", "out of memory"); return; }
   int any = 0, idx = 0;
   const cJSON *r;
@@ -220,7 +221,7 @@ static void plot_load(const cJSON *res, const char *dir, FILE *md, const char *c
     fputc('\n', d.f);
     any |= l > 0;
   }
-  if (vl_rep_dat_commit(&d, dir, "load.dat", why, sizeof why)) vl_rep_plot_missing(md, dir, "load", why);
+  if (vl_rep_dat_commit(&d, dir, "load.dat", &why)) vl_rep_plot_missing(md, dir, "load", why.msg);
   else if (!any) vl_rep_plot_missing(md, dir, "load", "no rung measured its load time");
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "load", "load time per batch per rung",
@@ -248,7 +249,8 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
   }
   int top = isfinite(pay) && pay * 2 + 2 > 10 ? (int)fmin(pay * 2 + 2, 1000) : 10;
   vl_rep_dat d;
-  char why[1600], s[2048], nu[VL_REP_GP_MAX + 1], nc[VL_REP_GP_MAX + 1], na[VL_REP_GP_MAX + 1];
+  char s[2048], nu[VL_REP_GP_MAX + 1], nc[VL_REP_GP_MAX + 1], na[VL_REP_GP_MAX + 1];
+  vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "payoff", "out of memory"); return; }
   for (int e = 0; e <= top; e++) {
     fprintf(d.f, "%d %.6g %.6g", e, e * eu, build + e * ec);
@@ -256,7 +258,7 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
     dat_num(d.f, " %.6g", cpu >= 0 ? cpu + e * ec : NAN);
     fputc('\n', d.f);
   }
-  if (vl_rep_dat_commit(&d, dir, "payoff.dat", why, sizeof why)) { vl_rep_plot_missing(md, dir, "payoff", why); return; }
+  if (vl_rep_dat_commit(&d, dir, "payoff.dat", &why)) { vl_rep_plot_missing(md, dir, "payoff", why.msg); return; }
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(u, "name")), false, nu, sizeof nu);
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(c, "name")), false, nc, sizeof nc);
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(a, "name")), false, na, sizeof na);
@@ -277,7 +279,8 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
  * against efficient attention. */
 static void plot_batch(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   const cJSON *a = last_rung(res), *p = vl_rep_plan(a);
-  char why[1600], s[2048], caps[256] = "", name[VL_REP_GP_MAX + 1];
+  char s[2048], caps[256] = "", name[VL_REP_GP_MAX + 1];
+  vl_err why;
   double c24 = gb(vl_rep_num(p, "cap_bytes")), c48 = gb(vl_rep_num(p, "cap_48_bytes"));
   if (isfinite(c24)) snprintf(caps, sizeof caps, ", %.4f with lines lw 2 lc rgb 'red' title 'cap, 24 GB card'", c24);
   if (isfinite(c48))
@@ -286,7 +289,7 @@ static void plot_batch(const cJSON *res, const char *dir, FILE *md, const char *
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(a, "name")), false, name, sizeof name);
   const cJSON *bc = cJSON_GetObjectItem(p, "batch_curve");
   if (!cJSON_GetArraySize(bc)) vl_rep_plot_missing(md, dir, "batch", "the results hold no batch curve");
-  else if (vl_rep_write_pairs(dir, "batch.dat", bc, why, sizeof why)) vl_rep_plot_missing(md, dir, "batch", why);
+  else if (vl_rep_write_pairs(dir, "batch.dat", bc, &why)) vl_rep_plot_missing(md, dir, "batch", why.msg);
   else {
     snprintf(s, sizeof s,
              "set terminal png size 900,480 noenhanced\nset output vl_png\n"
@@ -298,9 +301,9 @@ static void plot_batch(const cJSON *res, const char *dir, FILE *md, const char *
   const cJSON *cc = cJSON_GetObjectItem(p, "batch_curve_classic"), *ce = cJSON_GetObjectItem(p, "batch_curve_efficient");
   if (!cJSON_GetArraySize(cc) || !cJSON_GetArraySize(ce))
     vl_rep_plot_missing(md, dir, "attention", "the results hold no classic and efficient curves");
-  else if (vl_rep_write_pairs(dir, "attn_classic.dat", cc, why, sizeof why) ||
-           vl_rep_write_pairs(dir, "attn_efficient.dat", ce, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "attention", why);
+  else if (vl_rep_write_pairs(dir, "attn_classic.dat", cc, &why) ||
+           vl_rep_write_pairs(dir, "attn_efficient.dat", ce, &why))
+    vl_rep_plot_missing(md, dir, "attention", why.msg);
   else {
     snprintf(s, sizeof s,
              "set terminal png size 900,480 noenhanced\nset output vl_png\n"
@@ -313,12 +316,13 @@ static void plot_batch(const cJSON *res, const char *dir, FILE *md, const char *
 }
 
 static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
-  char s[4096], why[1600];
+  char s[4096];
+  vl_err why;
   plot_load(res, dir, md, case_id, gnuplot);
   plot_payoff(res, dir, md, case_id, gnuplot);
   if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned, 512x512; uncached rungs hold "
-                             "the VAE and text encoder)", s, sizeof s, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "mem_by_category", why);
+                             "the VAE and text encoder)", s, sizeof s, &why))
+    vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
   plot_batch(res, dir, md, case_id, gnuplot);

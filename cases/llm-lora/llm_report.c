@@ -1,14 +1,14 @@
 /* llm-lora's report sections: the full-scale ladder (planned), the measured ladder, plots
  * (memory by category per rung, memory timeline of one step, batch vs peak with the cap,
- * time per token), and PyTorch side by side (peer.c). The harness writes the header, setting and
+ * time per token), and PyTorch side by side (llm_torch.c). The harness writes the header, setting and
  * claims around them. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "peer.h"
-#include "report.h"
+#include "kit/case.h"
+#include "llm_torch.h"
+#include "kit/rep.h"
 
 /* A number in a gnuplot script: "?" (an undefined value there) would be a script error, so
  * callers leave out what is not finite; this is only for titles. */
@@ -19,11 +19,12 @@ static const char *gp_num(double v, char *b, size_t n) {
 }
 
 static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
-  char why[1600], s[2048], name[VL_REP_GP_MAX + 1], nb[32];
+  char s[2048], name[VL_REP_GP_MAX + 1], nb[32];
+  vl_err why;
   /* 1. memory by category at the peak, per rung (stacked bars) */
   if (vl_rep_mem_by_category(res, dir, "Peak memory by category per rung (planned, full scale, batch as configured)",
-                             s, sizeof s, why, sizeof why))
-    vl_rep_plot_missing(md, dir, "mem_by_category", why);
+                             s, sizeof s, &why))
+    vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
   const cJSON *r, *last = NULL;
@@ -34,8 +35,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   const cJSON *tl = cJSON_GetObjectItem(lp, "timeline");
   if (!cJSON_GetArraySize(tl)) {
     vl_rep_plot_missing(md, dir, "timeline", "the results hold no memory timeline for the last rung");
-  } else if (vl_rep_write_pairs(dir, "timeline.dat", tl, why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "timeline", why);
+  } else if (vl_rep_write_pairs(dir, "timeline.dat", tl, &why)) {
+    vl_rep_plot_missing(md, dir, "timeline", why.msg);
   } else {
     snprintf(s, sizeof s,
              "set terminal png size 1000,480 noenhanced\nset output vl_png\n"
@@ -50,8 +51,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   double cap = vl_rep_num(lp, "cap_bytes");
   if (!cJSON_GetArraySize(bc)) {
     vl_rep_plot_missing(md, dir, "batch", "the results hold no batch curve for the last rung");
-  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "batch", why);
+  } else if (vl_rep_write_pairs(dir, "batch.dat", bc, &why)) {
+    vl_rep_plot_missing(md, dir, "batch", why.msg);
   } else {
     char capline[96] = "";
     if (isfinite(cap)) snprintf(capline, sizeof capline, ", %g with lines lw 2 lc rgb 'red' title 'cap'", cap / 1e9);
@@ -78,8 +79,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     fprintf(d.f, "%s %.6g\n", vl_rep_gp_str(rn, true, name, sizeof name), t * 1e3);
     any = 1;
   }
-  if (vl_rep_dat_commit(&d, dir, "step_time.dat", why, sizeof why)) {
-    vl_rep_plot_missing(md, dir, "step_time", why);
+  if (vl_rep_dat_commit(&d, dir, "step_time.dat", &why)) {
+    vl_rep_plot_missing(md, dir, "step_time", why.msg);
   } else if (any) {
     vl_rep_plot(md, dir, case_id, gnuplot, "step_time", "time per token",
                 "set terminal png size 900,480 noenhanced\nset output vl_png\n"

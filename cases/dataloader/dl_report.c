@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "case.h"
-#include "report.h"
+#include "kit/case.h"
+#include "kit/rep.h"
 
 /* A value of a data file: NaN (gnuplot leaves the point out) where the results miss it. */
 static void dat_num(FILE *f, const char *fmt, double v) {
@@ -16,7 +16,8 @@ static void dat_num(FILE *f, const char *fmt, double v) {
 
 static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics"), *sweep = cJSON_GetObjectItem(res, "sweep"), *o;
-  char why[1600], name[VL_REP_GP_MAX + 1];
+  char name[VL_REP_GP_MAX + 1];
+  vl_err why;
   vl_rep_dat d;
   if (cJSON_IsArray(sweep) && cJSON_GetArraySize(sweep) > 0) {
     /* heatmap: rows = workers, columns = prefetch, cell = images/s */
@@ -30,8 +31,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
         fprintf(d.f, "%g %g %.2f\n", w, p, ips);
         rows++;
       }
-      if (vl_rep_dat_commit(&d, dir, "sweep.dat", why, sizeof why))
-        vl_rep_plot_missing(md, dir, "heatmap", why);
+      if (vl_rep_dat_commit(&d, dir, "sweep.dat", &why))
+        vl_rep_plot_missing(md, dir, "heatmap", why.msg);
       else if (!rows)
         vl_rep_plot_missing(md, dir, "heatmap", "no sweep entry has workers, prefetch and images/s");
       else
@@ -64,8 +65,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
         fputc('\n', d.f);
         rows++;
       }
-      if (vl_rep_dat_commit(&d, dir, "workers.dat", why, sizeof why)) {
-        vl_rep_plot_missing(md, dir, "workers", why);
+      if (vl_rep_dat_commit(&d, dir, "workers.dat", &why)) {
+        vl_rep_plot_missing(md, dir, "workers", why.msg);
       } else if (!rows) {
         vl_rep_plot_missing(md, dir, "workers", "no sweep entry has images/s at 0 to 64 workers");
       } else {
@@ -97,8 +98,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     fputc('\n', d.f);
     any |= !isnan(vl_rep_run_metric(o, "data_wait_frac"));
   }
-  if (vl_rep_dat_commit(&d, dir, "wait.dat", why, sizeof why))
-    vl_rep_plot_missing(md, dir, "wait", why);
+  if (vl_rep_dat_commit(&d, dir, "wait.dat", &why))
+    vl_rep_plot_missing(md, dir, "wait", why.msg);
   else if (!any)
     vl_rep_plot_missing(md, dir, "wait", "no rung measured its data wait");
   else
