@@ -247,11 +247,10 @@ int vl_mg_worker(int argc, char **argv) {
   }
   *env = (vl_case_env){.scale = a->scale, .device = VL_DEV_CPU, .setting = &a->setting, .quiet = a->quiet};
   vl_comm *cm = NULL;
-  char err[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_comm_under_mpirun() ? vl_comm_create_mpi(&cm, err, sizeof err)
-                                       : vl_comm_create_self(&cm, err, sizeof err);
+  vl_err err = {""};
+  vl_status s = vl_comm_under_mpirun() ? vl_comm_create_mpi(&cm, &err) : vl_comm_create_self(&cm, &err);
   if (s != VL_OK) {
-    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", err);
+    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", err.msg);
     free(a);
     free(env);
     return 1;
