@@ -165,9 +165,9 @@ static int parse_args(int argc, char **argv, cb_args *a) {
   }
   /* the output path before any work: a folder, a missing folder or an unwritable place
    * was found only after the whole benchmark */
-  char err[512];
-  if (a->json && vl_file_check_writable(a->json, err, sizeof err)) {
-    fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err);
+  vl_err err;
+  if (a->json && vl_file_check_writable(a->json, &err)) {
+    fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err.msg);
     return 2;
   }
   double sizes = floor(log((double)a->max_bytes / (double)a->min_bytes) / log(a->factor)) + 1;
@@ -417,10 +417,10 @@ static int write_json(const cb_env *e, const cb_args *a, const cb_row *rows, int
   cJSON_AddNumberToObject(o, "wrong", (double)wrong);
   char *text = cJSON_Print(o);
   cJSON_Delete(o);
-  char err[512] = "";
-  int rc = text ? vl_file_write_atomic(a->json, text, strlen(text), err, sizeof err) : -1;
+  vl_err err = {""};
+  int rc = text ? (vl_file_write_atomic(a->json, text, strlen(text), &err) == VL_OK ? 0 : -1) : -1;
   free(text);
-  if (rc) fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err[0] ? err : "out of memory");
+  if (rc) fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err.msg[0] ? err.msg : "out of memory");
   return rc;
 }
 

@@ -542,15 +542,19 @@ static bool png_whole(const char *path) {
  * name: a link planted there is replaced, never written through). */
 static int render(const char *dir, const char *name, const char *log_shown, char *why, size_t whyn) {
   char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
-  char log_tmp[PATH_MAX], err[PATH_MAX + 200];
+  char log_tmp[PATH_MAX];
   snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
   snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
   snprintf(gp, sizeof gp, "%s.gp", name);
   snprintf(final, sizeof final, "%s/%s.png", dir, name);
   snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
   snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
-  int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
-  if (log_fd < 0) { snprintf(why, whyn, "gnuplot's log: %s", err); return -1; }
+  int log_fd;
+  vl_err err;
+  if (vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, &log_fd, &err)) {
+    snprintf(why, whyn, "gnuplot's log: %s", err.msg);
+    return -1;
+  }
   posix_spawn_file_actions_t fa;
   if (posix_spawn_file_actions_init(&fa)) {
     snprintf(why, whyn, "out of memory");
@@ -583,7 +587,7 @@ static int render(const char *dir, const char *name, const char *log_shown, char
   else rc = 0;
   if (rc) {
     unlink(tmp_path);
-    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
+    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL); /* the log explains the failure */
   } else {
     close(log_fd);
     unlink(log_tmp);

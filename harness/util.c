@@ -87,17 +87,23 @@ cJSON *vl_env_json(const char *device) {
 }
 
 /* The harness's names for the engine's file functions (vramlab/fileio.h). */
-int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL, 0); }
+int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL) == VL_OK ? 0 : -1; }
 
 int vl_write_atomic(const char *path, const char *text, char *err, size_t errn) {
-  return vl_file_write_atomic(path, text, strlen(text), err, errn);
+  vl_err e;
+  if (vl_file_write_atomic(path, text, strlen(text), &e) == VL_OK) return 0;
+  if (err && errn) snprintf(err, errn, "%s", e.msg);
+  return -1;
 }
 
 /* A results file, a ladder or a report path given by a user may name a FIFO (whose open
  * waits for a writer forever) or a huge file: an error, never a hang or a 2^63-byte
  * allocation. */
 char *vl_read_file_max(const char *path, size_t max, size_t *n, char *err, size_t errn) {
-  return vl_file_read_text(path, max, NULL, n, err, errn);
+  vl_err e;
+  char *text;
+  if (vl_file_read_text(path, max, NULL, &text, n, &e) != VL_OK && err && errn) snprintf(err, errn, "%s", e.msg);
+  return text;
 }
 
 char *vl_read_file(const char *path, size_t *n) {

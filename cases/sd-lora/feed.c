@@ -157,8 +157,8 @@ vl_status vl_sdl_feed_open(vl_case_env *env, const vl_sdl_rung *r, vl_captions *
     vl_loader_cfg lc;
     vl_sdl_loader_cfg(r, &lc, B, (int)r->workers, shuffle);
     vl_dataset ds = vl_captions_dataset(set);
-    char lerr[VL_CASE_ERR_LEN] = "";
-    if ((s = vl_loader_create(&f->loader, &lc, &ds, lerr, sizeof lerr)) != VL_OK) vl_case_fail(env, s, "%s", lerr);
+    vl_err lerr = {""};
+    if ((s = vl_loader_create(&f->loader, &lc, &ds, &lerr)) != VL_OK) vl_case_fail(env, s, "%s", lerr.msg);
   } else {
     s = open_cached(env, f);
   }
