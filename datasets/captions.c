@@ -12,7 +12,6 @@
 #include <string.h>
 #include <turbojpeg.h>
 
-#define setf vl_synth_setf
 /* Short local names for the shared synthesis helpers (synth.h). */
 #define rnd_in vl_synth_rnd_in
 
@@ -128,8 +127,8 @@ void vl_captions_gen_cfg_default(vl_captions_gen_cfg *c) {
 }
 
 /* Image i synthesised and written, its caption made (synth.h's vl_synth_gen.sample). */
-static int gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
-                      const char *dir, char *err, size_t errn) {
+static vl_status gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
+                            const char *dir, vl_err *err) {
   const vl_captions_gen_cfg *c = cfg;
   gen_item *it = result;
   uint16_t words[2 * SHAPES_MAX];
@@ -137,7 +136,7 @@ static int gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *res
   vl_synth_image_name(i, name, sizeof name);
   const int nwords = synth_image(&wk->cv, c->seed, i, c->size, it, words);
   make_caption(c->seed, i, words, nwords, it);
-  return vl_synth_write_jpeg(wk, dir, name, it->w, it->h, &it->bytes, err, errn);
+  return vl_synth_write_jpeg(wk, dir, name, it->w, it->h, &it->bytes, err);
 }
 
 static int manifest_line(const void *cfg, int64_t i, const void *result, char *buf, size_t n) {
@@ -156,23 +155,19 @@ static int manifest_line(const void *cfg, int64_t i, const void *result, char *b
   return snprintf(buf, n, "%s\t%d\t%d\t%lld\t%s\n", name, it->w, it->h, (long long)it->bytes, toks);
 }
 
-int vl_captions_generate(const char *dir, const vl_captions_gen_cfg *cfg, char *err, size_t errn) {
-  if (!dir || !cfg) {
-    setf(err, errn, "captions: no output directory or configuration");
-    return -1;
-  }
-  if (cfg->size < VL_CAPTIONS_SIZE_MIN || cfg->size > VL_CAPTIONS_SIZE_MAX) {
-    setf(err, errn, "captions: size must be in %d..%d (got %d)", VL_CAPTIONS_SIZE_MIN,
-         VL_CAPTIONS_SIZE_MAX, cfg->size);
-    return -1;
-  }
+vl_status vl_captions_generate(const char *dir, const vl_captions_gen_cfg *cfg, vl_err *err) {
+  if (!dir || !cfg)
+    return vl_err_set(err, VL_ERR_INVALID, "captions: no output directory or configuration");
+  if (cfg->size < VL_CAPTIONS_SIZE_MIN || cfg->size > VL_CAPTIONS_SIZE_MAX)
+    return vl_err_set(err, VL_ERR_INVALID, "captions: size must be in %d..%d (got %d)", VL_CAPTIONS_SIZE_MIN,
+                      VL_CAPTIONS_SIZE_MAX, cfg->size);
   const int lmax = long_max(cfg->size);
   const vl_synth_gen g = {
       .kind = "captions", .manifest = VL_CAPTIONS_MANIFEST, .cfg = cfg, .n = cfg->n,
       .quality = cfg->quality, .threads = cfg->threads, .progress = cfg->progress,
       .user = cfg->user, .wmax = lmax, .hmax = lmax, .result_bytes = sizeof(gen_item),
       .sample = gen_sample, .manifest_line = manifest_line};
-  return vl_synth_generate(dir, &g, err, errn);
+  return vl_synth_generate(dir, &g, err);
 }
 
 /* ================================ manifest ============================================ */
@@ -217,7 +212,7 @@ int vl_captions_item(const vl_captions *s, int64_t i, int *w, int *h, int64_t *b
 
 const char *vl_captions_path(const vl_captions *s, int64_t i, char *buf, size_t n) {
   if (!s || i < 0 || i >= s->n || !buf || !n) return NULL;
-  return vl_synth_join(buf, n, s->dir, s->names + s->it[i].name_off, NULL, 0);
+  return vl_synth_join(buf, n, s->dir, s->names + s->it[i].name_off, NULL) == VL_OK ? buf : NULL;
 }
 
 int vl_captions_tokens(const vl_captions *s, int64_t i, int32_t ids[VL_CLIP_CONTEXT]) {
@@ -237,87 +232,67 @@ typedef struct {
 } parse_state;
 
 /* The lines do not say the size, so the header must (synth.h's vl_synth_manifest.header). */
-static int check_header(void *set, const char *mpath, char *err, size_t errn) {
+static vl_status check_header(void *set, const char *mpath, vl_err *err) {
   const parse_state *ps = set;
   const char *missing = ps->n < 0 ? "n" : ps->size < 0 ? "size" : NULL;
-  if (missing) {
-    setf(err, errn, "%s:1: the header has no %s= (a captions header gives n and size)", mpath, missing);
-    return -1;
-  }
-  return 0;
+  if (missing)
+    return vl_err_set(err, VL_ERR_IO, "%s:1: the header has no %s= (a captions header gives n and size)", mpath, missing);
+  return VL_OK;
 }
 
-/* The tokens field: ids from BOS to EOS, comma-separated, appended to the set's ids. 0, or -1
- * with a message naming the line. */
-static int parse_tokens(parse_state *ps, char *t, const char *mpath, int lineno, char *err,
-                        size_t errn) {
+/* The tokens field: ids from BOS to EOS, comma-separated, appended to the set's ids; their
+ * count into *ntok. VL_OK, or VL_ERR_IO with a message naming the line. */
+static vl_status parse_tokens(parse_state *ps, char *t, const char *mpath, int lineno, int *ntok, vl_err *err) {
   vl_captions *s = ps->s;
   int n = 0;
   for (char *save = NULL, *id = strtok_r(t, ",", &save); id; id = strtok_r(NULL, ",", &save)) {
     long long v;
-    if (vl_synth_parse_int(id, 0, VL_CLIP_VOCAB - 1, &v)) {
-      setf(err, errn, "%s:%d: bad token %d \"%s\" (an id in 0..%d)", mpath, lineno, n + 1, id,
-           VL_CLIP_VOCAB - 1);
-      return -1;
-    }
-    if (n == VL_CLIP_CONTEXT) {
-      setf(err, errn, "%s:%d: more than %d tokens (a caption has at most %d ids with BOS and EOS)",
-           mpath, lineno, VL_CLIP_CONTEXT, VL_CLIP_CONTEXT);
-      return -1;
-    }
-    if (n == 0 && v != VL_CLIP_BOS) {
-      setf(err, errn, "%s:%d: the caption starts with %lld, not BOS %d", mpath, lineno, v, VL_CLIP_BOS);
-      return -1;
-    }
-    if (n > 0 && v == VL_CLIP_BOS) {
-      setf(err, errn, "%s:%d: BOS %d at token %d (only the first id is BOS)", mpath, lineno,
-           VL_CLIP_BOS, n + 1);
-      return -1;
-    }
-    if (n > 0 && v == VL_CLIP_EOS && save && *save) {
-      setf(err, errn, "%s:%d: EOS %d at token %d before the end (the manifest lists captions "
-                      "without their padding)", mpath, lineno, VL_CLIP_EOS, n + 1);
-      return -1;
-    }
+    if (vl_synth_parse_int(id, 0, VL_CLIP_VOCAB - 1, &v))
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: bad token %d \"%s\" (an id in 0..%d)", mpath, lineno, n + 1, id,
+                        VL_CLIP_VOCAB - 1);
+    if (n == VL_CLIP_CONTEXT)
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: more than %d tokens (a caption has at most %d ids with BOS and EOS)",
+                        mpath, lineno, VL_CLIP_CONTEXT, VL_CLIP_CONTEXT);
+    if (n == 0 && v != VL_CLIP_BOS)
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: the caption starts with %lld, not BOS %d", mpath, lineno, v, VL_CLIP_BOS);
+    if (n > 0 && v == VL_CLIP_BOS)
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: BOS %d at token %d (only the first id is BOS)", mpath, lineno,
+                        VL_CLIP_BOS, n + 1);
+    if (n > 0 && v == VL_CLIP_EOS && save && *save)
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: EOS %d at token %d before the end (the manifest lists captions "
+                        "without their padding)", mpath, lineno, VL_CLIP_EOS, n + 1);
     s->tok[ps->tok_len + n++] = (uint16_t)v;
   }
   /* strtok_r skips empty fields: a ",," or a trailing comma must not pass unseen */
-  if (n < 2 || s->tok[ps->tok_len + n - 1] != VL_CLIP_EOS) {
-    setf(err, errn, "%s:%d: the caption does not end with EOS %d (expected BOS, text ids, EOS)",
-         mpath, lineno, VL_CLIP_EOS);
-    return -1;
-  }
+  if (n < 2 || s->tok[ps->tok_len + n - 1] != VL_CLIP_EOS)
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: the caption does not end with EOS %d (expected BOS, text ids, EOS)",
+                      mpath, lineno, VL_CLIP_EOS);
   ps->tok_len += n;
-  return n;
+  *ntok = n;
+  return VL_OK;
 }
 
 /* One image line: file, width, height, bytes, tokens (synth.h's vl_synth_manifest.line). */
-static int parse_line(void *set, char **fld, const char *mpath, int lineno, char *err, size_t errn) {
+static vl_status parse_line(void *set, char **fld, const char *mpath, int lineno, vl_err *err) {
   parse_state *ps = set;
   vl_captions *s = ps->s;
-  if (!vl_synth_plain_name(fld[0])) {
-    setf(err, errn, "%s:%d: bad file name \"%s\" (a plain name in the set's directory)", mpath,
-         lineno, fld[0]);
-    return -1;
-  }
+  if (!vl_synth_plain_name(fld[0]))
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: bad file name \"%s\" (a plain name in the set's directory)", mpath,
+                      lineno, fld[0]);
   static const char *const what[3] = {"width", "height", "bytes"};
   const long long hi[3] = {65535, 65535, 1ll << 40};
   long long v[3];
   for (int k = 0; k < 3; k++)
-    if (vl_synth_parse_int(fld[k + 1], 1, hi[k], &v[k])) {
-      setf(err, errn, "%s:%d: bad %s \"%s\" (a positive integer)", mpath, lineno, what[k], fld[k + 1]);
-      return -1;
-    }
+    if (vl_synth_parse_int(fld[k + 1], 1, hi[k], &v[k]))
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: bad %s \"%s\" (a positive integer)", mpath, lineno, what[k], fld[k + 1]);
   /* the field as written: no empty ids, which strtok_r would skip */
   const char *f = fld[4];
-  if (!*f || *f == ',' || f[strlen(f) - 1] == ',' || strstr(f, ",,")) {
-    setf(err, errn, "%s:%d: bad tokens \"%.40s\" (ids from BOS %d to EOS %d, comma-separated)",
-         mpath, lineno, f, VL_CLIP_BOS, VL_CLIP_EOS);
-    return -1;
-  }
+  if (!*f || *f == ',' || f[strlen(f) - 1] == ',' || strstr(f, ",,"))
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: bad tokens \"%.40s\" (ids from BOS %d to EOS %d, comma-separated)",
+                      mpath, lineno, f, VL_CLIP_BOS, VL_CLIP_EOS);
   const int64_t off = ps->tok_len;
-  const int ntok = parse_tokens(ps, fld[4], mpath, lineno, err, errn);
-  if (ntok < 0) return -1;
+  int ntok = 0;
+  VL_TRY(parse_tokens(ps, fld[4], mpath, lineno, &ntok, err));
   item *it = &s->it[s->n++];
   *it = (item){.w = (int)v[0], .h = (int)v[1], .bytes = v[2], .name_off = (uint32_t)ps->names_len,
                .tok_off = off, .ntok = ntok};
@@ -331,7 +306,7 @@ static int parse_line(void *set, char **fld, const char *mpath, int lineno, char
   if (ntok > in->max_tokens) in->max_tokens = ntok;
   in->total_bytes += it->bytes;
   in->total_tokens += ntok;
-  return 0;
+  return VL_OK;
 }
 
 /* Room for every line of a manifest of len bytes: lines, names and ids are bounded by it (an
@@ -354,8 +329,7 @@ static int prepare(void *set, const char *dir, int64_t lines, size_t len) {
 }
 
 /* dir's manifest (text NULL) or the len bytes at text, parsed as dir's. */
-static int open_from(vl_captions **out, const char *dir, const char *text, size_t len, char *err,
-                     size_t errn) {
+static vl_status open_from(vl_captions **out, const char *dir, const char *text, size_t len, vl_err *err) {
   *out = NULL;
   parse_state ps = {.n = -1, .size = -1, .quality = -1, .context = -1, .bos = -1, .eos = -1, .pad = -1};
   unsigned long long seed = 0;
@@ -373,9 +347,10 @@ static int open_from(vl_captions **out, const char *dir, const char *text, size_
       .gen = "vramlab data gen --kind captions", .keys = keys, .seed = &seed, .n = &ps.n,
       .nfields = 5, .fields = "file, width, height, bytes, tokens", .noun = "image",
       .header = check_header, .prepare = prepare, .line = parse_line, .set = &ps};
-  if (vl_synth_manifest_load(dir, &m, text, len, err, errn) != 0) {
+  vl_status st = vl_synth_manifest_load(dir, &m, text, len, err);
+  if (st != VL_OK) {
     vl_captions_close(ps.s);
-    return -1;
+    return st;
   }
   vl_captions_info *in = &ps.s->info;
   in->n = ps.s->n;
@@ -384,27 +359,26 @@ static int open_from(vl_captions **out, const char *dir, const char *text, size_
   in->quality = (int)ps.quality;
   in->seed = seed;
   *out = ps.s;
-  return 0;
+  return VL_OK;
 }
 
-int vl_captions_open(vl_captions **out, const char *dir, char *err, size_t errn) {
-  return open_from(out, dir, NULL, 0, err, errn);
+vl_status vl_captions_open(vl_captions **out, const char *dir, vl_err *err) {
+  return open_from(out, dir, NULL, 0, err);
 }
 
-int vl_captions_parse(vl_captions **out, const char *dir, const char *text, size_t len, char *err,
-                      size_t errn) {
+vl_status vl_captions_parse(vl_captions **out, const char *dir, const char *text, size_t len, vl_err *err) {
   if (!text) {
     *out = NULL;
-    setf(err, errn, "captions: no manifest text");
-    return -1;
+    return vl_err_set(err, VL_ERR_INVALID, "captions: no manifest text");
   }
-  return open_from(out, dir, text, len, err, errn);
+  return open_from(out, dir, text, len, err);
 }
 
-int vl_captions_first_use(vl_captions **out, const char *dir, const vl_captions_gen_cfg *cfg,
-                          char *err, size_t errn) {
+vl_status vl_captions_first_use(vl_captions **out, const char *dir, const vl_captions_gen_cfg *cfg, bool *make,
+                                vl_err *err) {
   *out = NULL;
-  char gen[700], e2[700];
+  char gen[700];
+  vl_err e2;
   /* The command line makes sets of the default size only. */
   vl_captions_gen_cfg d;
   vl_captions_gen_cfg_default(&d);
@@ -414,43 +388,40 @@ int vl_captions_first_use(vl_captions **out, const char *dir, const vl_captions_
              dir, (long long)cfg->n, (unsigned long long)cfg->seed, cfg->quality);
   else
     snprintf(gen, sizeof gen, "use another");
-  int u = vl_synth_first_use(dir, VL_CAPTIONS_MANIFEST, "vramlab data gen --kind captions --out DIR",
-                             err, errn);
-  if (u != 0) return u;
-  if (vl_captions_open(out, dir, e2, sizeof e2) != 0) {
-    setf(err, errn, "%s. The captioned image set in %s is damaged and is left as it is: delete "
-                    "the folder (the next run makes it again) or %s", e2, dir, gen);
-    return -1;
-  }
+  VL_TRY(vl_synth_first_use(dir, VL_CAPTIONS_MANIFEST, "vramlab data gen --kind captions --out DIR", make, err));
+  if (*make) return VL_OK;
+  if (vl_captions_open(out, dir, &e2) != VL_OK)
+    return vl_err_set(err, VL_ERR_IO,
+                      "%s. The captioned image set in %s is damaged and is left as it is: delete "
+                      "the folder (the next run makes it again) or %s",
+                      e2.msg, dir, gen);
   const vl_captions_info *in = &(*out)->info;
   if (in->n != cfg->n || in->size != cfg->size || in->seed != cfg->seed ||
       (in->quality != -1 && in->quality != cfg->quality)) {
-    setf(err, errn, "%s holds a captioned image set of n=%lld size=%d seed=%llu quality=%d, not "
-                    "the n=%lld size=%d seed=%llu quality=%d asked for: it is left as it is; "
-                    "delete the folder (the next run makes it again) or use another",
-         dir, (long long)in->n, in->size, (unsigned long long)in->seed, in->quality,
-         (long long)cfg->n, cfg->size, (unsigned long long)cfg->seed, cfg->quality);
+    vl_status st = vl_err_set(err, VL_ERR_IO,
+                              "%s holds a captioned image set of n=%lld size=%d seed=%llu quality=%d, not "
+                              "the n=%lld size=%d seed=%llu quality=%d asked for: it is left as it is; "
+                              "delete the folder (the next run makes it again) or use another",
+                              dir, (long long)in->n, in->size, (unsigned long long)in->seed, in->quality,
+                              (long long)cfg->n, cfg->size, (unsigned long long)cfg->seed, cfg->quality);
     vl_captions_close(*out);
     *out = NULL;
-    return -1;
+    return st;
   }
-  return 0;
+  return VL_OK;
 }
 
 /* ================================ decoding ============================================ */
 
 /* Image i read and decoded with r (synth.h's vl_synth_read_fn). */
-static vl_status read_image(void *set, vl_synth_reader *r, int64_t i, vl_image *out, char *err,
-                            size_t errn) {
+static vl_status read_image(void *set, vl_synth_reader *r, int64_t i, vl_image *out, vl_err *err) {
   const vl_captions *s = set;
   const item *it = &s->it[i];
   char path[PATH_MAX];
-  if (!vl_captions_path(s, i, path, sizeof path)) {
-    setf(err, errn, "captions: path of image %lld too long", (long long)i);
-    return VL_ERR_IO;
-  }
+  if (!vl_captions_path(s, i, path, sizeof path))
+    return vl_err_set(err, VL_ERR_IO, "captions: path of image %lld too long", (long long)i);
   const vl_synth_jpeg_want want = {it->w, it->h, it->bytes, "the manifest says"};
-  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err, errn));
+  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err));
   out->w = it->w;
   out->h = it->h;
   out->c = 3;
@@ -464,10 +435,9 @@ static void *ds_scratch_new(void *self) {
   return vl_synth_reader_new((size_t)((vl_captions *)self)->info.max_bytes, 0);
 }
 
-static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, char *err,
-                         size_t errn) {
+static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err) {
   return vl_synth_ds_read("captions", self, ((vl_captions *)self)->n, scratch, i, read_image, out,
-                          err, errn);
+                          err);
 }
 
 vl_dataset vl_captions_dataset(vl_captions *s) {

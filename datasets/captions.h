@@ -83,27 +83,27 @@ typedef struct {
 /* n 1000, size 512, seed 1, quality 90, threads 0, no progress. */
 void vl_captions_gen_cfg_default(vl_captions_gen_cfg *c);
 
-/* Creates dir (and its parents) and writes the set. Returns 0, or -1 with a message. */
-int vl_captions_generate(const char *dir, const vl_captions_gen_cfg *cfg, char *err, size_t errn);
+/* Creates dir (and its parents) and writes the set. Returns VL_OK, or a status with a
+ * message (VL_ERR_INVALID: a bad configuration; VL_ERR_IO, VL_ERR_OOM). */
+vl_status vl_captions_generate(const char *dir, const vl_captions_gen_cfg *cfg, vl_err *err);
 
 typedef struct vl_captions vl_captions;
 
-/* Reads and validates the manifest (not the images). Returns 0, or -1 with a message naming
+/* Reads and validates the manifest (not the images). Returns VL_OK, or VL_ERR_IO with a message naming
  * the manifest and, for a bad line, its line number. */
-int vl_captions_open(vl_captions **out, const char *dir, char *err, size_t errn);
+vl_status vl_captions_open(vl_captions **out, const char *dir, vl_err *err);
 /* As vl_captions_open, with the manifest's contents the len bytes at text (a fuzz target
  * parses from memory); dir is where the images would be. */
-int vl_captions_parse(vl_captions **out, const char *dir, const char *text, size_t len, char *err,
-                      size_t errn);
-/* A case's set on first use, never writing into a user's folder: 0 when dir holds a set made
- * as cfg says (n, size, seed; quality when the header says it), opened into *out; 1 when the
- * caller is to make it there with cfg (dir does not exist, is empty, or holds only what an
- * interrupted generation leaves: numbered images, temporary files, no manifest); -1 with a
- * message otherwise: a manifest that does not open (the message names the file, the line and
- * what is wrong, then says to delete the folder or remake it), a set made with other
- * settings, or a folder with other files. */
-int vl_captions_first_use(vl_captions **out, const char *dir, const vl_captions_gen_cfg *cfg,
-                          char *err, size_t errn);
+vl_status vl_captions_parse(vl_captions **out, const char *dir, const char *text, size_t len, vl_err *err);
+/* A case's set on first use, never writing into a user's folder: VL_OK with *make false when
+ * dir holds a set made as cfg says (n, size, seed; quality when the header says it), opened
+ * into *out; VL_OK with *make true when the caller is to make it there with cfg (dir does
+ * not exist, is empty, or holds only what an interrupted generation leaves: numbered images,
+ * temporary files, no manifest); VL_ERR_IO with a message otherwise: a manifest that does
+ * not open (the message names the file, the line and what is wrong, then says to delete the
+ * folder or remake it), a set made with other settings, or a folder with other files. */
+vl_status vl_captions_first_use(vl_captions **out, const char *dir, const vl_captions_gen_cfg *cfg, bool *make,
+                                vl_err *err);
 void vl_captions_close(vl_captions *s);
 int64_t vl_captions_len(const vl_captions *s);
 

@@ -17,7 +17,6 @@
 #define H_MIN 300
 #define H_MAX 450
 
-#define setf vl_synth_setf
 /* Short local names for the shared synthesis helpers (synth.h). */
 #define clamp255 vl_synth_clamp255
 #define rnd_in vl_synth_rnd_in
@@ -100,14 +99,14 @@ void vl_jpegset_gen_cfg_default(vl_jpegset_gen_cfg *c) {
 }
 
 /* Image i synthesised and written (synth.h's vl_synth_gen.sample). */
-static int gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
-                      const char *dir, char *err, size_t errn) {
+static vl_status gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
+                            const char *dir, vl_err *err) {
   const vl_jpegset_gen_cfg *c = cfg;
   item *it = result;
   char name[32];
   vl_synth_image_name(i, name, sizeof name);
   synth_image(&wk->cv, c->seed, i, c->num_classes, it);
-  return vl_synth_write_jpeg(wk, dir, name, it->w, it->h, &it->bytes, err, errn);
+  return vl_synth_write_jpeg(wk, dir, name, it->w, it->h, &it->bytes, err);
 }
 
 static int manifest_line(const void *cfg, int64_t i, const void *result, char *buf, size_t n) {
@@ -124,26 +123,21 @@ static int manifest_line(const void *cfg, int64_t i, const void *result, char *b
                   (long long)it->bytes);
 }
 
-int vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, char *err,
-                           size_t errn) {
-  if (!dir || !cfg) {
-    setf(err, errn, "jpegset: no output directory or configuration");
-    return -1;
-  }
-  if (cfg->num_classes < 1) {
-    setf(err, errn, "jpegset: num_classes must be at least 1 (got %d)", cfg->num_classes);
-    return -1;
-  }
+vl_status vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, vl_err *err) {
+  if (!dir || !cfg)
+    return vl_err_set(err, VL_ERR_INVALID, "jpegset: no output directory or configuration");
+  if (cfg->num_classes < 1)
+    return vl_err_set(err, VL_ERR_INVALID, "jpegset: num_classes must be at least 1 (got %d)", cfg->num_classes);
   const vl_synth_gen g = {
       .kind = "jpegset", .manifest = VL_JPEGSET_MANIFEST, .cfg = cfg, .n = cfg->n,
       .quality = cfg->quality, .threads = cfg->threads, .progress = cfg->progress,
       .user = cfg->user, .wmax = W_MAX, .hmax = H_MAX, .result_bytes = sizeof(item),
       .sample = gen_sample, .manifest_line = manifest_line};
-  return vl_synth_generate(dir, &g, err, errn);
+  return vl_synth_generate(dir, &g, err);
 }
 
-int vl_jpegset_generate(const char *dir, int64_t n, uint64_t seed, int quality,
-                        vl_jpegset_progress_fn progress, void *user, char *err, size_t errn) {
+vl_status vl_jpegset_generate(const char *dir, int64_t n, uint64_t seed, int quality,
+                              vl_jpegset_progress_fn progress, void *user, vl_err *err) {
   vl_jpegset_gen_cfg c;
   vl_jpegset_gen_cfg_default(&c);
   c.n = n;
@@ -151,7 +145,7 @@ int vl_jpegset_generate(const char *dir, int64_t n, uint64_t seed, int quality,
   c.quality = quality;
   c.progress = progress;
   c.user = user;
-  return vl_jpegset_generate_ex(dir, &c, err, errn);
+  return vl_jpegset_generate_ex(dir, &c, err);
 }
 
 /* =================================== manifest ========================================= */
@@ -190,7 +184,7 @@ int vl_jpegset_item(const vl_jpegset *s, int64_t i, int32_t *label, int *w, int 
 
 const char *vl_jpegset_path(const vl_jpegset *s, int64_t i, char *buf, size_t n) {
   if (!s || i < 0 || i >= s->n || !buf || !n) return NULL;
-  return vl_synth_join(buf, n, s->dir, s->names + s->name_off[i], NULL, 0);
+  return vl_synth_join(buf, n, s->dir, s->names + s->name_off[i], NULL) == VL_OK ? buf : NULL;
 }
 
 /* An open in progress: the set being filled and what the header said (-1: absent). */
@@ -201,23 +195,22 @@ typedef struct {
   int64_t maxlabel;
 } parse_state;
 
-/* label, width, height, bytes (fld[1..4]) into v; 0, or -1 with a message. A label is
+/* label, width, height, bytes (fld[1..4]) into v; VL_OK, or VL_ERR_IO with a message. A label is
  * checked against the header's class count when it gives one. */
-static int parse_numbers(char **fld, long long classes, long long v[4], const char *mpath,
-                         int lineno, char *err, size_t errn) {
+static vl_status parse_numbers(char **fld, long long classes, long long v[4], const char *mpath,
+                               int lineno, vl_err *err) {
   static const char *const what[4] = {"label", "width", "height", "bytes"};
   const long long lmax = classes > 0 ? classes - 1 : INT32_MAX;
   const long long lo[4] = {0, 1, 1, 1}, hi[4] = {lmax, 65535, 65535, 1ll << 40};
   for (int k = 0; k < 4; k++) {
     if (vl_synth_parse_int(fld[k + 1], lo[k], hi[k], &v[k]) == 0) continue;
     if (k == 0 && classes > 0)
-      setf(err, errn, "%s:%d: bad label \"%s\" (an integer in 0..%lld)", mpath, lineno, fld[1], lmax);
-    else
-      setf(err, errn, "%s:%d: bad %s \"%s\" (a positive integer%s)", mpath, lineno, what[k],
-           fld[k + 1], k == 0 ? " or 0" : "");
-    return -1;
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: bad label \"%s\" (an integer in 0..%lld)", mpath, lineno, fld[1],
+                        lmax);
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: bad %s \"%s\" (a positive integer%s)", mpath, lineno, what[k],
+                      fld[k + 1], k == 0 ? " or 0" : "");
   }
-  return 0;
+  return VL_OK;
 }
 
 static void add_image(parse_state *ps, const char *name, const long long v[4]) {
@@ -235,17 +228,15 @@ static void add_image(parse_state *ps, const char *name, const long long v[4]) {
 }
 
 /* One image line: file, label, width, height, bytes (synth.h's vl_synth_manifest.line). */
-static int parse_line(void *set, char **fld, const char *mpath, int lineno, char *err, size_t errn) {
+static vl_status parse_line(void *set, char **fld, const char *mpath, int lineno, vl_err *err) {
   parse_state *ps = set;
-  if (!vl_synth_plain_name(fld[0])) {
-    setf(err, errn, "%s:%d: bad file name \"%s\" (a plain name in the set's directory)", mpath,
-         lineno, fld[0]);
-    return -1;
-  }
+  if (!vl_synth_plain_name(fld[0]))
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: bad file name \"%s\" (a plain name in the set's directory)", mpath,
+                      lineno, fld[0]);
   long long v[4];
-  if (parse_numbers(fld, ps->classes, v, mpath, lineno, err, errn) != 0) return -1;
+  VL_TRY(parse_numbers(fld, ps->classes, v, mpath, lineno, err));
   add_image(ps, fld[0], v);
-  return 0;
+  return VL_OK;
 }
 
 /* Room for every line of a manifest of len bytes: lines and names are bounded by it
@@ -267,8 +258,7 @@ static int prepare(void *set, const char *dir, int64_t lines, size_t len) {
 }
 
 /* dir's manifest (text NULL) or the len bytes at text, parsed as dir's. */
-static int open_from(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
-                     size_t errn) {
+static vl_status open_from(vl_jpegset **out, const char *dir, const char *text, size_t len, vl_err *err) {
   *out = NULL;
   parse_state ps = {.n = -1, .classes = -1, .quality = -1, .maxlabel = -1};
   unsigned long long seed = 0;
@@ -282,9 +272,10 @@ static int open_from(vl_jpegset **out, const char *dir, const char *text, size_t
       .keys = keys, .seed = &seed, .n = &ps.n, .nfields = 5,
       .fields = "file, label, width, height, bytes", .noun = "image", .prepare = prepare,
       .line = parse_line, .set = &ps};
-  if (vl_synth_manifest_load(dir, &m, text, len, err, errn) != 0) {
+  vl_status st = vl_synth_manifest_load(dir, &m, text, len, err);
+  if (st != VL_OK) {
     vl_jpegset_close(ps.s);
-    return -1;
+    return st;
   }
   vl_jpegset_info *in = &ps.s->info;
   in->n = ps.s->n;
@@ -293,49 +284,49 @@ static int open_from(vl_jpegset **out, const char *dir, const char *text, size_t
   in->num_classes = ps.classes > 0 ? (int)ps.classes : (int)(ps.maxlabel + 1);
   in->seed = seed;
   *out = ps.s;
-  return 0;
+  return VL_OK;
 }
 
-int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn) {
-  return open_from(out, dir, NULL, 0, err, errn);
+vl_status vl_jpegset_open(vl_jpegset **out, const char *dir, vl_err *err) {
+  return open_from(out, dir, NULL, 0, err);
 }
 
-int vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
-                     size_t errn) {
+vl_status vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, vl_err *err) {
   if (!text) {
     *out = NULL;
-    setf(err, errn, "jpegset: no manifest text");
-    return -1;
+    return vl_err_set(err, VL_ERR_INVALID, "jpegset: no manifest text");
   }
-  return open_from(out, dir, text, len, err, errn);
+  return open_from(out, dir, text, len, err);
 }
 
-int vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg,
-                         char *err, size_t errn) {
+vl_status vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg, bool *make,
+                               vl_err *err) {
   *out = NULL;
-  char gen[700], e2[700];
+  char gen[700];
+  vl_err e2;
   snprintf(gen, sizeof gen, "vramlab data gen --out %s --n %lld --seed %llu --quality %d", dir,
            (long long)cfg->n, (unsigned long long)cfg->seed, cfg->quality);
-  int u = vl_synth_first_use(dir, VL_JPEGSET_MANIFEST, gen, err, errn);
-  if (u != 0) return u;
-  if (vl_jpegset_open(out, dir, e2, sizeof e2) != 0) {
-    setf(err, errn, "%s. The image set in %s is damaged and is left as it is: delete the folder "
-                    "(the next run makes it again) or remake it with `%s`", e2, dir, gen);
-    return -1;
-  }
+  VL_TRY(vl_synth_first_use(dir, VL_JPEGSET_MANIFEST, gen, make, err));
+  if (*make) return VL_OK;
+  if (vl_jpegset_open(out, dir, &e2) != VL_OK)
+    return vl_err_set(err, VL_ERR_IO,
+                      "%s. The image set in %s is damaged and is left as it is: delete the folder "
+                      "(the next run makes it again) or remake it with `%s`",
+                      e2.msg, dir, gen);
   const vl_jpegset_info *in = &(*out)->info;
   if (in->n != cfg->n || in->seed != cfg->seed || in->num_classes != cfg->num_classes ||
       (in->quality != -1 && in->quality != cfg->quality)) {
-    setf(err, errn, "%s holds an image set of n=%lld seed=%llu classes=%d quality=%d, not the "
-                    "n=%lld seed=%llu classes=%d quality=%d asked for: it is left as it is; "
-                    "delete the folder (the next run makes it again) or use another",
-         dir, (long long)in->n, (unsigned long long)in->seed, in->num_classes, in->quality,
-         (long long)cfg->n, (unsigned long long)cfg->seed, cfg->num_classes, cfg->quality);
+    vl_status st = vl_err_set(err, VL_ERR_IO,
+                              "%s holds an image set of n=%lld seed=%llu classes=%d quality=%d, not the "
+                              "n=%lld seed=%llu classes=%d quality=%d asked for: it is left as it is; "
+                              "delete the folder (the next run makes it again) or use another",
+                              dir, (long long)in->n, (unsigned long long)in->seed, in->num_classes, in->quality,
+                              (long long)cfg->n, (unsigned long long)cfg->seed, cfg->num_classes, cfg->quality);
     vl_jpegset_close(*out);
     *out = NULL;
-    return -1;
+    return st;
   }
-  return 0;
+  return VL_OK;
 }
 
 /* =================================== decoding ========================================= */
@@ -346,25 +337,22 @@ static vl_synth_jpeg_want want_of(const item *it) {
 
 /* Image i's JPEG in buf (its path already checked) decoded into out: pixels only. */
 static vl_status decode_at(const vl_jpegset *s, int64_t i, const uint8_t *buf, size_t len,
-                           vl_image *out, char *err, size_t errn) {
+                           vl_image *out, vl_err *err) {
   char path[PATH_MAX];
   const vl_synth_jpeg_want want = want_of(&s->it[i]);
   vl_jpegset_path(s, i, path, sizeof path);
-  return vl_synth_decode_jpeg(path, buf, len, &want, out, err, errn);
+  return vl_synth_decode_jpeg(path, buf, len, &want, out, err);
 }
 
 /* Image i read and decoded with r, labelled (synth.h's vl_synth_read_fn). */
-static vl_status read_image(void *set, vl_synth_reader *r, int64_t i, vl_image *out, char *err,
-                            size_t errn) {
+static vl_status read_image(void *set, vl_synth_reader *r, int64_t i, vl_image *out, vl_err *err) {
   vl_jpegset *s = set;
   const item *it = &s->it[i];
   char path[PATH_MAX];
-  if (!vl_jpegset_path(s, i, path, sizeof path)) {
-    setf(err, errn, "jpegset: path of image %lld too long", (long long)i);
-    return VL_ERR_IO;
-  }
+  if (!vl_jpegset_path(s, i, path, sizeof path))
+    return vl_err_set(err, VL_ERR_IO, "jpegset: path of image %lld too long", (long long)i);
   const vl_synth_jpeg_want want = want_of(it);
-  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err, errn));
+  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err));
   out->w = it->w;
   out->h = it->h;
   out->c = 3;
@@ -378,10 +366,9 @@ static void *ds_scratch_new(void *self) {
   return vl_synth_reader_new((size_t)((vl_jpegset *)self)->info.max_bytes, 0);
 }
 
-static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, char *err,
-                         size_t errn) {
+static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err) {
   return vl_synth_ds_read("jpegset", self, ((vl_jpegset *)self)->n, scratch, i, read_image, out,
-                          err, errn);
+                          err);
 }
 
 void vl_jpegset_gen_bound(size_t *scratch_bytes, size_t *max_image_bytes) {
@@ -400,44 +387,46 @@ vl_dataset vl_jpegset_dataset(vl_jpegset *s) {
 
 /* ================================ decode ceiling ====================================== */
 
-double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t errn) {
-  if (!s || n_images < 1) {
-    setf(err, errn, "jpegset: decode rate needs a set and n_images >= 1");
-    return -1;
-  }
+vl_status vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, double *rate_out, vl_err *err) {
+  *rate_out = -1;
+  if (!s || n_images < 1)
+    return vl_err_set(err, VL_ERR_INVALID, "jpegset: decode rate needs a set and n_images >= 1");
   int64_t m = n_images < s->n ? n_images : s->n;
   uint8_t **bufs = calloc((size_t)m, sizeof *bufs);
   size_t *lens = calloc((size_t)m, sizeof *lens);
   vl_image img = {0};
-  double rate = -1;
+  vl_status st = VL_OK;
   char path[PATH_MAX];
   if (!bufs || !lens) {
-    setf(err, errn, "jpegset: out of memory for the decode rate");
+    st = vl_err_set(err, VL_ERR_OOM, "jpegset: out of memory for the decode rate");
     goto done;
   }
   for (int64_t i = 0; i < m; i++) {
     size_t cap = 0;
-    if (!vl_jpegset_path(s, i, path, sizeof path) ||
-        vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &bufs[i], &cap, &lens[i], err, errn) != VL_OK)
+    /* a path too long: no message, as before (the caller says the rate failed) */
+    if (!vl_jpegset_path(s, i, path, sizeof path)) {
+      st = vl_err_set(err, VL_ERR_INVALID, "%s", "");
       goto done;
+    }
+    VL_TRY_GOTO(st, vl_synth_read_file(path, VL_LOADER_MAX_FILE_BYTES, &bufs[i], &cap, &lens[i], err), done);
   }
-  if (decode_at(s, 0, bufs[0], lens[0], &img, err, errn) != VL_OK) goto done; /* warm-up */
+  VL_TRY_GOTO(st, decode_at(s, 0, bufs[0], lens[0], &img, err), done); /* warm-up */
   /* Whole passes, at least 3 and at least 0.3 s in all; the fastest pass is the ceiling
    * (other load on the machine only ever slows a pass down). */
   double best = 1e30, t_all = vl_now();
   for (int pass = 0; pass < 3 || vl_now() - t_all < 0.3; pass++) {
     double t0 = vl_now();
     for (int64_t i = 0; i < m; i++)
-      if (decode_at(s, i, bufs[i], lens[i], &img, err, errn) != VL_OK) goto done;
+      VL_TRY_GOTO(st, decode_at(s, i, bufs[i], lens[i], &img, err), done);
     double pass_seconds = vl_now() - t0;
     if (pass_seconds < best) best = pass_seconds;
   }
-  rate = (double)m / (best > 1e-9 ? best : 1e-9);
+  *rate_out = (double)m / (best > 1e-9 ? best : 1e-9);
 done:
   if (bufs)
     for (int64_t i = 0; i < m; i++) free(bufs[i]);
   free(bufs);
   free(lens);
   free(img.pix);
-  return rate;
+  return st;
 }

@@ -51,33 +51,33 @@ typedef struct {
 
 void vl_jpegset_gen_cfg_default(vl_jpegset_gen_cfg *c);
 
-/* Creates dir (and its parents) and writes the set. Returns 0, or -1 with a message. */
-int vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, char *err,
-                           size_t errn);
+/* Creates dir (and its parents) and writes the set. Returns VL_OK, or a status with a
+ * message (VL_ERR_INVALID: a bad configuration; VL_ERR_IO, VL_ERR_OOM). */
+vl_status vl_jpegset_generate_ex(const char *dir, const vl_jpegset_gen_cfg *cfg, vl_err *err);
 /* As vl_jpegset_generate_ex with 1000 classes and OpenMP's default thread count. */
-int vl_jpegset_generate(const char *dir, int64_t n, uint64_t seed, int quality,
-                        vl_jpegset_progress_fn progress, void *user, char *err, size_t errn);
+vl_status vl_jpegset_generate(const char *dir, int64_t n, uint64_t seed, int quality,
+                              vl_jpegset_progress_fn progress, void *user, vl_err *err);
 
 typedef struct vl_jpegset vl_jpegset;
 
-/* Reads and validates the manifest (not the images). Returns 0, or -1 with a message
- * naming the manifest and, for a bad line, its line number. */
-int vl_jpegset_open(vl_jpegset **out, const char *dir, char *err, size_t errn);
+/* Reads and validates the manifest (not the images). Returns VL_OK, or VL_ERR_IO (VL_ERR_OOM)
+ * with a message naming the manifest and, for a bad line, its line number. */
+vl_status vl_jpegset_open(vl_jpegset **out, const char *dir, vl_err *err);
 /* As vl_jpegset_open, with the manifest's contents the len bytes at text (the fuzz
  * target parses from memory); dir is where the images would be. */
-int vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, char *err,
-                     size_t errn);
+vl_status vl_jpegset_parse(vl_jpegset **out, const char *dir, const char *text, size_t len, vl_err *err);
 void vl_jpegset_close(vl_jpegset *s);
 
-/* A case's set on first use, never writing into a user's folder: 0 when dir holds a set
- * made as cfg says (n, seed, classes; quality when the header says it), opened into *out;
- * 1 when the caller is to make it there with cfg (dir does not exist, is empty, or holds
- * only what an interrupted generation leaves: numbered images, temporary files, no
- * manifest); -1 with a message otherwise: a manifest that does not open (the message names
- * the file, the line and what is wrong, then says to delete the folder or remake it with
- * `vramlab data gen`), a set made with other settings, or a folder with other files. */
-int vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg,
-                         char *err, size_t errn);
+/* A case's set on first use, never writing into a user's folder: VL_OK with *make false
+ * when dir holds a set made as cfg says (n, seed, classes; quality when the header says
+ * it), opened into *out; VL_OK with *make true when the caller is to make it there with cfg
+ * (dir does not exist, is empty, or holds only what an interrupted generation leaves:
+ * numbered images, temporary files, no manifest); VL_ERR_IO with a message otherwise: a
+ * manifest that does not open (the message names the file, the line and what is wrong, then
+ * says to delete the folder or remake it with `vramlab data gen`), a set made with other
+ * settings, or a folder with other files. */
+vl_status vl_jpegset_first_use(vl_jpegset **out, const char *dir, const vl_jpegset_gen_cfg *cfg, bool *make,
+                               vl_err *err);
 
 int64_t vl_jpegset_len(const vl_jpegset *s);
 
@@ -118,9 +118,10 @@ void vl_jpegset_gen_bound(size_t *scratch_bytes, size_t *max_image_bytes);
 
 /* Decode-only ceiling on the calling thread: the first n_images files (fewer if the set
  * is smaller) are read into memory first, one is decoded to warm up, then all are decoded
- * exactly as read() decodes them, in whole passes (at least 3 and 0.3 s); returns images/s
- * of the fastest pass, or -1 with a message (a file that fails to read or decode). */
-double vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, char *err, size_t errn);
+ * exactly as read() decodes them, in whole passes (at least 3 and 0.3 s); *rate is images/s
+ * of the fastest pass, or -1 with a status and message (a file that fails to read or
+ * decode). */
+vl_status vl_jpegset_decode_rate(vl_jpegset *s, int64_t n_images, double *rate, vl_err *err);
 
 #ifdef __cplusplus
 }

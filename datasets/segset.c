@@ -14,7 +14,6 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-#define setf vl_synth_setf
 /* Short local names for the shared synthesis helpers (synth.h). */
 #define clamp255 vl_synth_clamp255
 #define rnd_in vl_synth_rnd_in
@@ -136,8 +135,8 @@ static size_t pgm_header(char *buf, size_t n, int w, int h) {
 /* Sample i synthesised and written, the JPEG's size into *result (synth.h's
  * vl_synth_gen.sample). The mask is drawn straight into the PGM file's pixels, after the
  * header, in the worker's extra memory. */
-static int gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
-                      const char *dir, char *err, size_t errn) {
+static vl_status gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
+                            const char *dir, vl_err *err) {
   const vl_segset_gen_cfg *c = cfg;
   const int size = c->size;
   char iname[32], mname[32];
@@ -146,8 +145,8 @@ static int gen_sample(vl_synth_worker *wk, const void *cfg, int64_t i, void *res
   uint8_t *pgm = wk->extra;
   size_t h = pgm_header((char *)pgm, PGM_HDR_MAX, size, size);
   synth_sample(&wk->cv, pgm + h, c->seed, i, size, c->num_classes);
-  if (vl_synth_write_jpeg(wk, dir, iname, size, size, result, err, errn) != 0) return -1;
-  return vl_synth_write_atomic(dir, mname, pgm, h + (size_t)size * size, err, errn);
+  VL_TRY(vl_synth_write_jpeg(wk, dir, iname, size, size, result, err));
+  return vl_synth_write_atomic(dir, mname, pgm, h + (size_t)size * size, err);
 }
 
 static int manifest_line(const void *cfg, int64_t i, const void *result, char *buf, size_t n) {
@@ -163,28 +162,22 @@ static int manifest_line(const void *cfg, int64_t i, const void *result, char *b
   return snprintf(buf, n, "%s\t%s\t%lld\n", a, b, (long long)*(const int64_t *)result);
 }
 
-int vl_segset_generate(const char *dir, const vl_segset_gen_cfg *cfg, char *err, size_t errn) {
-  if (!dir || !cfg) {
-    setf(err, errn, "segset: no output directory or configuration");
-    return -1;
-  }
-  if (cfg->size < VL_SEGSET_SIZE_MIN || cfg->size > VL_SEGSET_SIZE_MAX) {
-    setf(err, errn, "segset: size must be in %d..%d (got %d)", VL_SEGSET_SIZE_MIN,
-         VL_SEGSET_SIZE_MAX, cfg->size);
-    return -1;
-  }
-  if (cfg->num_classes < 2 || cfg->num_classes > VL_SEGSET_CLASSES_MAX) {
-    setf(err, errn, "segset: num_classes must be in 2..%d, background included (got %d)",
-         VL_SEGSET_CLASSES_MAX, cfg->num_classes);
-    return -1;
-  }
+vl_status vl_segset_generate(const char *dir, const vl_segset_gen_cfg *cfg, vl_err *err) {
+  if (!dir || !cfg)
+    return vl_err_set(err, VL_ERR_INVALID, "segset: no output directory or configuration");
+  if (cfg->size < VL_SEGSET_SIZE_MIN || cfg->size > VL_SEGSET_SIZE_MAX)
+    return vl_err_set(err, VL_ERR_INVALID, "segset: size must be in %d..%d (got %d)", VL_SEGSET_SIZE_MIN,
+                      VL_SEGSET_SIZE_MAX, cfg->size);
+  if (cfg->num_classes < 2 || cfg->num_classes > VL_SEGSET_CLASSES_MAX)
+    return vl_err_set(err, VL_ERR_INVALID, "segset: num_classes must be in 2..%d, background included (got %d)",
+                      VL_SEGSET_CLASSES_MAX, cfg->num_classes);
   const vl_synth_gen g = {
       .kind = "segset", .manifest = VL_SEGSET_MANIFEST, .cfg = cfg, .n = cfg->n,
       .quality = cfg->quality, .threads = cfg->threads, .progress = cfg->progress,
       .user = cfg->user, .wmax = cfg->size, .hmax = cfg->size,
       .extra_bytes = PGM_HDR_MAX + (size_t)cfg->size * cfg->size, .result_bytes = sizeof(int64_t),
       .sample = gen_sample, .manifest_line = manifest_line};
-  return vl_synth_generate(dir, &g, err, errn);
+  return vl_synth_generate(dir, &g, err);
 }
 
 /* ================================ manifest ============================================ */
@@ -217,7 +210,7 @@ void vl_segset_info_get(const vl_segset *s, vl_segset_info *out) { *out = s->inf
 const char *vl_segset_path(const vl_segset *s, int64_t i, bool mask, char *buf, size_t n) {
   if (!s || i < 0 || i >= s->n) return NULL;
   const char *name = s->names + (mask ? s->it[i].mask_off : s->it[i].img_off);
-  return vl_synth_join(buf, n, s->dir, name, NULL, 0);
+  return vl_synth_join(buf, n, s->dir, name, NULL) == VL_OK ? buf : NULL;
 }
 
 /* An open in progress: the set being filled and what the header said (-1: absent). */
@@ -229,14 +222,12 @@ typedef struct {
 
 /* The lines do not say the size or the classes, so the header must (synth.h's
  * vl_synth_manifest.header). */
-static int check_header(void *set, const char *mpath, char *err, size_t errn) {
+static vl_status check_header(void *set, const char *mpath, vl_err *err) {
   const parse_state *ps = set;
   const char *missing = ps->n < 0 ? "n" : ps->size < 0 ? "size" : ps->classes < 0 ? "classes" : NULL;
-  if (missing) {
-    setf(err, errn, "%s:1: the header has no %s= (a segset header gives n, size and classes)", mpath, missing);
-    return -1;
-  }
-  return 0;
+  if (missing)
+    return vl_err_set(err, VL_ERR_IO, "%s:1: the header has no %s= (a segset header gives n, size and classes)", mpath, missing);
+  return VL_OK;
 }
 
 static uint32_t add_name(parse_state *ps, const char *name) {
@@ -247,19 +238,15 @@ static uint32_t add_name(parse_state *ps, const char *name) {
 }
 
 /* One sample line: image file, mask file, bytes (synth.h's vl_synth_manifest.line). */
-static int parse_line(void *set, char **fld, const char *mpath, int lineno, char *err, size_t errn) {
+static vl_status parse_line(void *set, char **fld, const char *mpath, int lineno, vl_err *err) {
   parse_state *ps = set;
   for (int k = 0; k < 2; k++)
-    if (!vl_synth_plain_name(fld[k])) {
-      setf(err, errn, "%s:%d: bad %s file name \"%s\" (a plain name in the set's directory)", mpath,
-           lineno, k ? "mask" : "image", fld[k]);
-      return -1;
-    }
+    if (!vl_synth_plain_name(fld[k]))
+      return vl_err_set(err, VL_ERR_IO, "%s:%d: bad %s file name \"%s\" (a plain name in the set's directory)", mpath,
+                        lineno, k ? "mask" : "image", fld[k]);
   long long bytes;
-  if (vl_synth_parse_int(fld[2], 1, 1ll << 40, &bytes)) {
-    setf(err, errn, "%s:%d: bad bytes \"%s\" (a positive integer)", mpath, lineno, fld[2]);
-    return -1;
-  }
+  if (vl_synth_parse_int(fld[2], 1, 1ll << 40, &bytes))
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: bad bytes \"%s\" (a positive integer)", mpath, lineno, fld[2]);
   vl_segset *s = ps->s;
   item *it = &s->it[s->n++];
   it->bytes = bytes;
@@ -267,7 +254,7 @@ static int parse_line(void *set, char **fld, const char *mpath, int lineno, char
   it->mask_off = add_name(ps, fld[1]);
   if (bytes > s->info.max_bytes) s->info.max_bytes = bytes;
   s->info.total_bytes += bytes;
-  return 0;
+  return VL_OK;
 }
 
 /* Room for every line of a manifest of len bytes: lines and names are bounded by it
@@ -288,8 +275,7 @@ static int prepare(void *set, const char *dir, int64_t lines, size_t len) {
 }
 
 /* dir's manifest (text NULL) or the len bytes at text, parsed as dir's. */
-static int open_from(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
-                     size_t errn) {
+static vl_status open_from(vl_segset **out, const char *dir, const char *text, size_t len, vl_err *err) {
   *out = NULL;
   parse_state ps = {.n = -1, .size = -1, .classes = -1, .quality = -1};
   unsigned long long seed = 0;
@@ -304,9 +290,10 @@ static int open_from(vl_segset **out, const char *dir, const char *text, size_t 
       .keys = keys, .seed = &seed, .n = &ps.n, .nfields = 3,
       .fields = "image file, mask file, bytes", .noun = "sample", .header = check_header,
       .prepare = prepare, .line = parse_line, .set = &ps};
-  if (vl_synth_manifest_load(dir, &m, text, len, err, errn) != 0) {
+  vl_status st = vl_synth_manifest_load(dir, &m, text, len, err);
+  if (st != VL_OK) {
     vl_segset_close(ps.s);
-    return -1;
+    return st;
   }
   vl_segset_info *in = &ps.s->info;
   in->n = ps.s->n;
@@ -316,51 +303,51 @@ static int open_from(vl_segset **out, const char *dir, const char *text, size_t 
   in->quality = (int)ps.quality;
   in->seed = seed;
   *out = ps.s;
-  return 0;
+  return VL_OK;
 }
 
-int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn) {
-  return open_from(out, dir, NULL, 0, err, errn);
+vl_status vl_segset_open(vl_segset **out, const char *dir, vl_err *err) {
+  return open_from(out, dir, NULL, 0, err);
 }
 
-int vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
-                    size_t errn) {
+vl_status vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, vl_err *err) {
   if (!text) {
     *out = NULL;
-    setf(err, errn, "segset: no manifest text");
-    return -1;
+    return vl_err_set(err, VL_ERR_INVALID, "segset: no manifest text");
   }
-  return open_from(out, dir, text, len, err, errn);
+  return open_from(out, dir, text, len, err);
 }
 
-int vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, char *err,
-                        size_t errn) {
+vl_status vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, bool *make,
+                              vl_err *err) {
   *out = NULL;
-  char gen[700], e2[700];
+  char gen[700];
+  vl_err e2;
   snprintf(gen, sizeof gen, "vramlab data gen --kind seg --out %s --n %lld --size %d --classes %d --seed %llu --quality %d",
            dir, (long long)cfg->n, cfg->size, cfg->num_classes, (unsigned long long)cfg->seed, cfg->quality);
-  int u = vl_synth_first_use(dir, VL_SEGSET_MANIFEST, gen, err, errn);
-  if (u != 0) return u;
-  if (vl_segset_open(out, dir, e2, sizeof e2) != 0) {
-    setf(err, errn, "%s. The segmentation set in %s is damaged and is left as it is: delete the "
-                    "folder (the next run makes it again) or remake it with `%s`", e2, dir, gen);
-    return -1;
-  }
+  VL_TRY(vl_synth_first_use(dir, VL_SEGSET_MANIFEST, gen, make, err));
+  if (*make) return VL_OK;
+  if (vl_segset_open(out, dir, &e2) != VL_OK)
+    return vl_err_set(err, VL_ERR_IO,
+                      "%s. The segmentation set in %s is damaged and is left as it is: delete the "
+                      "folder (the next run makes it again) or remake it with `%s`",
+                      e2.msg, dir, gen);
   const vl_segset_info *in = &(*out)->info;
   if (in->n != cfg->n || in->size != cfg->size || in->num_classes != cfg->num_classes ||
       in->seed != cfg->seed || (in->quality != -1 && in->quality != cfg->quality)) {
-    setf(err, errn, "%s holds a segmentation set of n=%lld size=%d classes=%d seed=%llu "
-                    "quality=%d, not the n=%lld size=%d classes=%d seed=%llu quality=%d asked "
-                    "for: it is left as it is; delete the folder (the next run makes it again) "
-                    "or use another",
-         dir, (long long)in->n, in->size, in->num_classes, (unsigned long long)in->seed,
-         in->quality, (long long)cfg->n, cfg->size, cfg->num_classes,
-         (unsigned long long)cfg->seed, cfg->quality);
+    vl_status st = vl_err_set(err, VL_ERR_IO,
+                              "%s holds a segmentation set of n=%lld size=%d classes=%d seed=%llu "
+                              "quality=%d, not the n=%lld size=%d classes=%d seed=%llu quality=%d asked "
+                              "for: it is left as it is; delete the folder (the next run makes it again) "
+                              "or use another",
+                              dir, (long long)in->n, in->size, in->num_classes, (unsigned long long)in->seed,
+                              in->quality, (long long)cfg->n, cfg->size, cfg->num_classes,
+                              (unsigned long long)cfg->seed, cfg->quality);
     vl_segset_close(*out);
     *out = NULL;
-    return -1;
+    return st;
   }
-  return 0;
+  return VL_OK;
 }
 
 /* ================================ decoding ============================================ */
@@ -393,12 +380,10 @@ static int pgm_number(const uint8_t *b, size_t len, size_t *pos, long *val) {
 }
 
 vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
-                                int num_classes, uint8_t *dst, char *err, size_t errn) {
-  if (len < 2 || buf[0] != 'P' || buf[1] != '5') {
-    setf(err, errn, "%s: bad PGM header: not a binary PGM mask (the file must start with \"P5\", it starts with 0x%02x 0x%02x)",
-         path, len > 0 ? buf[0] : 0, len > 1 ? buf[1] : 0);
-    return VL_ERR_IO;
-  }
+                                int num_classes, uint8_t *dst, vl_err *err) {
+  if (len < 2 || buf[0] != 'P' || buf[1] != '5')
+    return vl_err_set(err, VL_ERR_IO, "%s: bad PGM header: not a binary PGM mask (the file must start with \"P5\", it starts with 0x%02x 0x%02x)",
+                      path, len > 0 ? buf[0] : 0, len > 1 ? buf[1] : 0);
   size_t pos = 2;
   long w, h, maxval;
   /* "P5", whitespace, width, height, maxval (comments allowed between them), then exactly
@@ -406,41 +391,29 @@ vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len
   if (pos >= len || !(pgm_space(buf[pos]) || buf[pos] == '#') || pgm_number(buf, len, &pos, &w) ||
       pgm_number(buf, len, &pos, &h) || pgm_number(buf, len, &pos, &maxval) ||
       !pgm_space(buf[pos])) {
-    setf(err, errn, "%s: bad PGM header (expected \"P5 width height maxval\", each a decimal number of at most 9 digits, and one whitespace before the pixels)", path);
-    return VL_ERR_IO;
+    return vl_err_set(err, VL_ERR_IO, "%s: bad PGM header (expected \"P5 width height maxval\", each a decimal number of at most 9 digits, and one whitespace before the pixels)", path);
   }
   pos++; /* the single whitespace before the pixel data */
-  if (w < 1 || h < 1) {
-    setf(err, errn, "%s: bad PGM header: %ldx%ld pixels", path, w, h);
-    return VL_ERR_IO;
-  }
-  if (maxval != 255) {
-    setf(err, errn, "%s: bad PGM header: maxval %ld (masks are one byte per pixel, maxval 255)", path, maxval);
-    return VL_ERR_IO;
-  }
+  if (w < 1 || h < 1)
+    return vl_err_set(err, VL_ERR_IO, "%s: bad PGM header: %ldx%ld pixels", path, w, h);
+  if (maxval != 255)
+    return vl_err_set(err, VL_ERR_IO, "%s: bad PGM header: maxval %ld (masks are one byte per pixel, maxval 255)", path, maxval);
   /* Checked against the set before any size is computed from the file's numbers. */
-  if (w != size || h != size) {
-    setf(err, errn, "%s: wrong mask dimensions: the mask is %ldx%ld but the image is %dx%d", path, w, h, size, size);
-    return VL_ERR_IO;
-  }
+  if (w != size || h != size)
+    return vl_err_set(err, VL_ERR_IO, "%s: wrong mask dimensions: the mask is %ldx%ld but the image is %dx%d", path, w, h, size, size);
   const size_t need = (size_t)size * (size_t)size, have = len - pos;
-  if (have < need) {
-    setf(err, errn, "%s: truncated mask: %zu of %zu pixel bytes", path, have, need);
-    return VL_ERR_IO;
-  }
-  if (have > need) {
-    setf(err, errn, "%s: wrong mask size: %zu bytes past the %dx%d pixel data", path, have - need, size, size);
-    return VL_ERR_IO;
-  }
+  if (have < need)
+    return vl_err_set(err, VL_ERR_IO, "%s: truncated mask: %zu of %zu pixel bytes", path, have, need);
+  if (have > need)
+    return vl_err_set(err, VL_ERR_IO, "%s: wrong mask size: %zu bytes past the %dx%d pixel data", path, have - need, size, size);
   const uint8_t *px = buf + pos;
   uint8_t mx = 0;
   for (size_t k = 0; k < need; k++) mx = px[k] > mx ? px[k] : mx;
   if (mx >= num_classes) { /* find where, for the message (the rare path) */
     size_t k = 0;
     while (px[k] < num_classes) k++;
-    setf(err, errn, "%s: class id %d at (x %zu, y %zu) is >= num_classes %d", path, px[k],
-         k % (size_t)size, k / (size_t)size, num_classes);
-    return VL_ERR_IO;
+    return vl_err_set(err, VL_ERR_IO, "%s: class id %d at (x %zu, y %zu) is >= num_classes %d", path, px[k],
+                      k % (size_t)size, k / (size_t)size, num_classes);
   }
   memcpy(dst, px, need);
   return VL_OK;
@@ -450,33 +423,28 @@ static size_t mask_file_bytes(const vl_segset *s) { return PGM_HDR_MAX + (size_t
 
 /* Sample i's mask file read into r->aux and checked into out->mask (grown). */
 static vl_status read_mask(const vl_segset *s, vl_synth_reader *r, int64_t i, vl_image *out,
-                           char *err, size_t errn) {
+                           vl_err *err) {
   const int size = s->info.size;
   char path[PATH_MAX];
   size_t len = 0;
-  if (!vl_segset_path(s, i, true, path, sizeof path)) {
-    setf(err, errn, "segset: path of mask %lld too long", (long long)i);
-    return VL_ERR_IO;
-  }
-  VL_TRY(vl_synth_read_file(path, r->max_file, &r->aux, &r->aux_cap, &len, err, errn));
+  if (!vl_segset_path(s, i, true, path, sizeof path))
+    return vl_err_set(err, VL_ERR_IO, "segset: path of mask %lld too long", (long long)i);
+  VL_TRY(vl_synth_read_file(path, r->max_file, &r->aux, &r->aux_cap, &len, err));
   VL_TRY(vl_synth_grow(&out->mask, &out->mask_cap, (size_t)size * size, path, "mask", size, size,
-                       err, errn));
-  return vl_segset_decode_mask(path, r->aux, len, size, s->info.num_classes, out->mask, err, errn);
+                       err));
+  return vl_segset_decode_mask(path, r->aux, len, size, s->info.num_classes, out->mask, err);
 }
 
 /* Sample i's image and mask with r (synth.h's vl_synth_read_fn). */
-static vl_status read_sample(void *set, vl_synth_reader *r, int64_t i, vl_image *out, char *err,
-                             size_t errn) {
+static vl_status read_sample(void *set, vl_synth_reader *r, int64_t i, vl_image *out, vl_err *err) {
   const vl_segset *s = set;
   const int size = s->info.size;
   char path[PATH_MAX];
-  if (!vl_segset_path(s, i, false, path, sizeof path)) {
-    setf(err, errn, "segset: path of image %lld too long", (long long)i);
-    return VL_ERR_IO;
-  }
+  if (!vl_segset_path(s, i, false, path, sizeof path))
+    return vl_err_set(err, VL_ERR_IO, "segset: path of image %lld too long", (long long)i);
   const vl_synth_jpeg_want want = {size, size, s->it[i].bytes, "the set's size is"};
-  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err, errn));
-  VL_TRY(read_mask(s, r, i, out, err, errn));
+  VL_TRY(vl_synth_read_jpeg(r, path, &want, out, err));
+  VL_TRY(read_mask(s, r, i, out, err));
   out->w = size;
   out->h = size;
   out->c = 3;
@@ -491,10 +459,9 @@ static void *ds_scratch_new(void *self) {
   return vl_synth_reader_new((size_t)s->info.max_bytes, mask_file_bytes(s));
 }
 
-static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, char *err,
-                         size_t errn) {
+static vl_status ds_read(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err) {
   return vl_synth_ds_read("segset", self, ((vl_segset *)self)->n, scratch, i, read_sample, out,
-                          err, errn);
+                          err);
 }
 
 vl_dataset vl_segset_dataset(vl_segset *s) {

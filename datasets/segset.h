@@ -68,27 +68,27 @@ typedef struct {
 /* n 512, size 128, 5 classes, seed 1, quality 90, threads 0, no progress. */
 void vl_segset_gen_cfg_default(vl_segset_gen_cfg *c);
 
-/* Creates dir (and its parents) and writes the set. Returns 0, or -1 with a message. */
-int vl_segset_generate(const char *dir, const vl_segset_gen_cfg *cfg, char *err, size_t errn);
+/* Creates dir (and its parents) and writes the set. Returns VL_OK, or a status with a
+ * message (VL_ERR_INVALID: a bad configuration; VL_ERR_IO, VL_ERR_OOM). */
+vl_status vl_segset_generate(const char *dir, const vl_segset_gen_cfg *cfg, vl_err *err);
 
 typedef struct vl_segset vl_segset;
 
-/* Reads and validates the manifest (not the files). Returns 0, or -1 with a message naming
+/* Reads and validates the manifest (not the files). Returns VL_OK, or VL_ERR_IO with a message naming
  * the manifest and, for a bad line, its line number. */
-int vl_segset_open(vl_segset **out, const char *dir, char *err, size_t errn);
+vl_status vl_segset_open(vl_segset **out, const char *dir, vl_err *err);
 /* As vl_segset_open, with the manifest's contents the len bytes at text (the fuzz target
  * parses from memory); dir is where the files would be. */
-int vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, char *err,
-                    size_t errn);
-/* A case's split on first use, never writing into a user's folder: 0 when dir holds a set
- * made as cfg says (n, size, classes, seed; quality when the header says it), opened into
- * *out; 1 when the caller is to make it there with cfg (dir does not exist, is empty, or
- * holds only what an interrupted generation leaves); -1 with a message otherwise: a
- * manifest that does not open (the message names the file, the line and what is wrong,
- * then says to delete the folder or remake it with `vramlab data gen`), a set made with
- * other settings, or a folder with other files. */
-int vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, char *err,
-                        size_t errn);
+vl_status vl_segset_parse(vl_segset **out, const char *dir, const char *text, size_t len, vl_err *err);
+/* A case's split on first use, never writing into a user's folder: VL_OK with *make false
+ * when dir holds a set made as cfg says (n, size, classes, seed; quality when the header
+ * says it), opened into *out; VL_OK with *make true when the caller is to make it there with
+ * cfg (dir does not exist, is empty, or holds only what an interrupted generation leaves);
+ * VL_ERR_IO with a message otherwise: a manifest that does not open (the message names the
+ * file, the line and what is wrong, then says to delete the folder or remake it with
+ * `vramlab data gen`), a set made with other settings, or a folder with other files. */
+vl_status vl_segset_first_use(vl_segset **out, const char *dir, const vl_segset_gen_cfg *cfg, bool *make,
+                              vl_err *err);
 void vl_segset_close(vl_segset *s);
 int64_t vl_segset_len(const vl_segset *s);
 
@@ -131,7 +131,7 @@ vl_dataset vl_segset_dataset(vl_segset *s);
  * bytes), size x size, maxval 255, every id < num_classes. VL_OK, or VL_ERR_IO with a
  * message naming path. What read() runs on each mask (exposed for the fuzz target). */
 vl_status vl_segset_decode_mask(const char *path, const uint8_t *buf, size_t len, int size,
-                                int num_classes, uint8_t *dst, char *err, size_t errn);
+                                int num_classes, uint8_t *dst, vl_err *err);
 
 #ifdef __cplusplus
 }

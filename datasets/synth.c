@@ -11,7 +11,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,48 +18,35 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-void vl_synth_setf(char *err, size_t errn, const char *fmt, ...) {
-  if (!err || !errn) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errn, fmt, ap);
-  va_end(ap);
-}
-#define setf vl_synth_setf
-
 const char *vl_synth_errstr(int e, char *buf, size_t n) { return strerror_r(e, buf, n); }
 #define errstr vl_synth_errstr
 
-const char *vl_synth_join(char *buf, size_t n, const char *dir, const char *name, char *err,
-                          size_t errn) {
+vl_status vl_synth_join(char *buf, size_t n, const char *dir, const char *name, vl_err *err) {
   int k = snprintf(buf, n, "%s/%s", dir, name);
-  if (k >= 0 && (size_t)k < n) return buf;
-  setf(err, errn, "path too long: %s/%s", dir, name);
-  return NULL;
+  if (k >= 0 && (size_t)k < n) return VL_OK;
+  return vl_err_set(err, VL_ERR_INVALID, "path too long: %s/%s", dir, name);
 }
 
 /* ==================================== files ========================================== */
 
 /* The files themselves are the engine's (vramlab/fileio.h): one copy for harness, cases and
  * data sets. */
-int vl_synth_mkdir_p(const char *dir, char *err, size_t errn) { return vl_file_mkdir_p(dir, err, errn); }
+vl_status vl_synth_mkdir_p(const char *dir, vl_err *err) { return vl_file_mkdir_p(dir, err); }
 
-int vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
-                          char *err, size_t errn) {
+vl_status vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
+                                vl_err *err) {
   char path[PATH_MAX];
-  if (!vl_synth_join(path, sizeof path, dir, name, err, errn)) return -1;
-  return vl_file_write_atomic(path, data, len, err, errn);
+  VL_TRY(vl_synth_join(path, sizeof path, dir, name, err));
+  return vl_file_write_atomic(path, data, len, err);
 }
 
 void vl_synth_fsync_dir(const char *dir) { vl_file_fsync_dir(dir); }
 
 vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *cap,
-                             size_t *len, char *err, size_t errn) {
-  vl_status s = vl_file_read(path, max_bytes, "max_file_bytes", buf, cap, len, err, errn);
-  if (s == VL_OK && *len == 0) {
-    setf(err, errn, "%s: empty file (0 bytes)", path);
-    return VL_ERR_IO;
-  }
+                             size_t *len, vl_err *err) {
+  vl_status s = vl_file_read(path, max_bytes, "max_file_bytes", buf, cap, len, err);
+  if (s == VL_OK && *len == 0)
+    return vl_err_set(err, VL_ERR_IO, "%s: empty file (0 bytes)", path);
   return s;
 }
 
@@ -311,44 +297,35 @@ static int worker_init(vl_synth_worker *wk, const vl_synth_gen *g) {
   return 0;
 }
 
-int vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
-                        int64_t *bytes, char *err, size_t errn) {
+vl_status vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
+                              int64_t *bytes, vl_err *err) {
   unsigned long jsize = wk->jcap;
   if (tjCompress2(wk->tj, wk->cv.rgb, w, 0, h, TJPF_RGB, &wk->jbuf, &jsize, SUBSAMP, wk->quality,
                   TJFLAG_NOREALLOC) != 0) {
-    setf(err, errn, "%s/%s: TurboJPEG cannot encode: %s", dir, name, tjGetErrorStr2(wk->tj));
-    return -1;
+    return vl_err_set(err, VL_ERR_IO, "%s/%s: TurboJPEG cannot encode: %s", dir, name, tjGetErrorStr2(wk->tj));
   }
-  if (vl_synth_write_atomic(dir, name, wk->jbuf, jsize, err, errn) != 0) return -1;
+  VL_TRY(vl_synth_write_atomic(dir, name, wk->jbuf, jsize, err));
   *bytes = (int64_t)jsize;
-  return 0;
+  return VL_OK;
 }
 
-static int gen_args(const vl_synth_gen *g, char *err, size_t errn) {
-  if (g->n < 1) {
-    setf(err, errn, "%s: n must be at least 1 (got %lld)", g->kind, (long long)g->n);
-    return -1;
-  }
-  if (g->quality < 1 || g->quality > 100) {
-    setf(err, errn, "%s: quality must be in 1..100 (got %d)", g->kind, g->quality);
-    return -1;
-  }
-  if (g->threads < 0) {
-    setf(err, errn, "%s: threads must be >= 0 (got %d)", g->kind, g->threads);
-    return -1;
-  }
-  return 0;
+static vl_status gen_args(const vl_synth_gen *g, vl_err *err) {
+  if (g->n < 1)
+    return vl_err_set(err, VL_ERR_INVALID, "%s: n must be at least 1 (got %lld)", g->kind, (long long)g->n);
+  if (g->quality < 1 || g->quality > 100)
+    return vl_err_set(err, VL_ERR_INVALID, "%s: quality must be in 1..100 (got %d)", g->kind, g->quality);
+  if (g->threads < 0)
+    return vl_err_set(err, VL_ERR_INVALID, "%s: threads must be >= 0 (got %d)", g->kind, g->threads);
+  return VL_OK;
 }
 
 /* No manifest while samples are being (re)written: a half-made set cannot be opened. */
-static int remove_manifest(const char *dir, const char *name, char *err, size_t errn) {
+static vl_status remove_manifest(const char *dir, const char *name, vl_err *err) {
   char mpath[PATH_MAX], eb[128];
-  if (!vl_synth_join(mpath, sizeof mpath, dir, name, err, errn)) return -1;
-  if (unlink(mpath) != 0 && errno != ENOENT) {
-    setf(err, errn, "cannot remove the old %s: %s", mpath, errstr(errno, eb, sizeof eb));
-    return -1;
-  }
-  return 0;
+  VL_TRY(vl_synth_join(mpath, sizeof mpath, dir, name, err));
+  if (unlink(mpath) != 0 && errno != ENOENT)
+    return vl_err_set(err, VL_ERR_IO, "cannot remove the old %s: %s", mpath, errstr(errno, eb, sizeof eb));
+  return VL_OK;
 }
 
 static int gen_threads(const vl_synth_gen *g) {
@@ -362,12 +339,16 @@ static int gen_threads(const vl_synth_gen *g) {
  * samples not yet started are skipped. */
 typedef struct {
   int failed;
+  vl_status status;
   char msg[512];
 } first_error;
 
-static void fail_once(first_error *fe, const char *msg) {
+static void fail_once(first_error *fe, vl_status s, const char *msg) {
 #pragma omp critical(vl_synth_gen_err)
-  if (!fe->msg[0]) snprintf(fe->msg, sizeof fe->msg, "%s", msg);
+  if (!fe->msg[0]) {
+    snprintf(fe->msg, sizeof fe->msg, "%s", msg);
+    fe->status = s;
+  }
 #pragma omp atomic write
   fe->failed = 1;
 }
@@ -381,9 +362,9 @@ static int has_failed(first_error *fe) {
 
 static void gen_one(vl_synth_worker *wk, const char *dir, const vl_synth_gen *g, uint8_t *results,
                     int64_t i, first_error *fe) {
-  char lerr[512] = "";
-  if (g->sample(wk, g->cfg, i, results + (size_t)i * g->result_bytes, dir, lerr, sizeof lerr) != 0)
-    fail_once(fe, lerr);
+  vl_err lerr = {""};
+  vl_status s = g->sample(wk, g->cfg, i, results + (size_t)i * g->result_bytes, dir, &lerr);
+  if (s != VL_OK) fail_once(fe, s, lerr.msg);
 }
 
 /* Every sample on nt threads, in chunks: after each (the loop's barrier: all of it is on
@@ -398,7 +379,7 @@ static void gen_all(const char *dir, const vl_synth_gen *g, uint8_t *results, in
     if (!ok) {
       char msg[160];
       snprintf(msg, sizeof msg, "%s: cannot set up an encoder (out of memory or TurboJPEG failure)", g->kind);
-      fail_once(fe, msg);
+      fail_once(fe, VL_ERR_OOM, msg);
     }
     for (int64_t c0 = 0; c0 < g->n; c0 += chunk) {
       int64_t c1 = c0 + chunk < g->n ? c0 + chunk : g->n;
@@ -433,38 +414,33 @@ static int append_line(const vl_synth_gen *g, const uint8_t *results, int64_t i,
   }
 }
 
-static int write_manifest(const char *dir, const vl_synth_gen *g, const uint8_t *results,
-                          char *err, size_t errn) {
+static vl_status write_manifest(const char *dir, const vl_synth_gen *g, const uint8_t *results,
+                                vl_err *err) {
   size_t cap = 4096, len = 0;
   char *m = malloc(cap);
   int rc = m ? 0 : -1;
   for (int64_t i = -1; rc == 0 && i < g->n; i++) rc = append_line(g, results, i, &m, &len, &cap);
-  if (rc != 0)
-    setf(err, errn, "out of memory for the manifest");
-  else
-    rc = vl_synth_write_atomic(dir, g->manifest, m, len, err, errn);
+  vl_status s = rc != 0 ? vl_err_set(err, VL_ERR_OOM, "out of memory for the manifest")
+                        : vl_synth_write_atomic(dir, g->manifest, m, len, err);
   free(m);
-  return rc;
+  return s;
 }
 
-int vl_synth_generate(const char *dir, const vl_synth_gen *g, char *err, size_t errn) {
-  if (gen_args(g, err, errn) != 0 || vl_synth_mkdir_p(dir, err, errn) != 0 ||
-      remove_manifest(dir, g->manifest, err, errn) != 0)
-    return -1;
+vl_status vl_synth_generate(const char *dir, const vl_synth_gen *g, vl_err *err) {
+  VL_TRY(gen_args(g, err));
+  VL_TRY(vl_synth_mkdir_p(dir, err));
+  VL_TRY(remove_manifest(dir, g->manifest, err));
   uint8_t *results = calloc((size_t)g->n, g->result_bytes);
-  if (!results) {
-    setf(err, errn, "out of memory for %lld manifest entries", (long long)g->n);
-    return -1;
-  }
+  if (!results)
+    return vl_err_set(err, VL_ERR_OOM, "out of memory for %lld manifest entries", (long long)g->n);
   first_error fe = {0};
   gen_all(dir, g, results, gen_threads(g), &fe);
-  int rc = 0;
+  vl_status rc = VL_OK;
   if (fe.failed) {
-    setf(err, errn, "%s", fe.msg);
-    rc = -1;
+    rc = vl_err_set(err, fe.status, "%s", fe.msg);
   } else {
-    rc = write_manifest(dir, g, results, err, errn);
-    if (rc == 0) vl_synth_fsync_dir(dir);
+    rc = write_manifest(dir, g, results, err);
+    if (rc == VL_OK) vl_synth_fsync_dir(dir);
   }
   free(results);
   return rc;
@@ -515,13 +491,11 @@ size_t vl_synth_reader_bytes(size_t cap, size_t aux_cap, int max_w) {
 }
 
 vl_status vl_synth_grow(uint8_t **buf, size_t *cap, size_t need, const char *path, const char *what,
-                        int w, int h, char *err, size_t errn) {
+                        int w, int h, vl_err *err) {
   if (*cap >= need && *buf) return VL_OK;
   uint8_t *nb = realloc(*buf, need);
-  if (!nb) {
-    setf(err, errn, "%s: out of memory for a %dx%d %s", path, w, h, what);
-    return VL_ERR_OOM;
-  }
+  if (!nb)
+    return vl_err_set(err, VL_ERR_OOM, "%s: out of memory for a %dx%d %s", path, w, h, what);
   *buf = nb;
   *cap = need;
   return VL_OK;
@@ -540,36 +514,26 @@ static const char *colorspace_name(int cs) {
 
 /* vl_synth_decode_jpeg with the fresh decompressor tj. */
 static vl_status decode_with(tjhandle tj, const char *path, const uint8_t *buf, size_t len,
-                             const vl_synth_jpeg_want *want, vl_image *out, char *err,
-                             size_t errn) {
+                             const vl_synth_jpeg_want *want, vl_image *out, vl_err *err) {
   /* A file of another size than the set says changed since the set was made: said with
    * the decoder's words when it fails, and on its own when it decodes. */
   char note[96] = "";
   if ((int64_t)len != want->bytes)
     snprintf(note, sizeof note, " (the file is %zu bytes, the manifest says %lld)", len, (long long)want->bytes);
   int w = 0, h = 0, ss = 0, cs = -1;
-  if (tjDecompressHeader3(tj, buf, (unsigned long)len, &w, &h, &ss, &cs) != 0) {
-    setf(err, errn, "%s: not a readable JPEG (TurboJPEG: %s)%s", path, tjGetErrorStr2(tj), note);
-    return VL_ERR_IO;
-  }
+  if (tjDecompressHeader3(tj, buf, (unsigned long)len, &w, &h, &ss, &cs) != 0)
+    return vl_err_set(err, VL_ERR_IO, "%s: not a readable JPEG (TurboJPEG: %s)%s", path, tjGetErrorStr2(tj), note);
   /* TurboJPEG 2.1 takes a stream that ends before its frame header (a start marker and
    * nothing else, or tables only) for a "tables-only" stream: success, 0x0. */
-  if (w < 1 || h < 1) {
-    setf(err, errn, "%s: truncated JPEG (no frame header)%s", path, note);
-    return VL_ERR_IO;
-  }
+  if (w < 1 || h < 1)
+    return vl_err_set(err, VL_ERR_IO, "%s: truncated JPEG (no frame header)%s", path, note);
   /* TurboJPEG cannot convert CMYK to RGB; PIL converts it with a formula of its own. */
-  if (cs == TJCS_CMYK || cs == TJCS_YCCK) {
-    setf(err, errn, "%s: unsupported colour space %s (the loader reads RGB, YCbCr and grayscale JPEGs)%s",
-         path, colorspace_name(cs), note);
-    return VL_ERR_IO;
-  }
-  if (w != want->w || h != want->h) {
-    setf(err, errn, "%s: the JPEG is %dx%d but %s %dx%d", path, w, h, want->says, want->w, want->h);
-    return VL_ERR_IO;
-  }
-  if (vl_synth_grow(&out->pix, &out->cap, (size_t)w * (size_t)h * 3, path, "image", w, h, err,
-                    errn) != VL_OK)
+  if (cs == TJCS_CMYK || cs == TJCS_YCCK)
+    return vl_err_set(err, VL_ERR_IO, "%s: unsupported colour space %s (the loader reads RGB, YCbCr and grayscale JPEGs)%s",
+                      path, colorspace_name(cs), note);
+  if (w != want->w || h != want->h)
+    return vl_err_set(err, VL_ERR_IO, "%s: the JPEG is %dx%d but %s %dx%d", path, w, h, want->says, want->w, want->h);
+  if (vl_synth_grow(&out->pix, &out->cap, (size_t)w * (size_t)h * 3, path, "image", w, h, err) != VL_OK)
     return VL_ERR_OOM;
   if (tjDecompress2(tj, buf, (unsigned long)len, out->pix, w, 0, h, TJPF_RGB, DECODE_FLAGS) != 0) {
     const int code = tjGetErrorCode(tj);
@@ -577,14 +541,11 @@ static vl_status decode_with(tjhandle tj, const char *path, const uint8_t *buf, 
     /* libjpeg's "Quantization table 0x00 was not defined": the file relies on tables it
      * does not carry (an abbreviated stream), which no decoder of this one file has. */
     const char *what = strstr(why, "Quantization table") ? "missing quantisation table" : "corrupt or truncated JPEG";
-    setf(err, errn, "%s: %s (TurboJPEG %s: %s)%s", path, what,
-         code == TJERR_WARNING ? "warning" : "error", why, note);
-    return VL_ERR_IO;
+    return vl_err_set(err, VL_ERR_IO, "%s: %s (TurboJPEG %s: %s)%s", path, what,
+                      code == TJERR_WARNING ? "warning" : "error", why, note);
   }
-  if (note[0]) {
-    setf(err, errn, "%s: decodes, but it changed since the set was made%s", path, note);
-    return VL_ERR_IO;
-  }
+  if (note[0])
+    return vl_err_set(err, VL_ERR_IO, "%s: decodes, but it changed since the set was made%s", path, note);
   return VL_OK;
 }
 
@@ -597,41 +558,36 @@ static vl_status decode_with(tjhandle tj, const char *path, const uint8_t *buf, 
  * synthetic set (500x375 on average) decoded at 0.79 ms per image with one handle per
  * image as with one for all (the difference within the 2% noise). */
 vl_status vl_synth_decode_jpeg(const char *path, const uint8_t *buf, size_t len,
-                               const vl_synth_jpeg_want *want, vl_image *out, char *err,
-                               size_t errn) {
+                               const vl_synth_jpeg_want *want, vl_image *out, vl_err *err) {
   tjhandle tj = tjInitDecompress();
-  if (!tj) {
-    setf(err, errn, "%s: cannot create a TurboJPEG decompressor: %s", path, tjGetErrorStr2(NULL));
-    return VL_ERR_OOM;
-  }
-  vl_status status = decode_with(tj, path, buf, len, want, out, err, errn);
+  if (!tj)
+    return vl_err_set(err, VL_ERR_OOM, "%s: cannot create a TurboJPEG decompressor: %s", path, tjGetErrorStr2(NULL));
+  vl_status status = decode_with(tj, path, buf, len, want, out, err);
   tjDestroy(tj);
   return status;
 }
 
 vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
-                             vl_image *out, char *err, size_t errn) {
+                             vl_image *out, vl_err *err) {
   size_t len = 0;
-  VL_TRY(vl_synth_read_file(path, r->max_file, &r->buf, &r->cap, &len, err, errn));
-  return vl_synth_decode_jpeg(path, r->buf, len, want, out, err, errn);
+  VL_TRY(vl_synth_read_file(path, r->max_file, &r->buf, &r->cap, &len, err));
+  return vl_synth_decode_jpeg(path, r->buf, len, want, out, err);
 }
 
 vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch, int64_t i,
-                           vl_synth_read_fn read_fn, vl_image *out, char *err, size_t errn) {
-  if (i < 0 || i >= n) {
-    setf(err, errn, "%s: index %lld out of range [0, %lld)", kind, (long long)i, (long long)n);
-    return VL_ERR_INVALID;
-  }
+                           vl_synth_read_fn read_fn, vl_image *out, vl_err *err) {
+  if (i < 0 || i >= n)
+    return vl_err_set(err, VL_ERR_INVALID, "%s: index %lld out of range [0, %lld)", kind, (long long)i, (long long)n);
   vl_synth_reader local = {.max_file = VL_LOADER_MAX_FILE_BYTES};
   vl_synth_reader *r = scratch ? scratch : &local;
-  vl_status status = read_fn(set, r, i, out, err, errn);
+  vl_status status = read_fn(set, r, i, out, err);
   if (r == &local) reader_clear(&local);
   return status;
 }
 
 vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),
                             vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out,
-                                              char *err, size_t errn)) {
+                                              vl_err *err)) {
   vl_dataset d;
   memset(&d, 0, sizeof d);
   d.self = set;
@@ -660,60 +616,54 @@ int vl_synth_plain_name(const char *name) {
 }
 
 /* Missing: with a hint, since the usual cause is a set never made or an interrupted run. */
-static void manifest_missing(const char *mpath, const vl_synth_manifest *m, int e, char *err,
-                             size_t errn) {
+static vl_status manifest_missing(const char *mpath, const vl_synth_manifest *m, int e, vl_err *err) {
   char eb[128];
   if (e == ENOENT)
-    setf(err, errn, "%s: cannot open: %s (no %s here: make one with `%s --out DIR`; an "
-                    "interrupted generation leaves no manifest)",
-         mpath, errstr(e, eb, sizeof eb), m->what, m->gen);
-  else
-    setf(err, errn, "%s: cannot open: %s", mpath, errstr(e, eb, sizeof eb));
+    return vl_err_set(err, VL_ERR_IO,
+                      "%s: cannot open: %s (no %s here: make one with `%s --out DIR`; an "
+                      "interrupted generation leaves no manifest)",
+                      mpath, errstr(e, eb, sizeof eb), m->what, m->gen);
+  return vl_err_set(err, VL_ERR_IO, "%s: cannot open: %s", mpath, errstr(e, eb, sizeof eb));
 }
 
-/* The manifest's text, NUL-terminated (free it), and its length: dir's file when src is
- * NULL, else a copy of the len bytes at src. NULL with a message. */
-static char *manifest_text(const char *mpath, const vl_synth_manifest *m, const char *src,
-                           size_t *len, char *err, size_t errn) {
+/* The manifest's text, NUL-terminated (free it), into *out and its length: dir's file when
+ * src is NULL, else a copy of the len bytes at src. VL_ERR_IO or VL_ERR_OOM with a message
+ * (*out NULL). */
+static vl_status manifest_text(const char *mpath, const vl_synth_manifest *m, const char *src,
+                               size_t *len, char **out, vl_err *err) {
   char *text = NULL;
+  *out = NULL;
   if (src) {
     text = malloc(*len + 1);
     if (text) memcpy(text, src, *len);
   } else {
     struct stat st;
-    if (stat(mpath, &st) != 0) {
-      manifest_missing(mpath, m, errno, err, errn);
-      return NULL;
-    }
+    if (stat(mpath, &st) != 0) return manifest_missing(mpath, m, errno, err);
     uint8_t *raw = NULL;
     size_t cap = 0;
     *len = 0;
-    vl_status rs = vl_synth_read_file(mpath, VL_SYNTH_MANIFEST_MAX, &raw, &cap, len, err, errn);
+    vl_status rs = vl_synth_read_file(mpath, VL_SYNTH_MANIFEST_MAX, &raw, &cap, len, err);
     if (rs != VL_OK && !(rs == VL_ERR_IO && S_ISREG(st.st_mode) && st.st_size == 0)) {
       free(raw);
-      return NULL;
+      return rs;
     }
     text = realloc(raw, *len + 1); /* an empty one: said below, with what a header is */
     if (!text) free(raw);
   }
-  if (!text) {
-    setf(err, errn, "%s: out of memory", mpath);
-    return NULL;
-  }
+  if (!text) return vl_err_set(err, VL_ERR_OOM, "%s: out of memory", mpath);
   text[*len] = '\0';
   if (*len == 0) {
-    setf(err, errn, "%s:1: empty manifest (expected a header \"%s version=%d ...\")", mpath,
-         m->magic, m->version);
     free(text);
-    return NULL;
+    return vl_err_set(err, VL_ERR_IO, "%s:1: empty manifest (expected a header \"%s version=%d ...\")", mpath,
+                      m->magic, m->version);
   }
   /* The parser works on C strings: a NUL would end the manifest early, silently. */
   if (memchr(text, '\0', *len)) {
     free(text);
-    setf(err, errn, "%s: binary data in the manifest (NUL byte)", mpath);
-    return NULL;
+    return vl_err_set(err, VL_ERR_IO, "%s: binary data in the manifest (NUL byte)", mpath);
   }
-  return text;
+  *out = text;
+  return VL_OK;
 }
 
 static int parse_seed(const char *v, unsigned long long *seed) {
@@ -734,42 +684,35 @@ static int parse_value(const vl_synth_manifest *m, const char *key, const char *
   return 0;
 }
 
-static int parse_keys(char *p, const char *mpath, const vl_synth_manifest *m, long long *version,
-                      char *err, size_t errn) {
+static vl_status parse_keys(char *p, const char *mpath, const vl_synth_manifest *m, long long *version,
+                            vl_err *err) {
   char *save = NULL;
   for (char *t = strtok_r(p, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
     char *eq = strchr(t, '=');
     if (!eq) continue;
     *eq = '\0';
-    if (parse_value(m, t, eq + 1, version) != 0) {
-      setf(err, errn, "%s:1: bad header value %s=%s", mpath, t, eq + 1);
-      return -1;
-    }
+    if (parse_value(m, t, eq + 1, version) != 0)
+      return vl_err_set(err, VL_ERR_IO, "%s:1: bad header value %s=%s", mpath, t, eq + 1);
   }
-  return 0;
+  return VL_OK;
 }
 
-static int parse_header(char *line, const char *mpath, const vl_synth_manifest *m, char *err,
-                        size_t errn) {
+static vl_status parse_header(char *line, const char *mpath, const vl_synth_manifest *m, vl_err *err) {
   size_t ml = strlen(m->magic);
   if (strncmp(line, m->magic, ml) != 0 || (line[ml] != ' ' && line[ml] != '\0')) {
     /* magic + 2: the set's name without the "# " */
-    setf(err, errn, "%s:1: not a %s manifest (the header must start with \"%s\")", mpath,
-         m->magic + 2, m->magic);
-    return -1;
+    return vl_err_set(err, VL_ERR_IO, "%s:1: not a %s manifest (the header must start with \"%s\")", mpath,
+                      m->magic + 2, m->magic);
   }
   long long version = -1;
-  if (parse_keys(line + ml, mpath, m, &version, err, errn) != 0) return -1;
-  if (version < 0) {
-    setf(err, errn, "%s:1: the header has no version=", mpath);
-    return -1;
-  }
-  if (version != m->version) {
-    setf(err, errn, "%s:1: unknown manifest version %lld (this build reads version %d; regenerate the set with `%s`)",
-         mpath, version, m->version, m->gen);
-    return -1;
-  }
-  return m->header ? m->header(m->set, mpath, err, errn) : 0;
+  VL_TRY(parse_keys(line + ml, mpath, m, &version, err));
+  if (version < 0)
+    return vl_err_set(err, VL_ERR_IO, "%s:1: the header has no version=", mpath);
+  if (version != m->version)
+    return vl_err_set(err, VL_ERR_IO,
+                      "%s:1: unknown manifest version %lld (this build reads version %d; regenerate the set with `%s`)",
+                      mpath, version, m->version, m->gen);
+  return m->header ? m->header(m->set, mpath, err) : VL_OK;
 }
 
 /* The line at *p, NUL-terminated without its "\n" or "\r\n"; *p moves past it. */
@@ -782,12 +725,10 @@ static char *next_line(char **p) {
   return line;
 }
 
-static int split_fields(char *line, char **fld, const char *mpath, int lineno,
-                        const vl_synth_manifest *m, char *err, size_t errn) {
-  if (!*line) {
-    setf(err, errn, "%s:%d: empty line (expected %s)", mpath, lineno, m->fields);
-    return -1;
-  }
+static vl_status split_fields(char *line, char **fld, const char *mpath, int lineno,
+                              const vl_synth_manifest *m, vl_err *err) {
+  if (!*line)
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: empty line (expected %s)", mpath, lineno, m->fields);
   int nf = 0;
   for (char *q = line;;) {
     if (nf < m->nfields) fld[nf] = q;
@@ -797,57 +738,44 @@ static int split_fields(char *line, char **fld, const char *mpath, int lineno,
     *tab = '\0';
     q = tab + 1;
   }
-  if (nf != m->nfields) {
-    setf(err, errn, "%s:%d: expected %d tab-separated fields (%s), found %d", mpath, lineno,
-         m->nfields, m->fields, nf);
-    return -1;
-  }
-  return 0;
+  if (nf != m->nfields)
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: expected %d tab-separated fields (%s), found %d", mpath, lineno,
+                      m->nfields, m->fields, nf);
+  return VL_OK;
 }
 
-/* text parsed in place: the header, then every line, then the count. 0, or -1 with a
- * message. */
-static int manifest_parse(char *text, const char *mpath, const vl_synth_manifest *m, char *err,
-                          size_t errn) {
+/* text parsed in place: the header, then every line, then the count. VL_OK, or VL_ERR_IO
+ * (VL_ERR_OOM) with a message. */
+static vl_status manifest_parse(char *text, const char *mpath, const vl_synth_manifest *m, vl_err *err) {
   char *p = text;
-  if (parse_header(next_line(&p), mpath, m, err, errn) != 0) return -1;
+  VL_TRY(parse_header(next_line(&p), mpath, m, err));
   int lineno = 1;
   int64_t count = 0;
   for (; *p; count++) {
     char *fld[VL_SYNTH_MAX_FIELDS];
     lineno++;
-    if (split_fields(next_line(&p), fld, mpath, lineno, m, err, errn) != 0 ||
-        m->line(m->set, fld, mpath, lineno, err, errn) != 0)
-      return -1;
+    VL_TRY(split_fields(next_line(&p), fld, mpath, lineno, m, err));
+    VL_TRY(m->line(m->set, fld, mpath, lineno, err));
   }
-  if (count == 0) {
-    setf(err, errn, "%s: no %ss listed", mpath, m->noun);
-    return -1;
-  }
-  if (m->n && *m->n >= 0 && *m->n != count) {
-    setf(err, errn, "%s:%d: the header says n=%lld but %lld %s lines follow (truncated or edited manifest?)",
-         mpath, lineno, *m->n, (long long)count, m->noun);
-    return -1;
-  }
-  return 0;
+  if (count == 0)
+    return vl_err_set(err, VL_ERR_IO, "%s: no %ss listed", mpath, m->noun);
+  if (m->n && *m->n >= 0 && *m->n != count)
+    return vl_err_set(err, VL_ERR_IO, "%s:%d: the header says n=%lld but %lld %s lines follow (truncated or edited manifest?)",
+                      mpath, lineno, *m->n, (long long)count, m->noun);
+  return VL_OK;
 }
 
-int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const char *src,
-                           size_t len, char *err, size_t errn) {
+vl_status vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const char *src,
+                                 size_t len, vl_err *err) {
   char mpath[PATH_MAX];
-  if (!dir || !vl_synth_join(mpath, sizeof mpath, dir, m->name, NULL, 0)) {
-    setf(err, errn, "%s: bad directory name", m->kind);
-    return -1;
-  }
-  char *text = manifest_text(mpath, m, src, &len, err, errn);
-  if (!text) return -1;
+  if (!dir || vl_synth_join(mpath, sizeof mpath, dir, m->name, NULL) != VL_OK)
+    return vl_err_set(err, VL_ERR_IO, "%s: bad directory name", m->kind);
+  char *text;
+  VL_TRY(manifest_text(mpath, m, src, &len, &text, err));
   int64_t lines = 1; /* a bound on the samples */
   for (size_t k = 0; k < len; k++) lines += text[k] == '\n';
-  int rc = -1;
-  if (m->prepare(m->set, dir, lines, len) != 0)
-    setf(err, errn, "%s: out of memory", mpath);
-  else
-    rc = manifest_parse(text, mpath, m, err, errn);
+  vl_status rc = m->prepare(m->set, dir, lines, len) != 0 ? vl_err_set(err, VL_ERR_OOM, "%s: out of memory", mpath)
+                                                          : manifest_parse(text, mpath, m, err);
   free(text);
   return rc;
 }
@@ -881,40 +809,40 @@ static bool gen_leftover(const char *name, const char *manifest) {
   return numbered(name, n, "img_", ".jpg") || numbered(name, n, "mask_", ".pgm");
 }
 
-int vl_synth_first_use(const char *dir, const char *manifest, const char *gen, char *err,
-                       size_t errn) {
+vl_status vl_synth_first_use(const char *dir, const char *manifest, const char *gen, bool *make, vl_err *err) {
   char eb[128], mpath[PATH_MAX];
   struct stat st;
+  *make = false;
   if (stat(dir, &st) != 0) {
-    if (errno == ENOENT) return 1;
-    setf(err, errn, "%s: cannot stat: %s", dir, errstr(errno, eb, sizeof eb));
-    return -1;
+    if (errno == ENOENT) {
+      *make = true;
+      return VL_OK;
+    }
+    return vl_err_set(err, VL_ERR_IO, "%s: cannot stat: %s", dir, errstr(errno, eb, sizeof eb));
   }
-  if (!S_ISDIR(st.st_mode)) {
-    setf(err, errn, "%s exists and is not a directory", dir);
-    return -1;
-  }
-  if (!vl_synth_join(mpath, sizeof mpath, dir, manifest, err, errn)) return -1;
+  if (!S_ISDIR(st.st_mode))
+    return vl_err_set(err, VL_ERR_IO, "%s exists and is not a directory", dir);
+  VL_TRY(vl_synth_join(mpath, sizeof mpath, dir, manifest, err));
   /* lstat: whatever is there (a dangling link, a FIFO) is the open's to report */
-  if (lstat(mpath, &st) == 0) return 0;
-  if (errno != ENOENT) {
-    setf(err, errn, "%s: cannot stat: %s", mpath, errstr(errno, eb, sizeof eb));
-    return -1;
-  }
+  if (lstat(mpath, &st) == 0) return VL_OK;
+  if (errno != ENOENT)
+    return vl_err_set(err, VL_ERR_IO, "%s: cannot stat: %s", mpath, errstr(errno, eb, sizeof eb));
   DIR *d = opendir(dir);
-  if (!d) {
-    setf(err, errn, "%s: cannot list: %s", dir, errstr(errno, eb, sizeof eb));
-    return -1;
-  }
+  if (!d)
+    return vl_err_set(err, VL_ERR_IO, "%s: cannot list: %s", dir, errstr(errno, eb, sizeof eb));
   char other[256] = "";
   for (struct dirent *e; !other[0] && (e = readdir(d));)
     if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !gen_leftover(e->d_name, manifest))
       snprintf(other, sizeof other, "%s", e->d_name);
   closedir(d);
-  if (!other[0]) return 1;
-  setf(err, errn, "%s is not empty (it holds \"%s\") and has no %s: a data set is made only in "
-                  "a new or empty folder (vramlab never writes into one that holds other "
-                  "files); delete the folder or use another%s%s%s", dir, other, manifest,
-       gen ? ", or make a set there yourself with `" : "", gen ? gen : "", gen ? "`" : "");
-  return -1;
+  if (!other[0]) {
+    *make = true;
+    return VL_OK;
+  }
+  return vl_err_set(err, VL_ERR_IO,
+                    "%s is not empty (it holds \"%s\") and has no %s: a data set is made only in "
+                    "a new or empty folder (vramlab never writes into one that holds other "
+                    "files); delete the folder or use another%s%s%s",
+                    dir, other, manifest, gen ? ", or make a set there yourself with `" : "", gen ? gen : "",
+                    gen ? "`" : "");
 }

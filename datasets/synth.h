@@ -24,17 +24,15 @@
 
 /* ---- files ------------------------------------------------------------------------ */
 
-void vl_synth_setf(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* strerror_r into buf (the GNU one: it returns the message, in buf or static). */
 const char *vl_synth_errstr(int e, char *buf, size_t n);
-/* "dir/name" into buf; NULL with a message (err may be NULL) when it does not fit. */
-const char *vl_synth_join(char *buf, size_t n, const char *dir, const char *name, char *err,
-                          size_t errn);
-/* Creates dir and its parents. 0, or -1 with a message. */
-int vl_synth_mkdir_p(const char *dir, char *err, size_t errn);
-/* dir/name written atomically: dir/.name.tmp.PID, fsync, rename. 0, or -1 with a message. */
-int vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len,
-                          char *err, size_t errn);
+/* "dir/name" into buf; VL_ERR_INVALID with a message (err may be NULL) when it does not fit. */
+vl_status vl_synth_join(char *buf, size_t n, const char *dir, const char *name, vl_err *err);
+/* Creates dir and its parents. VL_OK, or VL_ERR_IO with a message. */
+vl_status vl_synth_mkdir_p(const char *dir, vl_err *err);
+/* dir/name written atomically: dir/.name.tmp.PID, fsync, rename. VL_OK, or a status with a
+ * message. */
+vl_status vl_synth_write_atomic(const char *dir, const char *name, const void *data, size_t len, vl_err *err);
 void vl_synth_fsync_dir(const char *dir);
 /* Whole file into *buf (grown with realloc, capacity *cap); *len its size. Opened without
  * blocking and checked with fstat before a byte is read: a missing, unreadable or empty
@@ -43,7 +41,7 @@ void vl_synth_fsync_dir(const char *dir);
  * (M)") is VL_ERR_IO with a message starting "path: "; no memory for the buffer is
  * VL_ERR_OOM. */
 vl_status vl_synth_read_file(const char *path, uint64_t max_bytes, uint8_t **buf, size_t *cap,
-                             size_t *len, char *err, size_t errn);
+                             size_t *len, vl_err *err);
 
 /* ---- pixel synthesis ---------------------------------------------------------------- */
 
@@ -131,9 +129,9 @@ typedef struct {
 void vl_synth_image_name(int64_t i, char *buf, size_t n);
 
 /* Encodes the worker's w x h canvas (RGB, 4:2:0, its quality) and writes it atomically as
- * dir/name; *bytes is its size. 0, or -1 with a message naming the file. */
-int vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
-                        int64_t *bytes, char *err, size_t errn);
+ * dir/name; *bytes is its size. VL_OK, or a status with a message naming the file. */
+vl_status vl_synth_write_jpeg(vl_synth_worker *wk, const char *dir, const char *name, int w, int h,
+                              int64_t *bytes, vl_err *err);
 
 /* A set's generator as the shared driver runs it. */
 typedef struct {
@@ -149,9 +147,10 @@ typedef struct {
   size_t extra_bytes;       /* each worker's vl_synth_worker.extra */
   size_t result_bytes;      /* what sample() records per sample for the manifest */
   /* Synthesises sample i and writes its files into dir, recording what the manifest
-   * needs in *result. Runs on any worker thread. 0, or -1 with a message naming the file. */
-  int (*sample)(vl_synth_worker *wk, const void *cfg, int64_t i, void *result,
-                const char *dir, char *err, size_t errn);
+   * needs in *result. Runs on any worker thread. VL_OK, or a status with a message naming
+   * the file. */
+  vl_status (*sample)(vl_synth_worker *wk, const void *cfg, int64_t i, void *result, const char *dir,
+                      vl_err *err);
   /* The manifest's header line (i < 0, result NULL) or sample i's line, with its '\n',
    * into buf as snprintf does (the return value is the full length). */
   int (*manifest_line)(const void *cfg, int64_t i, const void *result, char *buf, size_t n);
@@ -161,9 +160,9 @@ typedef struct {
  * (a half-made set must not open), writes every sample on g->threads threads (each with
  * its vl_synth_worker), reports progress on the calling thread after every chunk of
  * samples, stops at the first error, and writes the manifest atomically last. The bytes
- * do not depend on the thread count as long as sample() depends on i only. 0, or -1
- * with the first error's message. */
-int vl_synth_generate(const char *dir, const vl_synth_gen *g, char *err, size_t errn);
+ * do not depend on the thread count as long as sample() depends on i only. VL_OK, or the
+ * first error's status and message (VL_ERR_INVALID: a bad n, quality or threads). */
+vl_status vl_synth_generate(const char *dir, const vl_synth_gen *g, vl_err *err);
 
 /* ---- reading ------------------------------------------------------------------------- */
 
@@ -206,32 +205,29 @@ typedef struct {
  * path; no memory, or no decompressor, is VL_ERR_OOM. Leaves out->w, h, c and label to the
  * caller. */
 vl_status vl_synth_decode_jpeg(const char *path, const uint8_t *buf, size_t len,
-                               const vl_synth_jpeg_want *want, vl_image *out, char *err,
-                               size_t errn);
+                               const vl_synth_jpeg_want *want, vl_image *out, vl_err *err);
 /* path read into r->buf (at most r->max_file bytes) and decoded. */
 vl_status vl_synth_read_jpeg(vl_synth_reader *r, const char *path, const vl_synth_jpeg_want *want,
-                             vl_image *out, char *err, size_t errn);
+                             vl_image *out, vl_err *err);
 
 /* *buf (capacity *cap) grown to need bytes for a w x h `what` ("image", "mask") of path;
  * VL_ERR_OOM with a message naming path when there is no memory. */
 vl_status vl_synth_grow(uint8_t **buf, size_t *cap, size_t need, const char *path, const char *what,
-                        int w, int h, char *err, size_t errn);
+                        int w, int h, vl_err *err);
 
 /* Sample i of a set into out with the reader r (ready, with a decompressor). */
-typedef vl_status (*vl_synth_read_fn)(void *set, vl_synth_reader *r, int64_t i, vl_image *out,
-                                      char *err, size_t errn);
+typedef vl_status (*vl_synth_read_fn)(void *set, vl_synth_reader *r, int64_t i, vl_image *out, vl_err *err);
 /* A vl_dataset's read() around read_fn: checks i against the set's n and, for a NULL
  * scratch, uses a reader for this call only (VL_LOADER_MAX_FILE_BYTES). Messages start
  * with kind ("jpegset"). */
 vl_status vl_synth_ds_read(const char *kind, void *set, int64_t n, void *scratch, int64_t i,
-                           vl_synth_read_fn read_fn, vl_image *out, char *err, size_t errn);
+                           vl_synth_read_fn read_fn, vl_image *out, vl_err *err);
 
 /* A vl_dataset over a set with a vl_synth_reader per worker (scratch_new makes one,
  * scratch_free is vl_synth_reader_delete, scratch_limit vl_synth_reader_limit); the
  * caller adds scratch_bytes and max_image_bytes. */
 vl_dataset vl_synth_dataset(void *set, int64_t (*len)(void *self), void *(*scratch_new)(void *self),
-                            vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out,
-                                              char *err, size_t errn));
+                            vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err));
 
 /* ---- manifests ---------------------------------------------------------------------- */
 
@@ -267,12 +263,12 @@ typedef struct {
   /* Makes the set's room for at most `lines` lines of a manifest of len bytes (names
    * included), before any is parsed. 0, or -1: out of memory. */
   int (*prepare)(void *set, const char *dir, int64_t lines, size_t len);
-  /* Checks the header's values and keeps them; NULL: nothing to check. 0, or -1 with a
-   * message. */
-  int (*header)(void *set, const char *mpath, char *err, size_t errn);
-  /* One line's fields, all of them NUL-terminated. 0, or -1 with a message naming the
-   * manifest and the line. */
-  int (*line)(void *set, char **fld, const char *mpath, int lineno, char *err, size_t errn);
+  /* Checks the header's values and keeps them; NULL: nothing to check. VL_OK, or VL_ERR_IO
+   * with a message. */
+  vl_status (*header)(void *set, const char *mpath, vl_err *err);
+  /* One line's fields, all of them NUL-terminated. VL_OK, or VL_ERR_IO with a message naming
+   * the manifest and the line. */
+  vl_status (*line)(void *set, char **fld, const char *mpath, int lineno, vl_err *err);
   void *set;
 } vl_synth_manifest;
 
@@ -282,23 +278,23 @@ typedef struct {
 /* Reads dir's manifest (text == NULL), or takes the len bytes at text as its contents
  * (parsing from memory: the fuzz target), has the set prepare() its room, and parses it:
  * the header's magic, keys, version and seed (then header()), each line's fields (line()),
- * and the count against the header's n. 0, or -1 with a message naming the manifest and,
- * for a bad line, its line number: a missing one (with a hint to make a set), an empty,
- * unreadable, oversized, non-regular or binary one, a bad header or line. On -1 the set
+ * and the count against the header's n. VL_OK, or VL_ERR_IO (VL_ERR_OOM) with a message
+ * naming the manifest and, for a bad line, its line number: a missing one (with a hint to
+ * make a set), an empty, unreadable, oversized, non-regular or binary one, a bad header or
+ * line. On failure the set
  * may hold what prepare() and line() made: the caller frees it. */
-int vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const char *text,
-                           size_t len, char *err, size_t errn);
+vl_status vl_synth_manifest_load(const char *dir, const vl_synth_manifest *m, const char *text, size_t len,
+                                 vl_err *err);
 
 /* ---- first use ----------------------------------------------------------------------- */
 
-/* What a case may do with its set directory dir on first use: 0 when dir holds the
- * manifest `manifest` (open it: the set decides whether it is sound), 1 when dir may be
- * made into a set (it does not exist, is empty, or holds only what an interrupted
- * generation leaves: img_NNNNNNN.jpg, mask_NNNNNNN.pgm and ".NAME.tmp.PID" files, no
- * manifest), -1 with a message naming dir otherwise (not a directory, unreadable, or a
- * folder with other files: never written into). `gen` is the command that makes a set
+/* What a case may do with its set directory dir on first use: VL_OK with *make false when
+ * dir holds the manifest `manifest` (open it: the set decides whether it is sound), VL_OK
+ * with *make true when dir may be made into a set (it does not exist, is empty, or holds
+ * only what an interrupted generation leaves: img_NNNNNNN.jpg, mask_NNNNNNN.pgm and
+ * ".NAME.tmp.PID" files, no manifest), VL_ERR_IO with a message naming dir otherwise (not a
+ * directory, unreadable, or a folder with other files: never written into). `gen` is the command that makes a set
  * there ("vramlab data gen --out DIR ..."), for the message (NULL: none, for data gen itself). */
-int vl_synth_first_use(const char *dir, const char *manifest, const char *gen, char *err,
-                       size_t errn);
+vl_status vl_synth_first_use(const char *dir, const char *manifest, const char *gen, bool *make, vl_err *err);
 
 #endif

@@ -165,9 +165,9 @@ static int parse_args(int argc, char **argv, cb_args *a) {
   }
   /* the output path before any work: a folder, a missing folder or an unwritable place
    * was found only after the whole benchmark */
-  char err[512];
-  if (a->json && vl_file_check_writable(a->json, err, sizeof err)) {
-    fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err);
+  vl_err err;
+  if (a->json && vl_file_check_writable(a->json, &err)) {
+    fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err.msg);
     return 2;
   }
   double sizes = floor(log((double)a->max_bytes / (double)a->min_bytes) / log(a->factor)) + 1;
@@ -418,34 +418,35 @@ static int write_json(const cb_env *e, const cb_args *a, const cb_row *rows, int
   cJSON_AddNumberToObject(o, "wrong", (double)wrong);
   char *text = cJSON_Print(o);
   cJSON_Delete(o);
-  char err[512] = "";
-  int rc = text ? vl_file_write_atomic(a->json, text, strlen(text), err, sizeof err) : -1;
+  vl_err err = {""};
+  int rc = text ? (vl_file_write_atomic(a->json, text, strlen(text), &err) == VL_OK ? 0 : -1) : -1;
   free(text);
-  if (rc) fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err[0] ? err : "out of memory");
+  if (rc) fprintf(stderr, "vramlab: bench %s: --json: %s\n", a->coll, err.msg[0] ? err.msg : "out of memory");
   return rc;
 }
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
 static int open_env(cb_env *e, const cb_args *a) {
-  char err[512] = "";
+  vl_err err = {""};
   memset(e, 0, sizeof *e);
   vl_comm *mpi = NULL;
-  if (vl_comm_create_mpi(&mpi, err, sizeof err)) {
-    fprintf(stderr, "vramlab: bench %s: %s\n", a->coll, err);
+  if (vl_comm_create_mpi(&mpi, &err)) {
+    fprintf(stderr, "vramlab: bench %s: %s\n", a->coll, err.msg);
     return 2;
   }
   if (vl_comm_timeout(mpi) > a->timeout) vl_comm_set_timeout(mpi, a->timeout);
   e->es = vl_dtype_bytes(a->dt, 1);
   size_t cap = 2 * a->max_bytes + (8u << 20);
-  if (a->dev == VL_DEV_CUDA && vl_comm_select_device(err, sizeof err) < 0) vl_comm_abort(mpi, 3, err);
+  int dev;
+  if (a->dev == VL_DEV_CUDA && vl_comm_select_device(&dev, &err)) vl_comm_abort(mpi, 3, err.msg);
   if (vl_ctx_create(&e->c, a->dev, cap)) {
-    snprintf(err, sizeof err, "cannot make a %s context of %zu bytes", vl_device_name(a->dev), cap);
-    vl_comm_abort(mpi, 3, err);
+    vl_err_set(&err, VL_ERR_OOM, "cannot make a %s context of %zu bytes", vl_device_name(a->dev), cap);
+    vl_comm_abort(mpi, 3, err.msg);
   }
   e->cm = e->boot = mpi;
   if (a->dev == VL_DEV_CUDA) {
-    if (vl_comm_create_nccl(mpi, e->c, &e->cm, err, sizeof err)) vl_comm_abort(mpi, 3, err);
+    if (vl_comm_create_nccl(mpi, e->c, &e->cm, &err)) vl_comm_abort(mpi, 3, err.msg);
     e->stage = malloc(a->max_bytes + 64);
     if (!e->stage) vl_comm_abort(mpi, 3, "out of host memory for the staging buffer");
   }

@@ -26,13 +26,14 @@ static void progress(int64_t done, int64_t total, void *user) {
  * with other files, or with a set already (of any kind: another one would mix with it), is
  * left as it is. 0, or 1 with the message. */
 static int out_is_new(const char *dir, const char *manifest) {
-  char err[1024];
-  int u = vl_synth_first_use(dir, manifest, NULL, err, sizeof err);
-  if (u == 1) return 0;
-  if (u == 0)
-    snprintf(err, sizeof err, "%s holds a data set already (%s): a set is made only in a new or "
-                              "empty folder; delete the folder or use another", dir, manifest);
-  fprintf(stderr, "vramlab: data gen: --out %s\n", err);
+  vl_err err;
+  bool make = false;
+  if (vl_synth_first_use(dir, manifest, NULL, &make, &err) == VL_OK) {
+    if (make) return 0;
+    vl_err_set(&err, VL_ERR_INVALID, "%s holds a data set already (%s): a set is made only in a new or "
+               "empty folder; delete the folder or use another", dir, manifest);
+  }
+  fprintf(stderr, "vramlab: data gen: --out %s\n", err.msg);
   return 1;
 }
 
@@ -52,12 +53,12 @@ static int gen_jpeg(const vl_datagen_opts *o) {
   g.quality = o->quality;
   g.progress = progress;
   g.user = &last;
-  char err[512];
+  vl_err err;
   double t0 = vl_now();
-  if (vl_jpegset_generate_ex(o->out, &g, err, sizeof err)) return gen_failed(err);
+  if (vl_jpegset_generate_ex(o->out, &g, &err)) return gen_failed(err.msg);
   double dt = vl_now() - t0;
   vl_jpegset *s;
-  if (vl_jpegset_open(&s, o->out, err, sizeof err)) return gen_failed(err);
+  if (vl_jpegset_open(&s, o->out, &err)) return gen_failed(err.msg);
   vl_jpegset_info in;
   vl_jpegset_info_get(s, &in);
   printf("%s: %lld images, %.1f KB average, %.1f s (%.0f images/s)\n", o->out, (long long)in.n,
@@ -84,12 +85,12 @@ static int gen_seg(const vl_datagen_opts *o) {
   g.num_classes = o->classes;
   g.progress = progress;
   g.user = &last;
-  char err[512];
+  vl_err err;
   double t0 = vl_now();
-  if (vl_segset_generate(o->out, &g, err, sizeof err)) return gen_failed(err);
+  if (vl_segset_generate(o->out, &g, &err)) return gen_failed(err.msg);
   double dt = vl_now() - t0;
   vl_segset *s;
-  if (vl_segset_open(&s, o->out, err, sizeof err)) return gen_failed(err);
+  if (vl_segset_open(&s, o->out, &err)) return gen_failed(err.msg);
   vl_segset_info in;
   vl_segset_info_get(s, &in);
   printf("%s: %lld %dx%d images + masks, %d classes, %.1f KB JPEG average, %.1f s (%.0f images/s)\n",
@@ -110,12 +111,12 @@ static int gen_captions(const vl_datagen_opts *o) {
   g.quality = o->quality;
   g.progress = progress;
   g.user = &last;
-  char err[512];
+  vl_err err;
   double t0 = vl_now();
-  if (vl_captions_generate(o->out, &g, err, sizeof err)) return gen_failed(err);
+  if (vl_captions_generate(o->out, &g, &err)) return gen_failed(err.msg);
   double dt = vl_now() - t0;
   vl_captions *s;
-  if (vl_captions_open(&s, o->out, err, sizeof err)) return gen_failed(err);
+  if (vl_captions_open(&s, o->out, &err)) return gen_failed(err.msg);
   vl_captions_info in;
   vl_captions_info_get(s, &in);
   printf("%s: %lld captioned images (short side %d..%d, 1:1..16:9), %.1f KB JPEG average, "

@@ -327,9 +327,9 @@ static int ckpt_options(const args *a, const vl_case *c, vl_device dev, char *re
     fprintf(stderr, "vramlab: --resume continues one rung's run: give --step RUNG\n");
     return -1;
   }
-  char err[512];
-  if (vl_ckpt_resolve(a->resume, resume, rn, err, sizeof err)) {
-    fprintf(stderr, "vramlab: --resume: %s\n", err);
+  vl_err err;
+  if (vl_ckpt_resolve(a->resume, resume, rn, &err)) {
+    fprintf(stderr, "vramlab: --resume: %s\n", err.msg);
     return -1;
   }
   return 0;

@@ -314,10 +314,11 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], vl_err *err) {
   if (build_argv(o, mpirun, cmd, av, np, sizeof np, err)) return -1;
   /* the job's output goes to a fresh file of ours, renamed to out_path when the job ends: a
    * link planted at out_path is replaced, never written through */
-  char out_tmp[PATH_MAX], m[PATH_MAX + 200];
+  char out_tmp[PATH_MAX];
+  vl_err m;
   int out_fd = -1;
-  if (o->out_path && (out_fd = vl_file_tmp_beside(o->out_path, out_tmp, sizeof out_tmp, m, sizeof m)) < 0) {
-    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m);
+  if (o->out_path && vl_file_tmp_beside(o->out_path, out_tmp, sizeof out_tmp, &out_fd, &m)) {
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m.msg);
     return -1;
   }
   int pfd[2];
@@ -373,8 +374,8 @@ int vl_mpirun(const vl_mpirun_opts *o, char *const cmd[], vl_err *err) {
   } else {
     rc = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 255;
   }
-  if (out_fd >= 0 && vl_file_tmp_commit(out_fd, out_tmp, o->out_path, m, sizeof m) && rc == 0) {
-    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m);
+  if (out_fd >= 0 && vl_file_tmp_commit(out_fd, out_tmp, o->out_path, &m) && rc == 0) {
+    vl_err_set(err, VL_ERR_IO, "mpirun: the job's output: %s", m.msg);
     rc = -1;
   }
   /* the job is gone and its output kept; now the launcher's own handling of the signal (the

@@ -184,15 +184,17 @@ static bool png_whole(const char *path) {
  * name: a link planted there is replaced, never written through). */
 static vl_status render(const char *dir, const char *name, const char *log_shown, vl_err *e) {
   char tmp[128], final[1200], tmp_path[1200], log_path[1200], setvar[200], gp[100];
-  char log_tmp[PATH_MAX], err[PATH_MAX + 200];
+  char log_tmp[PATH_MAX];
+  vl_err lerr;
   snprintf(tmp, sizeof tmp, "%s.png.tmp.%d", name, (int)getpid());
   snprintf(setvar, sizeof setvar, "vl_png = '%s'", tmp);
   snprintf(gp, sizeof gp, "%s.gp", name);
   snprintf(final, sizeof final, "%s/%s.png", dir, name);
   snprintf(tmp_path, sizeof tmp_path, "%s/%s", dir, tmp);
   snprintf(log_path, sizeof log_path, "%s/%s.gnuplot.log", dir, name);
-  int log_fd = vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, err, sizeof err);
-  if (log_fd < 0) return vl_err_set(e, VL_ERR_IO, "gnuplot's log: %s", err);
+  int log_fd = -1;
+  if (vl_file_tmp_beside(log_path, log_tmp, sizeof log_tmp, &log_fd, &lerr))
+    return vl_err_set(e, VL_ERR_IO, "gnuplot's log: %s", lerr.msg);
   posix_spawn_file_actions_t fa;
   if (posix_spawn_file_actions_init(&fa)) {
     vl_err_set(e, VL_ERR_OOM, "out of memory");
@@ -232,7 +234,7 @@ static vl_status render(const char *dir, const char *name, const char *log_shown
     rc = VL_OK;
   if (rc) {
     unlink(tmp_path);
-    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL, 0); /* the log explains the failure */
+    (void)vl_file_tmp_commit(log_fd, log_tmp, log_path, NULL); /* the log explains the failure */
   } else {
     close(log_fd);
     unlink(log_tmp);

@@ -23,14 +23,14 @@ vl_status vl_segrung_open_split(vl_case_env *env, const vl_segrung *r, bool eval
   g.progress = vl_case_gen_progress;
   /* Made only in a new or empty folder: a damaged or foreign one is refused, never
    * overwritten. The data set's calls write their message into m. */
-  char m[VL_CASE_ERR_LEN] = "";
-  int u = vl_segset_first_use(out, dir, &g, m, sizeof m);
-  if (u < 0) return vl_case_fail(env, VL_ERR_IO, "%s", m);
-  if (u == 0) return VL_OK;
+  vl_err m = {""};
+  bool make = false;
+  if (vl_segset_first_use(out, dir, &g, &make, &m) != VL_OK) return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
+  if (!make) return VL_OK;
   vl_progress("generating %ld synthetic segmentation images (%lldx%lld) in %s", n,
               (long long)r->model.mc.image, (long long)r->model.mc.image, dir);
-  if (vl_segset_generate(dir, &g, m, sizeof m) || vl_segset_open(out, dir, m, sizeof m))
-    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  if (vl_segset_generate(dir, &g, &m) || vl_segset_open(out, dir, &m))
+    return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
   return VL_OK;
 }
 
@@ -64,9 +64,9 @@ vl_status vl_segrung_evaluate(vl_case_env *env, vl_model *m, const vl_segrung *r
   vl_segrung_loader_cfg(r, &lc, B, true, c);
   vl_dataset ds = vl_segset_dataset(es);
   vl_loader *l = NULL;
-  char lerr[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_loader_create(&l, &lc, &ds, lerr, sizeof lerr);
-  if (s != VL_OK) return vl_case_fail(env, s, "%s", lerr);
+  vl_err lerr = {""};
+  vl_status s = vl_loader_create(&l, &lc, &ds, &lerr);
+  if (s != VL_OK) return vl_case_fail(env, s, "%s", lerr.msg);
   int64_t K = mc->classes, HW = mc->image * mc->image;
   int64_t *conf = calloc((size_t)(K * K), sizeof *conf);
   int32_t *pred = malloc((size_t)(B * HW) * sizeof *pred);

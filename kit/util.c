@@ -87,18 +87,18 @@ cJSON *vl_env_json(const char *device) {
 }
 
 /* The harness's names for the engine's file functions (vramlab/fileio.h). */
-int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL, 0); }
+int vl_mkdir_p(const char *path) { return vl_file_mkdir_p(path, NULL) == VL_OK ? 0 : -1; }
 
 vl_status vl_write_atomic(const char *path, const char *text, vl_err *e) {
-  return vl_file_write_atomic(path, text, strlen(text), e ? e->msg : NULL, e ? sizeof e->msg : 0) ? VL_ERR_IO
-                                                                                                  : VL_OK;
+  return vl_file_write_atomic(path, text, strlen(text), e);
 }
 
 /* A results file, a ladder or a report path given by a user may name a FIFO (whose open
  * waits for a writer forever) or a huge file: an error, never a hang or a 2^63-byte
  * allocation. */
 char *vl_read_file_max(const char *path, size_t max, size_t *n, vl_err *e) {
-  return vl_file_read_text(path, max, NULL, n, e ? e->msg : NULL, e ? sizeof e->msg : 0);
+  char *text = NULL;
+  return vl_file_read_text(path, max, NULL, &text, n, e) == VL_OK ? text : NULL;
 }
 
 char *vl_read_file(const char *path, size_t *n) {

@@ -25,14 +25,28 @@ static void damage_fail(char *err, size_t errn, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* A call of the engine or a data set (vl_status, its message in e) as this file's helpers
+ * report: 0, or -1 with the message in err. */
+static int damage_from(vl_status st, const vl_err *e, char *err, size_t errn) {
+  if (st == VL_OK) return 0;
+  damage_fail(err, errn, "%s", e->msg);
+  return -1;
+}
+
+static int damage_write(const char *path, const void *data, size_t len, char *err, size_t errn) {
+  vl_err e;
+  return damage_from(vl_file_write_atomic(path, data, len, &e), &e, err, errn);
+}
+
 /* The whole file into *buf (malloc'd; the caller frees it, also on failure), as the data
  * sets read it: at most VL_LOADER_MAX_FILE_BYTES, an empty file is an error. 0 or -1. */
 static int damage_read(const char *path, uint8_t **buf, size_t *len, char *err, size_t errn) {
   size_t cap = 0;
   *buf = NULL;
   *len = 0;
-  if (vl_file_read(path, VL_LOADER_MAX_FILE_BYTES, "max_file_bytes", buf, &cap, len, err,
-                   errn) != VL_OK)
+  vl_err e;
+  if (damage_from(vl_file_read(path, VL_LOADER_MAX_FILE_BYTES, "max_file_bytes", buf, &cap, len, &e), &e, err,
+                  errn))
     return -1;
   if (*len == 0) {
     damage_fail(err, errn, "%s: empty file (0 bytes)", path);
@@ -45,7 +59,7 @@ int tu_damage_jpeg(const char *path, int mode, uint64_t salt, char *err, size_t 
   if (mode == TU_JPEG_NOT_JPEG) {
     static const char junk[] =
         "This is not a JPEG file: vramlab replaced the image to test corrupt-file handling.\n";
-    return vl_file_write_atomic(path, junk, sizeof junk - 1, err, errn);
+    return damage_write(path, junk, sizeof junk - 1, err, errn);
   }
   int rc = -1;
   uint8_t *buf = NULL;
@@ -102,7 +116,8 @@ int tu_jpegset_corrupt(const char *dir, int64_t i, int mode, char *err, size_t e
     return -1;
   }
   vl_jpegset *s = NULL;
-  if (vl_jpegset_open(&s, dir, err, errn) != 0) return -1;
+  vl_err e;
+  if (damage_from(vl_jpegset_open(&s, dir, &e), &e, err, errn)) return -1;
   char path[PATH_MAX];
   int rc = -1;
   if (!vl_jpegset_path(s, i, path, sizeof path))
@@ -147,7 +162,7 @@ static int damage_mask(const char *path, int what, int size, int num_classes, ch
     } else {
       for (int y = 0; y < size; y++)
         memcpy(o + h + (size_t)y * w2, buf + pix0 + (size_t)y * size, (size_t)w2);
-      rc = vl_file_write_atomic(path, o, h + (size_t)w2 * size, err, errn);
+      rc = damage_write(path, o, h + (size_t)w2 * size, err, errn);
     }
     free(o);
   } else if (what == TU_SEGSET_MASK_BAD_CLASS) {
@@ -156,12 +171,12 @@ static int damage_mask(const char *path, int what, int size, int num_classes, ch
     } else {
       size_t at = len - (size_t)size * size + (size_t)(size / 2) * size + size / 3;
       buf[at] = (uint8_t)(num_classes < 256 ? num_classes : 255);
-      rc = vl_file_write_atomic(path, buf, len, err, errn);
+      rc = damage_write(path, buf, len, err, errn);
     }
   } else { /* TU_SEGSET_MASK_BAD_HEADER: an ASCII PGM magic on binary data */
     buf[0] = 'P';
     if (len > 1) buf[1] = '2';
-    rc = vl_file_write_atomic(path, buf, len, err, errn);
+    rc = damage_write(path, buf, len, err, errn);
   }
   free(buf);
   return rc;
@@ -176,7 +191,8 @@ int tu_segset_corrupt(const char *dir, int64_t i, int what, char *err, size_t er
     return -1;
   }
   vl_segset *s = NULL;
-  if (vl_segset_open(&s, dir, err, errn) != 0) return -1;
+  vl_err e;
+  if (damage_from(vl_segset_open(&s, dir, &e), &e, err, errn)) return -1;
   vl_segset_info info;
   vl_segset_info_get(s, &info);
   char img[PATH_MAX], mask[PATH_MAX];

@@ -387,9 +387,9 @@ static void test_bad_args(void **state) {
 /* ============================== setup and modes ==================================== */
 
 static int setup(void **state) {
-  char err[256];
-  if (vl_comm_create_mpi(&cm, err, sizeof err) != VL_OK) {
-    fprintf(stderr, "mpi_comm: %s\n", err);
+  vl_err err;
+  if (vl_comm_create_mpi(&cm, &err) != VL_OK) {
+    fprintf(stderr, "mpi_comm: %s\n", err.msg);
     return -1;
   }
   rank = vl_comm_rank(cm);

@@ -425,9 +425,9 @@ static void test_fp16_loss_scaler(void **state) {
 }
 
 static int setup(void **state) {
-  char err[256];
-  if (vl_comm_create_mpi(&cm, err, sizeof err) != VL_OK) {
-    fprintf(stderr, "mpi_ddp: %s\n", err);
+  vl_err err;
+  if (vl_comm_create_mpi(&cm, &err) != VL_OK) {
+    fprintf(stderr, "mpi_ddp: %s\n", err.msg);
     return -1;
   }
   rank = vl_comm_rank(cm);

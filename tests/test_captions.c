@@ -45,9 +45,9 @@ static int setup(void **state) {
   vl_captions_gen_cfg g = set_cfg();
   g.progress = tu_on_progress;
   g.user = &g_prog;
-  char err[512];
-  if (vl_captions_generate(g_set, &g, err, sizeof err) != 0) {
-    fprintf(stderr, "generate: %s\n", err);
+  vl_err err;
+  if (vl_captions_generate(g_set, &g, &err) != 0) {
+    fprintf(stderr, "generate: %s\n", err.msg);
     return -1;
   }
   return 0;
@@ -55,17 +55,17 @@ static int setup(void **state) {
 
 static vl_captions *open_ok(const char *dir) {
   vl_captions *s = NULL;
-  char err[512] = "";
-  int rc = vl_captions_open(&s, dir, err, sizeof err);
-  if (rc != 0) print_error("open %s: %s\n", dir, err);
+  vl_err err = {""};
+  int rc = vl_captions_open(&s, dir, &err);
+  if (rc != 0) print_error("open %s: %s\n", dir, err.msg);
   assert_int_equal(rc, 0);
   return s;
 }
 
 static void gen_ok(const char *dir, const vl_captions_gen_cfg *g) {
-  char err[512];
-  int rc = vl_captions_generate(dir, g, err, sizeof err);
-  if (rc) print_error("generate %s: %s\n", dir, err);
+  vl_err err;
+  int rc = vl_captions_generate(dir, g, &err);
+  if (rc) print_error("generate %s: %s\n", dir, err.msg);
   assert_int_equal(rc, 0);
 }
 
@@ -96,7 +96,7 @@ static void test_generate_and_read(void **state) {
   void *scr = d.scratch_new(d.self);
   assert_non_null(scr);
   vl_image img = {0}, img2 = {0};
-  char err[512];
+  vl_err err;
   int portrait = 0, landscape = 0;
   int64_t px = 0;
   for (int64_t i = 0; i < N_SET; i++) {
@@ -114,9 +114,9 @@ static void test_generate_and_read(void **state) {
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_size, bytes);
-    err[0] = 0;
-    vl_status rs = d.read(d.self, scr, i, &img, err, sizeof err);
-    if (rs != VL_OK) print_error("read %lld: %s\n", (long long)i, err);
+    err.msg[0] = 0;
+    vl_status rs = d.read(d.self, scr, i, &img, &err);
+    if (rs != VL_OK) print_error("read %lld: %s\n", (long long)i, err.msg);
     assert_int_equal(rs, VL_OK);
     assert_int_equal(img.w, w);
     assert_int_equal(img.h, h);
@@ -129,15 +129,15 @@ static void test_generate_and_read(void **state) {
       hi = img.pix[k] > hi ? img.pix[k] : hi;
     }
     assert_true(hi - lo > 100);
-    assert_int_equal(d.read(d.self, NULL, i, &img2, err, sizeof err), VL_OK);
+    assert_int_equal(d.read(d.self, NULL, i, &img2, &err), VL_OK);
     assert_memory_equal(img.pix, img2.pix, (size_t)w * h * 3);
   }
   assert_true(portrait > 0 && landscape > 0);
   assert_int_equal(px, in.max_pixels);
-  assert_int_equal(d.read(d.self, scr, N_SET, &img, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "out of range"));
+  assert_int_equal(d.read(d.self, scr, N_SET, &img, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "out of range"));
   assert_int_equal(vl_captions_item(s, N_SET, NULL, NULL, NULL), -1);
-  assert_null(vl_captions_path(s, -1, err, sizeof err));
+  assert_null(vl_captions_path(s, -1, err.msg, sizeof err.msg));
   d.scratch_free(d.self, scr);
   tu_image_free(&img);
   tu_image_free(&img2);
@@ -254,11 +254,11 @@ static void test_caption_validity(void **state) {
 
 static void expect_open_fail(const char *dir, const char *needle) {
   vl_captions *s = (vl_captions *)1;
-  char err[512] = "";
-  assert_int_equal(vl_captions_open(&s, dir, err, sizeof err), -1);
+  vl_err err = {""};
+  assert_int_not_equal(vl_captions_open(&s, dir, &err), VL_OK);
   assert_null(s);
-  if (!strstr(err, needle)) print_error("message '%s' lacks '%s'\n", err, needle);
-  assert_non_null(strstr(err, needle));
+  if (!strstr(err.msg, needle)) print_error("message '%s' lacks '%s'\n", err.msg, needle);
+  assert_non_null(strstr(err.msg, needle));
 }
 
 static void test_manifest_errors(void **state) {
@@ -338,14 +338,14 @@ static void test_manifest_errors(void **state) {
   /* ... and then a listed image that is not there is the read's error, naming it. */
   vl_dataset d = vl_captions_dataset(s);
   vl_image img = {0};
-  char err[512];
-  assert_int_equal(d.read(d.self, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "b.jpg: cannot open"));
+  vl_err err;
+  assert_int_equal(d.read(d.self, NULL, 1, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "b.jpg: cannot open"));
   tu_image_free(&img);
   vl_captions_close(s);
   /* From memory, as a fuzz target would. */
   const char *text = "# vramlab-captions version=1 n=1 size=64\nz.jpg\t4\t4\t9\t49406,3,49407\n";
-  assert_int_equal(vl_captions_parse(&s, "/nowhere", text, strlen(text), err, sizeof err), 0);
+  assert_int_equal(vl_captions_parse(&s, "/nowhere", text, strlen(text), &err), VL_OK);
   char p[64];
   assert_string_equal(vl_captions_path(s, 0, p, sizeof p), "/nowhere/z.jpg");
   vl_captions_close(s);
@@ -354,38 +354,46 @@ static void test_manifest_errors(void **state) {
 /* A set is made only where nothing (or only an interrupted generation's files) is: a damaged
  * manifest, a set made otherwise, a folder with other files are refused and left as they
  * are. A generation that fails half-way leaves no manifest. */
+/* vl_captions_first_use as the number the tests compare: 1 make the set, 0 open it, -1 refused. */
+static int first_use_code(vl_captions **s, const char *dir, const vl_captions_gen_cfg *g, vl_err *err) {
+  bool make = false;
+  if (vl_captions_first_use(s, dir, g, &make, err) != VL_OK) return -1;
+  return make ? 1 : 0;
+}
+
 static void test_first_use(void **state) {
   (void)state;
-  char dir[320], p[400], err[1024];
+  char dir[320], p[400];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "first");
   vl_captions_gen_cfg g = set_cfg();
   g.n = 3;
   g.size = 32;
   g.seed = 9;
   vl_captions *s = (vl_captions *)&g; /* must be reset to NULL */
-  assert_int_equal(vl_captions_first_use(&s, dir, &g, err, sizeof err), 1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1);
   assert_null(s);
   assert_int_equal(mkdir(dir, 0755), 0);
   tu_join(p, sizeof p, dir, "img_0000002.jpg"); /* an interrupted generation's */
   tu_write_text(p, "half");
   tu_join(p, sizeof p, dir, ".manifest.tsv.tmp.123");
   tu_write_text(p, "half");
-  assert_int_equal(vl_captions_first_use(&s, dir, &g, err, sizeof err), 1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1);
   assert_int_equal(unlink(p), 0);
   gen_ok(dir, &g);
-  assert_int_equal(vl_captions_first_use(&s, dir, &g, err, sizeof err), 0);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 0);
   assert_non_null(s);
   vl_captions_close(s);
   vl_captions_gen_cfg g2 = g;
   g2.size = 48;
-  assert_int_equal(vl_captions_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
   assert_null(s);
-  assert_non_null(strstr(err, "size=32"));
-  assert_non_null(strstr(err, "size=48"));
+  assert_non_null(strstr(err.msg, "size=32"));
+  assert_non_null(strstr(err.msg, "size=48"));
   g2 = g;
   g2.seed = 10;
-  assert_int_equal(vl_captions_first_use(&s, dir, &g2, err, sizeof err), -1);
-  assert_non_null(strstr(err, "seed=9"));
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
+  assert_non_null(strstr(err.msg, "seed=9"));
 
   /* the last line cut inside its tokens */
   tu_join(p, sizeof p, dir, "manifest.tsv");
@@ -394,13 +402,13 @@ static void test_first_use(void **state) {
   tu_write_bytes(p, orig, olen - 3);
   uint8_t *cut;
   size_t clen = tu_slurp(p, &cut);
-  assert_int_equal(vl_captions_first_use(&s, dir, &g, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), -1);
   assert_null(s);
-  if (!strstr(err, "manifest.tsv:4:") || !strstr(err, "damaged") || !strstr(err, "left as it is"))
-    print_error("%s\n", err);
-  assert_non_null(strstr(err, "manifest.tsv:4: "));
-  assert_non_null(strstr(err, "damaged"));
-  assert_non_null(strstr(err, "delete the folder"));
+  if (!strstr(err.msg, "manifest.tsv:4:") || !strstr(err.msg, "damaged") || !strstr(err.msg, "left as it is"))
+    print_error("%s\n", err.msg);
+  assert_non_null(strstr(err.msg, "manifest.tsv:4: "));
+  assert_non_null(strstr(err.msg, "damaged"));
+  assert_non_null(strstr(err.msg, "delete the folder"));
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), clen);
   assert_memory_equal(after, cut, clen);
@@ -411,18 +419,18 @@ static void test_first_use(void **state) {
   /* The default size's message names the command that remakes it. */
   vl_captions_gen_cfg gd = g;
   gd.size = 512;
-  assert_int_equal(vl_captions_first_use(&s, dir, &gd, err, sizeof err), -1);
-  assert_non_null(strstr(err, "vramlab data gen --kind captions --out"));
-  assert_non_null(strstr(err, "--n 3 --seed 9 --quality 90"));
+  assert_int_equal(first_use_code(&s, dir, &gd, &err), -1);
+  assert_non_null(strstr(err.msg, "vramlab data gen --kind captions --out"));
+  assert_non_null(strstr(err.msg, "--n 3 --seed 9 --quality 90"));
 
   char other[320];
   tu_join(other, sizeof other, tu_tmp, "theirs");
   assert_int_equal(mkdir(other, 0755), 0);
   tu_join(p, sizeof p, other, "captions.txt");
   tu_write_text(p, "mine");
-  assert_int_equal(vl_captions_first_use(&s, other, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "is not empty"));
-  assert_non_null(strstr(err, "captions.txt"));
+  assert_int_equal(first_use_code(&s, other, &g, &err), -1);
+  assert_non_null(strstr(err.msg, "is not empty"));
+  assert_non_null(strstr(err.msg, "captions.txt"));
   assert_int_equal(tu_count_entries(other), 1);
 
   /* Remaking a set whose image 1 cannot be written (a directory in its place): the
@@ -434,8 +442,8 @@ static void test_first_use(void **state) {
   assert_int_equal(unlink(p), 0);
   assert_int_equal(mkdir(p, 0755), 0);
   g.threads = 1;
-  assert_int_equal(vl_captions_generate(re, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "img_0000001.jpg"));
+  assert_int_not_equal(vl_captions_generate(re, &g, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "img_0000001.jpg"));
   tu_join(p, sizeof p, re, "manifest.tsv");
   assert_int_equal(access(p, F_OK), -1);
   expect_open_fail(re, "an interrupted generation leaves no manifest");
@@ -443,7 +451,8 @@ static void test_first_use(void **state) {
 
 static void test_generate_errors(void **state) {
   (void)state;
-  char dir[320], err[512];
+  char dir[320];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "bad_cfg");
   static const struct { int field, value; const char *needle; } cases[] = {
       {0, 0, "n must be at least 1"},   {1, 15, "size must be in 16..896"},
@@ -456,9 +465,9 @@ static void test_generate_errors(void **state) {
     if (cases[k].field == 1) g.size = cases[k].value;
     if (cases[k].field == 2) g.quality = cases[k].value;
     if (cases[k].field == 3) g.threads = cases[k].value;
-    assert_int_equal(vl_captions_generate(dir, &g, err, sizeof err), -1);
-    if (!strstr(err, cases[k].needle)) print_error("message '%s' lacks '%s'\n", err, cases[k].needle);
-    assert_non_null(strstr(err, cases[k].needle));
+    assert_int_not_equal(vl_captions_generate(dir, &g, &err), VL_OK);
+    if (!strstr(err.msg, cases[k].needle)) print_error("message '%s' lacks '%s'\n", err.msg, cases[k].needle);
+    assert_non_null(strstr(err.msg, cases[k].needle));
   }
 }
 
@@ -844,9 +853,9 @@ typedef struct {
 
 static void run_epoch(const vl_loader_cfg *c, vl_dataset *d, int64_t epoch, epoch_out *o) {
   vl_loader *l = NULL;
-  char err[512];
-  vl_status st = vl_loader_create(&l, c, d, err, sizeof err);
-  if (st != VL_OK) print_error("create: %s\n", err);
+  vl_err err;
+  vl_status st = vl_loader_create(&l, c, d, &err);
+  if (st != VL_OK) print_error("create: %s\n", err.msg);
   assert_int_equal(st, VL_OK);
   const size_t F = 3 * (size_t)c->crop * c->crop;
   o->n = 0;
@@ -899,11 +908,11 @@ static void test_loader_sd(void **state) {
   for (size_t q = 0; q < N_SET * F; q++) assert_true(ref.x[q] >= -1.0f && ref.x[q] <= 1.0f);
 
   vl_image img = {0};
-  char err[512];
+  vl_err err;
   float *one = malloc(F * sizeof(float));
   assert_non_null(one);
   for (int64_t k = 0; k < N_SET; k++) {
-    assert_int_equal(d.read(d.self, NULL, ref.index[k], &img, err, sizeof err), VL_OK);
+    assert_int_equal(d.read(d.self, NULL, ref.index[k], &img, &err), VL_OK);
     void *scr = malloc(vl_transform_sd_scratch_bytes(32, img.w, img.h));
     assert_non_null(scr);
     vl_rng r;
@@ -947,12 +956,12 @@ static void test_loader_sd(void **state) {
   vl_loader *l = NULL;
   vl_loader_cfg bad = c;
   bad.masks = true;
-  assert_int_equal(vl_loader_create(&l, &bad, &d, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "not VL_TF_SD"));
+  assert_int_equal(vl_loader_create(&l, &bad, &d, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "not VL_TF_SD"));
   bad = c;
   bad.transform = (vl_transform_kind)7;
-  assert_int_equal(vl_loader_create(&l, &bad, &d, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "transform must be VL_TF_IMAGENET or VL_TF_SD (got 7)"));
+  assert_int_equal(vl_loader_create(&l, &bad, &d, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "transform must be VL_TF_IMAGENET or VL_TF_SD (got 7)"));
   /* the default is the ImageNet transform */
   vl_loader_cfg def;
   vl_loader_cfg_default(&def);

@@ -204,7 +204,8 @@ static void test_llm_resume_full_adafactor(void **state) {
 static void test_interrupt_saves_at_step_edge(void **state) {
   (void)state;
   vl_mistral_model_cfg k = llm_cfg(0);
-  char dir[320], ref_final[320], fin[320], latest[400], path[400], err[512];
+  char dir[320], ref_final[320], fin[320], latest[400], path[400];
+  vl_err err;
   path_in(dir, sizeof dir, "int");
   path_in(ref_final, sizeof ref_final, "int-ref.final");
   path_in(fin, sizeof fin, "int-resumed.final");
@@ -220,12 +221,13 @@ static void test_interrupt_saves_at_step_edge(void **state) {
   assert_non_null(strstr(last_err, "interrupted after step 4"));
   assert_non_null(strstr(last_err, "step-4.ckpt"));
   snprintf(latest, sizeof latest, "%s/latest", dir);
-  char *text = vl_file_read_text(latest, 100, NULL, NULL, err, sizeof err);
+  char *text;
+  (void)vl_file_read_text(latest, 100, NULL, &text, NULL, &err);
   assert_non_null(text);
   assert_string_equal(text, "step-4.ckpt\n");
   free(text);
   /* --resume DIR: the folder's latest */
-  assert_int_equal(vl_ckpt_resolve(dir, path, sizeof path, err, sizeof err), 0);
+  assert_int_equal(vl_ckpt_resolve(dir, path, sizeof path, &err), VL_OK);
   snprintf(latest, sizeof latest, "%s/step-4.ckpt", dir);
   assert_string_equal(path, latest);
   assert_int_equal(run_llm(&k, &(llm_run){.seed = 5, .resume = path, .stop_after = -1, .total = STEPS, .final = fin}, &r2),
@@ -245,14 +247,14 @@ static void test_interrupt_saves_at_step_edge(void **state) {
   char empty[320], bad[400];
   path_in(empty, sizeof empty, "no-latest");
   assert_int_equal(mkdir(empty, 0755), 0);
-  assert_int_equal(vl_ckpt_resolve(empty, path, sizeof path, err, sizeof err), -1);
-  assert_non_null(strstr(err, "holds no checkpoint"));
+  assert_int_equal(vl_ckpt_resolve(empty, path, sizeof path, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "holds no checkpoint"));
   snprintf(bad, sizeof bad, "%s/latest", empty);
   tu_write_text(bad, "../int/step-4.ckpt\n");
-  assert_int_equal(vl_ckpt_resolve(empty, path, sizeof path, err, sizeof err), -1);
-  assert_non_null(strstr(err, "does not name a checkpoint file of the folder"));
-  assert_int_equal(vl_ckpt_resolve("/nonexistent/ckpt", path, sizeof path, err, sizeof err), -1);
-  assert_non_null(strstr(err, "/nonexistent/ckpt"));
+  assert_int_equal(vl_ckpt_resolve(empty, path, sizeof path, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "does not name a checkpoint file of the folder"));
+  assert_int_equal(vl_ckpt_resolve("/nonexistent/ckpt", path, sizeof path, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "/nonexistent/ckpt"));
 }
 
 /* ---- (3) damaged and mismatched checkpoints ------------------------------------------- */
@@ -728,9 +730,10 @@ static void test_stale_temps_and_keep_last(void **state) {
     snprintf(p, sizeof p, "step-%d.ckpt", i);
     assert_true(exists_in(dir, p));
   }
-  char err[256];
+  vl_err err;
   snprintf(p, sizeof p, "%s/latest", dir);
-  char *text = vl_file_read_text(p, 100, NULL, NULL, err, sizeof err);
+  char *text;
+  (void)vl_file_read_text(p, 100, NULL, &text, NULL, &err);
   assert_non_null(text);
   assert_string_equal(text, "step-7.ckpt\n");
   free(text);
@@ -830,8 +833,9 @@ static int cli(const char *args, char *out, size_t on) {
   path_in(log, sizeof log, "cli.log");
   snprintf(cmd, sizeof cmd, "cd '%s' && %s/vramlab %s >'%s' 2>&1", tu_tmp, VRAMLAB_BINARY_DIR, args, log);
   int st = system(cmd);
-  char err[256];
-  char *t = vl_file_read_text(log, 1 << 20, NULL, NULL, err, sizeof err);
+  vl_err err;
+  char *t;
+  (void)vl_file_read_text(log, 1 << 20, NULL, &t, NULL, &err);
   snprintf(out, on, "%s", t ? t : "");
   free(t);
   return WEXITSTATUS(st);
@@ -941,7 +945,8 @@ static void test_cli_save_and_resume(void **state) {
  * the folder's latest and by the results, and --resume continues from it. */
 static void test_cli_sigint_saves(void **state) {
   (void)state;
-  char cmd[1024], p[400], out[8192], err[256];
+  char cmd[1024], p[400], out[8192];
+  vl_err err;
   snprintf(cmd, sizeof cmd,
            "cd '%s' && (%s/vramlab run llm-lora --device cpu --scale tiny --step lora --set steps=100000 "
            "--set reps=1 --save-every 100000 --out cli-int --quiet >int.log 2>&1 & pid=$!; "
@@ -949,7 +954,8 @@ static void test_cli_sigint_saves(void **state) {
            tu_tmp, VRAMLAB_BINARY_DIR);
   assert_int_equal(system(cmd), 0);
   snprintf(p, sizeof p, "%s/int.rc", tu_tmp);
-  char *rc = vl_file_read_text(p, 100, NULL, NULL, err, sizeof err);
+  char *rc;
+  (void)vl_file_read_text(p, 100, NULL, &rc, NULL, &err);
   assert_non_null(rc);
   assert_int_equal(atoi(rc), 130);
   free(rc);
@@ -961,7 +967,8 @@ static void test_cli_sigint_saves(void **state) {
   long at = (long)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "checkpoint_step"));
   assert_true(at >= 1);
   snprintf(p, sizeof p, "%s/cli-int/llm-lora/ckpt/lora-rep0/latest", tu_tmp);
-  char *latest = vl_file_read_text(p, 100, NULL, NULL, err, sizeof err);
+  char *latest;
+  (void)vl_file_read_text(p, 100, NULL, &latest, NULL, &err);
   assert_non_null(latest);
   char want[64];
   snprintf(want, sizeof want, "step-%ld.ckpt\n", at);

@@ -123,31 +123,23 @@ static bool seg_fill(const synth *s, int64_t i, vl_image *out) {
   return true;
 }
 
-static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, char *err, size_t errn) {
+static vl_status syn_read(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err) {
   synth *s = self;
   atomic_fetch_add(&s->reads, 1);
   if (!scratch || i < 0 || i >= s->n) {
-    snprintf(err, errn, "synthetic: bad call (scratch %p, index %lld)", scratch, (long long)i);
-    return VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "synthetic: bad call (scratch %p, index %lld)", scratch, (long long)i);
   }
   int d = atomic_load(&s->delay_us);
   if (d > 0 && i % s->delay_mod == 0) sleep_us(d);
   /* Image i as a "file" of w*h*3 bytes: larger than the scratch's limit, it is refused. */
   const uint64_t fb = (uint64_t)img_w(i) * (uint64_t)img_h(i) * 3;
   if (fb > *(uint64_t *)scratch) {
-    snprintf(err, errn, "synthetic file of %llu bytes exceeds max_file_bytes (%llu)",
-             (unsigned long long)fb, (unsigned long long)*(uint64_t *)scratch);
-    return VL_ERR_IO;
+    return vl_err_set(err, VL_ERR_IO, "synthetic file of %llu bytes exceeds max_file_bytes (%llu)",
+                      (unsigned long long)fb, (unsigned long long)*(uint64_t *)scratch);
   }
   for (int k = 0; k < s->nbad; k++)
-    if (s->bad[k] == i) {
-      snprintf(err, errn, "synthetic corrupt image %lld", (long long)i);
-      return VL_ERR_IO;
-    }
-  if (i == s->hard_fail) {
-    snprintf(err, errn, "synthetic hard failure %lld", (long long)i);
-    return VL_ERR_BACKEND;
-  }
+    if (s->bad[k] == i) return vl_err_set(err, VL_ERR_IO, "synthetic corrupt image %lld", (long long)i);
+  if (i == s->hard_fail) return vl_err_set(err, VL_ERR_BACKEND, "synthetic hard failure %lld", (long long)i);
   if (s->masks) return seg_fill(s, i, out) ? VL_OK : VL_ERR_OOM;
   return fill_image(i, out) ? VL_OK : VL_ERR_OOM;
 }
@@ -201,9 +193,9 @@ static void xform_seg(const vl_loader_cfg *c, const vl_image *im, uint64_t seed,
 static vl_loader *mk_loader(const vl_loader_cfg *c, synth *s) {
   vl_dataset d = syn_dataset(s);
   vl_loader *l = NULL;
-  char err[512] = "";
-  vl_status st = vl_loader_create(&l, c, &d, err, sizeof err);
-  if (st != VL_OK) print_error("create: %s\n", err);
+  vl_err err = {""};
+  vl_status st = vl_loader_create(&l, c, &d, &err);
+  if (st != VL_OK) print_error("create: %s\n", err.msg);
   assert_int_equal(st, VL_OK);
   assert_non_null(l);
   return l;
@@ -345,20 +337,19 @@ static int threads_settle(int expected) {
 
 /* vl_loader_create refuses c over s with status want and leaves the loader NULL; its
  * message is in err. */
-static void expect_refused(const vl_loader_cfg *c, synth *s, vl_status want, char *err,
-                           size_t errn) {
+static void expect_refused(const vl_loader_cfg *c, synth *s, vl_status want, vl_err *err) {
   vl_dataset d = syn_dataset(s);
   vl_loader *l = (vl_loader *)1;
-  err[0] = '\0';
-  assert_int_equal(vl_loader_create(&l, c, &d, err, errn), want);
+  err->msg[0] = '\0';
+  assert_int_equal(vl_loader_create(&l, c, &d, err), want);
   assert_null(l);
 }
 
 static void expect_invalid(const vl_loader_cfg *c, synth *s, const char *needle) {
-  char err[512];
-  expect_refused(c, s, VL_ERR_INVALID, err, sizeof err);
-  if (!strstr(err, needle)) print_error("message '%s' lacks '%s'\n", err, needle);
-  assert_non_null(strstr(err, needle));
+  vl_err err;
+  expect_refused(c, s, VL_ERR_INVALID, &err);
+  if (!strstr(err.msg, needle)) print_error("message '%s' lacks '%s'\n", err.msg, needle);
+  assert_non_null(strstr(err.msg, needle));
 }
 
 static void test_config_validation(void **state) {
@@ -388,10 +379,10 @@ static void test_config_validation(void **state) {
   vl_dataset d = syn_dataset(&s);
   d.read = NULL;
   vl_loader *l = NULL;
-  char err[256] = "";
+  vl_err err = {""};
   c = small_cfg();
-  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "read"));
+  assert_int_equal(vl_loader_create(&l, &c, &d, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "read"));
   /* next before start_epoch is an error, not a crash. */
   l = mk_loader(&c, &s);
   vl_batch_buf *b = NULL;
@@ -906,13 +897,13 @@ static void test_host_mem_cap(void **state) {
 
   /* A cap one byte short is refused with both numbers; the bound itself is accepted. */
   c.host_mem_cap = bound - 1;
-  char err[512];
-  expect_refused(&c, &s, VL_ERR_OOM, err, sizeof err);
+  vl_err err;
+  expect_refused(&c, &s, VL_ERR_OOM, &err);
   char nb[32], nc[32];
   snprintf(nb, sizeof nb, "%zu", bound);
   snprintf(nc, sizeof nc, "%zu", bound - 1);
-  assert_non_null(strstr(err, nb));
-  assert_non_null(strstr(err, nc));
+  assert_non_null(strstr(err.msg, nb));
+  assert_non_null(strstr(err.msg, nc));
   c.host_mem_cap = bound;
   epoch_out o;
   epoch_once(&c, &s, 0, &o, &st);
@@ -1138,9 +1129,9 @@ static void test_staging_allocator(void **state) {
   c.x_alloc = hook_alloc;
   vl_dataset d = syn_dataset(&s);
   vl_loader *l = NULL;
-  char err[256];
-  assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_ERR_INVALID); /* no x_free */
-  assert_non_null(strstr(err, "x_free"));
+  vl_err err;
+  assert_int_equal(vl_loader_create(&l, &c, &d, &err), VL_ERR_INVALID); /* no x_free */
+  assert_non_null(strstr(err.msg, "x_free"));
   c.x_free = hook_free;
   c.x_user = &hc;
   l = mk_loader(&c, &s);
@@ -1500,8 +1491,8 @@ static void test_seg_bound(void **state) {
     vl_loader_destroy(l);
     /* A cap one byte short of the bound with masks is refused. */
     cm.host_mem_cap = bound - 1;
-    char err[512];
-    expect_refused(&cm, &s, VL_ERR_OOM, err, sizeof err);
+    vl_err err;
+    expect_refused(&cm, &s, VL_ERR_OOM, &err);
   }
 }
 

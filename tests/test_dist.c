@@ -160,9 +160,9 @@ static void test_nccl_stream_plan(void **state) {
 /* ============================== self communicator =================================== */
 
 static void test_self(void **state) {
-  char err[256];
+  vl_err err;
   vl_comm *cm = NULL;
-  assert_int_equal(vl_comm_create_self(&cm, err, sizeof err), VL_OK);
+  assert_int_equal(vl_comm_create_self(&cm, &err), VL_OK);
   assert_int_equal(vl_comm_kind_of(cm), VL_COMM_SELF);
   assert_string_equal(vl_comm_kind_name(VL_COMM_SELF), "self");
   assert_int_equal(vl_comm_rank(cm), 0);
@@ -197,20 +197,20 @@ static void test_self(void **state) {
 }
 
 static void test_timeout_env(void **state) {
-  char err[256] = "";
+  vl_err err = {""};
   vl_comm *cm = NULL;
   setenv("VRAMLAB_COMM_TIMEOUT", "2.5", 1);
-  assert_int_equal(vl_comm_create_self(&cm, err, sizeof err), VL_OK);
+  assert_int_equal(vl_comm_create_self(&cm, &err), VL_OK);
   assert_true(vl_comm_timeout(cm) == 2.5);
   vl_comm_set_timeout(cm, 7);
   assert_true(vl_comm_timeout(cm) == 7);
   vl_comm_destroy(cm);
   setenv("VRAMLAB_COMM_TIMEOUT", "soon", 1);
-  assert_int_equal(vl_comm_create_self(&cm, err, sizeof err), VL_ERR_INVALID);
+  assert_int_equal(vl_comm_create_self(&cm, &err), VL_ERR_INVALID);
   assert_null(cm);
-  assert_non_null(strstr(err, "VRAMLAB_COMM_TIMEOUT=soon"));
+  assert_non_null(strstr(err.msg, "VRAMLAB_COMM_TIMEOUT=soon"));
   unsetenv("VRAMLAB_COMM_TIMEOUT");
-  assert_int_equal(vl_comm_create_self(&cm, err, sizeof err), VL_OK);
+  assert_int_equal(vl_comm_create_self(&cm, &err), VL_OK);
   assert_true(vl_comm_timeout(cm) == 120);
   vl_comm_destroy(cm);
 }
@@ -223,9 +223,9 @@ static void test_self_abort(void **state) {
   assert_true(pid >= 0);
   if (pid == 0) {
     dup2(p[1], 2);
-    char err[64];
+    vl_err err;
     vl_comm *cm = NULL;
-    if (vl_comm_create_self(&cm, err, sizeof err)) _exit(99);
+    if (vl_comm_create_self(&cm, &err)) _exit(99);
     vl_comm_abort(cm, 7, "the loss is NaN");
   }
   close(p[1]);
@@ -241,21 +241,21 @@ static void test_self_abort(void **state) {
 }
 
 static void test_nccl_unsupported(void **state) {
-  char err[256] = "";
-  vl_comm *self = NULL, *nc = (vl_comm *)err;
-  assert_int_equal(vl_comm_create_self(&self, err, sizeof err), VL_OK);
+  vl_err err = {""};
+  vl_comm *self = NULL, *nc = (vl_comm *)&err;
+  assert_int_equal(vl_comm_create_self(&self, &err), VL_OK);
   /* a CPU context: NCCL needs device buffers, whatever the build */
-  vl_status s = vl_comm_create_nccl(self, tu_cpu, &nc, err, sizeof err);
+  vl_status s = vl_comm_create_nccl(self, tu_cpu, &nc, &err);
   assert_int_equal(s, VL_ERR_UNSUPPORTED);
   assert_null(nc);
-  assert_true(strlen(err) > 10);
+  assert_true(strlen(err.msg) > 10);
   vl_comm_destroy(self);
 #ifdef VRAMLAB_HAVE_MPI
   assert_true(vl_comm_have_mpi());
 #else
   vl_comm *m = NULL;
-  assert_int_equal(vl_comm_create_mpi(&m, err, sizeof err), VL_ERR_UNSUPPORTED);
-  assert_non_null(strstr(err, "apt-get install libopenmpi-dev openmpi-bin"));
+  assert_int_equal(vl_comm_create_mpi(&m, &err), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(err.msg, "apt-get install libopenmpi-dev openmpi-bin"));
 #endif
 }
 

@@ -31,9 +31,9 @@ static int setup(void **state) {
   (void)state;
   if (tu_tmpdir(tu_tmp, sizeof tu_tmp, "vl_jpegset_test_") != 0) return -1;
   snprintf(g_set, sizeof g_set, "%s/a/b/set", tu_tmp); /* parents made too */
-  char err[512];
-  if (vl_jpegset_generate(g_set, N_SET, SEED, 90, tu_on_progress, &g_prog, err, sizeof err) != 0) {
-    fprintf(stderr, "generate: %s\n", err);
+  vl_err err;
+  if (vl_jpegset_generate(g_set, N_SET, SEED, 90, tu_on_progress, &g_prog, &err) != 0) {
+    fprintf(stderr, "generate: %s\n", err.msg);
     return -1;
   }
   return 0;
@@ -45,9 +45,9 @@ static void test_generate_and_decode(void **state) {
   (void)state;
   tu_assert_progress_done(&g_prog, N_SET);
 
-  char err[512];
+  vl_err err;
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, g_set, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, g_set, &err), VL_OK);
   assert_int_equal(vl_jpegset_len(s), N_SET);
   vl_jpegset_info info;
   vl_jpegset_info_get(s, &info);
@@ -80,7 +80,7 @@ static void test_generate_and_decode(void **state) {
     assert_int_equal(st.st_size, bytes);
     total += bytes;
 
-    assert_int_equal(d.read(d.self, scr, i, &img, err, sizeof err), VL_OK);
+    assert_int_equal(d.read(d.self, scr, i, &img, &err), VL_OK);
     assert_int_equal(img.w, w);
     assert_int_equal(img.h, h);
     assert_int_equal(img.c, 3);
@@ -106,12 +106,12 @@ static void test_generate_and_decode(void **state) {
     assert_true(dx > 1.0 && dx < 25.0);
 
     /* A NULL scratch decodes the same pixels. */
-    assert_int_equal(d.read(d.self, NULL, i, &img2, err, sizeof err), VL_OK);
+    assert_int_equal(d.read(d.self, NULL, i, &img2, &err), VL_OK);
     assert_memory_equal(img.pix, img2.pix, np);
   }
   assert_int_equal(total, info.total_bytes);
   /* Out of range index: an argument error, not I/O. */
-  assert_int_equal(d.read(d.self, scr, N_SET, &img, err, sizeof err), VL_ERR_INVALID);
+  assert_int_equal(d.read(d.self, scr, N_SET, &img, &err), VL_ERR_INVALID);
   char pb[512];
   assert_null(vl_jpegset_path(s, -1, pb, sizeof pb));
   assert_null(vl_jpegset_path(s, 0, pb, 4));
@@ -125,7 +125,8 @@ static void test_generate_and_decode(void **state) {
  * depends only on seed and i); another seed -> different images. */
 static void test_determinism(void **state) {
   (void)state;
-  char d1[300], d2[300], d3[300], err[512];
+  char d1[300], d2[300], d3[300];
+  vl_err err;
   tu_join(d1, sizeof d1, tu_tmp, "det1");
   tu_join(d2, sizeof d2, tu_tmp, "det2");
   tu_join(d3, sizeof d3, tu_tmp, "det3");
@@ -134,11 +135,11 @@ static void test_determinism(void **state) {
   c.n = 3;
   c.seed = SEED;
   c.threads = 1;
-  assert_int_equal(vl_jpegset_generate_ex(d1, &c, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate_ex(d1, &c, &err), VL_OK);
   c.threads = 3;
-  assert_int_equal(vl_jpegset_generate_ex(d2, &c, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate_ex(d2, &c, &err), VL_OK);
   c.seed = SEED + 1;
-  assert_int_equal(vl_jpegset_generate_ex(d3, &c, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate_ex(d3, &c, &err), VL_OK);
   char a[400], b[400], x[400];
   snprintf(a, sizeof a, "%s/manifest.tsv", d1);
   snprintf(b, sizeof b, "%s/manifest.tsv", d2);
@@ -172,13 +173,14 @@ static void test_determinism(void **state) {
  * crash; the same scratch then decodes the intact images. */
 static void test_corrupt_files(void **state) {
   (void)state;
-  char dir[300], err[512];
+  char dir[300];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "corrupt");
-  assert_int_equal(vl_jpegset_generate(dir, 6, 99, 90, NULL, NULL, err, sizeof err), 0);
-  for (int mode = 0; mode < 3; mode++) assert_int_equal(tu_jpegset_corrupt(dir, mode, mode, err, sizeof err), 0);
-  assert_int_equal(tu_jpegset_corrupt(dir, 0, 3, err, sizeof err), -1);
-  assert_non_null(strstr(err, "mode"));
-  assert_int_equal(tu_jpegset_corrupt(dir, 6, 0, err, sizeof err), -1);
+  assert_int_equal(vl_jpegset_generate(dir, 6, 99, 90, NULL, NULL, &err), VL_OK);
+  for (int mode = 0; mode < 3; mode++) assert_int_equal(tu_jpegset_corrupt(dir, mode, mode, err.msg, sizeof err.msg), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 0, 3, err.msg, sizeof err.msg), -1);
+  assert_non_null(strstr(err.msg, "mode"));
+  assert_int_equal(tu_jpegset_corrupt(dir, 6, 0, err.msg, sizeof err.msg), -1);
   /* Image 3 goes missing; image 4 gets trailing bytes (still decodes, but changed). */
   char p[400];
   snprintf(p, sizeof p, "%s/img_0000003.jpg", dir);
@@ -190,7 +192,7 @@ static void test_corrupt_files(void **state) {
   fclose(f);
 
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   vl_dataset d = vl_jpegset_dataset(s);
   void *scr = d.scratch_new(d.self);
   assert_non_null(scr);
@@ -198,16 +200,16 @@ static void test_corrupt_files(void **state) {
   static const char *want[5] = {"TurboJPEG", "TurboJPEG", "TurboJPEG", "cannot open", "changed"};
   for (int rep = 0; rep < 2; rep++) {
     for (int i = 0; i < 5; i++) {
-      err[0] = '\0';
-      assert_int_equal(d.read(d.self, scr, i, &img, err, sizeof err), VL_ERR_IO);
+      err.msg[0] = '\0';
+      assert_int_equal(d.read(d.self, scr, i, &img, &err), VL_ERR_IO);
       char name[32];
       snprintf(name, sizeof name, "img_%07d.jpg", i);
-      if (!strstr(err, name) || !strstr(err, want[i])) {
-        print_error("image %d: message \"%s\" lacks \"%s\" or \"%s\"\n", i, err, name, want[i]);
+      if (!strstr(err.msg, name) || !strstr(err.msg, want[i])) {
+        print_error("image %d: message \"%s\" lacks \"%s\" or \"%s\"\n", i, err.msg, name, want[i]);
         fail();
       }
     }
-    assert_int_equal(d.read(d.self, scr, 5, &img, err, sizeof err), VL_OK);
+    assert_int_equal(d.read(d.self, scr, 5, &img, &err), VL_OK);
     assert_int_equal(img.c, 3);
   }
   /* A file cut inside its header (the Huffman tables) leaves TurboJPEG 2.1's handle broken
@@ -215,21 +217,24 @@ static void test_corrupt_files(void **state) {
    * with the same scratch must decode. */
   snprintf(p, sizeof p, "%s/img_0000001.jpg", dir);
   assert_int_equal(truncate(p, 400), 0);
-  assert_int_equal(d.read(d.self, scr, 1, &img, err, sizeof err), VL_ERR_IO);
-  err[0] = '\0';
-  if (d.read(d.self, scr, 5, &img, err, sizeof err) != VL_OK) {
-    print_error("a good image after one cut in its header: %s\n", err);
+  assert_int_equal(d.read(d.self, scr, 1, &img, &err), VL_ERR_IO);
+  err.msg[0] = '\0';
+  if (d.read(d.self, scr, 5, &img, &err) != VL_OK) {
+    print_error("a good image after one cut in its header: %s\n", err.msg);
     fail();
   }
   /* The truncated one is reported as such; the garbage one by TurboJPEG too. */
-  assert_int_equal(d.read(d.self, scr, 0, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "manifest says"));
+  assert_int_equal(d.read(d.self, scr, 0, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "manifest says"));
   /* The decode ceiling refuses a damaged set, naming the file: image 3 is missing (all
    * files are read before decoding starts), and with 3 images image 0 fails to decode. */
-  assert_true(vl_jpegset_decode_rate(s, 6, err, sizeof err) < 0);
-  assert_non_null(strstr(err, "img_0000003.jpg"));
-  assert_true(vl_jpegset_decode_rate(s, 3, err, sizeof err) < 0);
-  assert_non_null(strstr(err, "img_0000000.jpg"));
+  double rate = 0;
+  assert_int_not_equal(vl_jpegset_decode_rate(s, 6, &rate, &err), VL_OK);
+  assert_true(rate < 0);
+  assert_non_null(strstr(err.msg, "img_0000003.jpg"));
+  assert_int_not_equal(vl_jpegset_decode_rate(s, 3, &rate, &err), VL_OK);
+  assert_true(rate < 0);
+  assert_non_null(strstr(err.msg, "img_0000000.jpg"));
   d.scratch_free(d.self, scr);
   free(img.pix);
   vl_jpegset_close(s);
@@ -237,15 +242,16 @@ static void test_corrupt_files(void **state) {
 
 static void expect_open_error(const char *dir, const char *manifest, const char *what1,
                               const char *what2) {
-  char path[400], err[512] = "";
+  char path[400];
+  vl_err err = {""};
   snprintf(path, sizeof path, "%s/manifest.tsv", dir);
   if (manifest) tu_write_text(path, manifest);
   else unlink(path);
   vl_jpegset *s = (vl_jpegset *)&err; /* must be reset to NULL */
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), -1);
+  assert_int_not_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   assert_null(s);
-  if (!strstr(err, "manifest.tsv") || !strstr(err, what1) || (what2 && !strstr(err, what2))) {
-    print_error("manifest error \"%s\" lacks \"%s\"/\"%s\"\n", err, what1, what2 ? what2 : "");
+  if (!strstr(err.msg, "manifest.tsv") || !strstr(err.msg, what1) || (what2 && !strstr(err.msg, what2))) {
+    print_error("manifest error \"%s\" lacks \"%s\"/\"%s\"\n", err.msg, what1, what2 ? what2 : "");
     fail();
   }
 }
@@ -282,11 +288,12 @@ static void test_manifest_errors(void **state) {
 
   /* A valid manifest whose file is missing opens (images are not read) and fails on read. */
   snprintf(m, sizeof m, "%sa.jpg\t1\t500\t375\t10\r\nb.jpg\t9\t400\t300\t20\n", H);
-  char path[400], err[512];
+  char path[400];
+  vl_err err;
   snprintf(path, sizeof path, "%s/manifest.tsv", dir);
   tu_write_text(path, m);
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   assert_int_equal(vl_jpegset_len(s), 2);
   int32_t label;
   int w;
@@ -296,8 +303,8 @@ static void test_manifest_errors(void **state) {
   assert_int_equal(vl_jpegset_item(s, 2, NULL, NULL, NULL, NULL), -1);
   vl_dataset d = vl_jpegset_dataset(s);
   vl_image img = {0};
-  assert_int_equal(d.read(d.self, NULL, 0, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "a.jpg"));
+  assert_int_equal(d.read(d.self, NULL, 0, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "a.jpg"));
   free(img.pix);
   vl_jpegset_close(s);
 }
@@ -305,30 +312,33 @@ static void test_manifest_errors(void **state) {
 /* Bad generation arguments fail with a message and write nothing. */
 static void test_generate_errors(void **state) {
   (void)state;
-  char dir[300], err[512];
+  char dir[300];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "bad");
-  err[0] = '\0';
-  assert_int_equal(vl_jpegset_generate(dir, 0, 1, 90, NULL, NULL, err, sizeof err), -1);
-  assert_non_null(strstr(err, "n must be"));
-  assert_int_equal(vl_jpegset_generate(dir, 2, 1, 101, NULL, NULL, err, sizeof err), -1);
-  assert_non_null(strstr(err, "quality"));
+  err.msg[0] = '\0';
+  assert_int_not_equal(vl_jpegset_generate(dir, 0, 1, 90, NULL, NULL, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "n must be"));
+  assert_int_not_equal(vl_jpegset_generate(dir, 2, 1, 101, NULL, NULL, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "quality"));
   struct stat st;
   assert_int_not_equal(stat(dir, &st), 0);
   char under_file[400];
   snprintf(under_file, sizeof under_file, "%s/manifest.tsv/sub", g_set);
-  assert_int_equal(vl_jpegset_generate(under_file, 2, 1, 90, NULL, NULL, err, sizeof err), -1);
-  assert_non_null(strstr(err, "manifest.tsv"));
+  assert_int_not_equal(vl_jpegset_generate(under_file, 2, 1, 90, NULL, NULL, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "manifest.tsv"));
 }
 
 static void test_decode_rate(void **state) {
   (void)state;
-  char err[512];
+  vl_err err;
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, g_set, err, sizeof err), 0);
-  double r = vl_jpegset_decode_rate(s, 1000, err, sizeof err); /* capped at the set size */
+  assert_int_equal(vl_jpegset_open(&s, g_set, &err), VL_OK);
+  double r = 0;
+  assert_int_equal(vl_jpegset_decode_rate(s, 1000, &r, &err), VL_OK); /* capped at the set size */
   assert_true(r > 0);
   assert_true(r < 1e6);
-  assert_true(vl_jpegset_decode_rate(s, 0, err, sizeof err) < 0);
+  assert_int_equal(vl_jpegset_decode_rate(s, 0, &r, &err), VL_ERR_INVALID);
+  assert_true(r < 0);
   vl_jpegset_close(s);
 }
 
@@ -354,9 +364,9 @@ static epoch_res loader_epoch(vl_dataset *d, int workers, vl_corrupt_policy pol,
   c.on_corrupt = pol;
   if (max_file) c.max_file_bytes = max_file;
   vl_loader *l = NULL;
-  char err[512];
-  vl_status st = vl_loader_create(&l, &c, d, err, sizeof err);
-  if (st != VL_OK) print_error("create: %s\n", err);
+  vl_err err;
+  vl_status st = vl_loader_create(&l, &c, d, &err);
+  if (st != VL_OK) print_error("create: %s\n", err.msg);
   assert_int_equal(st, VL_OK);
   epoch_res r;
   memset(&r, 0, sizeof r);
@@ -403,33 +413,34 @@ static void expect_bad_sample(vl_dataset *d, int64_t i, int64_t n, const char *w
  * file, never waited on: the watchdog turns a blocking open into a failure. */
 static void test_fifo_in_set(void **state) {
   (void)state;
-  char dir[300], p[400], err[512];
+  char dir[300], p[400];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "fifo");
-  assert_int_equal(vl_jpegset_generate(dir, 5, 31, 90, NULL, NULL, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate(dir, 5, 31, 90, NULL, NULL, &err), VL_OK);
   snprintf(p, sizeof p, "%s/img_0000002.jpg", dir);
   assert_int_equal(unlink(p), 0);
   assert_int_equal(mkfifo(p, 0644), 0);
   tu_watchdog(30, "test_fifo_in_set: reading a FIFO in the set blocked");
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   vl_dataset d = vl_jpegset_dataset(s);
   vl_image img = {0};
-  assert_int_equal(d.read(d.self, NULL, 2, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "img_0000002.jpg: not a regular file (fifo)"));
+  assert_int_equal(d.read(d.self, NULL, 2, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "img_0000002.jpg: not a regular file (fifo)"));
   expect_bad_sample(&d, 2, 5, "img_0000002.jpg: not a regular file (fifo)");
   /* A directory in its place: the same, said as such. */
   assert_int_equal(unlink(p), 0);
   assert_int_equal(mkdir(p, 0755), 0);
-  assert_int_equal(d.read(d.self, NULL, 2, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "not a regular file (directory)"));
+  assert_int_equal(d.read(d.self, NULL, 2, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "not a regular file (directory)"));
   assert_int_equal(rmdir(p), 0);
   vl_jpegset_close(s);
   /* The manifest a FIFO: opening the set does not wait for a writer either. */
   snprintf(p, sizeof p, "%s/manifest.tsv", dir);
   assert_int_equal(unlink(p), 0);
   assert_int_equal(mkfifo(p, 0644), 0);
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), -1);
-  assert_non_null(strstr(err, "manifest.tsv: not a regular file (fifo)"));
+  assert_int_not_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "manifest.tsv: not a regular file (fifo)"));
   tu_watchdog(0, NULL);
   free(img.pix);
 }
@@ -439,22 +450,23 @@ static void test_fifo_in_set(void **state) {
  * loader's max_file_bytes reaches every worker's reader. */
 static void test_oversized_file(void **state) {
   (void)state;
-  char dir[300], p[400], err[512];
+  char dir[300], p[400];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "big");
-  assert_int_equal(vl_jpegset_generate(dir, 5, 32, 90, NULL, NULL, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate(dir, 5, 32, 90, NULL, NULL, &err), VL_OK);
   snprintf(p, sizeof p, "%s/img_0000003.jpg", dir);
   tu_sparse_file(p, 3ull << 30);
   const long rss0 = tu_peak_rss_kib();
   const double t0 = vl_now();
   tu_watchdog(60, "test_oversized_file: reading a 3 GiB file");
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   vl_dataset d = vl_jpegset_dataset(s);
   vl_image img = {0};
-  assert_int_equal(d.read(d.self, NULL, 3, &img, err, sizeof err), VL_ERR_IO);
+  assert_int_equal(d.read(d.self, NULL, 3, &img, &err), VL_ERR_IO);
   const char *want = "img_0000003.jpg: file of 3221225472 bytes exceeds max_file_bytes (67108864)";
-  if (!strstr(err, want)) print_error("\"%s\" lacks \"%s\"\n", err, want);
-  assert_non_null(strstr(err, want));
+  if (!strstr(err.msg, want)) print_error("\"%s\" lacks \"%s\"\n", err.msg, want);
+  assert_non_null(strstr(err.msg, want));
   expect_bad_sample(&d, 3, 5, want);
   /* At 1000 bytes every image (all larger) is oversized, in every worker. */
   for (int64_t i = 0; i < 5; i++) {
@@ -561,13 +573,13 @@ static void rec_scratch_free(void *self, void *scr) {
 static void rec_scratch_limit(void *self, void *scr, uint64_t max) {
   ((recorder *)self)->in.scratch_limit(((recorder *)self)->in.self, scr, max);
 }
-static vl_status rec_read(void *self, void *scr, int64_t i, vl_image *out, char *err, size_t errn) {
+static vl_status rec_read(void *self, void *scr, int64_t i, vl_image *out, vl_err *err) {
   recorder *r = self;
-  vl_status st = r->in.read(r->in.self, scr, i, out, err, errn);
+  vl_status st = r->in.read(r->in.self, scr, i, out, err);
   if (i >= 0 && i < MIX_N) {
     r->st[i] = st;
     r->hash[i] = st == VL_OK ? image_hash(out) : 0;
-    snprintf(r->msg[i], sizeof r->msg[i], "%s", st == VL_OK ? "" : err);
+    snprintf(r->msg[i], sizeof r->msg[i], "%s", st == VL_OK ? "" : err->msg);
     atomic_fetch_add(&r->reads[i], 1);
   }
   return st;
@@ -591,11 +603,12 @@ static vl_dataset rec_dataset(recorder *r) {
  * image decodes from its own bytes only. A JPEG without DQT is corrupt every time. */
 static void test_decode_independent_of_order(void **state) {
   (void)state;
-  char dir[300], p[400], q[400], err[512];
+  char dir[300], p[400], q[400];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "mixed");
-  assert_int_equal(vl_jpegset_generate(dir, MIX_N, 21, 90, NULL, NULL, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_generate(dir, MIX_N, 21, 90, NULL, NULL, &err), VL_OK);
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   int32_t lab[MIX_N];
   int w[MIX_N], h[MIX_N];
   int64_t bytes[MIX_N];
@@ -629,8 +642,8 @@ static void test_decode_independent_of_order(void **state) {
     free(in);
     free(out);
   }
-  assert_int_equal(tu_jpegset_corrupt(dir, 3, TU_JPEG_TRUNCATE, err, sizeof err), 0);
-  assert_int_equal(tu_jpegset_corrupt(dir, 5, TU_JPEG_GARBAGE, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 3, TU_JPEG_TRUNCATE, err.msg, sizeof err.msg), 0);
+  assert_int_equal(tu_jpegset_corrupt(dir, 5, TU_JPEG_GARBAGE, err.msg, sizeof err.msg), 0);
   snprintf(q, sizeof q, "%s/img_%07d.jpg", dir, 6); /* a bare start marker */
   tu_write_bytes(q, "\xFF\xD8", 2);
   bytes[6] = 2;
@@ -643,7 +656,7 @@ static void test_decode_independent_of_order(void **state) {
   snprintf(p, sizeof p, "%s/manifest.tsv", dir);
   tu_write_text(p, man);
 
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   recorder alone, r;
   memset(&alone, 0, sizeof alone);
   memset(&r, 0, sizeof r);
@@ -651,7 +664,7 @@ static void test_decode_independent_of_order(void **state) {
   vl_dataset da = rec_dataset(&alone), dr = rec_dataset(&r);
   vl_image img = {0};
   rec_reset(&alone);
-  for (int i = 0; i < MIX_N; i++) da.read(da.self, NULL, i, &img, err, sizeof err);
+  for (int i = 0; i < MIX_N; i++) da.read(da.self, NULL, i, &img, &err);
   static const struct { int i; const char *what; } bad[] = {
       {1, "missing quantisation table"}, {3, "TurboJPEG"},
       {4, "missing quantisation table"}, {5, "corrupt or truncated JPEG"},
@@ -676,7 +689,7 @@ static void test_decode_independent_of_order(void **state) {
   assert_non_null(scr);
   for (int dirn = 0; dirn < 2; dirn++) {
     rec_reset(&r);
-    for (int k = 0; k < MIX_N; k++) dr.read(dr.self, scr, dirn ? k : MIX_N - 1 - k, &img, err, sizeof err);
+    for (int k = 0; k < MIX_N; k++) dr.read(dr.self, scr, dirn ? k : MIX_N - 1 - k, &img, &err);
     for (int i = 0; i < MIX_N; i++) {
       if (r.st[i] != alone.st[i]) print_error("one reader, image %d: %s\n", i, r.msg[i]);
       assert_int_equal(r.st[i], alone.st[i]);
@@ -703,7 +716,7 @@ static void test_decode_independent_of_order(void **state) {
       c.seed = runs[ri].seed;
       c.on_corrupt = VL_CORRUPT_SKIP;
       vl_loader *l = NULL;
-      assert_int_equal(vl_loader_create(&l, &c, &dr, err, sizeof err), VL_OK);
+      assert_int_equal(vl_loader_create(&l, &c, &dr, &err), VL_OK);
       rec_reset(&r);
       assert_int_equal(vl_loader_start_epoch(l, e), VL_OK);
       vl_batch_buf *b;
@@ -762,7 +775,8 @@ static size_t encode(int w, int h, int pf, int samp, uint8_t **out) {
  * a 0x0 image; a grayscale JPEG decodes, to R = G = B. */
 static void test_messages(void **state) {
   (void)state;
-  char dir[300], p[400], err[512], man[1024];
+  char dir[300], p[400], man[1024];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "kinds");
   assert_int_equal(mkdir(dir, 0755), 0);
   uint8_t *cmyk, *gray;
@@ -778,20 +792,20 @@ static void test_messages(void **state) {
   snprintf(p, sizeof p, "%s/manifest.tsv", dir);
   tu_write_text(p, man);
   vl_jpegset *s = NULL;
-  assert_int_equal(vl_jpegset_open(&s, dir, err, sizeof err), 0);
+  assert_int_equal(vl_jpegset_open(&s, dir, &err), VL_OK);
   vl_dataset d = vl_jpegset_dataset(s);
   vl_image img = {0};
-  assert_int_equal(d.read(d.self, NULL, 0, &img, err, sizeof err), VL_ERR_IO);
-  if (!strstr(err, "cmyk.jpg: unsupported colour space CMYK")) print_error("cmyk: %s\n", err);
-  assert_non_null(strstr(err, "cmyk.jpg: unsupported colour space CMYK"));
-  assert_null(strstr(err, "corrupt"));
-  assert_int_equal(d.read(d.self, NULL, 2, &img, err, sizeof err), VL_ERR_IO);
-  if (!strstr(err, "soi.jpg: truncated JPEG (no frame header)")) print_error("soi: %s\n", err);
-  assert_non_null(strstr(err, "soi.jpg: truncated JPEG (no frame header)"));
-  assert_null(strstr(err, "0x0"));
-  err[0] = 0;
-  vl_status st = d.read(d.self, NULL, 1, &img, err, sizeof err);
-  if (st != VL_OK) print_error("gray: %s\n", err);
+  assert_int_equal(d.read(d.self, NULL, 0, &img, &err), VL_ERR_IO);
+  if (!strstr(err.msg, "cmyk.jpg: unsupported colour space CMYK")) print_error("cmyk: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "cmyk.jpg: unsupported colour space CMYK"));
+  assert_null(strstr(err.msg, "corrupt"));
+  assert_int_equal(d.read(d.self, NULL, 2, &img, &err), VL_ERR_IO);
+  if (!strstr(err.msg, "soi.jpg: truncated JPEG (no frame header)")) print_error("soi: %s\n", err.msg);
+  assert_non_null(strstr(err.msg, "soi.jpg: truncated JPEG (no frame header)"));
+  assert_null(strstr(err.msg, "0x0"));
+  err.msg[0] = 0;
+  vl_status st = d.read(d.self, NULL, 1, &img, &err);
+  if (st != VL_OK) print_error("gray: %s\n", err.msg);
   assert_int_equal(st, VL_OK);
   assert_int_equal(img.w, 40);
   assert_int_equal(img.h, 30);
@@ -811,9 +825,17 @@ static void test_messages(void **state) {
 /* A case's set is made only where nothing (or only an interrupted generation's files) is:
  * a damaged manifest, a set made otherwise and a folder with other files are refused with
  * a message and left exactly as they are. */
+/* vl_jpegset_first_use as the number the tests compare: 1 make the set, 0 open it, -1 refused. */
+static int first_use_code(vl_jpegset **s, const char *dir, const vl_jpegset_gen_cfg *g, vl_err *err) {
+  bool make = false;
+  if (vl_jpegset_first_use(s, dir, g, &make, err) != VL_OK) return -1;
+  return make ? 1 : 0;
+}
+
 static void test_first_use(void **state) {
   (void)state;
-  char top[300], dir[320], p[400], err[1024];
+  char top[300], dir[320], p[400];
+  vl_err err;
   tu_join(top, sizeof top, tu_tmp, "first");
   tu_join(dir, sizeof dir, top, "n4");
   vl_jpegset_gen_cfg g;
@@ -822,20 +844,20 @@ static void test_first_use(void **state) {
   g.seed = 41;
   g.threads = 1;
   vl_jpegset *s = (vl_jpegset *)&g; /* must be reset to NULL */
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), 1); /* not there */
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1); /* not there */
   assert_null(s);
   assert_int_equal(mkdir(top, 0755), 0);
   assert_int_equal(mkdir(dir, 0755), 0);
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), 1); /* empty */
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1); /* empty */
   /* An interrupted generation: numbered images and temporary files, no manifest. */
   static const char *const left[] = {"img_0000000.jpg", ".img_0000001.jpg.tmp.4242", ".manifest.tsv.tmp.17"};
   for (int k = 0; k < 3; k++) {
     tu_join(p, sizeof p, dir, left[k]);
     tu_write_text(p, "partial");
   }
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), 1);
-  assert_int_equal(vl_jpegset_generate_ex(dir, &g, err, sizeof err), 0);
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), 0);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1);
+  assert_int_equal(vl_jpegset_generate_ex(dir, &g, &err), VL_OK);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 0);
   assert_non_null(s);
   assert_int_equal(vl_jpegset_len(s), 4);
   vl_jpegset_close(s);
@@ -844,14 +866,14 @@ static void test_first_use(void **state) {
   vl_jpegset_gen_cfg g2 = g;
   g2.n = 5;
   s = (vl_jpegset *)&g;
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
   assert_null(s);
-  assert_non_null(strstr(err, "n=4 seed=41"));
-  assert_non_null(strstr(err, "n=5 seed=41"));
-  assert_non_null(strstr(err, "left as it is"));
+  assert_non_null(strstr(err.msg, "n=4 seed=41"));
+  assert_non_null(strstr(err.msg, "n=5 seed=41"));
+  assert_non_null(strstr(err.msg, "left as it is"));
   g2 = g;
   g2.seed = 40;
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
 
   /* A damaged manifest: refused, naming the file, the line and what is wrong; untouched. */
   tu_join(p, sizeof p, dir, "manifest.tsv");
@@ -866,13 +888,13 @@ static void test_first_use(void **state) {
   tu_write_text(p, text);
   uint8_t *damaged;
   size_t dlen = tu_slurp(p, &damaged);
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), -1);
   assert_null(s);
   static const char *const says[] = {"manifest.tsv:3: bad label", "damaged", "delete the folder",
                                      "vramlab data gen --out", "--n 4 --seed 41"};
   for (int k = 0; k < 5; k++) {
-    if (!strstr(err, says[k])) print_error("\"%s\" lacks \"%s\"\n", err, says[k]);
-    assert_non_null(strstr(err, says[k]));
+    if (!strstr(err.msg, says[k])) print_error("\"%s\" lacks \"%s\"\n", err.msg, says[k]);
+    assert_non_null(strstr(err.msg, says[k]));
   }
   uint8_t *after;
   size_t alen = tu_slurp(p, &after);
@@ -882,10 +904,10 @@ static void test_first_use(void **state) {
   free(after);
   /* Cut short (fewer lines than n=): the same. */
   tu_write_bytes(p, orig, (size_t)(strchr(strchr((char *)text, '\n') + 1, '\n') + 1 - text));
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "the header says n=4 but 1 image lines follow"));
+  assert_int_equal(first_use_code(&s, dir, &g, &err), -1);
+  assert_non_null(strstr(err.msg, "the header says n=4 but 1 image lines follow"));
   tu_write_bytes(p, orig, olen);
-  assert_int_equal(vl_jpegset_first_use(&s, dir, &g, err, sizeof err), 0);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 0);
   vl_jpegset_close(s);
   free(orig);
   free(damaged);
@@ -897,14 +919,14 @@ static void test_first_use(void **state) {
   assert_int_equal(mkdir(other, 0755), 0);
   tu_join(p, sizeof p, other, "notes.txt");
   tu_write_text(p, "mine");
-  assert_int_equal(vl_jpegset_first_use(&s, other, &g, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, other, &g, &err), -1);
   assert_null(s);
-  assert_non_null(strstr(err, "is not empty"));
-  assert_non_null(strstr(err, "notes.txt"));
+  assert_non_null(strstr(err.msg, "is not empty"));
+  assert_non_null(strstr(err.msg, "notes.txt"));
   assert_int_equal(tu_count_entries(other), 1);
   /* A file where the folder should be. */
-  assert_int_equal(vl_jpegset_first_use(&s, p, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "not a directory"));
+  assert_int_equal(first_use_code(&s, p, &g, &err), -1);
+  assert_non_null(strstr(err.msg, "not a directory"));
 }
 
 /* ---- the dataloader case: first use, corrupt and max_file_bytes knobs ------------------- */
@@ -924,7 +946,8 @@ static void test_dataloader_case(void **state) {
   (void)state;
   const vl_case *c = vl_case_find("dataloader");
   assert_non_null(c);
-  char root[300], set[340], p[400], err[1024];
+  char root[300], set[340], p[400];
+  vl_err err;
   tu_join(root, sizeof root, tu_tmp, "case");
   snprintf(set, sizeof set, "%s/n6-s3", root);
   vl_knobs setting = {0};
@@ -965,7 +988,7 @@ static void test_dataloader_case(void **state) {
   assert_non_null(strstr(env.err.msg, "max_file_bytes"));
 
   /* A damaged image: skipped with corrupt=skip, the run's error by default. */
-  assert_int_equal(tu_jpegset_corrupt(set, 1, TU_JPEG_GARBAGE, err, sizeof err), 0);
+  assert_int_equal(tu_jpegset_corrupt(set, 1, TU_JPEG_GARBAGE, err.msg, sizeof err.msg), 0);
   vl_knobs skip = {0};
   vl_knob_set(&skip, "corrupt", "skip");
   rc = run_case(c, &env, &skip, &skipped);

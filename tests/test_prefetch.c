@@ -15,12 +15,11 @@ typedef struct {
 } fill_user;
 
 /* batch k: 16 int64 values k*1000 + i; batch fail_at fails */
-static vl_status fill(void *user, int worker, int64_t k, void *buf, char *err, size_t errn) {
+static vl_status fill(void *user, int worker, int64_t k, void *buf, vl_err *err) {
   fill_user *u = user;
   (void)worker;
   if (k == u->fail_at) {
-    snprintf(err, errn, "batch %lld: record 7 is corrupt", (long long)k);
-    return VL_ERR_IO;
+    return vl_err_set(err, VL_ERR_IO, "batch %lld: record 7 is corrupt", (long long)k);
   }
   int64_t *v = buf;
   for (int i = 0; i < 16; i++) v[i] = k * 1000 + i;
@@ -32,14 +31,14 @@ static void in_order(int workers, int prefetch, int64_t n) {
   fill_user u = {.fail_at = -1};
   vl_prefetch_cfg cfg = {workers, prefetch, 16 * sizeof(int64_t), n, fill, &u};
   vl_prefetch *p;
-  char err[256];
-  assert_int_equal(vl_prefetch_create(&p, &cfg, err, sizeof err), VL_OK);
+  vl_err err;
+  assert_int_equal(vl_prefetch_create(&p, &cfg, &err), VL_OK);
   int64_t seen = 0;
   for (;;) {
     void *buf;
     int64_t k;
     double wait;
-    assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, err, sizeof err), VL_OK);
+    assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, &err), VL_OK);
     if (!buf) break;
     assert_int_equal(k, seen);
     const int64_t *v = buf;
@@ -70,21 +69,21 @@ static void test_failed_fill_delivered_in_place(void **state) {
     fill_user u = {.fail_at = 5};
     vl_prefetch_cfg cfg = {workers, 2, 128, 40, fill, &u};
     vl_prefetch *p;
-    char err[256];
-    assert_int_equal(vl_prefetch_create(&p, &cfg, err, sizeof err), VL_OK);
+    vl_err err;
+    assert_int_equal(vl_prefetch_create(&p, &cfg, &err), VL_OK);
     void *buf;
     int64_t k;
     double wait;
     for (int64_t i = 0; i < 5; i++) {
-      assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, err, sizeof err), VL_OK);
+      assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, &err), VL_OK);
       assert_int_equal(k, i);
       vl_prefetch_release(p, buf);
     }
     for (int again = 0; again < 2; again++) { /* sticky */
-      err[0] = 0;
-      assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, err, sizeof err), VL_ERR_IO);
+      err.msg[0] = 0;
+      assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, &err), VL_ERR_IO);
       assert_null(buf);
-      assert_non_null(strstr(err, "batch 5: record 7 is corrupt"));
+      assert_non_null(strstr(err.msg, "batch 5: record 7 is corrupt"));
     }
     vl_prefetch_destroy(p);
   }
@@ -93,24 +92,24 @@ static void test_failed_fill_delivered_in_place(void **state) {
 static void test_misuse_and_early_stop(void **state) {
   (void)state;
   fill_user u = {.fail_at = -1};
-  char err[256];
+  vl_err err;
   vl_prefetch *p;
   vl_prefetch_cfg bad = {2, 0, 128, 10, fill, &u};
-  assert_int_equal(vl_prefetch_create(&p, &bad, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "prefetch 0"));
+  assert_int_equal(vl_prefetch_create(&p, &bad, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "prefetch 0"));
   bad = (vl_prefetch_cfg){-1, 2, 128, 10, fill, &u};
-  assert_int_equal(vl_prefetch_create(&p, &bad, err, sizeof err), VL_ERR_INVALID);
+  assert_int_equal(vl_prefetch_create(&p, &bad, &err), VL_ERR_INVALID);
   bad = (vl_prefetch_cfg){2, 2, 128, 10, NULL, &u};
-  assert_int_equal(vl_prefetch_create(&p, &bad, err, sizeof err), VL_ERR_INVALID);
+  assert_int_equal(vl_prefetch_create(&p, &bad, &err), VL_ERR_INVALID);
   /* two batches taken without releasing the first: refused, not a deadlock */
   vl_prefetch_cfg cfg = {3, 2, 128, 1000, fill, &u};
-  assert_int_equal(vl_prefetch_create(&p, &cfg, err, sizeof err), VL_OK);
+  assert_int_equal(vl_prefetch_create(&p, &cfg, &err), VL_OK);
   void *buf;
   int64_t k;
   double wait;
-  assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, err, sizeof err), VL_OK);
-  assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "not released"));
+  assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, &err), VL_OK);
+  assert_int_equal(vl_prefetch_next(p, &buf, &k, &wait, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "not released"));
   /* stopped with 999 batches to go: the workers are joined, at most slots - 1 filled ahead */
   vl_prefetch_destroy(p);
   int64_t filled = 0;

@@ -250,8 +250,8 @@ static void test_cached_and_uncached_latents_agree(void **state) {
   vl_sdl_loader_cfg(&r, &lc, 1, 0, false);
   vl_dataset ds = vl_captions_dataset(set);
   vl_loader *l = NULL;
-  char lerr[256];
-  assert_int_equal(vl_loader_create(&l, &lc, &ds, lerr, sizeof lerr), VL_OK);
+  vl_err lerr;
+  assert_int_equal(vl_loader_create(&l, &lc, &ds, &lerr), VL_OK);
   assert_int_equal(vl_loader_start_epoch(l, 0), VL_OK);
   vl_batch_buf *bb = NULL;
   for (int64_t i = 0; i <= idx; i++) {

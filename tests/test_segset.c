@@ -45,9 +45,9 @@ static int setup(void **state) {
   vl_segset_gen_cfg g = set_cfg();
   g.progress = tu_on_progress;
   g.user = &g_prog;
-  char err[512];
-  if (vl_segset_generate(g_set, &g, err, sizeof err) != 0) {
-    fprintf(stderr, "generate: %s\n", err);
+  vl_err err;
+  if (vl_segset_generate(g_set, &g, &err) != 0) {
+    fprintf(stderr, "generate: %s\n", err.msg);
     return -1;
   }
   return 0;
@@ -55,17 +55,17 @@ static int setup(void **state) {
 
 static vl_segset *open_ok(const char *dir) {
   vl_segset *s = NULL;
-  char err[512] = "";
-  int rc = vl_segset_open(&s, dir, err, sizeof err);
-  if (rc != 0) print_error("open %s: %s\n", dir, err);
+  vl_err err = {""};
+  int rc = vl_segset_open(&s, dir, &err);
+  if (rc != 0) print_error("open %s: %s\n", dir, err.msg);
   assert_int_equal(rc, 0);
   return s;
 }
 
 /* Sample i through the dataset interface (scratch may be NULL). */
-static vl_status read_one(vl_dataset *d, void *scr, int64_t i, vl_image *img, char *err, size_t errn) {
-  err[0] = 0;
-  return d->read(d->self, scr, i, img, err, errn);
+static vl_status read_one(vl_dataset *d, void *scr, int64_t i, vl_image *img, vl_err *err) {
+  err->msg[0] = 0;
+  return d->read(d->self, scr, i, img, err);
 }
 
 /* ============================== generation, reading =================================== */
@@ -93,10 +93,10 @@ static void test_generate_and_read(void **state) {
   void *scr = d.scratch_new(d.self);
   assert_non_null(scr);
   vl_image img = {0}, img2 = {0};
-  char err[512];
+  vl_err err;
   for (int64_t i = 0; i < N_SET; i++) {
-    vl_status st = read_one(&d, scr, i, &img, err, sizeof err);
-    if (st != VL_OK) print_error("read %lld: %s\n", (long long)i, err);
+    vl_status st = read_one(&d, scr, i, &img, &err);
+    if (st != VL_OK) print_error("read %lld: %s\n", (long long)i, err.msg);
     assert_int_equal(st, VL_OK);
     assert_int_equal(img.w, SIZE);
     assert_int_equal(img.h, SIZE);
@@ -111,13 +111,13 @@ static void test_generate_and_read(void **state) {
     }
     assert_true(fg > 0); /* 2..6 shapes, never all clipped away */
     /* Without a scratch: the same pixels and mask. */
-    assert_int_equal(read_one(&d, NULL, i, &img2, err, sizeof err), VL_OK);
+    assert_int_equal(read_one(&d, NULL, i, &img2, &err), VL_OK);
     assert_memory_equal(img.pix, img2.pix, (size_t)SIZE * SIZE * 3);
     assert_memory_equal(img.mask, img2.mask, (size_t)SIZE * SIZE);
   }
   /* Out of range is a caller error, not a corrupt file. */
-  assert_int_equal(read_one(&d, scr, N_SET, &img, err, sizeof err), VL_ERR_INVALID);
-  assert_non_null(strstr(err, "out of range"));
+  assert_int_equal(read_one(&d, scr, N_SET, &img, &err), VL_ERR_INVALID);
+  assert_non_null(strstr(err.msg, "out of range"));
   d.scratch_free(d.self, scr);
   tu_image_free(&img);
   tu_image_free(&img2);
@@ -128,12 +128,13 @@ static void test_generate_and_read(void **state) {
  * (a held-out split) with the same classes. */
 static void test_deterministic(void **state) {
   (void)state;
-  char dir[320], other[320], err[512];
+  char dir[320], other[320];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "det1");
   tu_join(other, sizeof other, tu_tmp, "seed2");
   vl_segset_gen_cfg g = set_cfg();
   g.threads = 1;
-  assert_int_equal(vl_segset_generate(dir, &g, err, sizeof err), 0);
+  assert_int_equal(vl_segset_generate(dir, &g, &err), VL_OK);
   DIR *dd = opendir(g_set);
   assert_non_null(dd);
   struct dirent *e;
@@ -152,7 +153,7 @@ static void test_deterministic(void **state) {
 
   g.seed = SEED + 1;
   g.n = 2;
-  assert_int_equal(vl_segset_generate(other, &g, err, sizeof err), 0);
+  assert_int_equal(vl_segset_generate(other, &g, &err), VL_OK);
   char a[600], b[600];
   snprintf(a, sizeof a, "%s/img_0000000.jpg", g_set);
   snprintf(b, sizeof b, "%s/img_0000000.jpg", other);
@@ -176,13 +177,13 @@ static void test_alignment(void **state) {
   vl_segset *s = open_ok(g_set);
   vl_dataset d = vl_segset_dataset(s);
   vl_image img = {0};
-  char err[512];
+  vl_err err;
   double sum[CLASSES][3] = {{0}}, dist[2][CLASSES] = {{0}};
   int64_t cnt[2][CLASSES] = {{0}};
   uint8_t nom[CLASSES][3];
   for (int k = 1; k < CLASSES; k++) vl_segset_class_rgb(k, CLASSES, nom[k]);
   for (int64_t i = 0; i < N_SET; i++) {
-    assert_int_equal(read_one(&d, NULL, i, &img, err, sizeof err), VL_OK);
+    assert_int_equal(read_one(&d, NULL, i, &img, &err), VL_OK);
     for (int y = 0; y < SIZE; y++)
       for (int x = 0; x < SIZE; x++) {
         const uint8_t *p = img.pix + ((size_t)y * SIZE + x) * 3;
@@ -233,10 +234,10 @@ static void test_class_frequencies(void **state) {
   vl_segset *s = open_ok(g_set);
   vl_dataset d = vl_segset_dataset(s);
   vl_image img = {0};
-  char err[512];
+  vl_err err;
   int64_t cnt[CLASSES] = {0}, images_with[CLASSES] = {0};
   for (int64_t i = 0; i < N_SET; i++) {
-    assert_int_equal(read_one(&d, NULL, i, &img, err, sizeof err), VL_OK);
+    assert_int_equal(read_one(&d, NULL, i, &img, &err), VL_OK);
     int seen[CLASSES] = {0};
     for (int k = 0; k < SIZE * SIZE; k++) cnt[img.mask[k]]++, seen[img.mask[k]] = 1;
     for (int k = 0; k < CLASSES; k++) images_with[k] += seen[k];
@@ -264,9 +265,9 @@ static void small_set(char *dir, size_t n, const char *name) {
   g.size = 32;
   g.seed = 5;
   g.threads = 1;
-  char err[512];
-  int rc = vl_segset_generate(dir, &g, err, sizeof err);
-  if (rc) print_error("generate: %s\n", err);
+  vl_err err;
+  int rc = vl_segset_generate(dir, &g, &err);
+  if (rc) print_error("generate: %s\n", err.msg);
   assert_int_equal(rc, 0);
 }
 
@@ -277,18 +278,18 @@ static void expect_damaged(const char *dir, const char *file, const char *what) 
   vl_dataset d = vl_segset_dataset(s);
   void *scr = d.scratch_new(d.self);
   vl_image img = {0};
-  char err[512];
+  vl_err err;
   for (int64_t i = 0; i < 3; i++) {
-    vl_status st = read_one(&d, i % 2 ? scr : NULL, i, &img, err, sizeof err);
+    vl_status st = read_one(&d, i % 2 ? scr : NULL, i, &img, &err);
     if (i != 1) {
       assert_int_equal(st, VL_OK);
       continue;
     }
-    if (st != VL_ERR_IO || !strstr(err, file) || !strstr(err, what))
-      print_error("status %s, message '%s' (want %s and '%s')\n", vl_status_name(st), err, file, what);
+    if (st != VL_ERR_IO || !strstr(err.msg, file) || !strstr(err.msg, what))
+      print_error("status %s, message '%s' (want %s and '%s')\n", vl_status_name(st), err.msg, file, what);
     assert_int_equal(st, VL_ERR_IO);
-    assert_non_null(strstr(err, file));
-    assert_non_null(strstr(err, what));
+    assert_non_null(strstr(err.msg, file));
+    assert_non_null(strstr(err.msg, what));
   }
   for (int pol = 0; pol < 2; pol++) {
     vl_loader_cfg c;
@@ -299,7 +300,7 @@ static void expect_damaged(const char *dir, const char *file, const char *what) 
     c.workers = pol;
     c.on_corrupt = pol ? VL_CORRUPT_SKIP : VL_CORRUPT_ERROR;
     vl_loader *l = NULL;
-    assert_int_equal(vl_loader_create(&l, &c, &d, err, sizeof err), VL_OK);
+    assert_int_equal(vl_loader_create(&l, &c, &d, &err), VL_OK);
     assert_int_equal(vl_loader_start_epoch(l, 0), VL_OK);
     vl_batch_buf *b;
     int64_t got = 0;
@@ -341,23 +342,23 @@ static void test_corrupt_modes(void **state) {
       {TU_SEGSET_IMG_MISSING, "img_0000001.jpg", "cannot open"},
       {TU_SEGSET_MASK_MISSING, "mask_0000001.pgm", "cannot open"},
   };
-  char err[512];
+  vl_err err;
   for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
     char dir[320], name[32];
     snprintf(name, sizeof name, "damage%zu", k);
     small_set(dir, sizeof dir, name);
-    int rc = tu_segset_corrupt(dir, 1, m[k].mode, err, sizeof err);
-    if (rc) print_error("corrupt mode %d: %s\n", m[k].mode, err);
+    int rc = tu_segset_corrupt(dir, 1, m[k].mode, err.msg, sizeof err.msg);
+    if (rc) print_error("corrupt mode %d: %s\n", m[k].mode, err.msg);
     assert_int_equal(rc, 0);
     expect_damaged(dir, m[k].file, m[k].what);
   }
   /* Bad arguments. */
   char dir[320];
   small_set(dir, sizeof dir, "damage_args");
-  assert_int_equal(tu_segset_corrupt(dir, 1, 99, err, sizeof err), -1);
-  assert_non_null(strstr(err, "unknown corrupt mode 99"));
-  assert_int_equal(tu_segset_corrupt(dir, 3, TU_SEGSET_IMG_TRUNCATE, err, sizeof err), -1);
-  assert_non_null(strstr(err, "not in the set"));
+  assert_int_equal(tu_segset_corrupt(dir, 1, 99, err.msg, sizeof err.msg), -1);
+  assert_non_null(strstr(err.msg, "unknown corrupt mode 99"));
+  assert_int_equal(tu_segset_corrupt(dir, 3, TU_SEGSET_IMG_TRUNCATE, err.msg, sizeof err.msg), -1);
+  assert_non_null(strstr(err.msg, "not in the set"));
 }
 
 /* Hand-made masks: a header comment is fine (PGM allows it); trailing bytes, another
@@ -365,7 +366,8 @@ static void test_corrupt_modes(void **state) {
  * errors or clean reads, never a crash (ASan checks the reads). */
 static void test_mask_files(void **state) {
   (void)state;
-  char dir[320], path[400], err[512];
+  char dir[320], path[400];
+  vl_err err;
   small_set(dir, sizeof dir, "masks");
   snprintf(path, sizeof path, "%s/mask_0000001.pgm", dir);
   uint8_t *orig;
@@ -380,24 +382,24 @@ static void test_mask_files(void **state) {
   int n = snprintf((char *)buf, 64, "P5\n# a comment\n32\t32 # and another\n255\n");
   memcpy(buf + n, orig + hdr, npx);
   tu_write_bytes(path, buf, (size_t)n + npx);
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_OK);
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_OK);
   assert_memory_equal(img.mask, orig + hdr, npx);
 
   memcpy(buf, orig, olen);
   buf[olen] = 0;
   tu_write_bytes(path, buf, olen + 1);
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "wrong mask size: 1 bytes past"));
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "wrong mask size: 1 bytes past"));
 
   n = snprintf((char *)buf, 64, "P5\n32 32\n65535\n");
   memcpy(buf + n, orig + hdr, npx);
   tu_write_bytes(path, buf, (size_t)n + npx);
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "maxval 65535"));
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "maxval 65535"));
 
   tu_write_bytes(path, buf, 0);
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "mask_0000001.pgm: empty file"));
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "mask_0000001.pgm: empty file"));
 
   /* Fuzz: random bytes over the header, then every truncation length of the header. */
   vl_rng r;
@@ -407,17 +409,17 @@ static void test_mask_files(void **state) {
     int nb = 1 + (int)vl_rng_below(&r, 4);
     for (int k = 0; k < nb; k++) buf[vl_rng_below(&r, hdr + 2)] = (uint8_t)vl_rng_u64(&r);
     tu_write_bytes(path, buf, olen);
-    vl_status st = read_one(&d, NULL, 1, &img, err, sizeof err);
+    vl_status st = read_one(&d, NULL, 1, &img, &err);
     assert_true(st == VL_OK || st == VL_ERR_IO);
-    if (st == VL_ERR_IO) assert_non_null(strstr(err, "mask_0000001.pgm"));
+    if (st == VL_ERR_IO) assert_non_null(strstr(err.msg, "mask_0000001.pgm"));
   }
   for (size_t len = 1; len < olen; len += len < 40 ? 1 : 97) {
     tu_write_bytes(path, orig, len);
-    assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-    assert_non_null(strstr(err, "mask_0000001.pgm"));
+    assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_ERR_IO);
+    assert_non_null(strstr(err.msg, "mask_0000001.pgm"));
   }
   tu_write_bytes(path, orig, olen);
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_OK);
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_OK);
 
   /* The JPEG cut at many lengths. */
   snprintf(path, sizeof path, "%s/img_0000002.jpg", dir);
@@ -425,8 +427,8 @@ static void test_mask_files(void **state) {
   size_t jlen = tu_slurp(path, &jorig);
   for (size_t len = 1; len < jlen; len += len < 700 ? 37 : 301) {
     tu_write_bytes(path, jorig, len);
-    assert_int_equal(read_one(&d, NULL, 2, &img, err, sizeof err), VL_ERR_IO);
-    assert_non_null(strstr(err, "img_0000002.jpg"));
+    assert_int_equal(read_one(&d, NULL, 2, &img, &err), VL_ERR_IO);
+    assert_non_null(strstr(err.msg, "img_0000002.jpg"));
   }
   free(jorig);
   free(orig);
@@ -489,45 +491,45 @@ static void test_mask_header_strict(void **state) {
       {"P5\n4 3\n255\n", "the mask is 4x3"},
   };
   uint8_t buf[64], dst[S * S];
-  char err[512];
+  vl_err err;
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     size_t n = strlen(cases[k].hdr);
     memcpy(buf, cases[k].hdr, n);
     for (int q = 0; q < S * S; q++) buf[n + q] = (uint8_t)(q % 3);
-    err[0] = 0;
-    vl_status st = vl_segset_decode_mask("m.pgm", buf, n + S * S, S, 3, dst, err, sizeof err);
+    err.msg[0] = 0;
+    vl_status st = vl_segset_decode_mask("m.pgm", buf, n + S * S, S, 3, dst, &err);
     if (!cases[k].needle) {
-      if (st != VL_OK) print_error("\"%s\": %s\n", cases[k].hdr, err);
+      if (st != VL_OK) print_error("\"%s\": %s\n", cases[k].hdr, err.msg);
       assert_int_equal(st, VL_OK);
       for (int q = 0; q < S * S; q++) assert_int_equal(dst[q], q % 3);
       continue;
     }
-    if (st != VL_ERR_IO || !strstr(err, cases[k].needle) || !strstr(err, "m.pgm"))
-      print_error("\"%s\": %s \"%s\" (want \"%s\")\n", cases[k].hdr, vl_status_name(st), err, cases[k].needle);
+    if (st != VL_ERR_IO || !strstr(err.msg, cases[k].needle) || !strstr(err.msg, "m.pgm"))
+      print_error("\"%s\": %s \"%s\" (want \"%s\")\n", cases[k].hdr, vl_status_name(st), err.msg, cases[k].needle);
     assert_int_equal(st, VL_ERR_IO);
-    assert_non_null(strstr(err, "m.pgm"));
-    assert_non_null(strstr(err, cases[k].needle));
+    assert_non_null(strstr(err.msg, "m.pgm"));
+    assert_non_null(strstr(err.msg, cases[k].needle));
   }
   /* The data length is exact: one byte short or long is an error. */
   const size_t h = strlen("P5\n4 4\n255\n");
   memcpy(buf, "P5\n4 4\n255\n", h);
   memset(buf + h, 1, S * S + 1);
-  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S - 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "truncated mask: 15 of 16"));
-  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S + 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "1 bytes past"));
-  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, 1, S, 3, dst, err, sizeof err), VL_ERR_IO);
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S - 1, S, 3, dst, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "truncated mask: 15 of 16"));
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, h + S * S + 1, S, 3, dst, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "1 bytes past"));
+  assert_int_equal(vl_segset_decode_mask("m.pgm", buf, 1, S, 3, dst, &err), VL_ERR_IO);
 }
 
 /* ============================== manifest ============================================= */
 
 static void expect_open_fail(const char *dir, const char *needle) {
   vl_segset *s = (vl_segset *)1;
-  char err[512] = "";
-  assert_int_equal(vl_segset_open(&s, dir, err, sizeof err), -1);
+  vl_err err = {""};
+  assert_int_not_equal(vl_segset_open(&s, dir, &err), VL_OK);
   assert_null(s);
-  if (!strstr(err, needle)) print_error("message '%s' lacks '%s'\n", err, needle);
-  assert_non_null(strstr(err, needle));
+  if (!strstr(err.msg, needle)) print_error("message '%s' lacks '%s'\n", err.msg, needle);
+  assert_non_null(strstr(err.msg, needle));
 }
 
 static void test_manifest_errors(void **state) {
@@ -583,16 +585,17 @@ static void test_manifest_errors(void **state) {
   /* ... and then a listed file that is not there is the read's error, naming it. */
   vl_dataset d = vl_segset_dataset(s);
   vl_image img = {0};
-  char err[512];
-  assert_int_equal(read_one(&d, NULL, 1, &img, err, sizeof err), VL_ERR_IO);
-  assert_non_null(strstr(err, "b.jpg: cannot open"));
+  vl_err err;
+  assert_int_equal(read_one(&d, NULL, 1, &img, &err), VL_ERR_IO);
+  assert_non_null(strstr(err.msg, "b.jpg: cannot open"));
   tu_image_free(&img);
   vl_segset_close(s);
 }
 
 static void test_generate_errors(void **state) {
   (void)state;
-  char dir[320], err[512];
+  char dir[320];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "bad_cfg");
   static const struct { int field, value; const char *needle; } cases[] = {
       {0, 0, "n must be at least 1"},        {1, 8, "size must be in 16..2048"},
@@ -607,9 +610,9 @@ static void test_generate_errors(void **state) {
     if (cases[k].field == 2) g.num_classes = cases[k].value;
     if (cases[k].field == 3) g.quality = cases[k].value;
     if (cases[k].field == 4) g.threads = cases[k].value;
-    assert_int_equal(vl_segset_generate(dir, &g, err, sizeof err), -1);
-    if (!strstr(err, cases[k].needle)) print_error("message '%s' lacks '%s'\n", err, cases[k].needle);
-    assert_non_null(strstr(err, cases[k].needle));
+    assert_int_not_equal(vl_segset_generate(dir, &g, &err), VL_OK);
+    if (!strstr(err.msg, cases[k].needle)) print_error("message '%s' lacks '%s'\n", err.msg, cases[k].needle);
+    assert_non_null(strstr(err.msg, cases[k].needle));
   }
   /* A directory under a regular file cannot be made. */
   char file[340], under[400];
@@ -618,8 +621,8 @@ static void test_generate_errors(void **state) {
   snprintf(under, sizeof under, "%s/sub", file);
   vl_segset_gen_cfg g = set_cfg();
   g.n = 1;
-  assert_int_equal(vl_segset_generate(under, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "plainfile"));
+  assert_int_not_equal(vl_segset_generate(under, &g, &err), VL_OK);
+  assert_non_null(strstr(err.msg, "plainfile"));
 }
 
 /* ============================== first use, the case's knobs ========================== */
@@ -627,9 +630,17 @@ static void test_generate_errors(void **state) {
 /* A split is made only where nothing (or only an interrupted generation's files) is: a
  * damaged manifest, a set made otherwise, a folder with other files are refused and left
  * as they are. */
+/* vl_segset_first_use as the number the tests compare: 1 make the set, 0 open it, -1 refused. */
+static int first_use_code(vl_segset **s, const char *dir, const vl_segset_gen_cfg *g, vl_err *err) {
+  bool make = false;
+  if (vl_segset_first_use(s, dir, g, &make, err) != VL_OK) return -1;
+  return make ? 1 : 0;
+}
+
 static void test_first_use(void **state) {
   (void)state;
-  char dir[320], p[400], err[1024];
+  char dir[320], p[400];
+  vl_err err;
   tu_join(dir, sizeof dir, tu_tmp, "first");
   vl_segset_gen_cfg g;
   vl_segset_gen_cfg_default(&g);
@@ -638,25 +649,25 @@ static void test_first_use(void **state) {
   g.seed = 9;
   g.threads = 1;
   vl_segset *s = (vl_segset *)&g; /* must be reset to NULL */
-  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1);
   assert_null(s);
   assert_int_equal(mkdir(dir, 0755), 0);
   tu_join(p, sizeof p, dir, "mask_0000002.pgm"); /* an interrupted generation's */
   tu_write_text(p, "P5");
-  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 1);
-  assert_int_equal(vl_segset_generate(dir, &g, err, sizeof err), 0);
-  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), 0);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 1);
+  assert_int_equal(vl_segset_generate(dir, &g, &err), VL_OK);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), 0);
   assert_non_null(s);
   vl_segset_close(s);
   vl_segset_gen_cfg g2 = g;
   g2.size = 32;
-  assert_int_equal(vl_segset_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
   assert_null(s);
-  assert_non_null(strstr(err, "size=16"));
-  assert_non_null(strstr(err, "size=32"));
+  assert_non_null(strstr(err.msg, "size=16"));
+  assert_non_null(strstr(err.msg, "size=32"));
   g2 = g;
   g2.num_classes = 6;
-  assert_int_equal(vl_segset_first_use(&s, dir, &g2, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g2, &err), -1);
 
   tu_join(p, sizeof p, dir, "manifest.tsv");
   uint8_t *orig;
@@ -664,13 +675,13 @@ static void test_first_use(void **state) {
   tu_write_bytes(p, orig, olen - 20); /* the last line cut inside its mask name */
   uint8_t *cut;
   size_t clen = tu_slurp(p, &cut);
-  assert_int_equal(vl_segset_first_use(&s, dir, &g, err, sizeof err), -1);
+  assert_int_equal(first_use_code(&s, dir, &g, &err), -1);
   assert_null(s);
-  if (!strstr(err, "manifest.tsv:4:") || !strstr(err, "damaged") || !strstr(err, "vramlab data gen --kind seg"))
-    print_error("%s\n", err);
-  assert_non_null(strstr(err, "manifest.tsv:4:"));
-  assert_non_null(strstr(err, "damaged"));
-  assert_non_null(strstr(err, "vramlab data gen --kind seg --out"));
+  if (!strstr(err.msg, "manifest.tsv:4:") || !strstr(err.msg, "damaged") || !strstr(err.msg, "vramlab data gen --kind seg"))
+    print_error("%s\n", err.msg);
+  assert_non_null(strstr(err.msg, "manifest.tsv:4:"));
+  assert_non_null(strstr(err.msg, "damaged"));
+  assert_non_null(strstr(err.msg, "vramlab data gen --kind seg --out"));
   uint8_t *after;
   assert_int_equal(tu_slurp(p, &after), clen);
   assert_memory_equal(after, cut, clen);
@@ -684,9 +695,9 @@ static void test_first_use(void **state) {
   assert_int_equal(mkdir(other, 0755), 0);
   tu_join(p, sizeof p, other, "labels.csv");
   tu_write_text(p, "mine");
-  assert_int_equal(vl_segset_first_use(&s, other, &g, err, sizeof err), -1);
-  assert_non_null(strstr(err, "is not empty"));
-  assert_non_null(strstr(err, "labels.csv"));
+  assert_int_equal(first_use_code(&s, other, &g, &err), -1);
+  assert_non_null(strstr(err.msg, "is not empty"));
+  assert_non_null(strstr(err.msg, "labels.csv"));
   assert_int_equal(tu_count_entries(other), 1);
 }
 
@@ -745,9 +756,9 @@ static void test_loader_end_to_end(void **state) {
     c.workers = mode ? 2 : 0;
     c.batched_collate = mode;
     vl_loader *l = NULL;
-    char err[512];
-    vl_status st = vl_loader_create(&l, &c, &d, err, sizeof err);
-    if (st != VL_OK) print_error("create: %s\n", err);
+    vl_err err;
+    vl_status st = vl_loader_create(&l, &c, &d, &err);
+    if (st != VL_OK) print_error("create: %s\n", err.msg);
     assert_int_equal(st, VL_OK);
     assert_int_equal(vl_loader_start_epoch(l, 1), VL_OK);
     vl_batch_buf *b;

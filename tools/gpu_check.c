@@ -1018,9 +1018,10 @@ static int json_write(const char *path, const char *device, int ran, int failed,
   cJSON_AddNumberToObject(doc, "skipped", skipped);
   cJSON_AddItemToObject(doc, "cases", json_rows);
   json_rows = NULL;
-  char *text = cJSON_Print(doc), err[512] = "";
-  int rc = text && vl_file_write_atomic(path, text, strlen(text), err, sizeof err) == 0 ? 0 : 1;
-  if (rc) fprintf(stderr, "gpu-check: --json %s: %s\n", path, err[0] ? err : "out of memory");
+  char *text = cJSON_Print(doc);
+  vl_err err = {""};
+  int rc = text && vl_file_write_atomic(path, text, strlen(text), &err) == VL_OK ? 0 : 1;
+  if (rc) fprintf(stderr, "gpu-check: --json %s: %s\n", path, err.msg[0] ? err.msg : "out of memory");
   free(text);
   cJSON_Delete(doc);
   return rc;
@@ -1057,9 +1058,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (json) { /* a path that cannot be written is said before anything runs */
-    char err[512];
-    if (vl_file_check_writable(json, err, sizeof err)) {
-      fprintf(stderr, "gpu-check: --json %s\n", err);
+    vl_err err;
+    if (vl_file_check_writable(json, &err)) {
+      fprintf(stderr, "gpu-check: --json %s\n", err.msg);
       return 2;
     }
     json_rows = cJSON_CreateArray();

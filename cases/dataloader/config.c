@@ -112,12 +112,12 @@ vl_status vl_dl_open_data(vl_case_env *env, const vl_dl_cfg *d, vl_jpegset **out
   g.progress = vl_case_gen_progress;
   /* Made only in a new or empty folder: a damaged or foreign one is refused, never
    * overwritten. The data set's calls write their message into m. */
-  char m[VL_CASE_ERR_LEN] = "";
-  int u = vl_jpegset_first_use(out, d->data_dir, &g, m, sizeof m);
-  if (u < 0) return vl_case_fail(env, VL_ERR_IO, "%s", m);
-  if (u == 0) return VL_OK;
+  vl_err m = {""};
+  bool make = false;
+  if (vl_jpegset_first_use(out, d->data_dir, &g, &make, &m) != VL_OK) return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
+  if (!make) return VL_OK;
   vl_progress("generating %ld synthetic JPEGs in %s", d->images, d->data_dir);
-  if (vl_jpegset_generate_ex(d->data_dir, &g, m, sizeof m) || vl_jpegset_open(out, d->data_dir, m, sizeof m))
-    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  if (vl_jpegset_generate_ex(d->data_dir, &g, &m) || vl_jpegset_open(out, d->data_dir, &m))
+    return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
   return VL_OK;
 }

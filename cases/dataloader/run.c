@@ -92,10 +92,10 @@ vl_status vl_dl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out) {
     }
   }
   vl_loader *l = NULL;
-  char lerr[VL_CASE_ERR_LEN] = "";
-  s = vl_loader_create(&l, &d.lc, &ds, lerr, sizeof lerr);
+  vl_err lerr = {""};
+  s = vl_loader_create(&l, &d.lc, &ds, &lerr);
   if (s != VL_OK) {
-    vl_case_fail(env, s, "%s", lerr);
+    vl_case_fail(env, s, "%s", lerr.msg);
     vl_ctx_destroy(dev.c);
     vl_jpegset_close(js);
     return s;

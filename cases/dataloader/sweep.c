@@ -86,11 +86,11 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
   VL_TRY(vl_dl_open_data(env, &d, &js));
   cJSON *cm = cJSON_AddObjectToObject(res, "case_metrics");
   vl_progress("decode-only ceiling (one core)");
-  char m[VL_CASE_ERR_LEN] = ""; /* the data set's and the loader's messages */
-  double rate = vl_jpegset_decode_rate(js, d.images < 128 ? d.images : 128, m, sizeof m);
-  if (!(rate > 0)) {
+  vl_err m = {""}; /* the data set's and the loader's messages */
+  double rate = -1;
+  if (vl_jpegset_decode_rate(js, d.images < 128 ? d.images : 128, &rate, &m) != VL_OK || !(rate > 0)) {
     vl_jpegset_close(js);
-    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+    return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
   }
   cJSON_AddNumberToObject(cm, "decode_images_per_s_per_core", rate);
   cJSON_AddNumberToObject(cm, "decode_ceiling_images_per_s", rate * (double)d.cores);
@@ -112,10 +112,10 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
       d.lc.prefetch = (int)ps[j];
       d.lc.persistent = true;
       vl_loader *l = NULL;
-      vl_status s = vl_loader_create(&l, &d.lc, &ds, m, sizeof m);
+      vl_status s = vl_loader_create(&l, &d.lc, &ds, &m);
       if (s != VL_OK) {
         vl_jpegset_close(js);
-        return vl_case_fail(env, s, "%s", m);
+        return vl_case_fail(env, s, "%s", m.msg);
       }
       vl_dl_epoch e;
       vl_progress("sweep workers=%ld prefetch=%ld", ws[i], ps[j]);

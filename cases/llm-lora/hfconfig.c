@@ -276,11 +276,12 @@ vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_c
   struct stat st;
   bool known = stat(path, &st) == 0 && S_ISREG(st.st_mode);
   if (known && hf_cached(path, &st, mc, max_pos)) return VL_OK;
-  char m[VL_CASE_ERR_LEN] = "";
+  vl_err m;
   size_t n = 0;
-  char *text = vl_file_read_text(path, VL_LLM_HF_CONFIG_MAX_BYTES, "the 1 MiB limit of a model config", &n, m, sizeof m);
+  char *text;
   /* a config that cannot be read is a bad value of the setting, like any other */
-  if (!text) return vl_case_fail(env, VL_ERR_INVALID, "model_config: %s", m);
+  if (vl_file_read_text(path, VL_LLM_HF_CONFIG_MAX_BYTES, "the 1 MiB limit of a model config", &text, &n, &m))
+    return vl_case_fail(env, VL_ERR_INVALID, "model_config: %s", m.msg);
   vl_status s = vl_llm_hf_config_parse(env, text, n, path, mc, max_pos);
   free(text);
   if (s == VL_OK && known) hf_remember(path, &st, mc, *max_pos);

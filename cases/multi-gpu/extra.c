@@ -178,7 +178,8 @@ static vl_status collective(vl_case_env *env, const char *coll, int np, size_t l
   if (!env->quiet) vl_progress("collective benchmark: %s on %d ranks, %s..%s bytes", coll, np, los, his);
   int rc = vl_mpirun(&o, argv, &err);
   vl_status s = VL_OK;
-  char *t = rc == 0 ? vl_file_read_text(file, (uint64_t)16 << 20, NULL, NULL, err.msg, sizeof err.msg) : NULL;
+  char *t = NULL;
+  if (rc == 0) (void)vl_file_read_text(file, (uint64_t)16 << 20, NULL, &t, NULL, NULL);
   cJSON *j = t ? cJSON_Parse(t) : NULL;
   free(t);
   if (j) {

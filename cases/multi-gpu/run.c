@@ -57,9 +57,9 @@ static double children_cpu_s(void) {
 /* What the job's output says, for a message: the ranks' own lines ("vramlab: ...": a rank
  * that failed names itself), else its last bytes; line breaks as " | ". */
 static void log_tail(const char *path, char *buf, size_t n) {
-  char e[64];
   size_t len = 0;
-  char *t = vl_file_read_text(path, (uint64_t)64 << 20, NULL, &len, e, sizeof e);
+  char *t;
+  (void)vl_file_read_text(path, (uint64_t)64 << 20, NULL, &t, &len, NULL);
   buf[0] = 0;
   if (!t) return;
   const char *p = strstr(t, "vramlab: ");
@@ -123,16 +123,18 @@ static void free_argv(char **argv) {
 static vl_status read_ranks(vl_case_env *env, const char *dir, int np, cJSON **out) {
   cJSON *arr = cJSON_CreateArray();
   for (int r = 0; r < np; r++) {
-    char path[PATH_MAX], e[VL_CASE_ERR_LEN];
+    char path[PATH_MAX];
+    vl_err e;
     snprintf(path, sizeof path, "%s/rank-%d.json", dir, r);
-    char *t = vl_file_read_text(path, (uint64_t)64 << 20, NULL, NULL, e, sizeof e);
+    char *t;
+    (void)vl_file_read_text(path, (uint64_t)64 << 20, NULL, &t, NULL, &e);
     bool read = t != NULL;
     cJSON *o = t ? cJSON_Parse(t) : NULL;
     free(t);
     if (!o || vl_rep_num(o, "rank") != r) {
       cJSON_Delete(o);
       cJSON_Delete(arr);
-      return vl_case_fail(env, VL_ERR_IO, "rank %d wrote no readable results (%s)", r, read ? "not its JSON" : e);
+      return vl_case_fail(env, VL_ERR_IO, "rank %d wrote no readable results (%s)", r, read ? "not its JSON" : e.msg);
     }
     cJSON_AddItemToArray(arr, o);
   }

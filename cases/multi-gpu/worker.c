@@ -84,9 +84,9 @@ static vl_status feed_open(vl_case_env *env, const vl_mg_rung *r, int64_t B, int
   lc.rank = r->mode == VL_DIST_DP ? 0 : rank;
   lc.world = r->mode == VL_DIST_DP ? 1 : world;
   vl_dataset ds = vl_segset_dataset(ts);
-  char lerr[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_loader_create(&F->f.l, &lc, &ds, lerr, sizeof lerr);
-  if (s != VL_OK) return vl_case_fail(env, s, "loader: %s", lerr);
+  vl_err lerr = {""};
+  vl_status s = vl_loader_create(&F->f.l, &lc, &ds, &lerr);
+  if (s != VL_OK) return vl_case_fail(env, s, "loader: %s", lerr.msg);
   size_t HW = (size_t)(mc->image * mc->image);
   F->f.env = env;
   F->f.r = &F->seg;
@@ -143,13 +143,14 @@ static cJSON *stats_json(const vl_dist_stats *d) {
 }
 
 static vl_status write_rank(vl_case_env *env, const char *dir, int rank, cJSON *o) {
-  char path[VL_KNOB_VAL_LEN + 64], err[VL_CASE_ERR_LEN];
+  char path[VL_KNOB_VAL_LEN + 64];
+  vl_err err;
   snprintf(path, sizeof path, "%s/rank-%d.json", dir, rank);
   char *text = cJSON_PrintUnformatted(o);
   if (!text) return vl_case_fail(env, VL_ERR_OOM, "host memory for the rank's results");
-  int rc = vl_file_write_atomic(path, text, strlen(text), err, sizeof err);
+  vl_status rc = vl_file_write_atomic(path, text, strlen(text), &err);
   free(text);
-  return rc ? vl_case_fail(env, VL_ERR_IO, "%s", err) : VL_OK;
+  return rc ? vl_case_fail(env, VL_ERR_IO, "%s", err.msg) : VL_OK;
 }
 
 /* The measured run of this rank into o. */
@@ -248,11 +249,10 @@ int vl_mg_worker(int argc, char **argv) {
   }
   *env = (vl_case_env){.scale = a->scale, .device = VL_DEV_CPU, .setting = &a->setting, .quiet = a->quiet};
   vl_comm *cm = NULL;
-  char err[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_comm_under_mpirun() ? vl_comm_create_mpi(&cm, err, sizeof err)
-                                       : vl_comm_create_self(&cm, err, sizeof err);
+  vl_err err = {""};
+  vl_status s = vl_comm_under_mpirun() ? vl_comm_create_mpi(&cm, &err) : vl_comm_create_self(&cm, &err);
   if (s != VL_OK) {
-    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", err);
+    fprintf(stderr, "vramlab: worker multi-gpu: %s\n", err.msg);
     free(a);
     free(env);
     return 1;

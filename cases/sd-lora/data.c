@@ -21,14 +21,14 @@ vl_status vl_sdl_open_set(vl_case_env *env, const vl_sdl_rung *r, vl_captions **
   g.progress = vl_case_gen_progress;
   /* made only in a new or empty folder: a damaged or foreign one is refused, never
    * overwritten */
-  char m[VL_CASE_ERR_LEN] = "";
-  int u = vl_captions_first_use(out, dir, &g, m, sizeof m);
-  if (u < 0) return vl_case_fail(env, VL_ERR_IO, "%s", m);
-  if (u == 0) return VL_OK;
+  vl_err m = {""};
+  bool make = false;
+  if (vl_captions_first_use(out, dir, &g, &make, &m) != VL_OK) return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
+  if (!make) return VL_OK;
   vl_progress("generating %ld captioned images (short side %lld..%lld) in %s", r->images,
               (long long)(side * 3 / 4), (long long)(side * 5 / 4), dir);
-  if (vl_captions_generate(dir, &g, m, sizeof m) || vl_captions_open(out, dir, m, sizeof m))
-    return vl_case_fail(env, VL_ERR_IO, "%s", m);
+  if (vl_captions_generate(dir, &g, &m) || vl_captions_open(out, dir, &m))
+    return vl_case_fail(env, VL_ERR_IO, "%s", m.msg);
   return VL_OK;
 }
 

@@ -88,7 +88,7 @@ void vl_sdl_micro_bind(const vl_sd_cfg *m, vl_sdl_micro *mb) {
 }
 
 /* ---- cached: the prefetching producer's fill ------------------------------------------------ */
-static vl_status fill(void *user, int worker, int64_t k, void *buf, char *err, size_t errn) {
+static vl_status fill(void *user, int worker, int64_t k, void *buf, vl_err *err) {
   vl_sdl_feed *f = user;
   const vl_sd_cfg *m = &f->r->model;
   worker_scratch *w = &f->ws[worker];
@@ -108,10 +108,7 @@ static vl_status fill(void *user, int worker, int64_t k, void *buf, char *err, s
     vl_status s = vl_cache_read(w->c, f->caches->lat, i, moments ? w->rec : lat + j * nl);
     if (s == VL_OK && moments) vl_sdl_sample(w->rec, w->eps, C, hw, m->vae.scale, lat + j * nl);
     if (s == VL_OK) s = vl_cache_read(w->c, f->caches->text, i, ctx + j * LD);
-    if (s != VL_OK) {
-      snprintf(err, errn, "%s", w->c->err);
-      return s;
-    }
+    if (s != VL_OK) return vl_err_set(err, s, "%s", w->c->err);
   }
   fill_head *h = buf;
   h->n = n;
@@ -160,8 +157,8 @@ vl_status vl_sdl_feed_open(vl_case_env *env, const vl_sdl_rung *r, vl_captions *
     vl_loader_cfg lc;
     vl_sdl_loader_cfg(r, &lc, B, (int)r->workers, shuffle);
     vl_dataset ds = vl_captions_dataset(set);
-    char lerr[VL_CASE_ERR_LEN] = "";
-    if ((s = vl_loader_create(&f->loader, &lc, &ds, lerr, sizeof lerr)) != VL_OK) vl_case_fail(env, s, "%s", lerr);
+    vl_err lerr = {""};
+    if ((s = vl_loader_create(&f->loader, &lc, &ds, &lerr)) != VL_OK) vl_case_fail(env, s, "%s", lerr.msg);
   } else {
     s = open_cached(env, f);
   }
@@ -193,9 +190,9 @@ vl_status vl_sdl_feed_epoch(vl_case_env *env, vl_sdl_feed *f, int64_t epoch) {
     }
   }
   vl_prefetch_cfg pc = {(int)f->r->workers, (int)f->r->prefetch, f->buf_bytes, f->batches, fill, f};
-  char err[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_prefetch_create(&f->pf, &pc, err, sizeof err);
-  return s == VL_OK ? VL_OK : vl_case_fail(env, s, "cache reader: %s", err);
+  vl_err err = {""};
+  vl_status s = vl_prefetch_create(&f->pf, &pc, &err);
+  return s == VL_OK ? VL_OK : vl_case_fail(env, s, "cache reader: %s", err.msg);
 }
 
 static vl_status next_uncached(vl_case_env *env, vl_sdl_feed *f, vl_sdl_micro *m, bool *end, double *producer) {
@@ -227,9 +224,9 @@ static vl_status next_cached(vl_case_env *env, vl_sdl_feed *f, vl_sdl_micro *m, 
   void *buf = NULL;
   int64_t k;
   double wait;
-  char err[VL_CASE_ERR_LEN] = "";
-  vl_status s = vl_prefetch_next(f->pf, &buf, &k, &wait, err, sizeof err);
-  if (s != VL_OK) return vl_case_fail(env, s, "cache reader: %s", err);
+  vl_err err = {""};
+  vl_status s = vl_prefetch_next(f->pf, &buf, &k, &wait, &err);
+  if (s != VL_OK) return vl_case_fail(env, s, "cache reader: %s", err.msg);
   if (!buf) { *end = true; return VL_OK; }
   const fill_head *h = buf;
   const char *p = buf;

@@ -126,12 +126,13 @@ void vl_sdl_cache_bytes_full(vl_cache_form form, vl_dtype dt, int64_t n, uint64_
 /* The hash of image i's file (its bytes as they are now) into *h; buf grows as needed. */
 static vl_status image_hash(vl_case_env *env, const vl_captions *set, int64_t i, int64_t max, uint8_t **buf,
                             size_t *cap, uint64_t *h) {
-  char path[4096], m[4352];
+  char path[4096];
+  vl_err m;
   size_t len = 0;
   if (!vl_captions_path(set, i, path, sizeof path))
     return vl_case_fail(env, VL_ERR_INVALID, "cache key: image %lld: path too long", (long long)i);
-  if (vl_file_read(path, (uint64_t)max, "the largest image of the manifest", buf, cap, &len, m, sizeof m))
-    return vl_case_fail(env, VL_ERR_IO, "cache key: %s", m);
+  if (vl_file_read(path, (uint64_t)max, "the largest image of the manifest", buf, cap, &len, &m))
+    return vl_case_fail(env, VL_ERR_IO, "cache key: %s", m.msg);
   *h = vl_cache_hash(0, *buf, len);
   return VL_OK;
 }
@@ -331,9 +332,9 @@ static vl_status build(vl_case_env *env, const vl_sdl_rung *r, vl_captions *set,
   lc.drop_last = false;
   vl_dataset ds = vl_captions_dataset(set);
   vl_loader *l = NULL;
-  char lerr[VL_CASE_ERR_LEN] = "";
-  if (s == VL_OK && (s = vl_loader_create(&l, &lc, &ds, lerr, sizeof lerr)) != VL_OK)
-    vl_case_fail(env, s, "cache build: %s", lerr);
+  vl_err lerr = {""};
+  if (s == VL_OK && (s = vl_loader_create(&l, &lc, &ds, &lerr)) != VL_OK)
+    vl_case_fail(env, s, "cache build: %s", lerr.msg);
   double t0 = vl_now();
   if (s == VL_OK) s = build_pass(&x, l);
   double t1 = vl_now();

@@ -204,7 +204,11 @@ vl_status vl_segcase_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
                calloc((size_t)r.epochs, sizeof(double))};
   vl_segrung_feed *L = &R.f;
   double *acc = R.acc, *miou = R.miou;
-  if (s == VL_OK) s = vl_loader_create(&L->l, &lc, &ds, lerr, sizeof lerr);
+  if (s == VL_OK) {
+    vl_err le = {""};
+    s = vl_loader_create(&L->l, &lc, &ds, &le);
+    snprintf(lerr, sizeof lerr, "%s", le.msg);
+  }
   if (!L->held || !L->mb || !L->xs || !L->ys || !acc || !miou) s = VL_ERR_OOM;
   vl_loop_result res = {0};
   /* the first step (primitive creation, page faults) is warm-up */

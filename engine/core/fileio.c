@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,17 +12,6 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failf(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, size_t errn, const char *fmt, ...) {
-  if (err && errn) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errn, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 /* What fstat says a file that is not a regular one is, for messages. */
 static const char *file_kind(mode_t m) {
@@ -35,48 +23,49 @@ static const char *file_kind(mode_t m) {
                        : "unknown file type";
 }
 
-/* An fd on a regular file of at most max bytes, its size in *size; -1 with a message.
+/* An fd on a regular file of at most max bytes into *fd, its size in *size; VL_ERR_IO
+ * with a message (errno says why).
  * O_NONBLOCK: opening a FIFO for reading waits for a writer, maybe forever (a hung run);
  * with it the open returns at once and fstat says what the file is. A regular file reads
  * the same either way. The size is checked before any byte: a 40 GiB file is refused
  * here, not after an attempt to hold it in memory. */
-static int open_regular(const char *path, uint64_t max, const char *limit_name, size_t *size,
-                        char *err, size_t errn) {
+static vl_status open_regular(const char *path, uint64_t max, const char *limit_name, int *fdp,
+                              size_t *size, vl_err *err) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return failf(err, errn, "%s: cannot open: %s", path, strerror(errno));
+  if (fd < 0) return vl_err_set(err, VL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
   int e = 0;
   if (fstat(fd, &st) != 0) {
     e = errno;
-    failf(err, errn, "%s: cannot stat: %s", path, strerror(e));
+    vl_err_set(err, VL_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
   } else if (!S_ISREG(st.st_mode)) {
     e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
-    failf(err, errn, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    vl_err_set(err, VL_ERR_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
   } else if ((uint64_t)st.st_size > max || (uint64_t)st.st_size > (uint64_t)SIZE_MAX / 2) {
     e = EFBIG;
-    failf(err, errn, "%s: file of %lld bytes exceeds %s (%llu)", path, (long long)st.st_size,
-          limit_name ? limit_name : "the limit", (unsigned long long)max);
+    vl_err_set(err, VL_ERR_IO, "%s: file of %lld bytes exceeds %s (%llu)", path, (long long)st.st_size,
+               limit_name ? limit_name : "the limit", (unsigned long long)max);
   }
   if (e) {
     close(fd);
     errno = e;
-    return -1;
+    return VL_ERR_IO;
   }
   *size = (size_t)st.st_size;
-  return fd;
+  *fdp = fd;
+  return VL_OK;
 }
 
 vl_status vl_file_read(const char *path, uint64_t max, const char *limit_name, uint8_t **buf,
-                       size_t *cap, size_t *len, char *err, size_t errn) {
+                       size_t *cap, size_t *len, vl_err *err) {
   size_t size = 0;
-  int fd = open_regular(path, max, limit_name, &size, err, errn);
-  if (fd < 0) return VL_ERR_IO;
+  int fd = -1;
+  VL_TRY(open_regular(path, max, limit_name, &fd, &size, err));
   if (size > *cap) {
     uint8_t *nb = realloc(*buf, size);
     if (!nb) {
       close(fd);
-      failf(err, errn, "%s: out of memory for a %zu-byte file buffer", path, size);
-      return VL_ERR_OOM;
+      return vl_err_set(err, VL_ERR_OOM, "%s: out of memory for a %zu-byte file buffer", path, size);
     }
     *buf = nb;
     *cap = size;
@@ -87,7 +76,7 @@ vl_status vl_file_read(const char *path, uint64_t max, const char *limit_name, u
     ssize_t k = read(fd, *buf + got, size - got);
     if (k < 0) {
       if (errno == EINTR) continue;
-      failf(err, errn, "%s: read error: %s", path, strerror(errno));
+      vl_err_set(err, VL_ERR_IO, "%s: read error: %s", path, strerror(errno));
       close(fd);
       return VL_ERR_IO;
     }
@@ -99,45 +88,47 @@ vl_status vl_file_read(const char *path, uint64_t max, const char *limit_name, u
   return VL_OK;
 }
 
-char *vl_file_read_text(const char *path, uint64_t max, const char *limit_name, size_t *n,
-                        char *err, size_t errn) {
+vl_status vl_file_read_text(const char *path, uint64_t max, const char *limit_name, char **text,
+                            size_t *n, vl_err *err) {
   uint8_t *buf = NULL;
   size_t cap = 0, len = 0;
-  if (vl_file_read(path, max, limit_name, &buf, &cap, &len, err, errn) != VL_OK) {
+  *text = NULL;
+  vl_status s = vl_file_read(path, max, limit_name, &buf, &cap, &len, err);
+  if (s != VL_OK) {
     free(buf);
-    return NULL;
+    return s;
   }
   char *t = realloc(buf, len + 1); /* buf may be NULL for an empty file */
   if (!t) {
     free(buf);
-    failf(err, errn, "%s: out of memory", path);
-    return NULL;
+    return vl_err_set(err, VL_ERR_OOM, "%s: out of memory", path);
   }
   t[len] = 0;
   if (n) *n = len;
-  return (char *)t;
+  *text = t;
+  return VL_OK;
 }
 
-int vl_file_mkdir_p(const char *dir, char *err, size_t errn) {
+vl_status vl_file_mkdir_p(const char *dir, vl_err *err) {
   char p[PATH_MAX];
   size_t len = strlen(dir);
-  if (len == 0) return failf(err, errn, "empty directory name");
-  if (len >= sizeof p) return failf(err, errn, "path too long: %.200s... (limit %d)", dir, PATH_MAX - 1);
+  if (len == 0) return vl_err_set(err, VL_ERR_IO, "empty directory name");
+  if (len >= sizeof p) return vl_err_set(err, VL_ERR_IO, "path too long: %.200s... (limit %d)", dir, PATH_MAX - 1);
   memcpy(p, dir, len + 1);
   for (size_t i = 1; i <= len; i++) {
     if (p[i] != '/' && p[i] != '\0') continue;
     char c = p[i];
     p[i] = '\0';
     if (mkdir(p, 0755) != 0 && errno != EEXIST)
-      return failf(err, errn, "cannot create directory %s: %s", p, strerror(errno));
+      return vl_err_set(err, VL_ERR_IO, "cannot create directory %s: %s", p, strerror(errno));
     p[i] = c;
   }
   struct stat st;
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
     errno = ENOTDIR;
-    return failf(err, errn, "%s exists and is not a directory", dir);
+    return vl_err_set(err, VL_ERR_IO, "%s exists and is not a directory", dir);
   }
-  return 0;
+  return VL_OK;
 }
 
 void vl_file_fsync_dir(const char *dir) {
@@ -179,9 +170,11 @@ static long temp_pid(const char *ent, char *base, size_t bn) {
   return atol(digits);
 }
 
-int vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), char *err, size_t errn) {
+vl_status vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), int *removed_out,
+                                     vl_err *err) {
+  if (removed_out) *removed_out = 0;
   DIR *d = opendir(dir);
-  if (!d) return failf(err, errn, "cannot read folder %s: %s", dir, strerror(errno));
+  if (!d) return vl_err_set(err, VL_ERR_IO, "cannot read folder %s: %s", dir, strerror(errno));
   int removed = 0;
   struct dirent *e;
   char base[NAME_MAX + 1], path[PATH_MAX];
@@ -195,13 +188,14 @@ int vl_file_remove_stale_temps(const char *dir, int (*owned)(const char *name), 
     if (unlink(path) == 0) removed++;
   }
   closedir(d);
-  return removed;
+  if (removed_out) *removed_out = removed;
+  return VL_OK;
 }
 
 /* The folder of path into dir and the temporary file vl_file_write_atomic writes first,
  * ".<name>.tmp.<pid>" in that folder (rename is atomic only within one file system), into
- * tmp; 0, or -1 with a message when path is no file name (empty, ending in '/') or too long. */
-static int temp_of(const char *path, char dir[PATH_MAX], char tmp[PATH_MAX], char *err, size_t errn) {
+ * tmp; VL_ERR_IO with a message when path is no file name (empty, ending in '/') or too long. */
+static vl_status temp_of(const char *path, char dir[PATH_MAX], char tmp[PATH_MAX], vl_err *err) {
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
   int dn = !slash ? snprintf(dir, PATH_MAX, ".")
@@ -209,35 +203,36 @@ static int temp_of(const char *path, char dir[PATH_MAX], char tmp[PATH_MAX], cha
                            : snprintf(dir, PATH_MAX, "%.*s", (int)(slash - path), path);
   int tn = snprintf(tmp, PATH_MAX, "%s%s.%s.tmp.%ld", dir, slash == path ? "" : "/", base, (long)getpid());
   if (!*base || dn < 0 || dn >= PATH_MAX || tn < 0 || tn >= PATH_MAX)
-    return failf(err, errn, "path too long or not a file name: %.200s (limit %d)", path, PATH_MAX - 32);
-  return 0;
+    return vl_err_set(err, VL_ERR_IO, "path too long or not a file name: %.200s (limit %d)", path, PATH_MAX - 32);
+  return VL_OK;
 }
 
 /* A folder at path: a rename onto it fails only after the temporary file is written. */
-static int not_a_folder(const char *path, char *err, size_t errn) {
+static vl_status not_a_folder(const char *path, vl_err *err) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return failf(err, errn, "%s is a folder, not a file name", path);
-  return 0;
+    return vl_err_set(err, VL_ERR_IO, "%s is a folder, not a file name", path);
+  return VL_OK;
 }
 
-int vl_file_check_writable(const char *path, char *err, size_t errn) {
+vl_status vl_file_check_writable(const char *path, vl_err *err) {
   char dir[PATH_MAX], tmp[PATH_MAX];
-  if (!path || !*path) return failf(err, errn, "empty file name");
-  if (temp_of(path, dir, tmp, err, errn) || not_a_folder(path, err, errn)) return -1;
+  if (!path || !*path) return vl_err_set(err, VL_ERR_IO, "empty file name");
+  VL_TRY(temp_of(path, dir, tmp, err));
+  VL_TRY(not_a_folder(path, err));
   struct stat st;
   if (stat(dir, &st) != 0)
-    return failf(err, errn, "%s: its folder %s %s", path, dir,
-                 errno == ENOENT ? "does not exist" : strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return failf(err, errn, "%s: %s is not a folder", path, dir);
+    return vl_err_set(err, VL_ERR_IO, "%s: its folder %s %s", path, dir,
+                      errno == ENOENT ? "does not exist" : strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return vl_err_set(err, VL_ERR_IO, "%s: %s is not a folder", path, dir);
   /* the one honest test (root passes access(W_OK) on a read-only file system): make the
    * temporary file the write will make, and remove it */
   (void)unlink(tmp);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return failf(err, errn, "%s: cannot write in %s: %s", path, dir, strerror(errno));
+  if (fd < 0) return vl_err_set(err, VL_ERR_IO, "%s: cannot write in %s: %s", path, dir, strerror(errno));
   close(fd);
   unlink(tmp);
-  return 0;
+  return VL_OK;
 }
 
 /* The folder of path into dir ("." for a bare name, "/" for one in the root); its name's
@@ -250,52 +245,54 @@ static const char *dir_of(const char *path, char *dir, size_t n) {
   return dn < 0 || (size_t)dn >= n ? NULL : slash ? slash + 1 : path;
 }
 
-int vl_file_tmp_beside(const char *path, char *tmp, size_t tmpn, char *err, size_t errn) {
+vl_status vl_file_tmp_beside(const char *path, char *tmp, size_t tmpn, int *fdp, vl_err *err) {
   char dir[PATH_MAX], t[PATH_MAX];
+  *fdp = -1;
   if (tmpn) tmp[0] = 0;
-  if (temp_of(path, dir, t, err, errn)) return -1;
-  if (strlen(t) >= tmpn) return failf(err, errn, "path too long: %.200s", path);
+  VL_TRY(temp_of(path, dir, t, err));
+  if (strlen(t) >= tmpn) return vl_err_set(err, VL_ERR_IO, "path too long: %.200s", path);
   memcpy(tmp, t, strlen(t) + 1);
   /* A new file of our own: whatever has the name already (a stale temporary file, a FIFO
    * that would block the open, a link) is removed, not followed. */
   (void)unlink(tmp);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return failf(err, errn, "cannot create %s: %s", tmp, strerror(errno));
-  return fd;
+  if (fd < 0) return vl_err_set(err, VL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  *fdp = fd;
+  return VL_OK;
 }
 
-int vl_file_tmp_commit(int fd, const char *tmp, const char *path, char *err, size_t errn) {
+vl_status vl_file_tmp_commit(int fd, const char *tmp, const char *path, vl_err *err) {
   if (fsync(fd) != 0) {
-    failf(err, errn, "fsync %s: %s", tmp, strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "fsync %s: %s", tmp, strerror(errno));
     close(fd);
     unlink(tmp);
-    return -1;
+    return VL_ERR_IO;
   }
   if (close(fd) != 0) {
-    failf(err, errn, "close %s: %s", tmp, strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "close %s: %s", tmp, strerror(errno));
     unlink(tmp);
-    return -1;
+    return VL_ERR_IO;
   }
   if (rename(tmp, path) != 0) {
-    failf(err, errn, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     unlink(tmp);
-    return -1;
+    return VL_ERR_IO;
   }
   char dir[PATH_MAX];
   if (dir_of(path, dir, sizeof dir)) vl_file_fsync_dir(dir);
-  return 0;
+  return VL_OK;
 }
 
-int vl_file_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errn) {
+vl_status vl_file_write_atomic(const char *path, const void *data, size_t len, vl_err *err) {
   char tmp[PATH_MAX];
-  if (not_a_folder(path, err, errn)) return -1;
-  int fd = vl_file_tmp_beside(path, tmp, sizeof tmp, err, errn);
-  if (fd < 0) return -1;
+  int fd = -1;
+  VL_TRY(not_a_folder(path, err));
+  VL_TRY(vl_file_tmp_beside(path, tmp, sizeof tmp, &fd, err));
   if (write_all(fd, data, len)) {
-    failf(err, errn, "write %s: %s", tmp, strerror(errno));
+    vl_err_set(err, VL_ERR_IO, "write %s: %s", tmp, strerror(errno));
     close(fd);
     unlink(tmp);
-    return -1;
+    return VL_ERR_IO;
   }
-  return vl_file_tmp_commit(fd, tmp, path, err, errn);
+  return vl_file_tmp_commit(fd, tmp, path, err);
 }

@@ -440,15 +440,15 @@ vl_status vl_cache_build_begin(vl_ctx *c, const char *path, const vl_cache_key *
   b->buf_cap = b->stride > WRITE_BUF_BYTES ? b->stride
                                            : WRITE_BUF_BYTES - WRITE_BUF_BYTES % b->stride;
   b->buf = malloc(b->buf_cap);
-  char err[PATH_MAX + 128];
+  vl_err err;
   if (!b->buf) {
     size_t cap = b->buf_cap;
     free(b);
     return vl_fail(c, VL_ERR_OOM, "%s: out of memory for a %zu-byte write buffer", path, cap);
   }
-  if (vl_file_mkdir_p(b->dir, err, sizeof err) != 0) {
+  if (vl_file_mkdir_p(b->dir, &err) != VL_OK) {
     vl_cache_build_abort(&b);
-    return vl_fail(c, VL_ERR_IO, "%s: %s", path, err);
+    return vl_fail(c, VL_ERR_IO, "%s: %s", path, err.msg);
   }
   char host[64];
   host_tag(host, sizeof host);

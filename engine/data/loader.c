@@ -32,7 +32,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,71 +183,57 @@ size_t vl_loader_host_bytes_bound(const vl_loader_cfg *c, int64_t n, size_t scra
   return (size_t)S * bb + (size_t)wc * pw + (size_t)n * sizeof(int64_t) + (size_t)R * sizeof(task);
 }
 
-static void seterr(char *err, size_t errn, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errn, const char *fmt, ...) {
-  if (!err || !errn) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errn, fmt, ap);
-  va_end(ap);
-}
-
-static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, char *err, size_t errn) {
-  if (!c || !ds) return seterr(err, errn, "loader: cfg and dataset are required"), VL_ERR_INVALID;
+static vl_status check_cfg(const vl_loader_cfg *c, const vl_dataset *ds, vl_err *err) {
+  if (!c || !ds) return vl_err_set(err, VL_ERR_INVALID, "loader: cfg and dataset are required");
   if (c->batch < 1)
-    return seterr(err, errn, "loader: batch must be >= 1 (got %lld)", (long long)c->batch), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: batch must be >= 1 (got %lld)", (long long)c->batch);
   if (c->workers < 0 || c->workers > VL_LOADER_WORKERS_MAX)
-    return seterr(err, errn, "loader: workers must be in 0..%d (got %d)", VL_LOADER_WORKERS_MAX,
-                  c->workers), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: workers must be in 0..%d (got %d)", VL_LOADER_WORKERS_MAX,
+                      c->workers);
   if (c->prefetch < 1)
-    return seterr(err, errn, "loader: prefetch must be >= 1 (got %d)", c->prefetch), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: prefetch must be >= 1 (got %d)", c->prefetch);
   if (!c->x_alloc != !c->x_free)
-    return seterr(err, errn, "loader: x_alloc and x_free go together"), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: x_alloc and x_free go together");
   if ((int64_t)c->workers * c->prefetch > 1 << 20)
-    return seterr(err, errn, "loader: workers x prefetch = %lld is too large",
-                  (long long)c->workers * c->prefetch), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: workers x prefetch = %lld is too large",
+                      (long long)c->workers * c->prefetch);
   if (c->crop < 1 || c->crop > VL_LOADER_CROP_MAX)
-    return seterr(err, errn, "loader: crop must be in 1..%d (got %d)", VL_LOADER_CROP_MAX, c->crop),
-           VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: crop must be in 1..%d (got %d)", VL_LOADER_CROP_MAX, c->crop);
   if (c->world < 1)
-    return seterr(err, errn, "loader: world must be >= 1 (got %d)", c->world), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: world must be >= 1 (got %d)", c->world);
   if (c->rank < 0 || c->rank >= c->world)
-    return seterr(err, errn, "loader: rank %d is out of range for world %d (0..%d)", c->rank,
-                  c->world, c->world - 1), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: rank %d is out of range for world %d (0..%d)", c->rank,
+                      c->world, c->world - 1);
   if (!(c->scale_min > 0) || !(c->scale_max >= c->scale_min) || !isfinite(c->scale_max))
-    return seterr(err, errn, "loader: scale range must satisfy 0 < scale_min <= scale_max (got %g, %g)",
-                  (double)c->scale_min, (double)c->scale_max), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: scale range must satisfy 0 < scale_min <= scale_max (got %g, %g)",
+                      (double)c->scale_min, (double)c->scale_max);
   if (!(c->ratio_min > 0) || !(c->ratio_max >= c->ratio_min) || !isfinite(c->ratio_max))
-    return seterr(err, errn, "loader: ratio range must satisfy 0 < ratio_min <= ratio_max (got %g, %g)",
-                  (double)c->ratio_min, (double)c->ratio_max), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: ratio range must satisfy 0 < ratio_min <= ratio_max (got %g, %g)",
+                      (double)c->ratio_min, (double)c->ratio_max);
   for (int i = 0; i < 3; i++) {
     if (!isfinite(c->std[i]) || c->std[i] == 0)
-      return seterr(err, errn, "loader: std[%d] must be finite and non-zero (got %g)", i,
-                    (double)c->std[i]), VL_ERR_INVALID;
+      return vl_err_set(err, VL_ERR_INVALID, "loader: std[%d] must be finite and non-zero (got %g)", i,
+                        (double)c->std[i]);
     if (!isfinite(c->mean[i]))
-      return seterr(err, errn, "loader: mean[%d] must be finite (got %g)", i, (double)c->mean[i]),
-             VL_ERR_INVALID;
+      return vl_err_set(err, VL_ERR_INVALID, "loader: mean[%d] must be finite (got %g)", i, (double)c->mean[i]);
   }
   if (c->on_corrupt != VL_CORRUPT_ERROR && c->on_corrupt != VL_CORRUPT_SKIP)
-    return seterr(err, errn, "loader: on_corrupt must be VL_CORRUPT_ERROR or VL_CORRUPT_SKIP (got %d)",
-                  (int)c->on_corrupt), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: on_corrupt must be VL_CORRUPT_ERROR or VL_CORRUPT_SKIP (got %d)",
+                      (int)c->on_corrupt);
   if (c->max_file_bytes < 1)
-    return seterr(err, errn, "loader: max_file_bytes must be >= 1 (got 0)"), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: max_file_bytes must be >= 1 (got 0)");
   if (c->transform != VL_TF_IMAGENET && c->transform != VL_TF_SD)
-    return seterr(err, errn, "loader: transform must be VL_TF_IMAGENET or VL_TF_SD (got %d)",
-                  (int)c->transform), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: transform must be VL_TF_IMAGENET or VL_TF_SD (got %d)",
+                      (int)c->transform);
   if (c->transform == VL_TF_SD && c->masks)
-    return seterr(err, errn, "loader: masks take the segmentation transform, not VL_TF_SD"),
-           VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: masks take the segmentation transform, not VL_TF_SD");
   if (!ds->len || !ds->read)
-    return seterr(err, errn, "loader: the dataset needs len() and read()"), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: the dataset needs len() and read()");
   if ((ds->scratch_new == NULL) != (ds->scratch_free == NULL))
-    return seterr(err, errn, "loader: the dataset has only one of scratch_new/scratch_free"),
-           VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: the dataset has only one of scratch_new/scratch_free");
   if (vl_loader_batch_bytes(c) == SIZE_MAX)
-    return seterr(err, errn, "loader: batch %lld x crop %d overflows a buffer size",
-                  (long long)c->batch, c->crop), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: batch %lld x crop %d overflows a buffer size",
+                      (long long)c->batch, c->crop);
   return VL_OK;
 }
 
@@ -426,9 +411,9 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
   for (int64_t p = p0; p < p1; p++) {
     if (atomic_load_explicit(&l->live_gen, memory_order_relaxed) != gen) return true;
     int64_t idx = sample_at(l, p);
-    char derr[200];
-    derr[0] = 0;
-    vl_status s = l->ds.read(l->ds.self, w->scratch, idx, &w->img, derr, sizeof derr);
+    vl_err derr;
+    derr.msg[0] = 0;
+    vl_status s = l->ds.read(l->ds.self, w->scratch, idx, &w->img, &derr);
     if (s == VL_ERR_IO && c->on_corrupt == VL_CORRUPT_SKIP) {
       /* Corrupt: left out. A missing mask (below) is not corrupt but a wrong dataset. */
       skipped++;
@@ -436,8 +421,9 @@ static bool run_task(vl_loader *l, worker *w, int64_t k, task *t, uint64_t gen, 
     }
     if (s != VL_OK) {
       t->st = s;
-      snprintf(t->err, sizeof t->err, "sample %lld: %s", (long long)idx,
-               derr[0] ? derr : vl_status_name(s));
+      /* %.199s: where the 200-byte message buffer of a dataset's read cut it before */
+      snprintf(t->err, sizeof t->err, "sample %lld: %.199s", (long long)idx,
+               derr.msg[0] ? derr.msg : vl_status_name(s));
       break;
     }
     const vl_image *im = &w->img;
@@ -541,17 +527,16 @@ static void *worker_main(void *arg) {
 
 /* Start `count` threads (from 0) for W workers. On failure the started ones keep running;
  * the caller stops them. */
-static vl_status start_threads(vl_loader *l, char *err, size_t errn) {
+static vl_status start_threads(vl_loader *l, vl_err *err) {
   for (int i = 0; i < l->W; i++) {
     worker *w = &l->w[i];
     memset(w, 0, sizeof *w);
     w->l = l;
     w->id = i;
     int rc = pthread_create(&w->th, NULL, worker_main, w);
-    if (rc != 0) {
-      seterr(err, errn, "loader: could not start worker thread %d of %d (%s)", i, l->W, strerror(rc));
-      return VL_ERR_OOM;
-    }
+    if (rc != 0)
+      return vl_err_set(err, VL_ERR_OOM, "loader: could not start worker thread %d of %d (%s)", i, l->W,
+                        strerror(rc));
     w->running = true;
   }
   return VL_OK;
@@ -593,18 +578,18 @@ static void stop_epoch(vl_loader *l) {
 }
 
 vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_dataset *ds,
-                           char *err, size_t errn) {
-  if (!out) return seterr(err, errn, "loader: out is NULL"), VL_ERR_INVALID;
+                           vl_err *err) {
+  if (!out) return vl_err_set(err, VL_ERR_INVALID, "loader: out is NULL");
   *out = NULL;
-  vl_status s = check_cfg(cfg, ds, err, errn);
+  vl_status s = check_cfg(cfg, ds, err);
   if (s != VL_OK) return s;
   int64_t n = ds->len(ds->self);
-  if (n < 1) return seterr(err, errn, "loader: the dataset is empty (len %lld)", (long long)n), VL_ERR_INVALID;
+  if (n < 1) return vl_err_set(err, VL_ERR_INVALID, "loader: the dataset is empty (len %lld)", (long long)n);
   if ((uint64_t)n > SIZE_MAX / sizeof(int64_t) / 2)
-    return seterr(err, errn, "loader: the dataset is too large (%lld samples)", (long long)n), VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID, "loader: the dataset is too large (%lld samples)", (long long)n);
 
   vl_loader *l = calloc(1, sizeof *l);
-  if (!l) return seterr(err, errn, "loader: out of host memory"), VL_ERR_OOM;
+  if (!l) return vl_err_set(err, VL_ERR_OOM, "loader: out of host memory");
   l->cfg = *cfg;
   l->ds = *ds;
   l->n = n;
@@ -623,19 +608,19 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
   const size_t per_worker = worker_bytes(cfg, ds->scratch_bytes, ds->max_image_bytes);
   l->st.host_bytes_bound = vl_loader_host_bytes_bound(cfg, n, ds->scratch_bytes, ds->max_image_bytes);
   if (l->st.host_bytes_bound == SIZE_MAX) {
-    seterr(err, errn, "loader: the host-memory bound overflows (batch %lld, %d buffers)",
-           (long long)cfg->batch, l->S);
+    vl_err_set(err, VL_ERR_INVALID, "loader: the host-memory bound overflows (batch %lld, %d buffers)",
+               (long long)cfg->batch, l->S);
     free(l);
     return VL_ERR_INVALID;
   }
   if (cfg->host_mem_cap > 0 && l->st.host_bytes_bound > cfg->host_mem_cap) {
     char a[32], b[32];
-    seterr(err, errn,
-           "loader: host-memory bound %zu bytes (%s: %d batch buffers of %zu bytes, %d x %zu "
-           "bytes per worker, order and tasks) exceeds host_mem_cap %zu bytes (%s)",
-           l->st.host_bytes_bound, vl_fmt_bytes(l->st.host_bytes_bound, a, sizeof a), l->S,
-           l->batch_bytes, wc, per_worker, cfg->host_mem_cap,
-           vl_fmt_bytes(cfg->host_mem_cap, b, sizeof b));
+    vl_err_set(err, VL_ERR_OOM,
+               "loader: host-memory bound %zu bytes (%s: %d batch buffers of %zu bytes, %d x %zu "
+               "bytes per worker, order and tasks) exceeds host_mem_cap %zu bytes (%s)",
+               l->st.host_bytes_bound, vl_fmt_bytes(l->st.host_bytes_bound, a, sizeof a), l->S,
+               l->batch_bytes, wc, per_worker, cfg->host_mem_cap,
+               vl_fmt_bytes(cfg->host_mem_cap, b, sizeof b));
     free(l);
     return VL_ERR_OOM;
   }
@@ -648,7 +633,7 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
     free(l->ring);
     free(l->w);
     free(l);
-    return seterr(err, errn, "loader: out of host memory"), VL_ERR_OOM;
+    return vl_err_set(err, VL_ERR_OOM, "loader: out of host memory");
   }
   pthread_mutex_init(&l->mu, NULL);
   pthread_cond_init(&l->cv_work, NULL);
@@ -657,7 +642,7 @@ vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_d
   l->self.l = l;
   l->ended = true;
   if (l->W > 0 && cfg->persistent) {
-    s = start_threads(l, err, errn);
+    s = start_threads(l, err);
     if (s != VL_OK) {
       vl_loader_destroy(l);
       return s;
@@ -693,11 +678,11 @@ vl_status vl_loader_start_epoch(vl_loader *l, int64_t epoch) {
   pthread_cond_broadcast(&l->cv_work);
   pthread_mutex_unlock(&l->mu);
   if (l->W > 0 && !l->cfg.persistent) {
-    char e[256];
-    vl_status s = start_threads(l, e, sizeof e);
+    vl_err e;
+    vl_status s = start_threads(l, &e);
     if (s != VL_OK) {
       stop_epoch(l);
-      snprintf(l->st.last_error, sizeof l->st.last_error, "%s", e);
+      snprintf(l->st.last_error, sizeof l->st.last_error, "%s", e.msg);
       l->sticky = s;
       return s;
     }

@@ -15,7 +15,7 @@ typedef struct {
   int64_t k;         /* batch it holds or is being filled with */
   slot_state state;
   vl_status status;  /* of the fill */
-  char err[256];
+  vl_err err;
 } slot;
 
 struct vl_prefetch {
@@ -27,7 +27,7 @@ struct vl_prefetch {
   bool held;         /* the consumer holds batch next_k - 1 */
   bool stop;
   vl_status failed;  /* sticky: a fill failed and was delivered */
-  char failed_err[256];
+  vl_err failed_err;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   pthread_t *threads;
@@ -41,9 +41,9 @@ size_t vl_prefetch_host_bytes(const vl_prefetch_cfg *c) {
 }
 
 static vl_status fill_one(vl_prefetch *p, int w, int64_t k, slot *s) {
-  s->err[0] = 0;
-  vl_status st = p->cfg.fill(p->cfg.user, w, k, s->buf, s->err, sizeof s->err);
-  if (st != VL_OK && !s->err[0]) snprintf(s->err, sizeof s->err, "batch %lld: %s", (long long)k, vl_status_name(st));
+  s->err.msg[0] = 0;
+  vl_status st = p->cfg.fill(p->cfg.user, w, k, s->buf, &s->err);
+  if (st != VL_OK && !s->err.msg[0]) vl_err_set(&s->err, st, "batch %lld: %s", (long long)k, vl_status_name(st));
   return st;
 }
 
@@ -70,16 +70,17 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, char *err, size_t errn) {
+vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, vl_err *err) {
   *out = NULL;
   if (!cfg->fill || cfg->buf_bytes == 0 || cfg->n_batches < 0 || cfg->workers < 0 ||
       cfg->workers > VL_PREFETCH_MAX_WORKERS || cfg->prefetch < 1 || cfg->prefetch > 1024) {
-    snprintf(err, errn, "prefetch: workers %d (0..%d), prefetch %d (1..1024), %zu-byte buffers, %lld batches",
-             cfg->workers, VL_PREFETCH_MAX_WORKERS, cfg->prefetch, cfg->buf_bytes, (long long)cfg->n_batches);
-    return VL_ERR_INVALID;
+    return vl_err_set(err, VL_ERR_INVALID,
+                      "prefetch: workers %d (0..%d), prefetch %d (1..1024), %zu-byte buffers, %lld batches",
+                      cfg->workers, VL_PREFETCH_MAX_WORKERS, cfg->prefetch, cfg->buf_bytes,
+                      (long long)cfg->n_batches);
   }
   vl_prefetch *p = calloc(1, sizeof *p);
-  if (!p) { snprintf(err, errn, "prefetch: no host memory"); return VL_ERR_OOM; }
+  if (!p) return vl_err_set(err, VL_ERR_OOM, "prefetch: no host memory");
   p->cfg = *cfg;
   p->n_slots = cfg->workers > 0 ? cfg->workers * cfg->prefetch + 1 : 1;
   p->slots = calloc((size_t)p->n_slots, sizeof *p->slots);
@@ -93,24 +94,21 @@ vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, char
   }
   if (!p->slots || !p->slots[p->n_slots - 1].buf) {
     vl_prefetch_destroy(p);
-    snprintf(err, errn, "prefetch: no host memory for %d buffers of %zu bytes", cfg->workers * cfg->prefetch + 1,
-             cfg->buf_bytes);
-    return VL_ERR_OOM;
+    return vl_err_set(err, VL_ERR_OOM, "prefetch: no host memory for %d buffers of %zu bytes",
+                      cfg->workers * cfg->prefetch + 1, cfg->buf_bytes);
   }
   if (cfg->workers > 0) {
     p->threads = calloc((size_t)cfg->workers, sizeof *p->threads);
     p->args = calloc((size_t)cfg->workers, sizeof *p->args);
     if (!p->threads || !p->args) {
       vl_prefetch_destroy(p);
-      snprintf(err, errn, "prefetch: no host memory for %d workers", cfg->workers);
-      return VL_ERR_OOM;
+      return vl_err_set(err, VL_ERR_OOM, "prefetch: no host memory for %d workers", cfg->workers);
     }
     for (int w = 0; w < cfg->workers; w++) {
       p->args[w] = (struct worker_arg){p, w};
       if (pthread_create(&p->threads[w], NULL, worker, &p->args[w])) {
         vl_prefetch_destroy(p);
-        snprintf(err, errn, "prefetch: cannot start worker %d", w);
-        return VL_ERR_BACKEND;
+        return vl_err_set(err, VL_ERR_BACKEND, "prefetch: cannot start worker %d", w);
       }
       p->n_threads++;
     }
@@ -119,14 +117,11 @@ vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, char
   return VL_OK;
 }
 
-vl_status vl_prefetch_next(vl_prefetch *p, void **buf, int64_t *k, double *wait, char *err, size_t errn) {
+vl_status vl_prefetch_next(vl_prefetch *p, void **buf, int64_t *k, double *wait, vl_err *err) {
   *buf = NULL;
   *wait = 0;
-  if (p->failed != VL_OK) { snprintf(err, errn, "%s", p->failed_err); return p->failed; }
-  if (p->held) {
-    snprintf(err, errn, "prefetch: batch %lld was not released", (long long)(p->next_k - 1));
-    return VL_ERR_INVALID;
-  }
+  if (p->failed != VL_OK) return vl_err_set(err, p->failed, "%s", p->failed_err.msg);
+  if (p->held) return vl_err_set(err, VL_ERR_INVALID, "prefetch: batch %lld was not released", (long long)(p->next_k - 1));
   if (p->next_k >= p->cfg.n_batches) return VL_OK; /* the end */
   int64_t kk = p->next_k;
   slot *s = &p->slots[kk % p->n_slots];
@@ -142,9 +137,8 @@ vl_status vl_prefetch_next(vl_prefetch *p, void **buf, int64_t *k, double *wait,
   }
   if (s->status != VL_OK) {
     p->failed = s->status;
-    snprintf(p->failed_err, sizeof p->failed_err, "%s", s->err);
-    snprintf(err, errn, "%s", s->err);
-    return s->status;
+    p->failed_err = s->err;
+    return vl_err_set(err, s->status, "%s", s->err.msg);
   }
   p->held = true;
   p->next_k++;

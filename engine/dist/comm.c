@@ -36,31 +36,26 @@ bool vl_comm_under_mpirun(void) {
 
 /* ---- construction ----------------------------------------------------------------------- */
 
-static int parse_timeout(double *out, char *err, size_t errn) {
+static vl_status parse_timeout(double *out, vl_err *err) {
   *out = VL_COMM_DEFAULT_TIMEOUT;
   const char *s = getenv("VRAMLAB_COMM_TIMEOUT");
-  if (!s || !*s) return 0;
+  if (!s || !*s) return VL_OK;
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || *end || !(v > 0) || v > 1e9) {
-    snprintf(err, errn, "VRAMLAB_COMM_TIMEOUT=%s: not a positive number of seconds", s);
-    return -1;
-  }
+  if (errno || *end || !(v > 0) || v > 1e9)
+    return vl_err_set(err, VL_ERR_INVALID, "VRAMLAB_COMM_TIMEOUT=%s: not a positive number of seconds", s);
   *out = v;
-  return 0;
+  return VL_OK;
 }
 
 vl_status vl_comm_new(vl_comm **out, vl_comm_kind k, const vl_comm_ops *ops, int rank,
-                      int size, char *err, size_t errn) {
+                      int size, vl_err *err) {
   *out = NULL;
   double t;
-  if (parse_timeout(&t, err, errn)) return VL_ERR_INVALID;
+  VL_TRY(parse_timeout(&t, err));
   vl_comm *cm = calloc(1, sizeof *cm);
-  if (!cm) {
-    snprintf(err, errn, "out of host memory for a communicator");
-    return VL_ERR_OOM;
-  }
+  if (!cm) return vl_err_set(err, VL_ERR_OOM, "out of host memory for a communicator");
   cm->kind = k;
   cm->ops = ops;
   cm->rank = rank;
@@ -364,8 +359,8 @@ static void self_abort(vl_comm *cm, int code) {}
 
 static const vl_comm_ops self_ops = {self_start, self_poll, NULL, self_free, NULL, self_abort};
 
-vl_status vl_comm_create_self(vl_comm **out, char *err, size_t errn) {
-  return vl_comm_new(out, VL_COMM_SELF, &self_ops, 0, 1, err, errn);
+vl_status vl_comm_create_self(vl_comm **out, vl_err *err) {
+  return vl_comm_new(out, VL_COMM_SELF, &self_ops, 0, 1, err);
 }
 
 _Noreturn void vl_comm_abort(vl_comm *cm, int code, const char *why) {

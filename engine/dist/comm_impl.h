@@ -64,7 +64,7 @@ struct vl_comm {
 /* A communicator of kind k with the timeout of VRAMLAB_COMM_TIMEOUT (default 120 s);
  * VL_ERR_INVALID with a message when the variable is not a positive number. */
 vl_status vl_comm_new(vl_comm **out, vl_comm_kind k, const vl_comm_ops *ops, int rank,
-                      int size, char *err, size_t errn);
+                      int size, vl_err *err);
 void vl_comm_link(vl_comm *cm, vl_comm_req *r);
 void vl_comm_unlink(vl_comm *cm, vl_comm_req *r);
 

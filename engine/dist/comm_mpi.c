@@ -28,10 +28,10 @@ bool vl_comm_have_mpi(void) {
 
 #ifndef VRAMLAB_HAVE_MPI
 
-vl_status vl_comm_create_mpi(vl_comm **out, char *err, size_t errn) {
+vl_status vl_comm_create_mpi(vl_comm **out, vl_err *err) {
   *out = NULL;
-  snprintf(err, errn, "built without MPI: apt-get install libopenmpi-dev openmpi-bin, then rebuild");
-  return VL_ERR_UNSUPPORTED;
+  return vl_err_set(err, VL_ERR_UNSUPPORTED,
+                    "built without MPI: apt-get install libopenmpi-dev openmpi-bin, then rebuild");
 }
 
 #else
@@ -210,21 +210,16 @@ static void mpi_at_exit(void) {
   MPI_Finalize();
 }
 
-static int mpi_boot(char *err, size_t errn) {
+static vl_status mpi_boot(vl_err *err) {
   int inited = 0, fin = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&fin);
-  if (fin) {
-    snprintf(err, errn, "MPI was already finalized in this process: it cannot start again");
-    return -1;
-  }
+  if (fin) return vl_err_set(err, VL_ERR_COMM, "MPI was already finalized in this process: it cannot start again");
   if (!inited) {
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
-      snprintf(err, errn, "MPI_Init_thread failed (started outside mpirun? run it under "
-                          "mpirun, e.g. tests/mpirun.sh 2 PROGRAM)");
-      return -1;
-    }
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      return vl_err_set(err, VL_ERR_COMM, "MPI_Init_thread failed (started outside mpirun? run it under "
+                        "mpirun, e.g. tests/mpirun.sh 2 PROGRAM)");
     g.we_init = true;
     g.pid = getpid();
     atexit(mpi_at_exit);
@@ -235,16 +230,16 @@ static int mpi_boot(char *err, size_t errn) {
     g.ops_made = true;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  return 0;
+  return VL_OK;
 }
 
-vl_status vl_comm_create_mpi(vl_comm **out, char *err, size_t errn) {
+vl_status vl_comm_create_mpi(vl_comm **out, vl_err *err) {
   *out = NULL;
-  if (mpi_boot(err, errn)) return VL_ERR_COMM;
+  VL_TRY(mpi_boot(err));
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return vl_comm_new(out, VL_COMM_MPI, &mpi_ops, rank, size, err, errn);
+  return vl_comm_new(out, VL_COMM_MPI, &mpi_ops, rank, size, err);
 }
 
 #endif

@@ -19,19 +19,19 @@
 
 #if !defined(VRAMLAB_HAVE_NCCL) || !defined(VRAMLAB_HAVE_CUDA)
 
-vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, char *err, size_t errn) {
+vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, vl_err *err) {
   *out = NULL;
 #ifndef VRAMLAB_HAVE_CUDA
-  snprintf(err, errn, "NCCL needs the CUDA backend: this binary was built without nvcc");
+  return vl_err_set(err, VL_ERR_UNSUPPORTED, "NCCL needs the CUDA backend: this binary was built without nvcc");
 #else
-  snprintf(err, errn, "built without NCCL (libnccl-dev not found by CMake): install it, then rebuild");
+  return vl_err_set(err, VL_ERR_UNSUPPORTED,
+                    "built without NCCL (libnccl-dev not found by CMake): install it, then rebuild");
 #endif
-  return VL_ERR_UNSUPPORTED;
 }
 
-int vl_comm_select_device(char *err, size_t errn) {
-  snprintf(err, errn, "no CUDA backend in this binary: no device to select");
-  return -1;
+vl_status vl_comm_select_device(int *dev, vl_err *err) {
+  *dev = -1;
+  return vl_err_set(err, VL_ERR_UNSUPPORTED, "no CUDA backend in this binary: no device to select");
 }
 
 #else
@@ -274,64 +274,52 @@ static int local_rank(int rank) {
                             getenv("SLURM_LOCALID"), rank);
 }
 
-int vl_comm_select_device(char *err, size_t errn) {
+vl_status vl_comm_select_device(int *dev, vl_err *err) {
   int ndev = 0;
+  *dev = -1;
   cudaError_t e = cudaGetDeviceCount(&ndev);
-  if (e != cudaSuccess || ndev < 1) {
-    snprintf(err, errn, "no CUDA device visible%s%s", e != cudaSuccess ? ": " : "",
-             e != cudaSuccess ? cudaGetErrorString(e) : "");
-    return -1;
-  }
-  int dev = vl_comm_device_of(local_rank(0), ndev);
-  e = cudaSetDevice(dev);
-  if (e != cudaSuccess) {
-    snprintf(err, errn, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
-    return -1;
-  }
-  return dev;
+  if (e != cudaSuccess || ndev < 1)
+    return vl_err_set(err, VL_ERR_BACKEND, "no CUDA device visible%s%s", e != cudaSuccess ? ": " : "",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "");
+  int d = vl_comm_device_of(local_rank(0), ndev);
+  e = cudaSetDevice(d);
+  if (e != cudaSuccess) return vl_err_set(err, VL_ERR_BACKEND, "cudaSetDevice(%d): %s", d, cudaGetErrorString(e));
+  *dev = d;
+  return VL_OK;
 }
 
 /* The context's device is this rank's (vl_comm_select_device ran before vl_ctx_create). */
-static vl_status check_device(vl_comm *boot, int *dev, char *err, size_t errn) {
+static vl_status check_device(vl_comm *boot, int *dev, vl_err *err) {
   int ndev = 0, cur = -1;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 || cudaGetDevice(&cur) != cudaSuccess) {
-    snprintf(err, errn, "rank %d of %d: no CUDA device visible", boot->rank, boot->size);
-    return VL_ERR_BACKEND;
-  }
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 || cudaGetDevice(&cur) != cudaSuccess)
+    return vl_err_set(err, VL_ERR_BACKEND, "rank %d of %d: no CUDA device visible", boot->rank, boot->size);
   int lr = local_rank(boot->rank);
   *dev = vl_comm_device_of(lr, ndev);
-  if (cur != *dev) {
-    snprintf(err, errn, "rank %d of %d: the context is on device %d but local rank %d uses "
-                        "device %d of %d: call vl_comm_select_device() before vl_ctx_create",
-             boot->rank, boot->size, cur, lr, *dev, ndev);
-    return VL_ERR_INVALID;
-  }
+  if (cur != *dev)
+    return vl_err_set(err, VL_ERR_INVALID,
+                      "rank %d of %d: the context is on device %d but local rank %d uses "
+                      "device %d of %d: call vl_comm_select_device() before vl_ctx_create",
+                      boot->rank, boot->size, cur, lr, *dev, ndev);
   return VL_OK;
 }
 
 /* rank 0's unique id over the boot communicator, then the non-blocking init, polled. */
-static vl_status init_comm(vl_comm *cm, vl_comm *boot, vl_ctx *c, char *err, size_t errn) {
+static vl_status init_comm(vl_comm *cm, vl_comm *boot, vl_ctx *c, vl_err *err) {
   nccl_state *n = ns(cm);
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
   ncclResult_t x = boot->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-  if (x != ncclSuccess) {
-    snprintf(err, errn, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(x));
-    return VL_ERR_COMM;
-  }
+  if (x != ncclSuccess) return vl_err_set(err, VL_ERR_COMM, "rank 0: ncclGetUniqueId: %s", ncclGetErrorString(x));
   _Static_assert(sizeof(ncclUniqueId) % 4 == 0, "the id moves as 32-bit words");
-  if (vl_comm_bcast(boot, c, &id, (int64_t)(sizeof id / 4), VL_I32, 0, NULL) != VL_OK) {
-    snprintf(err, errn, "%s", c->err);
-    return VL_ERR_COMM;
-  }
+  if (vl_comm_bcast(boot, c, &id, (int64_t)(sizeof id / 4), VL_I32, 0, NULL) != VL_OK)
+    return vl_err_set(err, VL_ERR_COMM, "%s", c->err);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   x = ncclCommInitRankConfig(&n->nc, boot->size, id, boot->rank, &cfg);
   if (x == ncclInProgress) x = settle(cm, x);
   if (x != ncclSuccess) {
-    snprintf(err, errn, "rank %d of %d: ncclCommInitRank: %s%s", boot->rank, boot->size,
-             x == ncclInProgress ? "timed out: a peer rank died or stopped" : ncclGetErrorString(x),
-             "");
+    vl_err_set(err, VL_ERR_COMM, "rank %d of %d: ncclCommInitRank: %s%s", boot->rank, boot->size,
+               x == ncclInProgress ? "timed out: a peer rank died or stopped" : ncclGetErrorString(x), "");
     if (n->nc) ncclCommAbort(n->nc);
     n->nc = NULL;
     return VL_ERR_COMM;
@@ -339,24 +327,22 @@ static vl_status init_comm(vl_comm *cm, vl_comm *boot, vl_ctx *c, char *err, siz
   return VL_OK;
 }
 
-vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, char *err, size_t errn) {
+vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, vl_err *err) {
   *out = NULL;
-  if (!boot || !c || c->device != VL_DEV_CUDA) {
-    snprintf(err, errn, "NCCL needs an MPI boot communicator and a CUDA context (device buffers)%s",
-             c && c->device != VL_DEV_CUDA ? ": this context is not on cuda" : "");
-    return VL_ERR_UNSUPPORTED;
-  }
+  if (!boot || !c || c->device != VL_DEV_CUDA)
+    return vl_err_set(err, VL_ERR_UNSUPPORTED,
+                      "NCCL needs an MPI boot communicator and a CUDA context (device buffers)%s",
+                      c && c->device != VL_DEV_CUDA ? ": this context is not on cuda" : "");
   int dev = -1;
-  vl_status s = check_device(boot, &dev, err, errn);
+  vl_status s = check_device(boot, &dev, err);
   if (s != VL_OK) return s;
   vl_comm *cm = NULL;
-  VL_TRY(vl_comm_new(&cm, VL_COMM_NCCL, &nccl_ops, boot->rank, boot->size, err, errn));
+  VL_TRY(vl_comm_new(&cm, VL_COMM_NCCL, &nccl_ops, boot->rank, boot->size, err));
   cm->timeout = boot->timeout;
   nccl_state *n = calloc(1, sizeof *n);
   if (!n) {
     free(cm);
-    snprintf(err, errn, "out of host memory");
-    return VL_ERR_OOM;
+    return vl_err_set(err, VL_ERR_OOM, "out of host memory");
   }
   n->boot = boot;
   n->device = dev;
@@ -364,13 +350,13 @@ vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, char *err
   cudaError_t e = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaMalloc((void **)&n->scratch, sizeof(int));
   if (e != cudaSuccess) {
-    snprintf(err, errn, "rank %d of %d: comm stream: %s", boot->rank, boot->size, cudaGetErrorString(e));
+    vl_err_set(err, VL_ERR_BACKEND, "rank %d of %d: comm stream: %s", boot->rank, boot->size, cudaGetErrorString(e));
     if (n->stream) cudaStreamDestroy(n->stream);
     free(n);
     free(cm);
     return VL_ERR_BACKEND;
   }
-  s = init_comm(cm, boot, c, err, errn);
+  s = init_comm(cm, boot, c, err);
   if (s != VL_OK) {
     cudaStreamDestroy(n->stream);
     cudaFree(n->scratch);

@@ -293,8 +293,8 @@ vl_status vl_ckpt_save(vl_model *m, const char *path, const vl_ckpt_meta *meta) 
   if (s == VL_OK && w.n != total) s = vl_fail(c, VL_ERR_BACKEND, "checkpoint %s: wrote %zu bytes, counted %zu", path,
                                               w.n, total);
   if (s == VL_OK) {
-    char err[512];
-    if (vl_file_write_atomic(path, w.p, w.n, err, sizeof err)) s = vl_fail(c, VL_ERR_IO, "checkpoint: %s", err);
+    vl_err err;
+    if (vl_file_write_atomic(path, w.p, w.n, &err)) s = vl_fail(c, VL_ERR_IO, "checkpoint: %s", err.msg);
   }
   free(w.p);
   return s;
@@ -787,15 +787,14 @@ vl_status vl_ckpt_load(vl_model *m, const char *path, const char *tag, const cha
   VL_TRY(max_file_bytes(m, path, &max));
   uint8_t *buf = NULL;
   size_t cap = 0, len = 0;
-  char err[512];
+  vl_err err;
   /* the size is checked before a byte is read: a huge (or sparse) file is refused, not
    * allocated; and a file that cannot be held is a bad checkpoint, never an out-of-memory
    * result of the run (VL_ERR_OOM would read as "the device ran out of memory") */
-  vl_status s = vl_file_read(path, max, "the most a checkpoint of this model can hold", &buf, &cap, &len, err,
-                             sizeof err);
+  vl_status s = vl_file_read(path, max, "the most a checkpoint of this model can hold", &buf, &cap, &len, &err);
   if (s != VL_OK) {
     free(buf);
-    return vl_fail(m->c, s == VL_ERR_OOM ? VL_ERR_IO : s, "checkpoint: %s", err);
+    return vl_fail(m->c, s == VL_ERR_OOM ? VL_ERR_IO : s, "checkpoint: %s", err.msg);
   }
   s = vl_ckpt_read_mem(m, buf, len, path, tag, settings, true, meta);
   free(buf);
@@ -855,48 +854,52 @@ static void prune(const char *dir, long keep, long upto) {
 vl_status vl_ckpt_save_dir(vl_model *m, const char *dir, const vl_ckpt_meta *meta, long keep_last, char *path,
                            size_t pn) {
   vl_ctx *c = m->c;
-  char err[512], name[64], latest[4096];
+  char name[64], latest[4096];
+  vl_err err;
   snprintf(name, sizeof name, "step-%ld.ckpt", meta->step);
   int k = snprintf(path, pn, "%s/%s", dir, name), l = snprintf(latest, sizeof latest, "%s/latest", dir);
   if (k < 0 || (size_t)k >= pn || l < 0 || (size_t)l >= sizeof latest)
     return vl_fail(c, VL_ERR_INVALID, "checkpoint folder %.200s: path too long", dir);
-  if (vl_file_mkdir_p(dir, err, sizeof err)) return vl_fail(c, VL_ERR_IO, "checkpoint folder: %s", err);
+  if (vl_file_mkdir_p(dir, &err)) return vl_fail(c, VL_ERR_IO, "checkpoint folder: %s", err.msg);
   /* a killed writer's half-written file is no checkpoint: its room is this one's */
-  (void)vl_file_remove_stale_temps(dir, ckpt_owned, NULL, 0);
+  (void)vl_file_remove_stale_temps(dir, ckpt_owned, NULL, NULL);
   VL_TRY(vl_ckpt_save(m, path, meta));
   char text[80];
   int tn = snprintf(text, sizeof text, "%s\n", name);
-  if (vl_file_write_atomic(latest, text, (size_t)tn, err, sizeof err))
-    return vl_fail(c, VL_ERR_IO, "checkpoint: %s", err);
+  if (vl_file_write_atomic(latest, text, (size_t)tn, &err))
+    return vl_fail(c, VL_ERR_IO, "checkpoint: %s", err.msg);
   if (keep_last > 0) prune(dir, keep_last, meta->step);
   return VL_OK;
 }
 
-int vl_ckpt_resolve(const char *arg, char *path, size_t pn, char *err, size_t errn) {
+vl_status vl_ckpt_resolve(const char *arg, char *path, size_t pn, vl_err *err) {
   struct stat st;
-  if (!arg || !*arg) return snprintf(err, errn, "no checkpoint named"), -1;
-  if (stat(arg, &st) != 0) return snprintf(err, errn, "%s: %s", arg, strerror(errno)), -1;
+  if (!arg || !*arg) return vl_err_set(err, VL_ERR_INVALID, "no checkpoint named");
+  if (stat(arg, &st) != 0) return vl_err_set(err, VL_ERR_IO, "%s: %s", arg, strerror(errno));
   if (S_ISREG(st.st_mode)) {
-    if ((size_t)snprintf(path, pn, "%s", arg) >= pn) return snprintf(err, errn, "%.200s: path too long", arg), -1;
-    return 0;
+    if ((size_t)snprintf(path, pn, "%s", arg) >= pn)
+      return vl_err_set(err, VL_ERR_INVALID, "%.200s: path too long", arg);
+    return VL_OK;
   }
-  if (!S_ISDIR(st.st_mode)) return snprintf(err, errn, "%s: neither a checkpoint file nor a folder", arg), -1;
-  char latest[4096], e[512];
+  if (!S_ISDIR(st.st_mode)) return vl_err_set(err, VL_ERR_IO, "%s: neither a checkpoint file nor a folder", arg);
+  char latest[4096];
+  vl_err e;
   if ((size_t)snprintf(latest, sizeof latest, "%s/latest", arg) >= sizeof latest)
-    return snprintf(err, errn, "%.200s: path too long", arg), -1;
+    return vl_err_set(err, VL_ERR_INVALID, "%.200s: path too long", arg);
   size_t n = 0;
-  char *text = vl_file_read_text(latest, 256, "the limit of a latest file", &n, e, sizeof e);
-  if (!text) return snprintf(err, errn, "%s holds no checkpoint: %s", arg, e), -1;
+  char *text;
+  if (vl_file_read_text(latest, 256, "the limit of a latest file", &text, &n, &e))
+    return vl_err_set(err, VL_ERR_IO, "%s holds no checkpoint: %s", arg, e.msg);
   while (n && (text[n - 1] == '\n' || text[n - 1] == '\r')) text[--n] = 0;
   /* a file name in the folder: nothing that walks out of it */
   bool ok = n > 0 && text[0] != '.' && !strchr(text, '/');
   for (size_t i = 0; ok && i < n; i++) ok = text[i] > 0x20 && text[i] < 0x7f;
-  int rc = -1;
-  if (!ok) snprintf(err, errn, "%s: does not name a checkpoint file of the folder", latest);
-  else if ((size_t)snprintf(path, pn, "%s/%s", arg, text) >= pn) snprintf(err, errn, "%.200s: path too long", arg);
+  vl_status rc = VL_OK;
+  if (!ok) rc = vl_err_set(err, VL_ERR_IO, "%s: does not name a checkpoint file of the folder", latest);
+  else if ((size_t)snprintf(path, pn, "%s/%s", arg, text) >= pn)
+    rc = vl_err_set(err, VL_ERR_INVALID, "%.200s: path too long", arg);
   else if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
-    snprintf(err, errn, "%s names %s, which is missing or not a file", latest, path);
-  else rc = 0;
+    rc = vl_err_set(err, VL_ERR_IO, "%s names %s, which is missing or not a file", latest, path);
   free(text);
   return rc;
 }

@@ -19,11 +19,10 @@
 #define MAX_PIXELS (256 * 256)
 #define CROP 16
 
-static vl_status decode(const uint8_t *d, size_t n, const vl_synth_jpeg_want *want, vl_image *im,
-                        char *err, size_t errn) {
-  err[0] = 0;
-  vl_status st = vl_synth_decode_jpeg("fuzz.jpg", d, n, want, im, err, errn);
-  if (st != VL_OK && !err[0]) abort(); /* a refusal always says why */
+static vl_status decode(const uint8_t *d, size_t n, const vl_synth_jpeg_want *want, vl_image *im, vl_err *err) {
+  err->msg[0] = 0;
+  vl_status st = vl_synth_decode_jpeg("fuzz.jpg", d, n, want, im, err);
+  if (st != VL_OK && !err->msg[0]) abort(); /* a refusal always says why */
   if (st != VL_OK && st != VL_ERR_IO && st != VL_ERR_OOM) abort();
   return st;
 }
@@ -47,10 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   if (hdr == 0 && w >= 1 && h >= 1 && (int64_t)w * h <= MAX_PIXELS) want.w = w, want.h = h;
   if (n % 7 == 3) want.bytes = (int64_t)n + 1; /* sometimes a file that "changed" */
   vl_image a = {0}, b = {0};
-  char ea[512], eb[512];
-  vl_status sa = decode(d, n, &want, &a, ea, sizeof ea);
-  vl_status sb = decode(d, n, &want, &b, eb, sizeof eb);
-  if (sa != sb || strcmp(ea, eb)) abort();
+  vl_err ea, eb;
+  vl_status sa = decode(d, n, &want, &a, &ea);
+  vl_status sb = decode(d, n, &want, &b, &eb);
+  if (sa != sb || strcmp(ea.msg, eb.msg)) abort();
   if (sa == VL_OK) {
     const size_t np = (size_t)want.w * (size_t)want.h * 3;
     if (a.cap < np || b.cap < np || memcmp(a.pix, b.pix, np)) abort();

@@ -44,20 +44,20 @@ static void check_segset(const vl_segset *s) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
-  char err[1024] = "";
+  vl_err err = {""};
   vl_jpegset *j = NULL;
-  if (vl_jpegset_parse(&j, "/fuzz/set", (const char *)d, n, err, sizeof err) == 0) {
+  if (vl_jpegset_parse(&j, "/fuzz/set", (const char *)d, n, &err) == VL_OK) {
     check_jpegset(j);
     vl_jpegset_close(j);
-  } else if (j || !strstr(err, "manifest.tsv")) {
+  } else if (j || !strstr(err.msg, "manifest.tsv")) {
     abort();
   }
-  err[0] = 0;
+  err.msg[0] = 0;
   vl_segset *s = NULL;
-  if (vl_segset_parse(&s, "/fuzz/set", (const char *)d, n, err, sizeof err) == 0) {
+  if (vl_segset_parse(&s, "/fuzz/set", (const char *)d, n, &err) == VL_OK) {
     check_segset(s);
     vl_segset_close(s);
-  } else if (s || !strstr(err, "manifest.tsv")) {
+  } else if (s || !strstr(err.msg, "manifest.tsv")) {
     abort();
   }
   return 0;

@@ -22,12 +22,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   memcpy(file, d, len);
   static uint8_t dst[64 * 64];
   memset(dst, 0xEE, sizeof dst);
-  char err[512] = "";
-  vl_status st = vl_segset_decode_mask("fuzz.pgm", file, len, size, classes, dst, err, sizeof err);
+  vl_err err = {""};
+  vl_status st = vl_segset_decode_mask("fuzz.pgm", file, len, size, classes, dst, &err);
   if (st == VL_OK) {
     for (int k = 0; k < size * size; k++)
       if (dst[k] >= classes) abort();
-  } else if (st != VL_ERR_IO || !strstr(err, "fuzz.pgm")) {
+  } else if (st != VL_ERR_IO || !strstr(err.msg, "fuzz.pgm")) {
     abort();
   }
   free(file);

@@ -114,8 +114,9 @@ vl_status vl_ckpt_read_mem(vl_model *m, const uint8_t *d, size_t n, const char *
 vl_status vl_ckpt_save_dir(vl_model *m, const char *dir, const vl_ckpt_meta *meta, long keep_last, char *path,
                            size_t pn);
 /* What `--resume ARG` reads: ARG itself when it is a file, ARG/<the name in ARG/latest> when
- * it is a folder. 0, or -1 with a message naming what is missing in err. */
-int vl_ckpt_resolve(const char *arg, char *path, size_t pn, char *err, size_t errn);
+ * it is a folder. VL_OK, or VL_ERR_IO (VL_ERR_INVALID: no name, a path too long) with a
+ * message naming what is missing in err. */
+vl_status vl_ckpt_resolve(const char *arg, char *path, size_t pn, vl_err *err);
 
 #ifdef __cplusplus
 }

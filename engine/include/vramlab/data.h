@@ -42,7 +42,7 @@ typedef struct {
   int64_t (*len)(void *self);
   void *(*scratch_new)(void *self);          /* per-worker decoder state; may return NULL */
   void (*scratch_free)(void *self, void *scratch);
-  vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out, char *err, size_t errn);
+  vl_status (*read)(void *self, void *scratch, int64_t i, vl_image *out, vl_err *err);
   /* Bytes of decoder scratch one worker holds (for the host-memory bound). */
   size_t scratch_bytes;
   /* Largest decoded image in bytes (max w*h*c), for the host-memory bound: each worker
@@ -204,8 +204,7 @@ typedef struct vl_loader vl_loader;
  * cap (VL_ERR_OOM naming both numbers). Starts persistent workers now (they wait on a
  * condition variable between epochs); others start at each epoch and are joined when it
  * ends, so their start-up shows in first_batch_seconds. */
-vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_dataset *ds,
-                           char *err, size_t errn);
+vl_status vl_loader_create(vl_loader **out, const vl_loader_cfg *cfg, const vl_dataset *ds, vl_err *err);
 /* Begin epoch `epoch` (its shuffle is seeded by seed and epoch). An epoch in progress is
  * stopped first: workers stop before their next sample, are joined (or parked, when
  * persistent), and their buffers go back to the free list; nothing leaks. Batches the

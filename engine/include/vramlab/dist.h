@@ -40,17 +40,18 @@ bool vl_comm_have_mpi(void);
 bool vl_comm_under_mpirun(void);
 
 /* One rank: every collective copies send to recv (a reduction of one contribution). */
-vl_status vl_comm_create_self(vl_comm **out, char *err, size_t errn);
+vl_status vl_comm_create_self(vl_comm **out, vl_err *err);
 /* MPI_COMM_WORLD; initialises MPI (thread level FUNNELED) when nobody has. */
-vl_status vl_comm_create_mpi(vl_comm **out, char *err, size_t errn);
+vl_status vl_comm_create_mpi(vl_comm **out, vl_err *err);
 /* NCCL over the ranks of `boot` (an MPI communicator): rank 0's unique id broadcast over it,
  * one device per rank (local rank modulo the visible devices), collectives on c's stream.
  * VL_ERR_UNSUPPORTED without the CUDA backend or NCCL. */
-vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, char *err, size_t errn);
+vl_status vl_comm_create_nccl(vl_comm *boot, vl_ctx *c, vl_comm **out, vl_err *err);
 /* Before the CUDA context of an NCCL rank is made: cudaSetDevice(local rank modulo the
- * visible devices); the device index, or -1 with a message (no CUDA, no device).
- * vl_comm_create_nccl refuses a context on another device. */
-int vl_comm_select_device(char *err, size_t errn);
+ * visible devices); the device index into *dev, or -1 with VL_ERR_UNSUPPORTED (no CUDA) or
+ * VL_ERR_BACKEND (no device) and a message. vl_comm_create_nccl refuses a context on
+ * another device. */
+vl_status vl_comm_select_device(int *dev, vl_err *err);
 /* NULL is fine. MPI itself is finalized at exit of the process whose vl_comm_create_mpi
  * initialised it (so communicators can be made and destroyed any number of times), unless a
  * collective was left unfinished (a timed-out wait: finalizing would wait on the peer). */

@@ -27,8 +27,7 @@ extern "C" {
 /* Fill batch k into buf (buf_bytes bytes, 64-byte aligned) on worker `worker` (0 with
  * workers = 0). Called from several threads at once for different k. VL_OK, or a status
  * with a message in err (delivered to the consumer when it reaches batch k). */
-typedef vl_status (*vl_prefetch_fill_fn)(void *user, int worker, int64_t k, void *buf,
-                                         char *err, size_t errn);
+typedef vl_status (*vl_prefetch_fill_fn)(void *user, int worker, int64_t k, void *buf, vl_err *err);
 
 typedef struct {
   int workers;       /* 0: fill in the consumer's thread */
@@ -43,14 +42,12 @@ typedef struct vl_prefetch vl_prefetch;
 
 /* Check the config, allocate the slots and start the workers (VL_ERR_INVALID /
  * VL_ERR_OOM with the message in err). */
-vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, char *err,
-                             size_t errn);
+vl_status vl_prefetch_create(vl_prefetch **out, const vl_prefetch_cfg *cfg, vl_err *err);
 /* The next batch in order: *buf and its number *k; *buf = NULL after the last. *wait:
  * seconds spent waiting for it (0 with workers = 0: the fill time is then in the call).
  * The previous batch must have been released. A failed fill returns its status with its
  * message in err, and so does every later call. */
-vl_status vl_prefetch_next(vl_prefetch *p, void **buf, int64_t *k, double *wait, char *err,
-                           size_t errn);
+vl_status vl_prefetch_next(vl_prefetch *p, void **buf, int64_t *k, double *wait, vl_err *err);
 /* Give the batch taken last back (its slot refills with batch k + slots). */
 void vl_prefetch_release(vl_prefetch *p, void *buf);
 /* Stops the workers (also mid-way) and frees everything; NULL is fine. */
