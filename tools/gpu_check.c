@@ -28,9 +28,8 @@
 
 #include "gpu_check_cases.h"
 #include "vramlab/backend.h"
+#include "vramlab/elem.h"
 #include "vramlab/quant.h"
-#include "../engine/kernels/kcommon.h"
-#include "../engine/kernels/nf4.h"
 
 enum { CU = 0, CPU = 1 }; /* side index: the device under test, the reference */
 static const char *SIDE[2] = {"cuda", "cpu"};
@@ -120,7 +119,7 @@ static tp *ten(run *r, vl_dtype dt, int64_t n, float *vals) {
   } else if (dt == VL_I32) {
     for (int64_t i = 0; i < n; i++) ((int32_t *)mid)[i] = (int32_t)vals[i];
   } else {
-    for (int64_t i = 0; i < n; i++) vl_st(mid, (int)dt, i, vals[i]);
+    for (int64_t i = 0; i < n; i++) vl_elem_set(mid, dt, i, vals[i]);
   }
   free(vals);
   for (int s = 0; s < 2; s++) {
@@ -176,9 +175,9 @@ static bool tp_read(run *r, tp *p, const char *what, float *v[2]) {
         break;
       }
     for (int64_t i = 0; i < t->n; i++)
-      v[s][i] = t->dtype == VL_NF4 ? vl_nf4_get(raw + GUARD, t->n, i)
+      v[s][i] = t->dtype == VL_NF4 ? vl_nf4_get_host(raw + GUARD, t->n, i)
                 : t->dtype == VL_I32 ? (float)((const int32_t *)(raw + GUARD))[i]
-                                     : vl_ld(raw + GUARD, (int)t->dtype, i);
+                                     : vl_elem_get(raw + GUARD, t->dtype, i);
     free(raw);
   }
   return ok;
@@ -474,9 +473,9 @@ static void b_bn_bwd(run *r, const vl_gc_case *c) {
         *rsv = xmalloc(sizeof(float) * (size_t)C);
   for (int64_t k = 0; k < C; k++) {
     double s = 0, ss = 0;
-    for (int64_t j = 0; j < M; j++) s += vl_round_to((int)DT(0), xv[(j / HW * C + k) * HW + j % HW]);
+    for (int64_t j = 0; j < M; j++) s += vl_elem_round(DT(0), xv[(j / HW * C + k) * HW + j % HW]);
     for (int64_t j = 0; j < M; j++) {
-      double d = vl_round_to((int)DT(0), xv[(j / HW * C + k) * HW + j % HW]) - s / (double)M;
+      double d = vl_elem_round(DT(0), xv[(j / HW * C + k) * HW + j % HW]) - s / (double)M;
       ss += d * d;
     }
     mv[k] = (float)(s / (double)M);
@@ -621,9 +620,9 @@ static void seg_stats(const float *xv, vl_dtype dt, int64_t S, int64_t M, float 
   *rstd = xmalloc(sizeof(float) * (size_t)S);
   for (int64_t s = 0; s < S; s++) {
     double sum = 0, ss = 0;
-    for (int64_t j = 0; j < M; j++) sum += vl_round_to((int)dt, xv[s * M + j]);
+    for (int64_t j = 0; j < M; j++) sum += vl_elem_round(dt, xv[s * M + j]);
     for (int64_t j = 0; j < M; j++) {
-      double d = vl_round_to((int)dt, xv[s * M + j]) - sum / (double)M;
+      double d = vl_elem_round(dt, xv[s * M + j]) - sum / (double)M;
       ss += d * d;
     }
     (*mean)[s] = (float)(sum / (double)M);
@@ -833,8 +832,8 @@ static float *attn_lse(const attn_shape *a, const float *qv, const float *kv, vl
     for (int64_t j = 0; j < nk; j++) {
       double dot = 0;
       for (int64_t d = 0; d < a->D; d++)
-        dot += (double)vl_round_to((int)dt, qv[(b * a->Tq + i) * HD + h * a->D + d]) *
-               vl_round_to((int)dt, kv[(b * a->Tk + j) * HD + h * a->D + d]);
+        dot += (double)vl_elem_round(dt, qv[(b * a->Tq + i) * HD + h * a->D + d]) *
+               vl_elem_round(dt, kv[(b * a->Tk + j) * HD + h * a->D + d]);
       sc[j] = a->scale * dot;
       mx = fmax(mx, sc[j]);
     }

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "../kernels/sd.h"
+
 /* One ResnetBlock2D (temb_channels None): parameter indices of norm1, conv1, norm2, conv2
  * (weight; the bias follows it) and conv_shortcut (-1 when cin == cout). */
 typedef struct {
@@ -459,4 +461,10 @@ vl_status vl_sd_vae_encode(vl_sd_vae *m, const vl_tensor *images, const vl_tenso
     if (z) vl_tensor_free(c, z);
   }
   return s;
+}
+
+void vl_sd_vae_sample_host(float *z, const float *moments, const float *noise, int64_t C,
+                           int64_t HW, float scale, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    vl_k_gauss_sample(z, VL_K_F32, moments, VL_K_F32, noise, VL_K_F32, C, HW, scale, i);
 }
