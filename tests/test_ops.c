@@ -864,11 +864,87 @@ static void test_op_counting(void **state) {
   vl_ctx_destroy(p);
 }
 
+/* ---- argument checks: a plan refuses what a run refuses ----------------------------------- */
+
+/* One planted mismatch per function, on tensors of c (a CPU or a plan context). */
+static vl_status planted_layernorm(vl_ctx *c) { /* x holds one row fewer than R */
+  vl_tensor y, x, mean, rstd, g, b;
+  OK(vl_tensor_alloc2(c, &y, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &x, VL_F32, VL_MEM_TEMP, 3, 8));
+  OK(vl_tensor_alloc2(c, &mean, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &rstd, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &g, VL_F32, VL_MEM_TEMP, 1, 8));
+  OK(vl_tensor_alloc2(c, &b, VL_F32, VL_MEM_TEMP, 1, 8));
+  vl_layernorm_fwd_args a = {.y = &y, .mean = &mean, .rstd = &rstd, .x = &x, .gamma = &g,
+                             .beta = &b, .R = 4, .C = 8, .eps = 1e-5f};
+  vl_status s = vl_op_run(c, VL_OP_LAYERNORM_FWD, &a);
+  TU_TFREE(c, &y, &x, &mean, &rstd, &g, &b);
+  return s;
+}
+static vl_status planted_groupnorm(vl_ctx *c) { /* 3 groups of 8 channels */
+  vl_tensor y, x, mean, rstd, g, b;
+  OK(vl_tensor_alloc2(c, &y, VL_F32, VL_MEM_TEMP, 8, 4));
+  OK(vl_tensor_alloc2(c, &x, VL_F32, VL_MEM_TEMP, 8, 4));
+  OK(vl_tensor_alloc2(c, &mean, VL_F32, VL_MEM_TEMP, 1, 3));
+  OK(vl_tensor_alloc2(c, &rstd, VL_F32, VL_MEM_TEMP, 1, 3));
+  OK(vl_tensor_alloc2(c, &g, VL_F32, VL_MEM_TEMP, 1, 8));
+  OK(vl_tensor_alloc2(c, &b, VL_F32, VL_MEM_TEMP, 1, 8));
+  vl_groupnorm_fwd_args a = {.y = &y, .mean = &mean, .rstd = &rstd, .x = &x, .gamma = &g,
+                             .beta = &b, .N = 1, .C = 8, .HW = 4, .G = 3, .eps = 1e-5f};
+  vl_status s = vl_op_run(c, VL_OP_GROUPNORM_FWD, &a);
+  TU_TFREE(c, &y, &x, &mean, &rstd, &g, &b);
+  return s;
+}
+static vl_status planted_attention(vl_ctx *c) { /* causal with 4 queries and 6 keys */
+  vl_tensor o, lse, q, k, v;
+  OK(vl_tensor_alloc2(c, &o, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &lse, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &q, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &k, VL_F32, VL_MEM_TEMP, 6, 8));
+  OK(vl_tensor_alloc2(c, &v, VL_F32, VL_MEM_TEMP, 6, 8));
+  vl_attn_fwd_args a = {.o = &o, .lse = &lse, .q = &q, .k = &k, .v = &v, .B = 1, .H = 1,
+                        .Tq = 4, .Tk = 6, .D = 8, .scale = 0.35f, .causal = true};
+  vl_status s = vl_op_run(c, VL_OP_ATTN_FWD, &a);
+  TU_TFREE(c, &o, &lse, &q, &k, &v);
+  return s;
+}
+static vl_status planted_token_ids(vl_ctx *c) { /* ids stored as fp32 */
+  vl_tensor out, wte, tok;
+  OK(vl_tensor_alloc2(c, &out, VL_F32, VL_MEM_TEMP, 3, 4));
+  OK(vl_tensor_alloc2(c, &wte, VL_F32, VL_MEM_TEMP, 10, 4));
+  OK(vl_tensor_alloc2(c, &tok, VL_F32, VL_MEM_TEMP, 1, 3));
+  vl_embed_fwd_args a = {.out = &out, .wte = &wte, .tok = &tok, .R = 3, .C = 4};
+  vl_status s = vl_op_run(c, VL_OP_EMBED_FWD, &a);
+  TU_TFREE(c, &out, &wte, &tok);
+  return s;
+}
+
+/* The descriptors check arguments on every backend: each planted mismatch is refused by a
+ * plan with the status and message of a CPU run, before anything is counted. */
+static void test_op_check_plan_equals_run(void **state) {
+  (void)state;
+  vl_status (*const planted[])(vl_ctx *) = {planted_layernorm, planted_groupnorm,
+                                            planted_attention, planted_token_ids};
+  for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+    vl_ctx *p;
+    OK(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU));
+    double flops = cx->flops, bytes = cx->bytes_moved;
+    assert_int_equal(planted[i](cx), VL_ERR_INVALID);
+    assert_int_equal(planted[i](p), VL_ERR_INVALID);
+    print_message("  %s\n", p->err);
+    assert_string_equal(p->err, cx->err);
+    assert_true(cx->flops == flops && cx->bytes_moved == bytes);
+    assert_true(p->flops == 0 && p->bytes_moved == 0);
+    vl_ctx_destroy(p);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_table),
       cmocka_unit_test(test_op_unsupported),
       cmocka_unit_test(test_op_counting),
+      cmocka_unit_test(test_op_check_plan_equals_run),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_permute),

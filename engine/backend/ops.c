@@ -14,8 +14,10 @@
 #include <strings.h>
 
 #include "vramlab/backend.h"
+#include "op_checks.h"
 
-/* A missing tensor or a negative size counts nothing: the kernel reports the bad argument. */
+/* A missing tensor or a negative size counts nothing (an op with a check never gets here with
+ * one). */
 static double tb(const vl_tensor *t, int64_t n) {
   return t && n > 0 ? (double)vl_dtype_bytes(t->dtype, n) : 0;
 }
@@ -338,21 +340,24 @@ static size_t w_attn_bwd(const void *p, vl_device t) {
 
 /* ---- the table -------------------------------------------------------------------------- */
 
-#define D(id, nm, type, cf) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0}
-#define DW(id, nm, type, cf, wf)                                                           \
-  [VL_OP_##id] = {#nm, sizeof(type), cf, wf, offsetof(type, ws), offsetof(type, ws_bytes)}
+/* D: no workspace, no check; DC: a check; DW: a workspace (and a check when ck is not NULL). */
+#define D(id, nm, type, cf) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0, NULL}
+#define DC(id, nm, type, cf, ck) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0, ck}
+#define DW(id, nm, type, cf, wf, ck)                                                       \
+  [VL_OP_##id] = {#nm, sizeof(type), cf, wf, offsetof(type, ws), offsetof(type, ws_bytes), ck}
 
 static const vl_op_desc DESC[VL_OP_COUNT] = {
-    DW(GEMM, gemm, vl_gemm, c_gemm, w_gemm),
-    DW(CONV_FWD, conv_fwd, vl_conv_fwd_args, c_conv_fwd, w_conv_fwd),
-    DW(CONV_BWD_DATA, conv_bwd_data, vl_conv_bwd_data_args, c_conv_bwd_data, w_conv_bwd_data),
+    DW(GEMM, gemm, vl_gemm, c_gemm, w_gemm, NULL),
+    DW(CONV_FWD, conv_fwd, vl_conv_fwd_args, c_conv_fwd, w_conv_fwd, NULL),
+    DW(CONV_BWD_DATA, conv_bwd_data, vl_conv_bwd_data_args, c_conv_bwd_data, w_conv_bwd_data,
+       NULL),
     DW(CONV_BWD_WEIGHT, conv_bwd_weight, vl_conv_bwd_weight_args, c_conv_bwd_weight,
-       w_conv_bwd_weight),
+       w_conv_bwd_weight, NULL),
     D(ZERO, zero, vl_zero_args, c_zero),
     D(CONVERT, convert, vl_convert_args, c_convert),
     D(AXPBY, axpby, vl_axpby_args, c_axpby),
-    D(EMBED_FWD, embed_fwd, vl_embed_fwd_args, c_embed_fwd),
-    D(EMBED_BWD, embed_bwd, vl_embed_bwd_args, c_embed_bwd),
+    DC(EMBED_FWD, embed_fwd, vl_embed_fwd_args, c_embed_fwd, vl_ck_embed_fwd),
+    DC(EMBED_BWD, embed_bwd, vl_embed_bwd_args, c_embed_bwd, vl_ck_embed_bwd),
     D(RMSNORM_FWD, rmsnorm_fwd, vl_rmsnorm_fwd_args, c_rmsnorm_fwd),
     D(RMSNORM_BWD, rmsnorm_bwd, vl_rmsnorm_bwd_args, c_rmsnorm_bwd),
     D(ROPE, rope, vl_rope_args, c_rope),
@@ -361,39 +366,40 @@ static const vl_op_desc DESC[VL_OP_COUNT] = {
     D(SOFTMAX_BWD, softmax_bwd, vl_softmax_bwd_args, c_softmax_bwd),
     D(SWIGLU_FWD, swiglu_fwd, vl_swiglu_fwd_args, c_swiglu_fwd),
     D(SWIGLU_BWD, swiglu_bwd, vl_swiglu_bwd_args, c_swiglu_bwd),
-    D(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused),
+    DC(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused, vl_ck_xent_fused),
     D(SUMSQ, sumsq, vl_sumsq_args, c_sumsq),
     D(ADAMW, adamw, vl_adamw_args, c_adamw),
     D(SGD, sgd, vl_sgd_args, c_sgd),
     D(ADAFACTOR, adafactor, vl_adafactor_args, c_adafactor),
-    D(BN_FWD_TRAIN, bn_fwd_train, vl_bn_fwd_train_args, c_bn_fwd_train),
-    D(BN_FWD_EVAL, bn_fwd_eval, vl_bn_fwd_eval_args, c_bn_fwd_eval),
-    D(BN_BWD, bn_bwd, vl_bn_bwd_args, c_bn_bwd),
-    D(RELU_FWD, relu_fwd, vl_relu_fwd_args, c_relu_fwd),
-    D(RELU_BWD, relu_bwd, vl_relu_bwd_args, c_relu_bwd),
-    D(MAXPOOL_FWD, maxpool_fwd, vl_maxpool_fwd_args, c_maxpool_fwd),
-    D(MAXPOOL_BWD, maxpool_bwd, vl_maxpool_bwd_args, c_maxpool_bwd),
-    D(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args, c_up2_fwd),
-    D(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd),
-    D(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy),
-    D(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix),
-    D(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args, c_groupnorm_fwd),
-    D(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args, c_groupnorm_bwd),
-    D(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args, c_layernorm_fwd),
-    D(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args, c_layernorm_bwd),
-    D(ACT_FWD, act_fwd, vl_act_fwd_args, c_act_fwd),
-    D(ACT_BWD, act_bwd, vl_act_bwd_args, c_act_bwd),
-    D(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args, c_geglu_fwd),
-    D(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args, c_geglu_bwd),
-    D(BIAS_FWD, bias_fwd, vl_bias_fwd_args, c_bias_fwd),
-    D(BIAS_BWD, bias_bwd, vl_bias_bwd_args, c_bias_bwd),
-    D(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args, c_pad2d_fwd),
-    D(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args, c_pad2d_bwd),
-    D(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args, c_timestep_embed),
-    D(MSE_FUSED, mse_fused, vl_mse_fused_args, c_mse_fused),
-    D(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args, c_gauss_sample),
-    D(ATTN_FWD, attn_fwd, vl_attn_fwd_args, c_attn_fwd),
-    DW(ATTN_BWD, attn_bwd, vl_attn_bwd_args, c_attn_bwd, w_attn_bwd),
+    DC(BN_FWD_TRAIN, bn_fwd_train, vl_bn_fwd_train_args, c_bn_fwd_train, vl_ck_bn_fwd_train),
+    DC(BN_FWD_EVAL, bn_fwd_eval, vl_bn_fwd_eval_args, c_bn_fwd_eval, vl_ck_bn_fwd_eval),
+    DC(BN_BWD, bn_bwd, vl_bn_bwd_args, c_bn_bwd, vl_ck_bn_bwd),
+    DC(RELU_FWD, relu_fwd, vl_relu_fwd_args, c_relu_fwd, vl_ck_relu_fwd),
+    DC(RELU_BWD, relu_bwd, vl_relu_bwd_args, c_relu_bwd, vl_ck_relu_bwd),
+    DC(MAXPOOL_FWD, maxpool_fwd, vl_maxpool_fwd_args, c_maxpool_fwd, vl_ck_maxpool_fwd),
+    DC(MAXPOOL_BWD, maxpool_bwd, vl_maxpool_bwd_args, c_maxpool_bwd, vl_ck_maxpool_bwd),
+    DC(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args, c_up2_fwd, vl_ck_upsample2x_fwd),
+    DC(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd, vl_ck_upsample2x_bwd),
+    DC(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy, vl_ck_chan_copy),
+    DC(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix, vl_ck_xent_pix),
+    DC(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args, c_groupnorm_fwd, vl_ck_groupnorm_fwd),
+    DC(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args, c_groupnorm_bwd, vl_ck_groupnorm_bwd),
+    DC(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args, c_layernorm_fwd, vl_ck_layernorm_fwd),
+    DC(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args, c_layernorm_bwd, vl_ck_layernorm_bwd),
+    DC(ACT_FWD, act_fwd, vl_act_fwd_args, c_act_fwd, vl_ck_act_fwd),
+    DC(ACT_BWD, act_bwd, vl_act_bwd_args, c_act_bwd, vl_ck_act_bwd),
+    DC(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args, c_geglu_fwd, vl_ck_geglu_fwd),
+    DC(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args, c_geglu_bwd, vl_ck_geglu_bwd),
+    DC(BIAS_FWD, bias_fwd, vl_bias_fwd_args, c_bias_fwd, vl_ck_bias_fwd),
+    DC(BIAS_BWD, bias_bwd, vl_bias_bwd_args, c_bias_bwd, vl_ck_bias_bwd),
+    DC(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args, c_pad2d_fwd, vl_ck_pad2d_fwd),
+    DC(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args, c_pad2d_bwd, vl_ck_pad2d_bwd),
+    DC(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args, c_timestep_embed,
+       vl_ck_timestep_embed),
+    DC(MSE_FUSED, mse_fused, vl_mse_fused_args, c_mse_fused, vl_ck_mse_fused),
+    DC(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args, c_gauss_sample, vl_ck_gauss_sample),
+    DC(ATTN_FWD, attn_fwd, vl_attn_fwd_args, c_attn_fwd, vl_ck_attn_fwd),
+    DW(ATTN_BWD, attn_bwd, vl_attn_bwd_args, c_attn_bwd, w_attn_bwd, vl_ck_attn_bwd),
 };
 
 /* The dispatch copies the arguments to hand the kernel its workspace: room for the largest. */
@@ -432,6 +438,7 @@ vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
   if (c->stop_ops && *c->stop_ops)
     return vl_fail(c, VL_ERR_INTERRUPTED, "terminated between operations (before %s): the step in flight is lost",
                    d->name);
+  if (d->check) VL_TRY(d->check(c, args)); /* before anything is counted or taken */
   vl_op_cost k = d->cost(args);
   vl_count(c, k.flops, k.bytes);
   vl_op_profile *pr = c->profile && c->prof ? &c->prof[op] : NULL;

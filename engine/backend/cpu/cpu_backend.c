@@ -4,7 +4,6 @@
 
 #include "vramlab/backend.h"
 #include "cpu_internal.h"
-#include "../cnn_args.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/optim.h"
 #include "../../kernels/rows.h"
@@ -82,7 +81,6 @@ static vl_status cpu_axpby(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
   const vl_embed_fwd_args *a = p;
   int64_t R = a->R, C = a->C;
-  VL_TRY(vl_check_ids(c, "embed_fwd", "token ids", a->tok, R));
   vl_tensor *out = a->out;
   const vl_tensor *wte = a->wte;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -104,7 +102,6 @@ static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_bwd(vl_ctx *c, const void *p) {
   const vl_embed_bwd_args *a = p;
   int64_t R = a->R, C = a->C, nb = (C + COLS - 1) / COLS;
-  VL_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
   void *pw = a->dwte->data;
   const void *po = a->dout->data;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -289,7 +286,6 @@ static vl_status cpu_xent(vl_ctx *c, const void *p) {
   const vl_xent_fused_args *a = p;
   int64_t R = a->R, V = a->V;
   float s = a->dloss_scale;
-  VL_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
   void *pl = a->logits->data;
   float *loss = a->loss->data;
   const int32_t *tgt = a->tgt ? a->tgt->data : NULL;

@@ -1,7 +1,7 @@
 /* CPU backend, Stable Diffusion's ops: OpenMP loops over the single-source bodies of
  * engine/kernels/sd.h (GroupNorm, LayerNorm, activations, GEGLU, bias, zero padding,
- * timestep embedding, fused MSE, the VAE's Gaussian sample). Arguments are checked by
- * engine/backend/sd_args.h, the same checks as the CUDA backend.
+ * timestep embedding, fused MSE, the VAE's Gaussian sample). Arguments are checked by the
+ * operation's descriptor (engine/backend/op_checks.c) before a kernel runs, on every backend.
  *
  * As in cpu_cnn.c, hot loops call the body with the storage dtype as a constant when their
  * activation tensors share one (fp32, fp16 or bf16: the dtype switches of vl_ld/vl_st fold
@@ -16,7 +16,6 @@
  * per segment, then dgamma/dbeta per channel (GroupNorm) or per block of 16 columns
  * (LayerNorm) over every segment, so no two threads add into one parameter gradient. */
 #include "cpu_internal.h"
-#include "../sd_args.h"
 #include "../../kernels/sd.h"
 
 #define F32 VL_K_F32
@@ -68,8 +67,7 @@ INLINE void gn_fwd_group(void *y, int ydt, const void *x, int xdt, float *mean, 
 }
 
 static vl_status cpu_groupnorm_fwd(vl_ctx *c, const vl_groupnorm_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_fwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   gn_shape sh = {a->C, a->HW, a->G, a->C / a->G, a->gamma->data, a->beta->data, dt(a->gamma),
                  dt(a->beta)};
@@ -115,8 +113,7 @@ INLINE void gn_dgb_chan(void *dgamma, int dgdt, void *dbeta, int dbdt, const voi
 }
 
 static vl_status cpu_groupnorm_bwd(vl_ctx *c, const vl_groupnorm_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_bwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   gn_shape sh = {a->C, a->HW, a->G, a->C / a->G, a->gamma->data, NULL, dt(a->gamma), 0};
   const float *pm = a->mean->data, *pr = a->rstd->data;
@@ -143,8 +140,7 @@ static vl_status cpu_groupnorm_bwd(vl_ctx *c, const vl_groupnorm_bwd_args *a) {
 /* ---- LayerNorm ---------------------------------------------------------------------------- */
 
 static vl_status cpu_layernorm_fwd(vl_ctx *c, const vl_layernorm_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_fwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   float *pm = a->mean->data, *pr = a->rstd->data;
   void *py = a->y->data;
@@ -175,8 +171,7 @@ INLINE void ln_dgb_block(void *dgamma, int dgdt, void *dbeta, int dbdt, const vo
 }
 
 static vl_status cpu_layernorm_bwd(vl_ctx *c, const vl_layernorm_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_bwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   const float *pm = a->mean->data, *pr = a->rstd->data;
   const void *g = a->gamma->data;
@@ -208,7 +203,6 @@ static vl_status cpu_layernorm_bwd(vl_ctx *c, const vl_layernorm_bwd_args *a) {
 /* ---- activations, GEGLU ----------------------------------------------------------------- */
 
 static vl_status cpu_act_fwd(vl_ctx *c, const vl_act_fwd_args *a) {
-  VL_TRY(vl_sd_check_act_fwd(c, a));
   int64_t n = a->n;
   int act = (int)a->act;
   void *py = n ? a->y->data : NULL;
@@ -220,7 +214,6 @@ static vl_status cpu_act_fwd(vl_ctx *c, const vl_act_fwd_args *a) {
 }
 
 static vl_status cpu_act_bwd(vl_ctx *c, const vl_act_bwd_args *a) {
-  VL_TRY(vl_sd_check_act_bwd(c, a));
   int64_t n = a->n;
   int act = (int)a->act;
   void *pdx = n ? a->dx->data : NULL;
@@ -241,8 +234,7 @@ INLINE void geglu_bwd_row(void *dh, int dhdt, const void *dout, int ddt, const v
 }
 
 static vl_status cpu_geglu_fwd(vl_ctx *c, const vl_geglu_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_fwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n == 0) return VL_OK;
   void *po = a->out->data;
   const void *ph = a->h->data;
@@ -254,8 +246,7 @@ static vl_status cpu_geglu_fwd(vl_ctx *c, const vl_geglu_fwd_args *a) {
 }
 
 static vl_status cpu_geglu_bwd(vl_ctx *c, const vl_geglu_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_bwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n == 0) return VL_OK;
   void *pdh = a->dh->data;
   const void *pd = a->dout->data, *ph = a->h->data;
@@ -272,8 +263,7 @@ static vl_status cpu_geglu_bwd(vl_ctx *c, const vl_geglu_bwd_args *a) {
  * when inner is 1 (linear layers: the bias read per element, a constant dtype when it
  * shares y's), so the inner loop is the long contiguous one. */
 static vl_status cpu_bias_fwd(vl_ctx *c, const vl_bias_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_bias_fwd(c, a, &n));
+  int64_t n = a->outer * a->C * a->inner;
   if (n == 0) return VL_OK;
   void *py = a->y->data;
   const void *pb = a->b->data;
@@ -317,8 +307,7 @@ INLINE void bias_bwd_chan(void *db, int dbdt, const void *dy, int dydt, int64_t 
 }
 
 static vl_status cpu_bias_bwd(vl_ctx *c, const vl_bias_bwd_args *a) {
-  int64_t n = 0, nb = 0;
-  VL_TRY(vl_sd_check_bias_bwd(c, a, &n, &nb));
+  int64_t n = a->outer * a->C * a->inner, nb = (a->per_outer ? a->outer : 1) * a->C;
   if (nb == 0) return VL_OK;
   void *pdb = a->db->data;
   const void *pdy = n ? a->dy->data : NULL;
@@ -355,9 +344,8 @@ static vl_k_pad pad_geo(int64_t H, int64_t W, int top, int bottom, int left, int
 }
 
 static vl_status cpu_pad2d_fwd(vl_ctx *c, const vl_pad2d_fwd_args *a) {
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, true, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
+  int64_t nout = a->planes * (a->H + a->top + a->bottom) * (a->W + a->left + a->right);
   if (nout == 0) return VL_OK;
   vl_k_pad g = pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right);
   void *py = a->y->data;
@@ -372,9 +360,7 @@ static vl_status cpu_pad2d_fwd(vl_ctx *c, const vl_pad2d_fwd_args *a) {
 }
 
 static vl_status cpu_pad2d_bwd(vl_ctx *c, const vl_pad2d_bwd_args *a) {
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, false, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
   if (nin == 0) return VL_OK;
   vl_k_pad g = pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right);
   void *pdx = a->dx->data;
@@ -391,8 +377,7 @@ static vl_status cpu_pad2d_bwd(vl_ctx *c, const vl_pad2d_bwd_args *a) {
 /* ---- timestep embedding, MSE, Gaussian sample ------------------------------------------- */
 
 static vl_status cpu_timestep_embed(vl_ctx *c, const vl_timestep_embed_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_timestep(c, a, &n));
+  int64_t n = a->B * a->dim;
   if (n == 0) return VL_OK;
   const int32_t *t = a->t->data; /* host memory on this backend */
   void *pe = a->emb->data;
@@ -404,8 +389,7 @@ static vl_status cpu_timestep_embed(vl_ctx *c, const vl_timestep_embed_args *a) 
 }
 
 static vl_status cpu_mse_fused(vl_ctx *c, const vl_mse_fused_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_mse(c, a, &n));
+  int64_t n = a->R * a->C;
   if (a->R == 0) return VL_OK;
   void *pp = n ? a->pred->data : NULL;
   const void *pt = n ? a->target->data : NULL;
@@ -417,8 +401,7 @@ static vl_status cpu_mse_fused(vl_ctx *c, const vl_mse_fused_args *a) {
 }
 
 static vl_status cpu_gauss_sample(vl_ctx *c, const vl_gauss_sample_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_gauss(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   void *pz = a->z->data;
   const void *pm = a->moments->data, *pn = a->noise->data;

@@ -4,6 +4,8 @@
  * descriptor (engine/backend/ops.c): its name, its argument size, a pure function for the
  * FLOPs and bytes it moves, and a pure function for the workspace it needs on a target.
  * Layers call one dispatch point, vl_op_run(ctx, op, &args), which
+ *   - checks the arguments with the descriptor's check, on every backend (a plan refuses
+ *     what a run refuses, with the same status and message);
  *   - counts FLOPs and bytes (the only place that counts; FLOPs of a checkpoint's re-run
  *     forward go to flops_recompute);
  *   - takes the op's workspace from the arena (VL_MEM_WORKSPACE) for the duration of the
@@ -405,6 +407,9 @@ typedef struct {
    * in the arguments: the void * at ws_ptr_off and the size_t at ws_len_off. */
   size_t (*ws_bytes)(const void *args, vl_device target);
   size_t ws_ptr_off, ws_len_off;
+  /* The argument checks (shapes, dtypes, sizes, aliasing): VL_OK or VL_ERR_INVALID with a
+   * message naming the op and the argument; NULL: none. Run on every backend, plan included. */
+  vl_status (*check)(vl_ctx *c, const void *args);
 } vl_op_desc;
 
 /* The descriptor of op (NULL when op is out of range). */
