@@ -23,7 +23,9 @@ static double tb(const vl_tensor *t, int64_t n) {
 }
 static double sz(const vl_tensor *t) { return t ? (double)t->bytes : 0; }
 static double db(vl_dtype d, int64_t n) { return (double)vl_dtype_bytes(d, n); }
-static vl_op_cost cost(double flops, double bytes) { return (vl_op_cost){flops, bytes}; }
+static vl_op_cost cost(double flops, double bytes) {
+  return (vl_op_cost){.flops = flops, .bytes = bytes};
+}
 
 /* ---- GEMM and convolutions ------------------------------------------------------------ */
 
