@@ -142,8 +142,9 @@ static vl_status efficient_fwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *o, const
 static vl_status efficient_bwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *dq, vl_tensor *dk,
                                vl_tensor *dv, const vl_tensor *dout, const vl_tensor *o,
                                const vl_tensor *q, const vl_tensor *k, const vl_tensor *v) {
-  vl_attn_bwd_args a = {dq, dk, dv, dout, o, &sv->lse, q, k, v, sv->B, sv->H, sv->Tq, sv->Tk,
-                        sv->D, sv->scale, sv->causal, NULL, 0};
+  vl_attn_bwd_args a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .o = o, .lse = &sv->lse,
+                        .q = q, .k = k, .v = v, .B = sv->B, .H = sv->H, .Tq = sv->Tq,
+                        .Tk = sv->Tk, .D = sv->D, .scale = sv->scale, .causal = sv->causal};
   vl_status s = vl_attn_bwd_run(c, &a); // workspace: delta (B, H, Tq) fp32, from vl_op_run
   vl_tensor_free(c, &sv->lse);
   return s;
