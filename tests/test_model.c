@@ -405,7 +405,7 @@ static void test_profile_device_timers(void **state) {
   vl_mistral_batch b = tiny_batch(tok, tgt, 2, 3);
   vl_ctx *c;
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
-  vl_backend fake = vl_backend_cpu;
+  vl_backend fake = *vl_backend_cpu();
   fake.op_timer_begin = fake_begin;
   fake.op_timer_end = fake_end;
   fake.op_timer_collect = fake_collect;

@@ -824,7 +824,7 @@ static void test_op_table(void **state) {
     vl_op back;
     assert_int_equal(vl_op_parse(d->name, &back), 0);
     assert_int_equal(back, op);
-    if (!vl_backend_cpu.ops[op]) {
+    if (!vl_backend_cpu()->ops[op]) {
       print_error("the cpu backend lacks %s\n", d->name);
       fail();
     }
@@ -838,7 +838,7 @@ static void test_op_table(void **state) {
  * op is still counted (it was asked for). */
 static void test_op_unsupported(void **state) {
   (void)state;
-  vl_backend partial = vl_backend_cpu;
+  vl_backend partial = *vl_backend_cpu();
   partial.name = "partial";
   partial.ops[VL_OP_ROPE] = NULL;
   const vl_backend *real = cx->be;

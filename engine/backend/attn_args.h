@@ -1,5 +1,5 @@
 /* Argument checks of the memory-efficient attention ops (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD),
- * run by the operation descriptors (op_checks.c) through vl_op_run on every backend, the
+ * run by the operation descriptors (ops.c) through vl_op_run on every backend, the
  * plan backend included, and by the attention layer (engine/nn/attention.c, both
  * implementations), so all of them refuse the same calls with the same message; the
  * backward's workspace check is the kernels' (vl_attn_check_ws); plus the CUDA launch

@@ -1,5 +1,5 @@
 /* Argument checks of the CNN element/plane ops (and of the id tensors of embed/xent), run
- * by the operation descriptors (op_checks.c) through vl_op_run on every backend, the plan
+ * by the operation descriptors (ops.c) through vl_op_run on every backend, the plan
  * backend included, so all of them reject the same calls with the same message. Host code
  * only; plain C that also compiles as the host side of a .cu file. Every check returns VL_OK
  * or a VL_ERR_INVALID status whose message names the op and the argument. */

@@ -79,7 +79,7 @@ vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc) {
 /* Host-side dtype conversion: the CPU backend's kernel on host buffers, called directly
  * (not an operation of c's device, so not counted). */
 static vl_status host_convert(vl_ctx *c, vl_tensor *dst, const vl_tensor *src, int64_t n) {
-  return vl_backend_cpu.ops[VL_OP_CONVERT](c, &(vl_convert_args){.y = dst, .x = src, .n = n});
+  return vl_backend_cpu()->ops[VL_OP_CONVERT](c, &(vl_convert_args){.y = dst, .x = src, .n = n});
 }
 
 /* Upload host fp32 into a tensor of any dtype, converting on the host. */

@@ -3,7 +3,7 @@
  * delta); the backward's dq and dk, dv run here per block of BLK query (key) rows of one
  * (batch, head), the same arithmetic as the bodies vl_k_attn_dq_row / vl_k_attn_dkdv_row,
  * bit for bit, with each k, v (q, dout) row converted once and reused across the block.
- * Arguments are checked by the operation's descriptor (engine/backend/op_checks.c) before a
+ * Arguments are checked by the operation's descriptor (engine/backend/ops.c) before a
  * kernel runs, on every backend; the backward's workspace here (attn_args.h).
  *
  * Scratch: each thread has a stack array, contiguous (stride 1): VL_K_ATTN_WS(VL_K_ATTN_DMAX)
@@ -23,7 +23,6 @@
 /* The loops hand a thread 8 rows at a time: causal rows differ in length, so the schedule
  * is dynamic (it changes who computes a row, never how). */
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 
 /* The dtype every tensor shares, or -1 when they differ. */
 static int common_dt(const vl_tensor *const *ts, int n) {
@@ -48,7 +47,7 @@ static vl_k_attn_dims dims_of(int64_t H, int64_t Tq, int64_t Tk, int64_t D, floa
         vl_k_attn_fwd_row(o, OD, lse, q, QD, k, KD, v, VD, s, w, 1, r);                    \
   }
 
-vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
   const vl_attn_fwd_args *a = args;
   int64_t rows = a->B * a->H * a->Tq;
   vl_k_attn_dims s = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);
@@ -256,7 +255,7 @@ static inline VL_K_ATTN_INL void dkdv_blk(void *dk, int dkdt, void *dv, int dvdt
     }                                                                                      \
   }
 
-vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   const vl_attn_bwd_args *a = args;
   VL_TRY(vl_attn_check_ws(c, a));
   int64_t rows = a->B * a->H * a->Tq;
@@ -288,4 +287,9 @@ vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   } break;
   }
   return VL_OK;
+}
+
+void vl_cpu_attn_ops(vl_backend *b) {
+  b->ops[VL_OP_ATTN_FWD] = vl_cpu_attn_fwd;
+  b->ops[VL_OP_ATTN_BWD] = vl_cpu_attn_bwd;
 }

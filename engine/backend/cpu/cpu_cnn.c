@@ -1,7 +1,7 @@
 /* CPU backend, CNN element/plane ops: OpenMP loops over the single-source bodies of
  * engine/kernels/cnn.h (batch norm, ReLU, max pooling, bilinear or nearest 2x upsampling,
  * channel copy, per-pixel cross-entropy). Arguments are checked by the operation's descriptor
- * (engine/backend/op_checks.c) before a kernel runs, on every backend.
+ * (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Speed without a second implementation: where the tensors of a hot loop are fp32, the
  * loop calls the same body with the dtype as the constant VL_K_F32, so once inlined the
@@ -19,7 +19,6 @@
 #define F32 VL_K_F32
 #define INLINE static inline __attribute__((always_inline))
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 static bool all_f32(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
   return a->dtype == VL_F32 && b->dtype == VL_F32 && (!c || c->dtype == VL_F32);
 }
@@ -382,52 +381,66 @@ static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, con
 
 /* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
 
-vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *p) {
   const vl_bn_fwd_train_args *a = p;
   return cpu_bn_fwd_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma, a->beta,
                           a->N, a->C, a->HW, a->eps, a->momentum);
 }
-vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *p) {
   const vl_bn_fwd_eval_args *a = p;
   return cpu_bn_fwd_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C, a->HW,
                          a->eps);
 }
-vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *p) {
   const vl_bn_bwd_args *a = p;
   return cpu_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, a->N,
                     a->C, a->HW);
 }
-vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *p) {
   const vl_relu_fwd_args *a = p;
   return cpu_relu_fwd(c, a->y, a->x, a->n);
 }
-vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *p) {
   const vl_relu_bwd_args *a = p;
   return cpu_relu_bwd(c, a->dx, a->dy, a->y, a->n);
 }
-vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *p) {
   const vl_maxpool_fwd_args *a = p;
   return cpu_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad, a->P, a->Q);
 }
-vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
   const vl_maxpool_bwd_args *a = p;
   return cpu_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
                          a->P, a->Q);
 }
-vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_fwd_args *a = p;
   return cpu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->nearest);
 }
-vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_bwd_args *a = p;
   return cpu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W, a->nearest);
 }
-vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
   const vl_chan_copy_args *a = p;
   return cpu_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
                        a->accumulate);
 }
-vl_status vl_cpu_xent_pix(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_xent_pix(vl_ctx *c, const void *p) {
   const vl_xent_pix_args *a = p;
   return cpu_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale);
+}
+
+void vl_cpu_cnn_ops(vl_backend *b) {
+  b->ops[VL_OP_BN_FWD_TRAIN] = vl_cpu_bn_fwd_train;
+  b->ops[VL_OP_BN_FWD_EVAL] = vl_cpu_bn_fwd_eval;
+  b->ops[VL_OP_BN_BWD] = vl_cpu_bn_bwd;
+  b->ops[VL_OP_RELU_FWD] = vl_cpu_relu_fwd;
+  b->ops[VL_OP_RELU_BWD] = vl_cpu_relu_bwd;
+  b->ops[VL_OP_MAXPOOL_FWD] = vl_cpu_maxpool_fwd;
+  b->ops[VL_OP_MAXPOOL_BWD] = vl_cpu_maxpool_bwd;
+  b->ops[VL_OP_UPSAMPLE2X_FWD] = vl_cpu_upsample2x_fwd;
+  b->ops[VL_OP_UPSAMPLE2X_BWD] = vl_cpu_upsample2x_bwd;
+  b->ops[VL_OP_CHAN_COPY] = vl_cpu_chan_copy;
+  b->ops[VL_OP_XENT_PIX] = vl_cpu_xent_pix;
 }

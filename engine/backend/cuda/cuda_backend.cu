@@ -763,7 +763,31 @@ static vl_status op_adafactor(vl_ctx *c, const void *p) {
 
 /* ---- the backend ---------------------------------------------------------------------- */
 
-/* C++ has no array designators: the table is filled by index, once, at load time. */
+/* This file's kernels: GEMM, the LLM ops, copies and the optimizers. */
+static void core_ops(vl_backend *b) {
+  b->ops[VL_OP_GEMM] = cu_gemm;
+  b->ops[VL_OP_ZERO] = op_zero;
+  b->ops[VL_OP_CONVERT] = op_convert;
+  b->ops[VL_OP_AXPBY] = op_axpby;
+  b->ops[VL_OP_EMBED_FWD] = op_embed_fwd;
+  b->ops[VL_OP_EMBED_BWD] = op_embed_bwd;
+  b->ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
+  b->ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
+  b->ops[VL_OP_ROPE] = op_rope;
+  b->ops[VL_OP_PERMUTE] = op_permute;
+  b->ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
+  b->ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
+  b->ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
+  b->ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
+  b->ops[VL_OP_XENT_FUSED] = op_xent;
+  b->ops[VL_OP_SUMSQ] = op_sumsq;
+  b->ops[VL_OP_ADAMW] = op_adamw;
+  b->ops[VL_OP_SGD] = op_sgd;
+  b->ops[VL_OP_ADAFACTOR] = op_adafactor;
+}
+
+/* The table, filled once at load time: this file's kernels, then each kernel file's
+ * (cuda_internal.h), the way the CPU backend fills its own. */
 static vl_backend make_backend(void) {
   vl_backend b;
   memset(&b, 0, sizeof b);
@@ -783,25 +807,7 @@ static vl_backend make_backend(void) {
   b.fixed_ws_bytes = cu_fixed_ws;
   b.upload = cu_upload;
   b.download = cu_download;
-  b.ops[VL_OP_GEMM] = cu_gemm;
-  b.ops[VL_OP_ZERO] = op_zero;
-  b.ops[VL_OP_CONVERT] = op_convert;
-  b.ops[VL_OP_AXPBY] = op_axpby;
-  b.ops[VL_OP_EMBED_FWD] = op_embed_fwd;
-  b.ops[VL_OP_EMBED_BWD] = op_embed_bwd;
-  b.ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
-  b.ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
-  b.ops[VL_OP_ROPE] = op_rope;
-  b.ops[VL_OP_PERMUTE] = op_permute;
-  b.ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
-  b.ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
-  b.ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
-  b.ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
-  b.ops[VL_OP_XENT_FUSED] = op_xent;
-  b.ops[VL_OP_SUMSQ] = op_sumsq;
-  b.ops[VL_OP_ADAMW] = op_adamw;
-  b.ops[VL_OP_SGD] = op_sgd;
-  b.ops[VL_OP_ADAFACTOR] = op_adafactor;
+  core_ops(&b);
   vl_cuda_cnn_ops(&b);
   vl_cuda_conv_ops(&b);
   vl_cuda_sd_ops(&b);

@@ -1,7 +1,7 @@
 /* CUDA backend, Stable Diffusion's ops: kernels over the single-source bodies of
  * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; DESIGN.md "The CUDA
  * backend must be verifiable without a GPU"). Arguments are checked by the
- * operation's descriptor (engine/backend/op_checks.c) before a kernel runs, on every backend.
+ * operation's descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Reductions take one block per segment: a GroupNorm group (n, g), a LayerNorm row, a
  * channel's dgamma/dbeta or bias gradient, an MSE row (a grid-stride loop over segments at
@@ -227,8 +227,6 @@ static int seg_blocks(const cu_state *s, int64_t S) {
 static int col_blocks(const cu_state *s, int64_t C) {
   return seg_blocks(s, (C + COL_X - 1) / COL_X);
 }
-static void *data_or_null(const vl_tensor *t) { return t ? t->data : NULL; }
-static int dt_or_f32(const vl_tensor *t) { return t ? dt(t) : VL_K_F32; }
 
 #define ARGS(type) const type *a = (const type *)p
 

@@ -14,8 +14,10 @@
  *   - otherwise calls the backend's kernel, ctx->be->ops[op]; a backend without one returns
  *     VL_ERR_UNSUPPORTED naming the operation and the backend, never a silent skip;
  *   - with ctx->profile on, adds calls, seconds and FLOPs to the op's profile entry.
- * Adding an operation: one X() line and its argument struct here, one descriptor in ops.c,
- * a kernel body in engine/kernels, one entry in each backend's table, gpu-check cases.
+ * Adding an operation: one X() line and its argument struct here; its descriptor (cost,
+ * workspace, argument check) in ops.c; a kernel body in engine/kernels; in one kernel file
+ * of each backend its kernel and its registration line, b->ops[VL_OP_...] = kernel;
+ * gpu-check cases (tools/gpu_check_cases.c, their builder in tools/gpu_check.c).
  *
  * Tensors are row-major. Ops accumulate in fp32 and read/write any float storage dtype
  * (fp32, fp16, bf16) unless stated; NF4 appears only as GEMM operand B (a frozen weight);
