@@ -1,4 +1,4 @@
-/* The PyTorch peers of the model cases (DESIGN.md "Measurement rules": peers side by side):
+/* The PyTorch peers of the model cases (docs/architecture.md "Measurement rules": peers side by side):
  * a peer process (tools/peers/<case>_peer.py) driven over a line protocol
  * (tools/peers/peer_common.py), the same step run in turn with the engine's in one run, and
  * the report's side-by-side section. Shared by llm-lora and seg-ckpt (each case's peer.c

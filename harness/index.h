@@ -1,5 +1,5 @@
 /* reports/index.md, the suite's front page: one row per case from the results each report
- * was made from (reports/<case>/results.json), then the claims of CASES.md "Claims that
+ * was made from (reports/<case>/results.json), then the claims of docs/cases.md "Claims that
  * apply to every case" judged across the cases. Written by `vramlab bench` and `vramlab
  * regress`; a claim whose evidence is missing says so. */
 #ifndef VRAMLAB_INDEX_H

@@ -532,7 +532,13 @@ static int run_all(cJSON *metrics, vl_device dev, const char *data, int reps, ru
         s[ns++] = rm->kind == M_RATE ? (x > 0 ? 1.0 / x : INFINITY) : x;
       }
       if (ns == 0) continue;
-      if (rm->kind == M_RATE) snprintf(name, sizeof name, "%s/%s/run.1/%s", RUNS[i].case_id, RUNS[i].rung, rm->key);
+      /* a rate is judged as its inverse, a time, and named as one: images_per_s -> seconds_per_image */
+      if (rm->kind == M_RATE) {
+        const char *per = strstr(rm->key, "_per_s");
+        int stem = per ? (int)(per - rm->key) : (int)strlen(rm->key);
+        if (stem > 1 && rm->key[stem - 1] == 's') stem--; /* images -> image */
+        snprintf(name, sizeof name, "%s/%s/run.seconds_per_%.*s", RUNS[i].case_id, RUNS[i].rung, stem, rm->key);
+      }
       qsort(s, (size_t)ns, sizeof *s, cmp_d);
       cJSON *t = cJSON_AddObjectToObject(metrics, name);
       cJSON_AddStringToObject(t, "kind", "time");

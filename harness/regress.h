@@ -1,5 +1,5 @@
 /* `vramlab regress`: a short fixed configuration of every case compared with
- * reports/baselines/<device-class>.json (DESIGN.md "Results, reports, regression").
+ * reports/baselines/<device-class>.json (docs/architecture.md "Regress and baselines").
  *
  * Metrics and how each is judged:
  *   exact  plan numbers (parameters, planned bytes by category, FLOPs, largest batch) and

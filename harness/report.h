@@ -7,7 +7,7 @@
 
 #include "case.h"
 
-/* Verdicts, in the order DESIGN.md lists them. */
+/* Verdicts, in the order docs/architecture.md "Results, reports and verdicts" lists them. */
 typedef enum { VL_HOLDS = 0, VL_DIRECTION_HOLDS, VL_DOES_NOT_HOLD, VL_NOT_MEASURABLE } vl_verdict;
 const char *vl_verdict_name(vl_verdict v);
 /* Judge a claim from measured before/after (NaN = not measured). Pure, unit-tested. */

@@ -883,7 +883,7 @@ static void test_sizes_50k(void **state) {
   };
   uint64_t file[8], rec[8];
   printf(
-      "  cache for %lld images at 512x512 (CASES.md 3: the article says \"50k latents ~ 20 GB\")\n",
+      "  cache for %lld images at 512x512 (docs/cases.md, sd-lora notes: the article says \"50k latents ~ 20 GB\")\n",
       (long long)images);
   printf("  %-24s %-5s %10s %16s %9s\n", "records", "dtype", "record", "file bytes", "GB");
   for (int i = 0; i < 6; i++) {
@@ -908,7 +908,7 @@ static void test_sizes_50k(void **state) {
   }
   printf("  20 GB / fp32 latent samples = %.1fx; fp32 samples + fp32 text = %.2f GB\n",
          20e9 / (double)file[0], (double)(file[0] + text[0]) / 1e9);
-  /* CASES.md 3: 64 KiB fp32, 32 KiB fp16; ~3.3 GB and ~1.6 GB for 50k */
+  /* docs/cases.md §3 notes: 64 KiB fp32, 32 KiB fp16; ~3.3 GB and ~1.6 GB for 50k */
   assert_int_equal(rec[0], 64 << 10);
   assert_int_equal(rec[1], 32 << 10);
   assert_int_equal(rec[2], 128 << 10);

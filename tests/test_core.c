@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include <float.h>
+#include <omp.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -697,6 +698,69 @@ static void test_nf4_format(void **state) {
   assert_int_equal(vl_nf4_nearest(-2.0f), 0);
 }
 
+/* The parallel normal fill draws the numbers the one-at-a-time loop draws, bit for bit, on
+ * any thread count, and leaves the stream where the loop leaves it (more than one chunk, a
+ * remainder, a small tensor). */
+static void test_rng_normal_fill_equals_loop(void **state) {
+  (void)state;
+  const int64_t sizes[] = {7, 1 << 20, 3 * (1 << 20) + 123};
+  for (int k = 0; k < 3; k++) {
+    int64_t n = sizes[k];
+    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (int threads = 1; threads <= 2; threads++) {
+      omp_set_num_threads(threads);
+      vl_rng r1, r2;
+      vl_rng_seed(&r1, 42 + (uint64_t)k);
+      vl_rng_seed(&r2, 42 + (uint64_t)k);
+      for (int64_t i = 0; i < n; i++) a[i] = 0.02f * vl_rng_normal(&r1);
+      vl_rng_normal_fill(&r2, b, n, 0.02f);
+      assert_memory_equal(a, b, (size_t)n * sizeof *a);
+      assert_true(vl_rng_u64(&r1) == vl_rng_u64(&r2)); /* the stream goes on alike */
+    }
+    free(a);
+    free(b);
+  }
+}
+
+/* A jump of n equals n draws. */
+static void test_rng_jump_equals_draws(void **state) {
+  (void)state;
+  const uint64_t ns[] = {0, 1, 2, 63, 64, 1000, 123457};
+  for (int k = 0; k < 7; k++) {
+    vl_rng a, b;
+    vl_rng_seed(&a, 9);
+    vl_rng_seed(&b, 9);
+    for (uint64_t i = 0; i < ns[k]; i++) (void)vl_rng_u64(&a);
+    assert_int_equal(vl_rng_jump(&b, ns[k]), 0);
+    assert_memory_equal(a.s, b.s, sizeof a.s);
+  }
+}
+
+/* NF4 quantisation runs its blocks on every thread: the same bytes on 1 and 2 threads. */
+static void test_nf4_threads_same_bytes(void **state) {
+  (void)state;
+  const int64_t n = 64 * 9000; /* above the blocks that start threads */
+  float *x = malloc((size_t)n * sizeof *x);
+  size_t nb = vl_dtype_bytes(VL_NF4, n);
+  uint8_t *q1 = malloc(nb), *q2 = malloc(nb);
+  assert_non_null(x);
+  assert_non_null(q1);
+  assert_non_null(q2);
+  vl_rng r;
+  vl_rng_seed(&r, 5);
+  vl_rng_normal_fill(&r, x, n, 0.02f);
+  omp_set_num_threads(1);
+  assert_int_equal(vl_nf4_quantize_host(q1, x, n), 0);
+  omp_set_num_threads(2);
+  assert_int_equal(vl_nf4_quantize_host(q2, x, n), 0);
+  assert_memory_equal(q1, q2, nb);
+  free(x);
+  free(q1);
+  free(q2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arena_best_fit),
@@ -718,6 +782,9 @@ int main(void) {
       cmocka_unit_test(test_round_to),
       cmocka_unit_test(test_parse_bytes),
       cmocka_unit_test(test_rng),
+      cmocka_unit_test(test_rng_normal_fill_equals_loop),
+      cmocka_unit_test(test_rng_jump_equals_draws),
+      cmocka_unit_test(test_nf4_threads_same_bytes),
       cmocka_unit_test(test_status_names),
       cmocka_unit_test(test_nf4_roundtrip),
       cmocka_unit_test(test_nf4_format),

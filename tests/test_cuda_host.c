@@ -1,4 +1,4 @@
-/* Host-side logic of the CUDA backend, tested without a GPU (DESIGN.md "The CUDA backend
+/* Host-side logic of the CUDA backend, tested without a GPU (docs/architecture.md "The CUDA backend
  * must be verifiable without a GPU"): the row-major -> column-major cuBLAS mapping fed to a
  * column-major reference GEMM must equal the CPU backend's GEMM for every transpose combo,
  * padded leading dims, offsets, batch strides and non-trivial alpha/beta; the GEMM plan

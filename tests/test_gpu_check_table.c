@@ -4,6 +4,7 @@
  * --self-test (CPU against CPU) work. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,28 @@ static void test_tool(void **state) {
     print_error("self-test: %s", last);
     fail();
   }
+  /* --json: the same rows as a file, written whole; an unwritable path refused before running */
+  char jpath[256], jarg[300];
+  snprintf(jpath, sizeof jpath, "/tmp/vramlab-gpu-check-%d.json", (int)getpid());
+  snprintf(jarg, sizeof jarg, "--self-test --op rmsnorm_bwd --json %s", jpath);
+  assert_int_equal(run_tool(jarg, last, sizeof last), 0);
+  FILE *jf = fopen(jpath, "r");
+  assert_non_null(jf);
+  char jtext[65536];
+  size_t jn = fread(jtext, 1, sizeof jtext - 1, jf);
+  jtext[jn] = 0;
+  fclose(jf);
+  unlink(jpath);
+  cJSON *jd = cJSON_Parse(jtext);
+  assert_non_null(jd);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(jd, "cases")), 4);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(jd, "failed")) == 0);
+  assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(jd, "cases"), 0),
+                                                               "status")),
+                      "agree");
+  cJSON_Delete(jd);
+  assert_int_equal(run_tool("--self-test --json /nonexistent-dir/x.json", last, sizeof last), 2);
+  assert_non_null(strstr(last, "does not exist"));
   /* --require-gpu cannot be met by the self-test (CPU against CPU): a usage error */
   assert_int_equal(run_tool("--require-gpu --self-test", last, sizeof last), 2);
   assert_non_null(strstr(last, "exclude each other"));

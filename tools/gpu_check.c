@@ -1,5 +1,5 @@
 /* vramlab-gpu-check: every case of tools/gpu_check_cases.c run on CUDA and on the CPU backend
- * with the same seeded inputs, through the one dispatch point vl_op_run (DESIGN.md "The CUDA
+ * with the same seeded inputs, through the one dispatch point vl_op_run (docs/architecture.md "The CUDA
  * backend must be verifiable without a GPU", point 3; the idea of ggml's test-backend-ops).
  * Per case: the op's status on both sides, NaN/Inf in the CUDA output where the CPU output is
  * finite, the normalised MSE
@@ -26,7 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "gpu_check_cases.h"
+#include "vramlab/fileio.h"
 #include "vramlab/backend.h"
 #include "vramlab/elem.h"
 #include "vramlab/quant.h"
@@ -1025,14 +1028,55 @@ static int require_gpu_failed(int n) {
   return 1;
 }
 
+/* --json FILE: every case's row as a JSON object, written whole or not at all when the tool
+ * ends (the GPU first-light call brings it back; the text table stays on stdout). */
+static cJSON *json_rows;
+
+static void json_row(const vl_gc_case *c, const char *status, double nmse, double limit, const char *why) {
+  if (!json_rows) return;
+  char sh[96];
+  shape_str(c, sh, sizeof sh);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "case", c->name);
+  cJSON_AddStringToObject(o, "op", vl_gc_kind_name(c->kind));
+  cJSON_AddStringToObject(o, "shape", sh);
+  cJSON *dt = cJSON_AddArrayToObject(o, "dtypes");
+  for (int k = 0; k < 3; k++) cJSON_AddItemToArray(dt, cJSON_CreateString(vl_dtype_name(c->dt[k])));
+  cJSON_AddStringToObject(o, "status", status);
+  if (isfinite(nmse)) cJSON_AddNumberToObject(o, "nmse", nmse);
+  cJSON_AddNumberToObject(o, "limit", limit);
+  if (why && *why) cJSON_AddStringToObject(o, "why", why);
+  cJSON_AddItemToArray(json_rows, o);
+}
+
+/* Writes the rows with the run's summary; 0, or 1 with a message. */
+static int json_write(const char *path, const char *device, int ran, int failed, int skipped) {
+  if (!json_rows) return 0;
+  cJSON *doc = cJSON_CreateObject();
+  cJSON_AddStringToObject(doc, "device", device);
+  cJSON_AddNumberToObject(doc, "ran", ran);
+  cJSON_AddNumberToObject(doc, "failed", failed);
+  cJSON_AddNumberToObject(doc, "skipped", skipped);
+  cJSON_AddItemToObject(doc, "cases", json_rows);
+  json_rows = NULL;
+  char *text = cJSON_Print(doc), err[512] = "";
+  int rc = text && vl_file_write_atomic(path, text, strlen(text), err, sizeof err) == 0 ? 0 : 1;
+  if (rc) fprintf(stderr, "gpu-check: --json %s: %s\n", path, err[0] ? err : "out of memory");
+  free(text);
+  cJSON_Delete(doc);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   bool self = false, list = false, require_gpu = false;
+  const char *json = NULL;
   int kind = -1;
   const char *word = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--self-test")) self = true;
     else if (!strcmp(argv[i], "--list")) list = true;
     else if (!strcmp(argv[i], "--require-gpu")) require_gpu = true;
+    else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else if (!strcmp(argv[i], "--op") && i + 1 < argc) {
       kind = vl_gc_kind_parse(argv[++i]);
       if (kind < 0) {
@@ -1043,7 +1087,7 @@ int main(int argc, char **argv) {
       }
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "usage: vramlab-gpu-check [--list] [--self-test] [--require-gpu] [--op NAME]"
-                      " [WORD]\n");
+                      " [--json FILE] [WORD]\n");
       return 2;
     } else {
       word = argv[i];
@@ -1052,6 +1096,14 @@ int main(int argc, char **argv) {
   if (self && require_gpu) { /* the self-test is CPU against CPU: it never runs on a GPU */
     fprintf(stderr, "gpu-check: --require-gpu and --self-test exclude each other\n");
     return 2;
+  }
+  if (json) { /* a path that cannot be written is said before anything runs */
+    char err[512];
+    if (vl_file_check_writable(json, err, sizeof err)) {
+      fprintf(stderr, "gpu-check: --json %s\n", err);
+      return 2;
+    }
+    json_rows = cJSON_CreateArray();
   }
   if (list) { /* runs nothing: --require-gpu has nothing to judge */
     int n = 0;
@@ -1073,8 +1125,11 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < VL_GC_NCASES; i++) {
       if (!selected(&VL_GC_CASES[i], kind, word)) continue;
       printf("%-40s SKIP (no GPU)\n", VL_GC_CASES[i].name);
+      json_row(&VL_GC_CASES[i], "skip", NAN, VL_GC_CASES[i].limit, "no GPU");
       n++;
     }
+    if (json && json_write(json, vl_backend_cuda() ? "no CUDA device visible" : "built without CUDA", 0, 0, n))
+      return 1;
     printf("gpu-check: %d cases skipped, none run: %s\n", n,
            vl_backend_cuda() ? "no CUDA device visible" : "built without CUDA");
     return require_gpu ? require_gpu_failed(n) : 0;
@@ -1113,14 +1168,16 @@ int main(int argc, char **argv) {
     printf("%-40s %s  nmse=%.3e  (limit %.1e)%s%s\n", c->name,
            ok ? (self ? "ok (self-test)" : "PASS") : "FAIL", r.nmse, limit, ok ? "" : "  ",
            ok ? "" : r.why);
+    json_row(c, ok ? (self ? "agree" : "pass") : "fail", r.nmse, limit, ok ? NULL : r.why);
     ran++;
     failed += !ok;
   }
+  int jrc = json_write(json, self ? "cpu against cpu (self-test)" : "cuda against cpu", ran, failed, 0);
   printf("gpu-check: %d cases, %d %s, %d failed (%s)\n", ran, ran - failed,
          self ? "agree" : "passed", failed,
          self ? "self-test: cpu against cpu, NOT a GPU result" : "device: cuda, reference: cpu");
   vl_ctx_destroy(r.ctx[CU]);
   vl_ctx_destroy(r.ctx[CPU]);
   if (require_gpu && ran == 0) return require_gpu_failed(0); /* WORD/--op matched nothing */
-  return failed ? 1 : 0;
+  return failed || jrc ? 1 : 0;
 }

@@ -1,4 +1,4 @@
-/* The cases of vramlab-gpu-check as data (DESIGN.md "The CUDA backend must be verifiable
+/* The cases of vramlab-gpu-check as data (docs/architecture.md "The CUDA backend must be verifiable
  * without a GPU", point 3): per case an operation (vramlab/ops.h, or one of the backend
  * checks below), its shape, its dtypes, flags and the normalised-MSE limit of every output
  * against the CPU backend. tools/gpu_check.c builds the inputs and arguments per operation

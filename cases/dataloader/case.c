@@ -1,4 +1,4 @@
-/* dataloader: input pipeline tuning (CASES.md §4). Synthetic photo-like JPEGs decoded with
+/* dataloader: input pipeline tuning (docs/cases.md §4). Synthetic photo-like JPEGs decoded with
  * TurboJPEG feed the engine's loader; the consumer is a modeled accelerator (each step takes
  * consumer_ms of wall time and no CPU), always labelled as modeled. Knobs map to a loader
  * config in config.c, the timed run is run.c, the case-wide sweep sweep.c; this file holds

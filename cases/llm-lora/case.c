@@ -1,4 +1,4 @@
-/* llm-lora: Mistral-7B fine-tuning memory on a 24 GB card (CASES.md §1).
+/* llm-lora: Mistral-7B fine-tuning memory on a 24 GB card (docs/cases.md §1).
  * Memory, FLOPs, fit, largest batch and OOM rate come from the plan backend at the scale
  * asked (full = the article's 7B); step time, tokens/s and loss from a real run at the
  * scale this device can run (run.c). The scaffolding (plan, search, timed loop, OOM triage,

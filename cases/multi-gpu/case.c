@@ -1,5 +1,5 @@
 /* multi-gpu: data-parallel training of the ResNet-101 U-Net of seg-ckpt on several cards
- * (CASES.md §5): one rank -> DataParallel-style -> DDP -> DDP with overlap and tuned buckets
+ * (docs/cases.md §5): one rank -> DataParallel-style -> DDP -> DDP with overlap and tuned buckets
  * -> DDP + ZeRO-1. Per-card memory comes from the plan backend at full scale through the
  * data-parallel wrapper (plan.c), with the per-card table for 1, 2, 4, 8 cards and modeled
  * times for two link presets (timemodel.c); speed, busy shares, communication and memory by

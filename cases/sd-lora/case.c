@@ -1,4 +1,4 @@
-/* sd-lora: Stable Diffusion 1.5 LoRA with latent caching (CASES.md §3). Memory, FLOPs, fit
+/* sd-lora: Stable Diffusion 1.5 LoRA with latent caching (docs/cases.md §3). Memory, FLOPs, fit
  * and the largest batch on a 24 GB and a 48 GB card are planned at full scale (SD 1.5's
  * U-Net, VAE encoder and CLIP text encoder exactly, 512x512); the input pipeline (decode,
  * resize, crop and the encoders in every step, or cache files read each step, from disk or

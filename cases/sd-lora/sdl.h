@@ -17,7 +17,7 @@
 typedef enum { VL_SDL_CACHE_NONE = 0, VL_SDL_CACHE_DISK, VL_SDL_CACHE_RAM } vl_sdl_cache;
 typedef enum { VL_SDL_MODELED = 0, VL_SDL_MODEL } vl_sdl_consumer;
 
-/* The batch the modeled accelerator's consumer_ms is given for (CASES.md §3: batch 16). */
+/* The batch the modeled accelerator's consumer_ms is given for (docs/cases.md §3: batch 16). */
 #define VL_SDL_REF_BATCH 16
 /* The batch sizes of the memory-vs-batch curves planned at full scale. */
 #define VL_SDL_CURVE_N 12

@@ -1,4 +1,4 @@
-/* seg-ckpt: ResNet-101 U-Net segmentation with activation checkpointing (CASES.md §2).
+/* seg-ckpt: ResNet-101 U-Net segmentation with activation checkpointing (docs/cases.md §2).
  * Memory, FLOPs, fit, largest batch and the memory-vs-batch line come from the plan backend
  * at the scale asked (full = the article's 512x512, batch 8); step time, images/s, the
  * data-wait share and held-out accuracy from real training at the run scale (run.c), fed by

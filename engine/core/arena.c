@@ -1,4 +1,4 @@
-/* The arena: the measuring instrument of every device byte (DESIGN.md "Memory").
+/* The arena: the measuring instrument of every device byte (docs/architecture.md "Memory accounting").
  * Best-fit over a sorted free list with coalescing, fixed alignment, one reservation.
  * The same code runs in VIRTUAL mode for the planner, so a planned allocation sequence
  * lands at the same offsets, with the same peak and the same fragmentation, as a real one. */

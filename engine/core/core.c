@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -191,12 +192,80 @@ uint64_t vl_rng_u64(vl_rng *r) {
   return res;
 }
 double vl_rng_uniform(vl_rng *r) { return (double)(vl_rng_u64(r) >> 11) * 0x1.0p-53; }
+static float box_muller(double u1, double u2);
 float vl_rng_normal(vl_rng *r) {
   double u1 = vl_rng_uniform(r), u2 = vl_rng_uniform(r);
+  return box_muller(u1, u2);
+}
+uint64_t vl_rng_below(vl_rng *r, uint64_t n) { return n ? vl_rng_u64(r) % n : 0; }
+
+/* The transform of vl_rng_normal on two uniforms already drawn. */
+static float box_muller(double u1, double u2) {
   if (u1 < 1e-300) u1 = 1e-300;
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
-uint64_t vl_rng_below(vl_rng *r, uint64_t n) { return n ? vl_rng_u64(r) % n : 0; }
+
+/* ---- jumping the stream ahead --------------------------------------------------------------
+ * xoshiro256's step is linear over GF(2) on its 256 state bits: a 256 x 256 bit matrix M. The
+ * state n steps on is M^n s, made of the powers M^(2^k) (squared once, then kept): a jump of
+ * any n costs at most 64 matrix-vector products, so a long stream splits into segments that
+ * threads draw at once, each exactly as the one sequential stream would. */
+typedef struct { uint64_t col[256][4]; } gf2_mat; /* column j: M applied to unit vector j */
+
+static void mat_vec(const gf2_mat *m, const uint64_t v[4], uint64_t out[4]) {
+  uint64_t r[4] = {0, 0, 0, 0};
+  for (int j = 0; j < 256; j++)
+    if (v[j >> 6] >> (j & 63) & 1)
+      for (int w = 0; w < 4; w++) r[w] ^= m->col[j][w];
+  memcpy(out, r, sizeof r);
+}
+
+static gf2_mat *jump_pow; /* jump_pow[k] = M^(2^k), k < 64 */
+static pthread_once_t jump_once = PTHREAD_ONCE_INIT;
+
+static void jump_init(void) {
+  gf2_mat *p = malloc(64 * sizeof *p);
+  if (!p) return;
+  for (int j = 0; j < 256; j++) { /* M: one step of each unit state */
+    vl_rng u = {{0, 0, 0, 0}};
+    u.s[j >> 6] = 1ull << (j & 63);
+    (void)vl_rng_u64(&u);
+    memcpy(p[0].col[j], u.s, sizeof u.s);
+  }
+  for (int k = 1; k < 64; k++)
+    for (int j = 0; j < 256; j++) mat_vec(&p[k - 1], p[k - 1].col[j], p[k].col[j]);
+  jump_pow = p;
+}
+
+int vl_rng_jump(vl_rng *r, uint64_t n) {
+  pthread_once(&jump_once, jump_init);
+  if (!jump_pow) return -1;
+  for (int k = 0; k < 64; k++)
+    if (n >> k & 1) mat_vec(&jump_pow[k], r->s, r->s);
+  return 0;
+}
+
+void vl_rng_normal_fill(vl_rng *r, float *out, int64_t n, float scale) {
+  enum { SEG = 1 << 20 };
+  vl_rng start = *r;
+  if (n < 2 * SEG || vl_rng_jump(&start, 0)) { /* small, or no jump table: one at a time */
+    for (int64_t i = 0; i < n; i++) out[i] = scale * vl_rng_normal(r);
+    return;
+  }
+  /* segment g starts 2 * g * SEG draws on (two uniforms a normal) */
+  int64_t nseg = (n + SEG - 1) / SEG;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < nseg; g++) {
+    vl_rng q = start;
+    vl_rng_jump(&q, 2 * (uint64_t)g * SEG);
+    int64_t i1 = (g + 1) * SEG < n ? (g + 1) * SEG : n;
+    for (int64_t i = g * SEG; i < i1; i++) {
+      double u1 = vl_rng_uniform(&q), u2 = vl_rng_uniform(&q);
+      out[i] = scale * box_muller(u1, u2);
+    }
+  }
+  vl_rng_jump(r, 2 * (uint64_t)n); /* where the loop would have left it */
+}
 
 double vl_now(void) {
   struct timespec ts;

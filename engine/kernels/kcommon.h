@@ -1,4 +1,4 @@
-/* Single-source kernel support (DESIGN.md "The CUDA backend must be verifiable without a
+/* Single-source kernel support (docs/architecture.md "The CUDA backend must be verifiable without a
  * GPU"): every kernel body in engine/kernels/ is a `VL_HD static inline` function; the CPU
  * backend loops over it with OpenMP, the CUDA backend wraps it in a grid-stride kernel.
  * Storage dtypes are read and written through vl_ld/vl_st with fp32 arithmetic. */

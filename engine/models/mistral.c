@@ -151,8 +151,9 @@ static vl_status init_param(vl_mistral *m, vl_param *p, int kind, vl_rng *rng) {
   float *h = malloc((size_t)n * sizeof(float));
   if (!h) return vl_fail(c, VL_ERR_OOM, "host init buffer");
   float sd = kind == 2 ? 1.0f / sqrtf((float)p->cols) : 0.02f;
-  for (int64_t i = 0; i < n; i++)
-    h[i] = kind == 1 ? 1.0f : kind == 3 ? 0.0f : sd * vl_rng_normal(rng);
+  if (kind == 0 || kind == 2) vl_rng_normal_fill(rng, h, n, sd);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = kind == 1 ? 1.0f : 0.0f;
   vl_status s = vl_param_load(c, p, h);
   free(h);
   return s;

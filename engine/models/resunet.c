@@ -228,7 +228,7 @@ static vl_status build(vl_resunet *m) {
 static vl_status init_conv(vl_resunet *m, int pw, int64_t fan_out, vl_rng *rng, float *h) {
   vl_param *p = &m->params[pw];
   float std = (float)sqrt(2.0 / (double)fan_out);
-  for (int64_t j = 0; j < p->rows * p->cols; j++) h[j] = std * vl_rng_normal(rng);
+  vl_rng_normal_fill(rng, h, p->rows * p->cols, std);
   return vl_param_load(m->c, p, h);
 }
 

@@ -65,6 +65,11 @@ vl_status vl_sd_params_init(vl_ctx *c, vl_sd_params *t, uint64_t seed) {
   for (int i = 0; i < t->n && s == VL_OK; i++) {
     const vl_sd_pinfo *in = &t->info[i];
     int64_t n = t->p[i].rows * t->p[i].cols;
+    if (in->init == VL_SD_INIT_NORMAL) { /* the same numbers as the loop below would draw */
+      vl_rng_normal_fill(&rng, h, n, in->a);
+      s = vl_param_load(c, &t->p[i], h);
+      continue;
+    }
     for (int64_t j = 0; j < n; j++) {
       switch (in->init) {
         case VL_SD_INIT_UNIFORM: h[j] = in->a * (2.0f * (float)vl_rng_uniform(&rng) - 1.0f); break;

@@ -346,8 +346,8 @@ static vl_status init_lora(vl_sd_unet *m, uint64_t seed) {
   for (int i = 0; i < m->n_lora && s == VL_OK; i++) {
     const vl_sd_pinfo *in = &m->lora_info[i];
     int64_t n = m->lora[i].rows * m->lora[i].cols;
-    for (int64_t j = 0; j < n; j++)
-      h[j] = in->init == VL_SD_INIT_NORMAL ? in->a * vl_rng_normal(&rng) : 0.0f;
+    if (in->init == VL_SD_INIT_NORMAL) vl_rng_normal_fill(&rng, h, n, in->a);
+    else memset(h, 0, (size_t)n * sizeof *h);
     s = vl_param_load(c, &m->lora[i], h);
   }
   free(h);

@@ -266,7 +266,7 @@ s_build() {
 s_gpucheck() {
   [ "$MODE" = gpu ] || skip "needs a GPU and the CUDA backend (the dry run builds CPU-only)"
   [ -x "$BUILD/vramlab-gpu-check" ] || { echo "no vramlab-gpu-check in $BUILD (no CUDA backend?)"; exit 1; }
-  "$BUILD/vramlab-gpu-check" --require-gpu 2>&1 | tee "$RES/gpu-check.txt"
+  "$BUILD/vramlab-gpu-check" --require-gpu --json "$RES/gpu-check.json" 2>&1 | tee "$RES/gpu-check.txt"
   exit "${PIPESTATUS[0]}"
 }
 

@@ -1,5 +1,5 @@
 /* libvlmemcount.so: the live heap bytes of a process and their peak, for the PyTorch peers'
- * memory beside the engine's planned peak (DESIGN.md "Measurement rules": peers side by side).
+ * memory beside the engine's planned peak (docs/architecture.md "Measurement rules": peers side by side).
  *
  * Preloaded (LD_PRELOAD=build/libvlmemcount.so), it wraps malloc, calloc, realloc,
  * reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc and pvalloc: every

@@ -1,4 +1,4 @@
-/* CPU convolutions through oneDNN (DESIGN.md: the arena owns every byte).
+/* CPU convolutions through oneDNN (docs/architecture.md "Memory accounting": the arena owns every byte).
  *
  * The primitive is created with format `any`, so oneDNN picks its fastest layout (on AVX2
  * its direct JIT kernels on 8-channel-blocked tensors, 1.5-3x faster here than its GEMM path

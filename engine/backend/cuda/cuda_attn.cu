@@ -1,8 +1,8 @@
 /* CUDA backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): grid-stride
  * kernels over the single-source bodies of engine/kernels/attn.h, the bodies the CPU backend
- * loops over (DESIGN.md "The CUDA backend must be verifiable without a GPU"). Arguments are
- * checked by the operation's descriptor (engine/backend/ops.c) before a kernel runs, on
- * every backend; the backward's workspace here (attn_args.h).
+ * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU").
+ * Arguments are checked by the operation's descriptor (engine/backend/ops.c) before a kernel
+ * runs, on every backend; the backward's workspace here (attn_args.h).
  *
  * One thread per query row (forward, delta, dq) or key row (dk, dv): straightforward, not
  * fast (no tensor cores, no tiling across threads). Each thread's fp32 scratch (the body's

@@ -1,6 +1,6 @@
 /* CUDA backend: cuBLAS for GEMM, and every element-wise / row-wise op a grid-stride kernel
  * whose body is the same single-source vl_k_* function the CPU backend loops over
- * (DESIGN.md "The CUDA backend must be verifiable without a GPU"). All argument logic
+ * (docs/architecture.md "The CUDA backend must be verifiable without a GPU"). All argument logic
  * (GEMM mapping, dtype choice, launch geometry, arena size) lives in cuda_host.c and is
  * unit-tested on the CPU; this file only executes it.
  *

@@ -1,7 +1,7 @@
 /* CUDA backend, CNN element/plane ops: grid-stride kernels over the single-source bodies of
- * engine/kernels/cnn.h, the bodies the CPU backend loops over (DESIGN.md "The CUDA backend
- * must be verifiable without a GPU"). Arguments are checked by the
- * operation's descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
+ * engine/kernels/cnn.h, the bodies the CPU backend loops over (docs/architecture.md "The CUDA
+ * backend must be verifiable without a GPU"). Arguments are checked by the operation's
+ * descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Batch norm's per-channel sums over N*HW take one block per channel (a grid-stride loop
  * over channels at block granularity): each thread sums a strided subset of the channel

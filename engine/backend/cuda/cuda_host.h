@@ -1,4 +1,4 @@
-/* Host-side logic of the CUDA backend, as pure functions with CPU unit tests (DESIGN.md
+/* Host-side logic of the CUDA backend, as pure functions with CPU unit tests (docs/architecture.md
  * "The CUDA backend must be verifiable without a GPU"). Plain C, no CUDA headers: the
  * cuBLAS enums appear as our own, and cuda_backend.cu maps them 1:1.
  *

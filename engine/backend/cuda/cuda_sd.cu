@@ -1,6 +1,6 @@
 /* CUDA backend, Stable Diffusion's ops: kernels over the single-source bodies of
- * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; DESIGN.md "The CUDA
- * backend must be verifiable without a GPU"). Arguments are checked by the
+ * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; docs/architecture.md
+ * "The CUDA backend must be verifiable without a GPU"). Arguments are checked by the
  * operation's descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Reductions take one block per segment: a GroupNorm group (n, g), a LayerNorm row, a

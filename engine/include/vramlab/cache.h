@@ -1,4 +1,4 @@
-/* On-disk caches of encoder outputs (DESIGN.md "On-disk caches"): the VAE's latent
+/* On-disk caches of encoder outputs (docs/architecture.md "On-disk caches"): the VAE's latent
  * moments or one latent sample per image, a text encoder's embeddings per caption. A cache
  * file is a header holding the key it was built for, then fixed-size records, each with a
  * CRC-32. A reader whose key differs is told which field differs and rebuilds (or, in strict

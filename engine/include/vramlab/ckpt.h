@@ -1,4 +1,4 @@
-/* Checkpoint and resume (DESIGN.md "Checkpoint and resume"), written once for every model
+/* Checkpoint and resume (docs/architecture.md "Checkpoints"), written once for every model
  * that hands out its training state (vl_model_train_state): every parameter's tensors
  * (weights in their storage dtype, the fp32 master under AMP, the optimizer state), the
  * optimizer's config, the loss scaler, the model's buffers (batch-norm running statistics),

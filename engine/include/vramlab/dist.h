@@ -1,4 +1,4 @@
-/* The communicator of data parallelism (DESIGN.md "Data parallelism"): one interface, three
+/* The communicator of data parallelism (docs/architecture.md "Data parallelism"): one interface, three
  * implementations. MPI on host buffers (CPU ranks are processes started by mpirun), NCCL on
  * device buffers (its unique id broadcast over an MPI communicator), and `self` (one rank,
  * every collective a copy). Every collective is blocking when req is NULL, non-blocking

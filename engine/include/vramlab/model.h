@@ -1,4 +1,4 @@
-/* One model interface (DESIGN.md "Models share one interface"): every model is a table of
+/* One model interface (docs/architecture.md "Models"): every model is a table of
  * functions over an opaque state, made from a model-specific config behind a void *.
  * The training scaffolding (vramlab/run.h: plan a step, fits, largest batch, the timed
  * loop, OOM triage, planned-equals-measured) drives any model through it.

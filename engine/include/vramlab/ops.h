@@ -1,4 +1,4 @@
-/* Operations are data (DESIGN.md "Operations are data", as in ggml).
+/* Operations are data (docs/architecture.md "Operations", as in ggml).
  *
  * One enum of operations, one argument struct per operation, and per operation a
  * descriptor (engine/backend/ops.c): its name, its argument size, a pure function for the
