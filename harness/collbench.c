@@ -25,9 +25,9 @@
 #include "collbench.h"
 #include "kit/mpirun.h"
 #include "kit/parse.h"
-#include "engine/kernels/kcommon.h"
 #include "vramlab/backend.h"
 #include "vramlab/dist.h"
+#include "vramlab/elem.h"
 #include "vramlab/fileio.h"
 
 #define CB_MAX_ROWS 64
@@ -208,10 +208,10 @@ static float val(int r, int64_t i) { return (float)(((i * 7 + r * 13 + 1) % 17) 
 
 static void put(void *p, vl_dtype dt, int64_t i, float x) {
   if (dt == VL_I32) ((int32_t *)p)[i] = (int32_t)x;
-  else vl_st(p, (int)dt, i, x);
+  else vl_elem_set(p, dt, i, x);
 }
 static float get(const void *p, vl_dtype dt, int64_t i) {
-  return dt == VL_I32 ? (float)((const int32_t *)p)[i] : vl_ld(p, (int)dt, i);
+  return dt == VL_I32 ? (float)((const int32_t *)p)[i] : vl_elem_get(p, dt, i);
 }
 
 /* ---- buffers: tensors of the context; host staging on a device ------------------------------- */

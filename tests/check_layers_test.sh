@@ -7,7 +7,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp -R "$src/engine" "$src/datasets" "$src/kit" "$src/cases" "$src/harness" "$src/tools" "$tmp/"
-check() { sh "$src/tools/check_layers.sh" "$tmp" >"$tmp.out" 2>&1; }
+check() { sh "$src/tools/check_layers.sh" --internal "$tmp" >"$tmp.out" 2>&1; }
 fail=0
 
 check || { echo "FAIL: the unplanted copy does not pass:"; cat "$tmp.out"; fail=1; }
@@ -27,6 +27,8 @@ expect_refused cases/multi-gpu/planted.c '#include "../seg-ckpt/seg.h"' "another
 expect_refused kit/planted.c '#include "cases/llm-lora/llm.h"' "climbs a layer"
 expect_refused datasets/planted.c '#include "kit/case.h"' "climbs a layer"
 expect_refused engine/core/planted.c '#include "../../datasets/segset.h"' "climbs a layer"
+expect_refused harness/planted.c '#include "engine/kernels/kcommon.h"' "the engine's insides"
+expect_refused tools/planted.c '#include "../engine/backend/cpu/cpu_internal.h"' "the engine's insides"
 
 rm -f "$tmp.out"
 exit $fail

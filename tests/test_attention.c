@@ -157,16 +157,20 @@ static void run_ops(const shp *s, vl_dtype dt, io *x, bool bwd) {
   vl_tensor tq = tu_tnew(cx, dt, nq, x->q), tk = tu_tnew(cx, dt, nk, x->k),
             tv = tu_tnew(cx, dt, nk, x->v), to = tu_tnew(cx, dt, nq, NULL),
             tl = tu_tnew(cx, VL_F32, nr_of(s), NULL);
-  OK(vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&to, &tl, &tq, &tk, &tv, s->B, s->H, s->Tq, s->Tk,
-                                             s->D, scale_of(s), s->causal}));
+  OK(vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &to, .lse = &tl, .q = &tq, .k = &tk, .v = &tv,
+                                             .B = s->B, .H = s->H, .Tq = s->Tq, .Tk = s->Tk,
+                                             .D = s->D, .scale = scale_of(s),
+                                             .causal = s->causal}));
   tu_tget(&to, x->o);
   tu_tget(&tl, x->lse);
   if (bwd) {
     vl_tensor tdo = tu_tnew(cx, dt, nq, x->dout), tdq = tu_tnew(cx, dt, nq, NULL),
               tdk = tu_tnew(cx, dt, nk, NULL), tdv = tu_tnew(cx, dt, nk, NULL);
-    OK(vl_attn_bwd_run(cx, &(vl_attn_bwd_args){&tdq, &tdk, &tdv, &tdo, &to, &tl, &tq, &tk, &tv,
-                                               s->B, s->H, s->Tq, s->Tk, s->D, scale_of(s),
-                                               s->causal, NULL, 0}));
+    OK(vl_attn_bwd_run(cx, &(vl_attn_bwd_args){.dq = &tdq, .dk = &tdk, .dv = &tdv, .dout = &tdo,
+                                               .o = &to, .lse = &tl, .q = &tq, .k = &tk, .v = &tv,
+                                               .B = s->B, .H = s->H, .Tq = s->Tq, .Tk = s->Tk,
+                                               .D = s->D, .scale = scale_of(s), .causal = s->causal,
+                                               .ws = NULL, .ws_bytes = 0}));
     tu_tget(&tdq, x->dq);
     tu_tget(&tdk, x->dk);
     tu_tget(&tdv, x->dv);
@@ -593,32 +597,53 @@ static void test_bad_arguments(void **state) {
   i32.dtype = VL_I32;
   float sc = scale_of(&s);
   assert_refused(
-      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&o, &l16, &q, &k, &v, 1, 2, 5, 7, 8, sc, false}),
+      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &o, .lse = &l16, .q = &q, .k = &k, .v = &v,
+                                                  .B = 1, .H = 2, .Tq = 5, .Tk = 7, .D = 8,
+                                                  .scale = sc, .causal = false}),
       "attn_fwd: lse is fp16, fp32 expected");
   assert_refused(
-      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&o, &l, &q, &i32, &v, 1, 2, 5, 7, 8, sc, false}),
+      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &o, .lse = &l, .q = &q, .k = &i32, .v = &v,
+                                                  .B = 1, .H = 2, .Tq = 5, .Tk = 7, .D = 8,
+                                                  .scale = sc, .causal = false}),
       "attn_fwd: k is i32");
   assert_refused(
-      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&o, &l, &q, &k, &v, 1, 2, 5, 7, 8, sc, true}),
+      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &o, .lse = &l, .q = &q, .k = &k, .v = &v,
+                                                  .B = 1, .H = 2, .Tq = 5, .Tk = 7, .D = 8,
+                                                  .scale = sc, .causal = true}),
       "attn_fwd: causal attention needs as many queries as keys (Tq 5, Tk 7)");
   assert_refused(
-      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&q, &l, &q, &k, &v, 1, 2, 5, 7, 8, sc, false}),
+      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &q, .lse = &l, .q = &q, .k = &k, .v = &v,
+                                                  .B = 1, .H = 2, .Tq = 5, .Tk = 7, .D = 8,
+                                                  .scale = sc, .causal = false}),
       "attn_fwd: o overlaps q");
   assert_refused(
-      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){&o, &l, &q, &k, &v, 1, 2, 5, 7, 8, NAN, false}),
+      cx, vl_attn_fwd_run(cx, &(vl_attn_fwd_args){.o = &o, .lse = &l, .q = &q, .k = &k, .v = &v,
+                                                  .B = 1, .H = 2, .Tq = 5, .Tk = 7, .D = 8,
+                                                  .scale = NAN, .causal = false}),
       "scale nan is not finite");
   assert_refused(cx,
-                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){&o, &dk, &dv, &q, &o, &l, &q, &k, &v, 1, 2,
-                                                         5, 7, 8, sc, false, NULL, 0}),
+                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){.dq = &o, .dk = &dk, .dv = &dv, .dout = &q,
+                                                         .o = &o, .lse = &l, .q = &q, .k = &k,
+                                                         .v = &v, .B = 1, .H = 2, .Tq = 5, .Tk = 7,
+                                                         .D = 8, .scale = sc, .causal = false,
+                                                         .ws = NULL, .ws_bytes = 0}),
                  "attn_bwd: dq overlaps o");
   assert_refused(cx,
-                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){&dq, &dq, &dv, &o, &o, &l, &q, &k, &v, 1,
-                                                         2, 5, 7, 8, sc, false, NULL, 0}),
+                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){.dq = &dq, .dk = &dq, .dv = &dv,
+                                                         .dout = &o, .o = &o, .lse = &l, .q = &q,
+                                                         .k = &k, .v = &v, .B = 1, .H = 2, .Tq = 5,
+                                                         .Tk = 7, .D = 8, .scale = sc,
+                                                         .causal = false, .ws = NULL,
+                                                         .ws_bytes = 0}),
                  "attn_bwd: dk holds 80 elements, the sizes need 112");
   float ws[4];
   assert_refused(cx,
-                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){&dq, &dk, &dv, &q, &o, &l, &q, &k, &v, 1,
-                                                         2, 5, 7, 8, sc, false, ws, sizeof ws}),
+                 vl_attn_bwd_run(cx, &(vl_attn_bwd_args){.dq = &dq, .dk = &dk, .dv = &dv,
+                                                         .dout = &q, .o = &o, .lse = &l, .q = &q,
+                                                         .k = &k, .v = &v, .B = 1, .H = 2, .Tq = 5,
+                                                         .Tk = 7, .D = 8, .scale = sc,
+                                                         .causal = false, .ws = ws,
+                                                         .ws_bytes = sizeof ws}),
                  "attn_bwd: workspace 16 bytes");
   TU_TFREE(cx, &q, &k, &v, &o, &l16, &l, &dq, &dk, &dv, &i32);
 }

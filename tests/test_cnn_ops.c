@@ -66,8 +66,10 @@ static void run_bn_train(bn_dims d, vl_dtype dt, const float *x, const float *g,
             tb = tu_tnew(cx, dt, d.C, b);
   vl_tensor tm = tu_tnew(cx, VL_F32, d.C, NULL), ts = tu_tnew(cx, VL_F32, d.C, NULL);
   vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
-  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&ty, &tm, &ts, rm ? &trm : NULL, rv ? &trv : NULL, &tx, &tg, &tb,
-                          d.N, d.C, d.HW, BN_EPS, BN_MOM}));
+  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &ty, .mean = &tm, .rstd = &ts,
+                          .rmean = rm ? &trm : NULL, .rvar = rv ? &trv : NULL, .x = &tx,
+                          .gamma = &tg, .beta = &tb, .N = d.N, .C = d.C, .HW = d.HW, .eps = BN_EPS,
+                          .momentum = BN_MOM}));
   if (y) tu_tget(&ty, y);
   if (mean) tu_tget(&tm, mean);
   if (rstd) tu_tget(&ts, rstd);
@@ -85,8 +87,9 @@ static void run_bn_bwd(bn_dims d, vl_dtype dt, const float *x, const float *g, c
   vl_tensor tdx = alias ? tdy : tu_tnew(cx, dt, n, NULL);
   vl_tensor tm = tu_tnew(cx, VL_F32, d.C, mean), ts = tu_tnew(cx, VL_F32, d.C, rstd);
   vl_tensor tdg = tu_tnew(cx, VL_F32, d.C, dg), tdb = tu_tnew(cx, VL_F32, d.C, db);
-  OK(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&tdx, dg ? &tdg : NULL, db ? &tdb : NULL, &tdy, &tx, &tg, &tm, &ts, d.N,
-                    d.C, d.HW}));
+  OK(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){.dx = &tdx, .dgamma = dg ? &tdg : NULL,
+                    .dbeta = db ? &tdb : NULL, .dy = &tdy, .x = &tx, .gamma = &tg, .mean = &tm,
+                    .rstd = &ts, .N = d.N, .C = d.C, .HW = d.HW}));
   tu_tget(&tdx, dx);
   if (dg) tu_tget(&tdg, dg);
   if (db) tu_tget(&tdb, db);
@@ -212,7 +215,9 @@ static void run_bn_eval(bn_dims d, vl_dtype dt, const float *x, const float *g, 
   vl_tensor tx = tu_tnew(cx, dt, n, x), ty = alias ? tx : tu_tnew(cx, dt, n, NULL);
   vl_tensor tg = tu_tnew(cx, dt, d.C, g), tb = tu_tnew(cx, dt, d.C, b);
   vl_tensor trm = tu_tnew(cx, VL_F32, d.C, rm), trv = tu_tnew(cx, VL_F32, d.C, rv);
-  OK(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&ty, &tx, &tg, &tb, &trm, &trv, d.N, d.C, d.HW, BN_EPS}));
+  OK(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){.y = &ty, .x = &tx, .gamma = &tg, .beta = &tb,
+                                                   .rmean = &trm, .rvar = &trv, .N = d.N, .C = d.C,
+                                                   .HW = d.HW, .eps = BN_EPS}));
   tu_tget(&ty, y);
   if (!alias) vl_tensor_free(cx, &ty);
   TU_TFREE(cx, &tx, &tg, &tb, &trm, &trv);
@@ -384,11 +389,11 @@ enum { RL_N = 50 };
 
 static void run_relu(vl_dtype dt, const float *x, const float *dy, float *y, float *dx, bool alias) {
   vl_tensor tx = tu_tnew(cx, dt, RL_N, x), ty = alias ? tx : tu_tnew(cx, dt, RL_N, NULL);
-  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&ty, &tx, RL_N}));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &ty, .x = &tx, .n = RL_N}));
   tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, RL_N, dy), tdx = alias ? tdy : tu_tnew(cx, dt, RL_N, NULL);
-    OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&tdx, &tdy, &ty, RL_N}));
+    OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){.dx = &tdx, .dy = &tdy, .y = &ty, .n = RL_N}));
     tu_tget(&tdx, dx);
     if (!alias) vl_tensor_free(cx, &tdx);
     vl_tensor_free(cx, &tdy);
@@ -425,8 +430,8 @@ static void test_relu(void **state) {
   vl_tensor tx = tu_tnew(cx, VL_F32, 3, xs), ty = tu_tnew(cx, VL_F32, 3, NULL),
             tdy = tu_tnew(cx, VL_F32, 3, dys);
   vl_tensor tdx = tu_tnew(cx, VL_F32, 3, NULL);
-  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&ty, &tx, 3}));
-  OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&tdx, &tdy, &ty, 3}));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &ty, .x = &tx, .n = 3}));
+  OK(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){.dx = &tdx, .dy = &tdy, .y = &ty, .n = 3}));
   tu_tget(&ty, ys);
   tu_tget(&tdx, dxs);
   assert_true(isnan(ys[0]) && ys[1] == 0.0f && ys[2] == 2.0f);
@@ -445,7 +450,7 @@ static void test_relu(void **state) {
   }
   /* mixed dtypes: fp32 x into a bf16 y */
   vl_tensor a = tu_tnew(cx, VL_F32, RL_N, x), bb = tu_tnew(cx, VL_BF16, RL_N, NULL);
-  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&bb, &a, RL_N}));
+  OK(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &bb, .x = &a, .n = RL_N}));
   tu_tget(&bb, y2);
   for (int i = 0; i < RL_N; i++) assert_true(y2[i] == vl_round_to(VL_K_BF16, y[i]));
   TU_TFREE(cx, &a, &bb);
@@ -481,11 +486,17 @@ static void pool_ref(pool_geo g, const float *x, float *y, int64_t *arg) {
 
 static vl_status run_pool(pool_geo g, vl_dtype dt, const float *x, const float *dy, float *y, float *dx) {
   vl_tensor tx = tu_tnew(cx, dt, pin(g), x), ty = tu_tnew(cx, dt, pout(g), NULL);
-  vl_status s = vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&ty, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q});
+  vl_status s = vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){.y = &ty, .x = &tx,
+                                                              .planes = g.planes, .H = g.H,
+                                                              .W = g.W, .k = g.k, .stride = g.s,
+                                                              .pad = g.p, .P = g.P, .Q = g.Q});
   if (s == VL_OK) tu_tget(&ty, y);
   if (s == VL_OK && dy) {
     vl_tensor tdy = tu_tnew(cx, dt, pout(g), dy), tdx = tu_tnew(cx, dt, pin(g), NULL);
-    s = vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){&tdx, &tdy, &tx, g.planes, g.H, g.W, g.k, g.s, g.p, g.P, g.Q});
+    s = vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){.dx = &tdx, .dy = &tdy, .x = &tx,
+                                                      .planes = g.planes, .H = g.H, .W = g.W,
+                                                      .k = g.k, .stride = g.s, .pad = g.p, .P = g.P,
+                                                      .Q = g.Q});
     if (s == VL_OK) tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -601,11 +612,13 @@ static void run_up(vl_dtype dt, int64_t planes, int64_t H, int64_t W, const floa
                    const float *dy, float *y, float *dx) {
   int64_t lo = planes * H * W, hi = 4 * lo;
   vl_tensor tx = tu_tnew(cx, dt, lo, x), ty = tu_tnew(cx, dt, hi, NULL);
-  OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&ty, &tx, planes, H, W, false}));
+  OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){.y = &ty, .x = &tx, .planes = planes,
+                                                         .H = H, .W = W, .nearest = false}));
   tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, hi, dy), tdx = tu_tnew(cx, dt, lo, NULL);
-    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&tdx, &tdy, planes, H, W, false}));
+    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){.dx = &tdx, .dy = &tdy, .planes = planes,
+                                                           .H = H, .W = W, .nearest = false}));
     tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -664,7 +677,9 @@ enum { CC_N = 2, CC_YC = 5, CC_XC = 4, CC_HW = 3, CC_Y0 = 2, CC_X0 = 1, CC_NC = 
 
 static void run_cc(vl_dtype ydt, vl_dtype xdt, const float *y0, const float *x, float *y, bool acc) {
   vl_tensor ty = tu_tnew(cx, ydt, CC_NY, y0), tx = tu_tnew(cx, xdt, CC_NX, x);
-  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){&ty, CC_YC, CC_Y0, &tx, CC_XC, CC_X0, CC_NC, CC_N, CC_HW, acc}));
+  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){.y = &ty, .yC = CC_YC, .y_c0 = CC_Y0, .x = &tx,
+                                               .xC = CC_XC, .x_c0 = CC_X0, .nc = CC_NC, .N = CC_N,
+                                               .HW = CC_HW, .accumulate = acc}));
   tu_tget(&ty, y);
   TU_TFREE(cx, &ty, &tx);
 }
@@ -704,7 +719,9 @@ static void test_chan_copy(void **state) {
   /* backward of a concat is the same op the other way, adding into dx: its adjoint */
   float *dx = tu_zeros(CC_NX);
   vl_tensor tr = tu_tnew(cx, VL_F32, CC_NY, r), tdx = tu_tnew(cx, VL_F32, CC_NX, NULL);
-  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){&tdx, CC_XC, CC_X0, &tr, CC_YC, CC_Y0, CC_NC, CC_N, CC_HW, true}));
+  OK(vl_chan_copy_run(cx, &(vl_chan_copy_args){.y = &tdx, .yC = CC_XC, .y_c0 = CC_X0, .x = &tr,
+                                               .xC = CC_YC, .x_c0 = CC_Y0, .nc = CC_NC, .N = CC_N,
+                                               .HW = CC_HW, .accumulate = true}));
   tu_tget(&tdx, dx);
   TU_TFREE(cx, &tr, &tdx);
   cc_ctx k = {x, r, tu_zeros(CC_NY)};
@@ -744,7 +761,9 @@ static vl_tensor ids_of(const int32_t *p, int64_t n) {
 static void run_xp(vl_dtype dt, const float *l, float *loss, float *dl) {
   vl_tensor tl = tu_tnew(cx, dt, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
   vl_tensor tgt = ids_of(XP_TGT, XP_PIX);
-  OK(vl_xent_pix_run(cx, &(vl_xent_pix_args){&tl, &tloss, &tgt, XP_N, XP_K, XP_HW, 1.0f / XP_VALID}));
+  OK(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &tl, .loss = &tloss, .tgt = &tgt, .N = XP_N,
+                                             .K = XP_K, .HW = XP_HW,
+                                             .dloss_scale = 1.0f / XP_VALID}));
   tu_tget(&tloss, loss);
   if (dl) tu_tget(&tl, dl);
   TU_TFREE(cx, &tl, &tloss);
@@ -794,7 +813,10 @@ static void test_xent_pix(void **state) {
   bad[7] = XP_K;
   vl_tensor tl = tu_tnew(cx, VL_F32, XP_NL, l), tloss = tu_tnew(cx, VL_F32, XP_PIX, NULL);
   vl_tensor tbad = ids_of(bad, XP_PIX);
-  assert_int_equal(vl_xent_pix_run(cx, &(vl_xent_pix_args){&tl, &tloss, &tbad, XP_N, XP_K, XP_HW, 1.0f}), VL_ERR_INVALID);
+  assert_int_equal(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &tl, .loss = &tloss,
+                                                           .tgt = &tbad, .N = XP_N, .K = XP_K,
+                                                           .HW = XP_HW,
+                                                           .dloss_scale = 1.0f}), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "target"));
   float *lafter = tu_zeros(XP_NL);
   tu_tget(&tl, lafter);
@@ -821,41 +843,101 @@ static void test_bad_args(void **state) {
   vl_tensor h24 = x; /* x's storage seen as fp16: an alias with another dtype */
   h24.dtype = VL_F16;
   /* batch norm (N, C, HW) = (2, 3, 4) */
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){NULL, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "y is NULL");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &small, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "x holds 10");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &h3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "mean is fp16");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&x, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, BN_MOM}), "alias");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 1, 3, 1, BN_EPS, BN_MOM}), "more than 1");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, -3, 4, BN_EPS, BN_MOM}), "negative");
-  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 2, 3, 4, BN_EPS, 1.5f}), "momentum");
-  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&h24, &x, &c3, &c3, &c3, &c3b, 2, 3, 4, BN_EPS}), "different dtypes");
-  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){&y, &x, &c3, &c3, &h3, &c3b, 2, 3, 4, BN_EPS}), "running mean is fp16");
-  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&y, NULL, &c2, &x, &x, &c3, &c3, &c3b, 2, 3, 4}), "dbeta holds 2");
-  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){&x, NULL, NULL, &y, &x, &c3, &c3, &c3b, 2, 3, 4}), "dx and x");
-  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){&y, &c3, &c3b, NULL, NULL, &x, &c3, &c3, 0, 3, 4, BN_EPS, BN_MOM})); /* empty */
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = NULL, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = 3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "y is NULL");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &small,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = 3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "x holds 10");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &h3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = 3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "mean is fp16");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &x, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = 3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "alias");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 1, .C = 3,
+                                                      .HW = 1, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "more than 1");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = -3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = BN_MOM}), "negative");
+  BAD(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &c3, .rstd = &c3b,
+                                                      .rmean = NULL, .rvar = NULL, .x = &x,
+                                                      .gamma = &c3, .beta = &c3, .N = 2, .C = 3,
+                                                      .HW = 4, .eps = BN_EPS,
+                                                      .momentum = 1.5f}), "momentum");
+  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){.y = &h24, .x = &x, .gamma = &c3, .beta = &c3,
+                                                    .rmean = &c3, .rvar = &c3b, .N = 2, .C = 3,
+                                                    .HW = 4, .eps = BN_EPS}), "different dtypes");
+  BAD(vl_bn_fwd_eval_run(cx, &(vl_bn_fwd_eval_args){.y = &y, .x = &x, .gamma = &c3, .beta = &c3,
+                                                    .rmean = &h3, .rvar = &c3b, .N = 2, .C = 3,
+                                                    .HW = 4,
+                                                    .eps = BN_EPS}), "running mean is fp16");
+  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){.dx = &y, .dgamma = NULL, .dbeta = &c2, .dy = &x, .x = &x,
+                                          .gamma = &c3, .mean = &c3, .rstd = &c3b, .N = 2, .C = 3,
+                                          .HW = 4}), "dbeta holds 2");
+  BAD(vl_bn_bwd_run(cx, &(vl_bn_bwd_args){.dx = &x, .dgamma = NULL, .dbeta = NULL, .dy = &y,
+                                          .x = &x, .gamma = &c3, .mean = &c3, .rstd = &c3b, .N = 2,
+                                          .C = 3, .HW = 4}), "dx and x");
+  OK(vl_bn_fwd_train_run(cx, &(vl_bn_fwd_train_args){.y = &y, .mean = &c3, .rstd = &c3b,
+                                                     .rmean = NULL, .rvar = NULL, .x = &x,
+                                                     .gamma = &c3, .beta = &c3, .N = 0, .C = 3,
+                                                     .HW = 4, .eps = BN_EPS,
+                                                     .momentum = BN_MOM})); /* empty */
   /* ReLU */
-  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&y, &x, -1}), "n = -1");
-  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&y, &small, 24}), "x holds 10");
-  BAD(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){&y, &x, NULL, 24}), "y is NULL");
-  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){&h24, &x, 24}), "different dtypes");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &y, .x = &x, .n = -1}), "n = -1");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &y, .x = &small, .n = 24}), "x holds 10");
+  BAD(vl_relu_bwd_run(cx, &(vl_relu_bwd_args){.dx = &y, .dy = &x, .y = NULL,
+                                              .n = 24}), "y is NULL");
+  BAD(vl_relu_fwd_run(cx, &(vl_relu_fwd_args){.y = &h24, .x = &x, .n = 24}), "different dtypes");
   /* pooling */
-  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&y, &x, 1, 4, 6, 2, 2, 2, 3, 4}), "pad");               /* pad > k/2 */
-  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&y, &x, 1, 4, 6, 2, 2, 0, 3, 3}), "does not fit");      /* window 3 starts at 4 */
-  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){&small, &x, 1, 4, 6, 1, 1, 0, 4, 6}), "y holds 10");
-  BAD(vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){&x, &y, &x, 1, 4, 6, 2, 2, 0, 2, 3}), "dx and x");
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){.y = &y, .x = &x, .planes = 1, .H = 4, .W = 6,
+                                                    .k = 2, .stride = 2, .pad = 2, .P = 3,
+                                                    .Q = 4}), "pad");               /* pad > k/2 */
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){.y = &y, .x = &x, .planes = 1, .H = 4, .W = 6,
+                                                    .k = 2, .stride = 2, .pad = 0, .P = 3,
+                                                    .Q = 3}), "does not fit");      /* window 3 starts at 4 */
+  BAD(vl_maxpool_fwd_run(cx, &(vl_maxpool_fwd_args){.y = &small, .x = &x, .planes = 1, .H = 4,
+                                                    .W = 6, .k = 1, .stride = 1, .pad = 0, .P = 4,
+                                                    .Q = 6}), "y holds 10");
+  BAD(vl_maxpool_bwd_run(cx, &(vl_maxpool_bwd_args){.dx = &x, .dy = &y, .x = &x, .planes = 1,
+                                                    .H = 4, .W = 6, .k = 2, .stride = 2, .pad = 0,
+                                                    .P = 2, .Q = 3}), "dx and x");
   /* upsampling: (2, 2, 3) -> (2, 4, 6) needs 48 */
-  BAD(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&y, &x, 2, 2, 3, false}), "y holds 24");
-  BAD(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&x, &x, 1, 1, 1, false}), "alias");
+  BAD(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){.y = &y, .x = &x, .planes = 2, .H = 2,
+                                                          .W = 3, .nearest = false}), "y holds 24");
+  BAD(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){.dx = &x, .dy = &x, .planes = 1, .H = 1,
+                                                          .W = 1, .nearest = false}), "alias");
   /* channel copy */
-  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){&y, 3, 2, &x, 3, 0, 2, 2, 4, false}), "out of range");
-  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){&y, 3, 0, &x, 4, 0, 2, 2, 4, false}), "x holds 24");
+  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){.y = &y, .yC = 3, .y_c0 = 2, .x = &x, .xC = 3,
+                                                .x_c0 = 0, .nc = 2, .N = 2, .HW = 4,
+                                                .accumulate = false}), "out of range");
+  BAD(vl_chan_copy_run(cx, &(vl_chan_copy_args){.y = &y, .yC = 3, .y_c0 = 0, .x = &x, .xC = 4,
+                                                .x_c0 = 0, .nc = 2, .N = 2, .HW = 4,
+                                                .accumulate = false}), "x holds 24");
   /* cross-entropy */
   int32_t tg[8] = {0};
   vl_tensor ttg = ids_of(tg, 8), tf = ttg;
   tf.dtype = VL_F32; /* ids stored as floats: refused */
-  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &h3, &ttg, 2, 1, 1, 1.0f}), "loss is fp16");
-  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &c3, &tf, 1, 3, 1, 1.0f}), "i32 expected");
-  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){&x, &small, NULL, 2, 3, 4, 1.0f}), "NULL");
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &x, .loss = &h3, .tgt = &ttg, .N = 2,
+                                              .K = 1, .HW = 1,
+                                              .dloss_scale = 1.0f}), "loss is fp16");
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &x, .loss = &c3, .tgt = &tf, .N = 1, .K = 3,
+                                              .HW = 1, .dloss_scale = 1.0f}), "i32 expected");
+  BAD(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &x, .loss = &small, .tgt = NULL, .N = 2,
+                                              .K = 3, .HW = 4, .dloss_scale = 1.0f}), "NULL");
   TU_TFREE(cx, &x, &y, &small, &c3, &c3b, &h3, &c2);
 }
 

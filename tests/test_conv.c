@@ -97,17 +97,21 @@ static void run_dir(const run_cfg *rc, vl_conv_dir dir, const float *a, const fl
     ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
     tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
     to = tu_tnew(cx, cv.xdt, ny(&cv), NULL);
-    OK(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &to, &ta, &tb, ws.data, wsb}));
+    OK(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){.cv = cv, .y = &to, .x = &ta, .w = &tb,
+                                               .ws = ws.data, .ws_bytes = wsb}));
   } else if (dir == VL_CONV_BWD_DATA) {
     ta = tu_tnew(cx, cv.xdt, ny(&cv), a);
     tb = tu_tnew(cx, cv.wdt, nw(&cv), b);
     to = tu_tnew(cx, cv.xdt, nx(&cv), NULL);
-    OK(vl_conv_bwd_data_run(cx, &(vl_conv_bwd_data_args){cv, &to, &ta, &tb, ws.data, wsb}));
+    OK(vl_conv_bwd_data_run(cx, &(vl_conv_bwd_data_args){.cv = cv, .dx = &to, .dy = &ta, .w = &tb,
+                                                         .ws = ws.data, .ws_bytes = wsb}));
   } else {
     ta = tu_tnew(cx, cv.xdt, nx(&cv), a);
     tb = tu_tnew(cx, cv.xdt, ny(&cv), b);
     to = tu_tnew(cx, cv.gdt, nw(&cv), out_init);
-    OK(vl_conv_bwd_weight_run(cx, &(vl_conv_bwd_weight_args){cv, &to, &ta, &tb, rc->acc, ws.data, wsb}));
+    OK(vl_conv_bwd_weight_run(cx, &(vl_conv_bwd_weight_args){.cv = cv, .dw = &to, .x = &ta,
+                                                             .dy = &tb, .accumulate = rc->acc,
+                                                             .ws = ws.data, .ws_bytes = wsb}));
   }
   tu_tget(&to, out);
   vl_tensor_free(cx, &to); vl_tensor_free(cx, &tb); vl_tensor_free(cx, &ta);
@@ -272,10 +276,14 @@ static void test_workspace(void **state) {
   vl_tensor x = tu_tnew(cx, VL_F16, nx(&cv), NULL), w = tu_tnew(cx, VL_F32, nw(&cv), NULL),
             y = tu_tnew(cx, VL_F16, ny(&cv), NULL);
   char buf[64];
-  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &y, &x, &w, buf, sizeof buf}), VL_ERR_INVALID);
+  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){.cv = cv, .y = &y, .x = &x, .w = &w,
+                                                           .ws = buf,
+                                                           .ws_bytes = sizeof buf}), VL_ERR_INVALID);
   assert_non_null(strstr(cx->err, "workspace"));
   vl_tensor small = tu_tnew(cx, VL_F16, ny(&cv) - 1, NULL);
-  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){cv, &small, &x, &w, NULL, 0}), VL_ERR_INVALID);
+  assert_int_equal(vl_conv_fwd_run(cx, &(vl_conv_fwd_args){.cv = cv, .y = &small, .x = &x, .w = &w,
+                                                           .ws = NULL,
+                                                           .ws_bytes = 0}), VL_ERR_INVALID);
   vl_tensor_free(cx, &small); vl_tensor_free(cx, &y); vl_tensor_free(cx, &w); vl_tensor_free(cx, &x);
 }
 

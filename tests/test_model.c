@@ -229,7 +229,7 @@ static void test_merged_lora(void **state) {
   assert_true(fabs(a - b) < 1e-5 * fabs(b));
   /* and the adapters matter: zeroing B changes the loss */
   for (int i = 0; i < nl; i++)
-    if (strstr(pl[i].name, "lora_B")) assert_int_equal(vl_zero_run(c1, &(vl_zero_args){&pl[i].w}), VL_OK);
+    if (strstr(pl[i].name, "lora_B")) assert_int_equal(vl_zero_run(c1, &(vl_zero_args){.y = &pl[i].w}), VL_OK);
   assert_true(fabs(loss_of(ml, &bb.b, 1) - b) > 1e-4);
   vl_mistral_destroy(ml);
   vl_mistral_destroy(mf);
@@ -405,7 +405,7 @@ static void test_profile_device_timers(void **state) {
   vl_mistral_batch b = tiny_batch(tok, tgt, 2, 3);
   vl_ctx *c;
   vl_mistral *m = make(&c, &mc, &tc, VL_NO_CAP);
-  vl_backend fake = vl_backend_cpu;
+  vl_backend fake = *vl_backend_cpu();
   fake.op_timer_begin = fake_begin;
   fake.op_timer_end = fake_end;
   fake.op_timer_collect = fake_collect;

@@ -54,12 +54,14 @@ static void run_rmsnorm(vl_dtype dt, const float *x, const float *w, const float
   const int64_t R = RN_R, C = RN_C;
   vl_tensor tx = tu_tnew(cx, dt, R * C, x), tw = tu_tnew(cx, dt, C, w), to = tu_tnew(cx, dt, R * C, NULL);
   vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL);
-  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){&to, &rs, &tx, &tw, R, C, RN_EPS}));
+  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){.out = &to, .rstd = &rs, .x = &tx, .w = &tw,
+                                                   .R = R, .C = C, .eps = RN_EPS}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, R * C, dy), tdx = tu_tnew(cx, dt, R * C, NULL),
               tdw = tu_tnew(cx, VL_F32, C, NULL);
-    OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, &tdw, &tdy, &tx, &tw, &rs, R, C}));
+    OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){.dx = &tdx, .dw = &tdw, .dout = &tdy, .x = &tx,
+                                                     .w = &tw, .rstd = &rs, .R = R, .C = C}));
     tu_tget(&tdx, dx);
     tu_tget(&tdw, dw);
     TU_TFREE(cx, &tdy, &tdx, &tdw);
@@ -98,9 +100,12 @@ static void test_rmsnorm(void **state) {
   vl_tensor rs = tu_tnew(cx, VL_F32, R, NULL), tr = tu_tnew(cx, VL_F32, n, r),
             tdx = tu_tnew(cx, VL_F32, n, dx);
   vl_tensor tdw = tu_tnew(cx, VL_F32, C, dw);
-  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){&to, &rs, &tx, &tw, R, C, RN_EPS}));
-  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, &tdw, &tr, &tx, &tw, &rs, R, C}));
-  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&tdx, NULL, &tr, &tx, &tw, &rs, R, C}));
+  OK(vl_rmsnorm_fwd_run(cx, &(vl_rmsnorm_fwd_args){.out = &to, .rstd = &rs, .x = &tx, .w = &tw,
+                                                   .R = R, .C = C, .eps = RN_EPS}));
+  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){.dx = &tdx, .dw = &tdw, .dout = &tr, .x = &tx,
+                                                   .w = &tw, .rstd = &rs, .R = R, .C = C}));
+  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){.dx = &tdx, .dw = NULL, .dout = &tr, .x = &tx,
+                                                   .w = &tw, .rstd = &rs, .R = R, .C = C}));
   float *dx3 = tu_zeros(n), *dw2 = tu_zeros(C), *x3 = tu_zeros(n), *w2 = tu_zeros(C);
   tu_tget(&tdx, dx3);
   tu_tget(&tdw, dw2);
@@ -135,7 +140,8 @@ enum { RP_B = 2, RP_T = 3, RP_H = 2, RP_D = 8 };
 
 static void run_rope(vl_dtype dt, const float *x, float *out, bool inverse) {
   vl_tensor t = tu_tnew(cx, dt, RP_N, x);
-  OK(vl_rope_run(cx, &(vl_rope_args){&t, RP_B, RP_T, RP_H, RP_D, RP_THETA, inverse}));
+  OK(vl_rope_run(cx, &(vl_rope_args){.x = &t, .B = RP_B, .T = RP_T, .H = RP_H, .D = RP_D,
+                                     .theta = RP_THETA, .inverse = inverse}));
   tu_tget(&t, out);
   vl_tensor_free(cx, &t);
 }
@@ -192,8 +198,10 @@ static void test_permute(void **state) {
     vl_dtype dt = d == 0 ? VL_F32 : LOWP[d - 1];
     float *xr = tu_rounded(x, N, dt);
     vl_tensor tx = tu_tnew(cx, dt, N, x), ty = tu_tnew(cx, dt, N, NULL), tz = tu_tnew(cx, dt, N, NULL);
-    OK(vl_permute_run(cx, &(vl_permute_args){&ty, &tx, B, T, H, D, false}));
-    OK(vl_permute_run(cx, &(vl_permute_args){&tz, &ty, B, T, H, D, true}));
+    OK(vl_permute_run(cx, &(vl_permute_args){.y = &ty, .x = &tx, .B = B, .T = T, .H = H, .D = D,
+                                             .back = false}));
+    OK(vl_permute_run(cx, &(vl_permute_args){.y = &tz, .x = &ty, .B = B, .T = T, .H = H, .D = D,
+                                             .back = true}));
     tu_tget(&ty, y);
     tu_tget(&tz, z);
     /* y is (B,H,T,D) with y[b,h,t,d] = x[b,t,h,d], bit for bit; back is its inverse */
@@ -207,7 +215,8 @@ static void test_permute(void **state) {
     free(xr);
   }
   vl_tensor a = tu_tnew(cx, VL_F32, N, x), b = tu_tnew(cx, VL_BF16, N, NULL);
-  assert_int_equal(vl_permute_run(cx, &(vl_permute_args){&b, &a, B, T, H, D, false}), VL_ERR_INVALID);
+  assert_int_equal(vl_permute_run(cx, &(vl_permute_args){.y = &b, .x = &a, .B = B, .T = T, .H = H,
+                                                         .D = D, .back = false}), VL_ERR_INVALID);
   TU_TFREE(cx, &a, &b);
   free(x); free(y); free(z);
 }
@@ -219,7 +228,8 @@ enum { SM_T = 5, SM_ROWS = 2 * SM_T, SM_N = SM_ROWS * SM_T };
 
 static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
   vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = alias ? ts : tu_tnew(cx, dt, SM_N, NULL);
-  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE, true}));
+  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){.P = &tp, .S = &ts, .rows = SM_ROWS, .T = SM_T,
+                                                   .scale = SM_SCALE, .causal = true}));
   tu_tget(&tp, P);
   if (!alias) vl_tensor_free(cx, &tp);
   vl_tensor_free(cx, &ts);
@@ -227,7 +237,9 @@ static void run_softmax_fwd(vl_dtype dt, const float *S, float *P, bool alias) {
 static void run_softmax_bwd(vl_dtype dt, const float *P, const float *dP, float *dS, bool alias) {
   vl_tensor tp = tu_tnew(cx, dt, SM_N, P), tdp = tu_tnew(cx, dt, SM_N, dP),
             tds = alias ? tdp : tu_tnew(cx, dt, SM_N, NULL);
-  OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, true}));
+  OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){.dS = &tds, .dP = &tdp, .P = &tp,
+                                                   .rows = SM_ROWS, .T = SM_T, .scale = SM_SCALE,
+                                                   .causal = true}));
   tu_tget(&tds, dS);
   if (!alias) vl_tensor_free(cx, &tds);
   TU_TFREE(cx, &tp, &tdp);
@@ -286,11 +298,14 @@ static void test_softmax_causal(void **state) {
 /* P = softmax(SM_SCALE * S) over every column; with dP, dS from the backward too. */
 static void run_softmax_full(vl_dtype dt, const float *S, float *P, const float *dP, float *dS) {
   vl_tensor ts = tu_tnew(cx, dt, SM_N, S), tp = tu_tnew(cx, dt, SM_N, NULL);
-  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){&tp, &ts, SM_ROWS, SM_T, SM_SCALE, false}));
+  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){.P = &tp, .S = &ts, .rows = SM_ROWS, .T = SM_T,
+                                                   .scale = SM_SCALE, .causal = false}));
   tu_tget(&tp, P);
   if (dP) {
     vl_tensor tdp = tu_tnew(cx, dt, SM_N, dP), tds = tu_tnew(cx, dt, SM_N, NULL);
-    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, false}));
+    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){.dS = &tds, .dP = &tdp, .P = &tp,
+                                                     .rows = SM_ROWS, .T = SM_T, .scale = SM_SCALE,
+                                                     .causal = false}));
     tu_tget(&tds, dS);
     TU_TFREE(cx, &tdp, &tds);
   }
@@ -330,7 +345,9 @@ static void test_softmax_full(void **state) {
     /* the backward reads P from storage: the reference gets the same stored P */
     vl_tensor tp = tu_tnew(cx, VL_F32, SM_N, Pgot), tdp = tu_tnew(cx, VL_F32, SM_N, rr),
               tds = tu_tnew(cx, VL_F32, SM_N, NULL);
-    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){&tds, &tdp, &tp, SM_ROWS, SM_T, SM_SCALE, false}));
+    OK(vl_softmax_bwd_run(cx, &(vl_softmax_bwd_args){.dS = &tds, .dP = &tdp, .P = &tp,
+                                                     .rows = SM_ROWS, .T = SM_T, .scale = SM_SCALE,
+                                                     .causal = false}));
     tu_tget(&tds, dref);
     TU_TFREE(cx, &tp, &tdp, &tds);
     tu_assert_close_dt(dgot, dref, SM_N, dt, "full softmax dS");
@@ -346,12 +363,13 @@ enum { SW_N = 40 };
 static void run_swiglu(vl_dtype dt, const float *g, const float *u, const float *dy, float *out,
                        float *dg, float *du) {
   vl_tensor tg = tu_tnew(cx, dt, SW_N, g), tu = tu_tnew(cx, dt, SW_N, u), to = tu_tnew(cx, dt, SW_N, NULL);
-  OK(vl_swiglu_fwd_run(cx, &(vl_swiglu_fwd_args){&to, &tg, &tu, SW_N}));
+  OK(vl_swiglu_fwd_run(cx, &(vl_swiglu_fwd_args){.out = &to, .g = &tg, .u = &tu, .n = SW_N}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, SW_N, dy), tdg = tu_tnew(cx, dt, SW_N, NULL),
               tdu = tu_tnew(cx, dt, SW_N, NULL);
-    OK(vl_swiglu_bwd_run(cx, &(vl_swiglu_bwd_args){&tdg, &tdu, &tdy, &tg, &tu, SW_N}));
+    OK(vl_swiglu_bwd_run(cx, &(vl_swiglu_bwd_args){.dg = &tdg, .du = &tdu, .dout = &tdy, .g = &tg,
+                                                   .u = &tu, .n = SW_N}));
     tu_tget(&tdg, dg);
     tu_tget(&tdu, du);
     TU_TFREE(cx, &tdy, &tdg, &tdu);
@@ -400,7 +418,9 @@ static const int32_t XE_TGT[XE_R] = {3, -1, 0, 6, 3}; /* row 1 ignored */
 static void run_xent(vl_dtype dt, const float *logits, float *loss, float *dlogits) {
   vl_tensor tl = tu_tnew(cx, dt, XE_N, logits), tloss = tu_tnew(cx, VL_F32, XE_R, NULL);
   vl_tensor tgt = ids_of(XE_TGT, XE_R);
-  OK(vl_xent_fused_run(cx, &(vl_xent_fused_args){&tl, &tloss, &tgt, XE_R, XE_V, 1.0f / XE_VALID}));
+  OK(vl_xent_fused_run(cx, &(vl_xent_fused_args){.logits = &tl, .loss = &tloss, .tgt = &tgt,
+                                                 .R = XE_R, .V = XE_V,
+                                                 .dloss_scale = 1.0f / XE_VALID}));
   tu_tget(&tloss, loss);
   if (dlogits) tu_tget(&tl, dlogits);
   TU_TFREE(cx, &tl, &tloss);
@@ -453,11 +473,13 @@ static const int32_t EM_TOK[EM_R] = {1, 3, 1, 0, 3, 3, 4}; /* repeats; token 2 u
 static void run_embed(vl_dtype dt, const float *wte, const float *dy, float *out, float *dwte) {
   vl_tensor tw = tu_tnew(cx, dt, EM_V * EM_C, wte), to = tu_tnew(cx, dt, EM_R * EM_C, NULL);
   vl_tensor tok = ids_of(EM_TOK, EM_R);
-  OK(vl_embed_fwd_run(cx, &(vl_embed_fwd_args){&to, &tw, &tok, EM_R, EM_C}));
+  OK(vl_embed_fwd_run(cx, &(vl_embed_fwd_args){.out = &to, .wte = &tw, .tok = &tok, .R = EM_R,
+                                               .C = EM_C}));
   tu_tget(&to, out);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, EM_R * EM_C, dy), tdw = tu_tnew(cx, VL_F32, EM_V * EM_C, NULL);
-    OK(vl_embed_bwd_run(cx, &(vl_embed_bwd_args){&tdw, &tdy, &tok, EM_R, EM_C}));
+    OK(vl_embed_bwd_run(cx, &(vl_embed_bwd_args){.dwte = &tdw, .dout = &tdy, .tok = &tok, .R = EM_R,
+                                                 .C = EM_C}));
     tu_tget(&tdw, dwte);
     TU_TFREE(cx, &tdy, &tdw);
   }
@@ -718,15 +740,16 @@ static void test_convert_axpby(void **state) {
   for (int d = 0; d < 2; d++) {
     vl_dtype dt = LOWP[d], other = LOWP[1 - d];
     vl_tensor tx = tu_tnew(cx, VL_F32, N, x), tl = tu_tnew(cx, dt, N, NULL), to = tu_tnew(cx, other, N, NULL);
-    OK(vl_convert_run(cx, &(vl_convert_args){&tl, &tx, N}));
+    OK(vl_convert_run(cx, &(vl_convert_args){.y = &tl, .x = &tx, .n = N}));
     tu_tget(&tl, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)dt, x[i]));
-    OK(vl_convert_run(cx, &(vl_convert_args){&to, &tl, N})); /* low -> other low: rounds the stored value */
+    OK(vl_convert_run(cx, &(vl_convert_args){.y = &to, .x = &tl,
+                                             .n = N})); /* low -> other low: rounds the stored value */
     tu_tget(&to, got);
     for (int i = 0; i < N; i++) assert_true(got[i] == vl_round_to((int)other, vl_round_to((int)dt, x[i])));
     /* y = 0.5 x + 2 y in dt storage vs fp32 on rounded values */
     vl_tensor ty = tu_tnew(cx, dt, N, y), txl = tu_tnew(cx, dt, N, x);
-    OK(vl_axpby_run(cx, &(vl_axpby_args){&ty, 0.5f, &txl, 2.0f, N}));
+    OK(vl_axpby_run(cx, &(vl_axpby_args){.y = &ty, .a = 0.5f, .x = &txl, .b = 2.0f, .n = N}));
     tu_tget(&ty, got);
     for (int i = 0; i < N; i++)
       want[i] = 0.5f * vl_round_to((int)dt, x[i]) + 2.0f * vl_round_to((int)dt, y[i]);
@@ -736,7 +759,7 @@ static void test_convert_axpby(void **state) {
   /* b = 0 ignores whatever y held, NaN included */
   vl_tensor tx = tu_tnew(cx, VL_F32, N, x), ty = tu_tnew(cx, VL_F32, N, NULL);
   for (int i = 0; i < N; i++) ((float *)ty.data)[i] = NAN;
-  OK(vl_axpby_run(cx, &(vl_axpby_args){&ty, 2.0f, &tx, 0.0f, N}));
+  OK(vl_axpby_run(cx, &(vl_axpby_args){.y = &ty, .a = 2.0f, .x = &tx, .b = 0.0f, .n = N}));
   tu_tget(&ty, got);
   for (int i = 0; i < N; i++) assert_true(got[i] == 2.0f * x[i]);
   TU_TFREE(cx, &tx, &ty);
@@ -757,21 +780,21 @@ static void test_sumsq(void **state) {
     vl_tensor t = tu_tnew(cx, dt, N, x);
     double s = -1;
     bool bad = true;
-    OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
+    OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
     assert_false(bad);
     assert_true(fabs(s - want) <= 1e-12 * want);
     /* only the first n elements count */
-    OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, 10, &s, &bad}));
+    OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = 10, .out = &s, .nonfinite = &bad}));
     double w10 = 0;
     for (int i = 0; i < 10; i++) { double v = vl_round_to((int)dt, x[i]); w10 += v * v; }
     assert_true(fabs(s - w10) <= 1e-12 * w10);
     const float specials[3] = {NAN, INFINITY, -INFINITY};
     for (int k = 0; k < 3; k++) {
       vl_st(t.data, (int)dt, 9000, specials[k]);
-      OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
+      OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
       assert_true(bad);
       vl_st(t.data, (int)dt, 9000, x[9000]);
-      OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
+      OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
       assert_false(bad);
     }
     vl_tensor_free(cx, &t);
@@ -781,7 +804,7 @@ static void test_sumsq(void **state) {
   vl_st(t.data, VL_K_F16, 5, 1e5f);
   double s;
   bool bad = false;
-  OK(vl_sumsq_run(cx, &(vl_sumsq_args){&t, N, &s, &bad}));
+  OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
   assert_true(bad);
   vl_tensor_free(cx, &t);
   free(x);
@@ -801,7 +824,7 @@ static void test_op_table(void **state) {
     vl_op back;
     assert_int_equal(vl_op_parse(d->name, &back), 0);
     assert_int_equal(back, op);
-    if (!vl_backend_cpu.ops[op]) {
+    if (!vl_backend_cpu()->ops[op]) {
       print_error("the cpu backend lacks %s\n", d->name);
       fail();
     }
@@ -815,20 +838,22 @@ static void test_op_table(void **state) {
  * op is still counted (it was asked for). */
 static void test_op_unsupported(void **state) {
   (void)state;
-  vl_backend partial = vl_backend_cpu;
+  vl_backend partial = *vl_backend_cpu();
   partial.name = "partial";
   partial.ops[VL_OP_ROPE] = NULL;
   const vl_backend *real = cx->be;
   vl_tensor x = tu_tnew(cx, VL_F32, 2 * 3 * 2 * 4, NULL);
   cx->be = &partial;
   double b0 = cx->bytes_moved;
-  vl_status s = vl_rope_run(cx, &(vl_rope_args){&x, 2, 3, 2, 4, 10000.0f, false});
+  vl_status s = vl_rope_run(cx, &(vl_rope_args){.x = &x, .B = 2, .T = 3, .H = 2, .D = 4,
+                                                .theta = 10000.0f, .inverse = false});
   cx->be = real;
   assert_int_equal(s, VL_ERR_UNSUPPORTED);
   assert_non_null(strstr(cx->err, "rope"));
   assert_non_null(strstr(cx->err, "partial"));
   assert_true(cx->bytes_moved > b0);
-  OK(vl_rope_run(cx, &(vl_rope_args){&x, 2, 3, 2, 4, 10000.0f, false}));
+  OK(vl_rope_run(cx, &(vl_rope_args){.x = &x, .B = 2, .T = 3, .H = 2, .D = 4, .theta = 10000.0f,
+                                     .inverse = false}));
   vl_tensor_free(cx, &x);
 }
 
@@ -857,11 +882,86 @@ static void test_op_counting(void **state) {
   /* bytes: A (fp16) + C + B, as nn/linear.c counted them */
   assert_true(p->bytes_moved == 4 * 8 * 2 + 4 * 5 * 4 + 8 * 5 * 4);
   p->recomputing++;
-  OK(vl_relu_fwd_run(p, &(vl_relu_fwd_args){&y, &y, 20}));
+  OK(vl_relu_fwd_run(p, &(vl_relu_fwd_args){.y = &y, .x = &y, .n = 20}));
   p->recomputing--;
   assert_true(p->flops == 2.0 * 4 * 5 * 8 && p->flops_recompute == 20);
   TU_TFREE(p, &a, &b, &y);
   vl_ctx_destroy(p);
+}
+
+/* ---- argument checks: a plan refuses what a run refuses ----------------------------------- */
+
+/* One planted mismatch per function, on tensors of c (a CPU or a plan context). */
+static vl_status planted_layernorm(vl_ctx *c) { /* x holds one row fewer than R */
+  vl_tensor y, x, mean, rstd, g, b;
+  OK(vl_tensor_alloc2(c, &y, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &x, VL_F32, VL_MEM_TEMP, 3, 8));
+  OK(vl_tensor_alloc2(c, &mean, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &rstd, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &g, VL_F32, VL_MEM_TEMP, 1, 8));
+  OK(vl_tensor_alloc2(c, &b, VL_F32, VL_MEM_TEMP, 1, 8));
+  vl_layernorm_fwd_args a = {.y = &y, .mean = &mean, .rstd = &rstd, .x = &x, .gamma = &g,
+                             .beta = &b, .R = 4, .C = 8, .eps = 1e-5f};
+  vl_status s = vl_op_run(c, VL_OP_LAYERNORM_FWD, &a);
+  TU_TFREE(c, &y, &x, &mean, &rstd, &g, &b);
+  return s;
+}
+static vl_status planted_groupnorm(vl_ctx *c) { /* 3 groups of 8 channels */
+  vl_tensor y, x, mean, rstd, g, b;
+  OK(vl_tensor_alloc2(c, &y, VL_F32, VL_MEM_TEMP, 8, 4));
+  OK(vl_tensor_alloc2(c, &x, VL_F32, VL_MEM_TEMP, 8, 4));
+  OK(vl_tensor_alloc2(c, &mean, VL_F32, VL_MEM_TEMP, 1, 3));
+  OK(vl_tensor_alloc2(c, &rstd, VL_F32, VL_MEM_TEMP, 1, 3));
+  OK(vl_tensor_alloc2(c, &g, VL_F32, VL_MEM_TEMP, 1, 8));
+  OK(vl_tensor_alloc2(c, &b, VL_F32, VL_MEM_TEMP, 1, 8));
+  vl_groupnorm_fwd_args a = {.y = &y, .mean = &mean, .rstd = &rstd, .x = &x, .gamma = &g,
+                             .beta = &b, .N = 1, .C = 8, .HW = 4, .G = 3, .eps = 1e-5f};
+  vl_status s = vl_op_run(c, VL_OP_GROUPNORM_FWD, &a);
+  TU_TFREE(c, &y, &x, &mean, &rstd, &g, &b);
+  return s;
+}
+static vl_status planted_attention(vl_ctx *c) { /* causal with 4 queries and 6 keys */
+  vl_tensor o, lse, q, k, v;
+  OK(vl_tensor_alloc2(c, &o, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &lse, VL_F32, VL_MEM_TEMP, 1, 4));
+  OK(vl_tensor_alloc2(c, &q, VL_F32, VL_MEM_TEMP, 4, 8));
+  OK(vl_tensor_alloc2(c, &k, VL_F32, VL_MEM_TEMP, 6, 8));
+  OK(vl_tensor_alloc2(c, &v, VL_F32, VL_MEM_TEMP, 6, 8));
+  vl_attn_fwd_args a = {.o = &o, .lse = &lse, .q = &q, .k = &k, .v = &v, .B = 1, .H = 1,
+                        .Tq = 4, .Tk = 6, .D = 8, .scale = 0.35f, .causal = true};
+  vl_status s = vl_op_run(c, VL_OP_ATTN_FWD, &a);
+  TU_TFREE(c, &o, &lse, &q, &k, &v);
+  return s;
+}
+static vl_status planted_token_ids(vl_ctx *c) { /* ids stored as fp32 */
+  vl_tensor out, wte, tok;
+  OK(vl_tensor_alloc2(c, &out, VL_F32, VL_MEM_TEMP, 3, 4));
+  OK(vl_tensor_alloc2(c, &wte, VL_F32, VL_MEM_TEMP, 10, 4));
+  OK(vl_tensor_alloc2(c, &tok, VL_F32, VL_MEM_TEMP, 1, 3));
+  vl_embed_fwd_args a = {.out = &out, .wte = &wte, .tok = &tok, .R = 3, .C = 4};
+  vl_status s = vl_op_run(c, VL_OP_EMBED_FWD, &a);
+  TU_TFREE(c, &out, &wte, &tok);
+  return s;
+}
+
+/* The descriptors check arguments on every backend: each planted mismatch is refused by a
+ * plan with the status and message of a CPU run, before anything is counted. */
+static void test_op_check_plan_equals_run(void **state) {
+  (void)state;
+  vl_status (*const planted[])(vl_ctx *) = {planted_layernorm, planted_groupnorm,
+                                            planted_attention, planted_token_ids};
+  for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+    vl_ctx *p;
+    OK(vl_ctx_create_ex(&p, VL_DEV_PLAN, VL_NO_CAP, VL_DEV_CPU));
+    double flops = cx->flops, bytes = cx->bytes_moved;
+    assert_int_equal(planted[i](cx), VL_ERR_INVALID);
+    assert_int_equal(planted[i](p), VL_ERR_INVALID);
+    print_message("  %s\n", p->err);
+    assert_string_equal(p->err, cx->err);
+    assert_true(cx->flops == flops && cx->bytes_moved == bytes);
+    assert_true(p->flops == 0 && p->bytes_moved == 0);
+    vl_ctx_destroy(p);
+  }
 }
 
 int main(void) {
@@ -869,6 +969,7 @@ int main(void) {
       cmocka_unit_test(test_op_table),
       cmocka_unit_test(test_op_unsupported),
       cmocka_unit_test(test_op_counting),
+      cmocka_unit_test(test_op_check_plan_equals_run),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_permute),

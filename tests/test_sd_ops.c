@@ -86,8 +86,10 @@ static void run_gn(gn_dims d, vl_dtype dt, vl_dtype pdt, const float *x, const f
   vl_tensor tx = tu_tnew(cx, dt, n, x), ty = tu_tnew(cx, dt, n, NULL);
   vl_tensor tg = tu_tnew(cx, pdt, d.C, g), tb = tu_tnew(cx, pdt, d.C, b);
   vl_tensor tm = tu_tnew(cx, VL_F32, S, NULL), ts = tu_tnew(cx, VL_F32, S, NULL);
-  OK(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&ty, &tm, &ts, &tx, &tg, &tb, d.N, d.C,
-                                                       d.HW, d.G, NORM_EPS}));
+  OK(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &ty, .mean = &tm, .rstd = &ts, .x = &tx,
+                                                       .gamma = &tg, .beta = &tb, .N = d.N,
+                                                       .C = d.C, .HW = d.HW, .G = d.G,
+                                                       .eps = NORM_EPS}));
   if (y) tu_tget(&ty, y);
   if (mean) tu_tget(&tm, mean);
   if (rstd) tu_tget(&ts, rstd);
@@ -103,9 +105,11 @@ static void run_gn_bwd(gn_dims d, vl_dtype dt, const float *x, const float *g, c
   vl_tensor tdx = tu_tnew(cx, dt, n, acc ? dx : NULL);
   vl_tensor tm = tu_tnew(cx, VL_F32, S, mean), ts = tu_tnew(cx, VL_F32, S, rstd);
   vl_tensor tdg = tu_tnew(cx, VL_F32, d.C, dg), tdb = tu_tnew(cx, VL_F32, d.C, db);
-  OK(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&tdx, dg ? &tdg : NULL, db ? &tdb : NULL,
-                                                       &tdy, &tx, &tg, &tm, &ts, d.N, d.C, d.HW,
-                                                       d.G, acc}));
+  OK(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &tdx, .dgamma = dg ? &tdg : NULL,
+                                                       .dbeta = db ? &tdb : NULL, .dy = &tdy,
+                                                       .x = &tx, .gamma = &tg, .mean = &tm,
+                                                       .rstd = &ts, .N = d.N, .C = d.C, .HW = d.HW,
+                                                       .G = d.G, .accumulate = acc}));
   tu_tget(&tdx, dx);
   if (dg) tu_tget(&tdg, dg);
   if (db) tu_tget(&tdb, db);
@@ -351,7 +355,9 @@ static void run_ln(int64_t R, int64_t C, vl_dtype dt, vl_dtype pdt, const float 
   vl_tensor tx = tu_tnew(cx, dt, n, x), ty = tu_tnew(cx, dt, n, NULL);
   vl_tensor tg = tu_tnew(cx, pdt, C, g), tb = tu_tnew(cx, pdt, C, b);
   vl_tensor tm = tu_tnew(cx, VL_F32, R, NULL), ts = tu_tnew(cx, VL_F32, R, NULL);
-  OK(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){&ty, &tm, &ts, &tx, &tg, &tb, R, C, NORM_EPS}));
+  OK(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){.y = &ty, .mean = &tm, .rstd = &ts, .x = &tx,
+                                                       .gamma = &tg, .beta = &tb, .R = R, .C = C,
+                                                       .eps = NORM_EPS}));
   if (y) tu_tget(&ty, y);
   if (mean) tu_tget(&tm, mean);
   if (rstd) tu_tget(&ts, rstd);
@@ -366,8 +372,11 @@ static void run_ln_bwd(int64_t R, int64_t C, vl_dtype dt, const float *x, const 
   vl_tensor tdx = tu_tnew(cx, dt, n, acc ? dx : NULL);
   vl_tensor tm = tu_tnew(cx, VL_F32, R, mean), ts = tu_tnew(cx, VL_F32, R, rstd);
   vl_tensor tdg = tu_tnew(cx, VL_F32, C, dg), tdb = tu_tnew(cx, VL_F32, C, db);
-  OK(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){&tdx, dg ? &tdg : NULL, db ? &tdb : NULL,
-                                                       &tdy, &tx, &tg, &tm, &ts, R, C, acc}));
+  OK(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){.dx = &tdx, .dgamma = dg ? &tdg : NULL,
+                                                       .dbeta = db ? &tdb : NULL, .dy = &tdy,
+                                                       .x = &tx, .gamma = &tg, .mean = &tm,
+                                                       .rstd = &ts, .R = R, .C = C,
+                                                       .accumulate = acc}));
   tu_tget(&tdx, dx);
   if (dg) tu_tget(&tdg, dg);
   if (db) tu_tget(&tdb, db);
@@ -533,11 +542,12 @@ enum { ACT_N = 41 };
 static void run_act(vl_act act, vl_dtype dt, const float *x, const float *dy, float *y, float *dx,
                     bool alias) {
   vl_tensor tx = tu_tnew(cx, dt, ACT_N, x), ty = alias && !dy ? tx : tu_tnew(cx, dt, ACT_N, NULL);
-  OK(vl_act_fwd_run(cx, &(vl_act_fwd_args){&ty, &tx, ACT_N, act}));
+  OK(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &ty, .x = &tx, .n = ACT_N, .act = act}));
   if (y) tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, ACT_N, dy), tdx = alias ? tdy : tu_tnew(cx, dt, ACT_N, NULL);
-    OK(vl_act_bwd_run(cx, &(vl_act_bwd_args){&tdx, &tdy, &tx, ACT_N, act}));
+    OK(vl_act_bwd_run(cx, &(vl_act_bwd_args){.dx = &tdx, .dy = &tdy, .x = &tx, .n = ACT_N,
+                                             .act = act}));
     tu_tget(&tdx, dx);
     if (!alias) vl_tensor_free(cx, &tdx);
     vl_tensor_free(cx, &tdy);
@@ -563,7 +573,7 @@ static void test_act(void **state) {
   for (int a = 0; a < VL_ACT_COUNT; a++) {
     vl_tensor t1 = tu_tnew(cx, VL_F32, 1, &one), t2 = tu_tnew(cx, VL_F32, 1, NULL);
     float v;
-    OK(vl_act_fwd_run(cx, &(vl_act_fwd_args){&t2, &t1, 1, (vl_act)a}));
+    OK(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &t2, .x = &t1, .n = 1, .act = (vl_act)a}));
     tu_tget(&t2, &v);
     assert_true(fabs(v - at1[a]) < 2e-7);
     TU_TFREE(cx, &t1, &t2);
@@ -607,11 +617,12 @@ static void test_act(void **state) {
 static void run_geglu(int64_t R, int64_t F, vl_dtype dt, const float *h, const float *dout,
                       float *out, float *dh, bool alias) {
   vl_tensor th = tu_tnew(cx, dt, 2 * R * F, h), to = tu_tnew(cx, dt, R * F, NULL);
-  OK(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){&to, &th, R, F}));
+  OK(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){.out = &to, .h = &th, .R = R, .F = F}));
   if (out) tu_tget(&to, out);
   if (dout) {
     vl_tensor td = tu_tnew(cx, dt, R * F, dout), tdh = alias ? th : tu_tnew(cx, dt, 2 * R * F, NULL);
-    OK(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){&tdh, &td, &th, R, F}));
+    OK(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){.dh = &tdh, .dout = &td, .h = &th, .R = R,
+                                                 .F = F}));
     tu_tget(&tdh, dh);
     if (!alias) vl_tensor_free(cx, &tdh);
     vl_tensor_free(cx, &td);
@@ -679,7 +690,8 @@ static int64_t bias_nb(bias_dims d) { return (d.per_outer ? d.outer : 1) * d.C; 
 static void run_bias(bias_dims d, vl_dtype ydt, vl_dtype bdt, const float *y0, const float *b,
                      float *y) {
   vl_tensor ty = tu_tnew(cx, ydt, bias_n(d), y0), tb = tu_tnew(cx, bdt, bias_nb(d), b);
-  OK(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){&ty, &tb, d.outer, d.C, d.inner, d.per_outer}));
+  OK(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){.y = &ty, .b = &tb, .outer = d.outer, .C = d.C,
+                                             .inner = d.inner, .per_outer = d.per_outer}));
   tu_tget(&ty, y);
   TU_TFREE(cx, &ty, &tb);
 }
@@ -688,7 +700,9 @@ static void run_bias(bias_dims d, vl_dtype ydt, vl_dtype bdt, const float *y0, c
 static void run_bias_bwd(bias_dims d, vl_dtype dydt, vl_dtype dbdt, const float *dy, float *db,
                          bool acc) {
   vl_tensor tdy = tu_tnew(cx, dydt, bias_n(d), dy), tdb = tu_tnew(cx, dbdt, bias_nb(d), db);
-  OK(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){&tdb, &tdy, d.outer, d.C, d.inner, d.per_outer, acc}));
+  OK(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){.db = &tdb, .dy = &tdy, .outer = d.outer, .C = d.C,
+                                             .inner = d.inner, .per_outer = d.per_outer,
+                                             .accumulate = acc}));
   tu_tget(&tdb, db);
   TU_TFREE(cx, &tdy, &tdb);
 }
@@ -785,11 +799,15 @@ static int64_t pad_out(pad_dims d) { return d.P * (d.H + d.t + d.b) * (d.W + d.l
 static void run_pad(pad_dims d, vl_dtype dt, const float *x, const float *dy, float *y, float *dx) {
   int64_t ni = d.P * d.H * d.W, no = pad_out(d);
   vl_tensor tx = tu_tnew(cx, dt, ni, x), ty = tu_tnew(cx, dt, no, NULL);
-  OK(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){&ty, &tx, d.P, d.H, d.W, d.t, d.b, d.l, d.r}));
+  OK(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){.y = &ty, .x = &tx, .planes = d.P, .H = d.H,
+                                               .W = d.W, .top = d.t, .bottom = d.b, .left = d.l,
+                                               .right = d.r}));
   if (y) tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, no, dy), tdx = tu_tnew(cx, dt, ni, NULL);
-    OK(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){&tdx, &tdy, d.P, d.H, d.W, d.t, d.b, d.l, d.r}));
+    OK(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){.dx = &tdx, .dy = &tdy, .planes = d.P, .H = d.H,
+                                                 .W = d.W, .top = d.t, .bottom = d.b, .left = d.l,
+                                                 .right = d.r}));
     tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -850,11 +868,13 @@ static void run_upn(vl_dtype dt, int64_t P, int64_t H, int64_t W, const float *x
                     float *y, float *dx, bool nearest) {
   int64_t lo = P * H * W, hi = 4 * lo;
   vl_tensor tx = tu_tnew(cx, dt, lo, x), ty = tu_tnew(cx, dt, hi, NULL);
-  OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&ty, &tx, P, H, W, nearest}));
+  OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){.y = &ty, .x = &tx, .planes = P, .H = H,
+                                                         .W = W, .nearest = nearest}));
   if (y) tu_tget(&ty, y);
   if (dy) {
     vl_tensor tdy = tu_tnew(cx, dt, hi, dy), tdx = tu_tnew(cx, dt, lo, NULL);
-    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&tdx, &tdy, P, H, W, nearest}));
+    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){.dx = &tdx, .dy = &tdy, .planes = P,
+                                                           .H = H, .W = W, .nearest = nearest}));
     tu_tget(&tdx, dx);
     TU_TFREE(cx, &tdy, &tdx);
   }
@@ -920,7 +940,9 @@ static void test_upsample_nearest(void **state) {
 static void run_temb(const int32_t *t, int64_t B, int64_t dim, bool flip, float shift,
                      vl_dtype dt, float *emb) {
   vl_tensor tt = ids_of(t, B), te = tu_tnew(cx, dt, B * dim, NULL);
-  OK(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&te, &tt, B, dim, flip, shift, 10000.0f}));
+  OK(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &te, .t = &tt, .B = B, .dim = dim,
+                                                         .flip_sin_to_cos = flip, .shift = shift,
+                                                         .max_period = 10000.0f}));
   tu_tget(&te, emb);
   vl_tensor_free(cx, &te);
 }
@@ -982,7 +1004,8 @@ static void run_mse(vl_dtype pdt, vl_dtype tdt, const float *p, const float *t, 
                     float *grad) {
   vl_tensor tp = tu_tnew(cx, pdt, MSE_N, p), tt = tu_tnew(cx, tdt, MSE_N, t);
   vl_tensor tl = tu_tnew(cx, VL_F32, MSE_R, NULL);
-  OK(vl_mse_fused_run(cx, &(vl_mse_fused_args){&tp, &tl, &tt, MSE_R, MSE_C, MSE_S}));
+  OK(vl_mse_fused_run(cx, &(vl_mse_fused_args){.pred = &tp, .loss = &tl, .target = &tt, .R = MSE_R,
+                                               .C = MSE_C, .dloss_scale = MSE_S}));
   tu_tget(&tl, loss);
   if (grad) tu_tget(&tp, grad);
   TU_TFREE(cx, &tp, &tt, &tl);
@@ -1037,7 +1060,8 @@ static void run_gauss(int64_t N, int64_t C, int64_t HW, vl_dtype dt, const float
   int64_t n = N * C * HW;
   vl_tensor tm = tu_tnew(cx, dt, 2 * n, mom), tn = tu_tnew(cx, dt, n, noise);
   vl_tensor tz = alias ? tn : tu_tnew(cx, dt, n, NULL);
-  OK(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){&tz, &tm, &tn, N, C, HW, 0.18215f}));
+  OK(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){.z = &tz, .moments = &tm, .noise = &tn, .N = N,
+                                                     .C = C, .HW = HW, .scale = 0.18215f}));
   tu_tget(&tz, z);
   if (!alias) vl_tensor_free(cx, &tz);
   TU_TFREE(cx, &tm, &tn);
@@ -1093,76 +1117,185 @@ static void test_bad_args(void **state) {
   vl_tensor h60 = x; /* x's storage seen as fp16 */
   h60.dtype = VL_F16;
   /* GroupNorm (N, C, HW, G) = (2, 6, 5, 3): statistics N*G = 6 */
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &x, &c6, &c6, 2, 6, 5, 4, 1e-5f}), "4 groups do not divide 6");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &x, &c6, &c6, 2, 6, 5, 0, 1e-5f}), "groups");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &small, &c6, &c6, 2, 6, 5, 3, 1e-5f}), "x holds 10");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &h6, &c6b, &x, &c6, &c6, 2, 6, 5, 3, 1e-5f}), "mean is fp16");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c4, &c6b, &x, &c6, &c6, 2, 6, 5, 3, 1e-5f}), "mean holds 4");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&x, &c6, &c6b, &x, &c6, &c6, 2, 6, 5, 3, 1e-5f}), "y and x");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &x, &c4, &c6, 2, 6, 5, 3, 1e-5f}), "gamma holds 4");
-  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &x, &c6, &c6, 2, 6, 5, 3, -1.0f}), "eps");
-  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&x, NULL, NULL, &x, &y, &c6, &c6, &c6b, 2, 6, 5, 3, false}), "dx and dy");
-  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&x, NULL, NULL, &y, &x, &c6, &c6, &c6b, 2, 6, 5, 3, false}), "dx and x");
-  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&h60, &c4, NULL, &y, &small, &c6, &c6, &c6b, 2, 6, 5, 3, false}), "x holds 10");
-  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&small, NULL, NULL, &y, &x, &c6, &c6, &c6b, 2, 6, 5, 3, false}), "dx holds 10");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 4,
+                                                        .eps = 1e-5f}), "4 groups do not divide 6");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 0, .eps = 1e-5f}), "groups");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b,
+                                                        .x = &small, .gamma = &c6, .beta = &c6,
+                                                        .N = 2, .C = 6, .HW = 5, .G = 3,
+                                                        .eps = 1e-5f}), "x holds 10");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &h6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .eps = 1e-5f}), "mean is fp16");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c4, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .eps = 1e-5f}), "mean holds 4");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &x, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3, .eps = 1e-5f}), "y and x");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c4, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .eps = 1e-5f}), "gamma holds 4");
+  BAD(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &c6, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3, .eps = -1.0f}), "eps");
+  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &x, .dgamma = NULL, .dbeta = NULL,
+                                                        .dy = &x, .x = &y, .gamma = &c6,
+                                                        .mean = &c6, .rstd = &c6b, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .accumulate = false}), "dx and dy");
+  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &x, .dgamma = NULL, .dbeta = NULL,
+                                                        .dy = &y, .x = &x, .gamma = &c6,
+                                                        .mean = &c6, .rstd = &c6b, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .accumulate = false}), "dx and x");
+  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &h60, .dgamma = &c4, .dbeta = NULL,
+                                                        .dy = &y, .x = &small, .gamma = &c6,
+                                                        .mean = &c6, .rstd = &c6b, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .accumulate = false}), "x holds 10");
+  BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &small, .dgamma = NULL, .dbeta = NULL,
+                                                        .dy = &y, .x = &x, .gamma = &c6,
+                                                        .mean = &c6, .rstd = &c6b, .N = 2, .C = 6,
+                                                        .HW = 5, .G = 3,
+                                                        .accumulate = false}), "dx holds 10");
   {
     vl_tensor dx = tu_tnew(cx, VL_F32, 60, NULL);
-    BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&dx, &c4, NULL, &y, &x, &c6, &c6, &c6b, 2, 6, 5, 3, false}), "dgamma holds 4");
-    BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){&dx, NULL, &h6, &y, &x, &c6, &h6, &c6b, 2, 6, 5, 3, false}), "mean is fp16");
+    BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &dx, .dgamma = &c4, .dbeta = NULL,
+                                                          .dy = &y, .x = &x, .gamma = &c6,
+                                                          .mean = &c6, .rstd = &c6b, .N = 2, .C = 6,
+                                                          .HW = 5, .G = 3,
+                                                          .accumulate = false}), "dgamma holds 4");
+    BAD(vl_groupnorm_bwd_run(cx, &(vl_groupnorm_bwd_args){.dx = &dx, .dgamma = NULL, .dbeta = &h6,
+                                                          .dy = &y, .x = &x, .gamma = &c6,
+                                                          .mean = &h6, .rstd = &c6b, .N = 2, .C = 6,
+                                                          .HW = 5, .G = 3,
+                                                          .accumulate = false}), "mean is fp16");
     vl_tensor_free(cx, &dx);
   }
-  OK(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){&y, &c6, &c6b, &x, &c6, &c6, 0, 6, 5, 3, 1e-5f})); /* empty */
+  OK(vl_groupnorm_fwd_run(cx, &(vl_groupnorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                       .gamma = &c6, .beta = &c6, .N = 0, .C = 6,
+                                                       .HW = 5, .G = 3, .eps = 1e-5f})); /* empty */
   /* LayerNorm (R, C) = (6, 10) */
-  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){&y, &c6, &c4, &x, &small, &small, 6, 10, 1e-5f}), "rstd holds 4");
-  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){&y, &c6, &c6b, &x, &c6, &small, 6, 10, 1e-5f}), "gamma holds 6");
-  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){&y, &c6, &c6, &x, &small, &small, 6, 10, 1e-5f}), "mean and rstd");
-  BAD(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){&x, NULL, NULL, &y, &x, &small, &c6, &c6b, 6, 10, true}), "dx and x");
-  BAD(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){&small, NULL, NULL, &y, &x, &small, &c6, &c6b, 6, 10, true}), "dx holds 10");
-  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){&y, &c6, &c6b, &x, &small, &small, -6, 10, 1e-5f}), "negative");
+  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c4, .x = &x,
+                                                        .gamma = &small, .beta = &small, .R = 6,
+                                                        .C = 10, .eps = 1e-5f}), "rstd holds 4");
+  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &c6, .beta = &small, .R = 6,
+                                                        .C = 10, .eps = 1e-5f}), "gamma holds 6");
+  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6, .x = &x,
+                                                        .gamma = &small, .beta = &small, .R = 6,
+                                                        .C = 10, .eps = 1e-5f}), "mean and rstd");
+  BAD(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){.dx = &x, .dgamma = NULL, .dbeta = NULL,
+                                                        .dy = &y, .x = &x, .gamma = &small,
+                                                        .mean = &c6, .rstd = &c6b, .R = 6, .C = 10,
+                                                        .accumulate = true}), "dx and x");
+  BAD(vl_layernorm_bwd_run(cx, &(vl_layernorm_bwd_args){.dx = &small, .dgamma = NULL, .dbeta = NULL,
+                                                        .dy = &y, .x = &x, .gamma = &small,
+                                                        .mean = &c6, .rstd = &c6b, .R = 6, .C = 10,
+                                                        .accumulate = true}), "dx holds 10");
+  BAD(vl_layernorm_fwd_run(cx, &(vl_layernorm_fwd_args){.y = &y, .mean = &c6, .rstd = &c6b, .x = &x,
+                                                        .gamma = &small, .beta = &small, .R = -6,
+                                                        .C = 10, .eps = 1e-5f}), "negative");
   /* activations */
-  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){&y, &x, 60, (vl_act)7}), "unknown activation 7");
-  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){&y, &x, -1, VL_ACT_SILU}), "n = -1");
-  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){&y, &small, 60, VL_ACT_GELU}), "x holds 10");
-  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){&h60, &x, 60, VL_ACT_GELU}), "different dtypes");
-  BAD(vl_act_bwd_run(cx, &(vl_act_bwd_args){&y, &x, NULL, 60, VL_ACT_QUICK_GELU}), "x is NULL");
+  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &y, .x = &x, .n = 60,
+                                            .act = (vl_act)7}), "unknown activation 7");
+  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &y, .x = &x, .n = -1,
+                                            .act = VL_ACT_SILU}), "n = -1");
+  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &y, .x = &small, .n = 60,
+                                            .act = VL_ACT_GELU}), "x holds 10");
+  BAD(vl_act_fwd_run(cx, &(vl_act_fwd_args){.y = &h60, .x = &x, .n = 60,
+                                            .act = VL_ACT_GELU}), "different dtypes");
+  BAD(vl_act_bwd_run(cx, &(vl_act_bwd_args){.dx = &y, .dy = &x, .x = NULL, .n = 60,
+                                            .act = VL_ACT_QUICK_GELU}), "x is NULL");
   /* GEGLU (R, F) = (3, 10): h (3, 20) = 60 */
-  BAD(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){&y, &small, 3, 10}), "h holds 10");
-  BAD(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){&x, &x, 3, 10}), "out and h");
-  BAD(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){&x, &x, &y, 3, 10}), "dh and dout");
-  BAD(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){&small, &y, &x, 3, 10}), "dh holds 10");
+  BAD(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){.out = &y, .h = &small, .R = 3,
+                                                .F = 10}), "h holds 10");
+  BAD(vl_geglu_fwd_run(cx, &(vl_geglu_fwd_args){.out = &x, .h = &x, .R = 3, .F = 10}), "out and h");
+  BAD(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){.dh = &x, .dout = &x, .h = &y, .R = 3,
+                                                .F = 10}), "dh and dout");
+  BAD(vl_geglu_bwd_run(cx, &(vl_geglu_bwd_args){.dh = &small, .dout = &y, .h = &x, .R = 3,
+                                                .F = 10}), "dh holds 10");
   /* bias (outer, C, inner) = (2, 6, 5) */
-  BAD(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){&x, &c6, 2, 6, 5, true}), "b holds 6");
-  BAD(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){&small, &c6, 2, 6, 5, false}), "y holds 10");
-  BAD(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){&c4, &x, 2, 6, 5, false, true}), "db holds 4");
-  BAD(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){&x, &x, 1, 6, 1, false, true}), "db and dy");
+  BAD(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){.y = &x, .b = &c6, .outer = 2, .C = 6, .inner = 5,
+                                              .per_outer = true}), "b holds 6");
+  BAD(vl_bias_fwd_run(cx, &(vl_bias_fwd_args){.y = &small, .b = &c6, .outer = 2, .C = 6, .inner = 5,
+                                              .per_outer = false}), "y holds 10");
+  BAD(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){.db = &c4, .dy = &x, .outer = 2, .C = 6, .inner = 5,
+                                              .per_outer = false,
+                                              .accumulate = true}), "db holds 4");
+  BAD(vl_bias_bwd_run(cx, &(vl_bias_bwd_args){.db = &x, .dy = &x, .outer = 1, .C = 6, .inner = 1,
+                                              .per_outer = false,
+                                              .accumulate = true}), "db and dy");
   /* padding (planes, H, W) = (3, 2, 4), (0, 1, 0, 1) -> 3 x 3 x 5 = 45 */
-  BAD(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){&y, &x, 3, 2, 4, 0, -1, 0, 1}), ">= 0");
-  BAD(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){&small, &x, 3, 2, 4, 0, 1, 0, 1}), "y holds 10");
-  BAD(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){&small, &x, 3, 2, 4, 0, 1, 0, 1}), "dx holds 10");
-  BAD(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){&x, &x, 3, 2, 4, 0, 1, 0, 1}), "dx and dy");
+  BAD(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){.y = &y, .x = &x, .planes = 3, .H = 2, .W = 4,
+                                                .top = 0, .bottom = -1, .left = 0,
+                                                .right = 1}), ">= 0");
+  BAD(vl_pad2d_fwd_run(cx, &(vl_pad2d_fwd_args){.y = &small, .x = &x, .planes = 3, .H = 2, .W = 4,
+                                                .top = 0, .bottom = 1, .left = 0,
+                                                .right = 1}), "y holds 10");
+  BAD(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){.dx = &small, .dy = &x, .planes = 3, .H = 2, .W = 4,
+                                                .top = 0, .bottom = 1, .left = 0,
+                                                .right = 1}), "dx holds 10");
+  BAD(vl_pad2d_bwd_run(cx, &(vl_pad2d_bwd_args){.dx = &x, .dy = &x, .planes = 3, .H = 2, .W = 4,
+                                                .top = 0, .bottom = 1, .left = 0,
+                                                .right = 1}), "dx and dy");
   /* timestep embedding */
   int32_t tv[4] = {1, 2, 3, 4};
   vl_tensor tt = ids_of(tv, 4), tf = tt;
   tf.dtype = VL_F32;
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&x, &tt, 4, 5, true, 0, 10000}), "even");
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&x, &tt, 4, 4, true, 2, 10000}), "shift");
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&x, &tt, 4, 4, true, 0, 0}), "max_period");
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&x, &tf, 4, 4, true, 0, 10000}), "i32 expected");
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&small, &tt, 4, 4, true, 0, 10000}), "emb holds 10");
-  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){&x, &tt, 5, 4, true, 0, 10000}), "hold 4 ids");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &x, .t = &tt, .B = 4, .dim = 5,
+                                                          .flip_sin_to_cos = true, .shift = 0,
+                                                          .max_period = 10000}), "even");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &x, .t = &tt, .B = 4, .dim = 4,
+                                                          .flip_sin_to_cos = true, .shift = 2,
+                                                          .max_period = 10000}), "shift");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &x, .t = &tt, .B = 4, .dim = 4,
+                                                          .flip_sin_to_cos = true, .shift = 0,
+                                                          .max_period = 0}), "max_period");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &x, .t = &tf, .B = 4, .dim = 4,
+                                                          .flip_sin_to_cos = true, .shift = 0,
+                                                          .max_period = 10000}), "i32 expected");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &small, .t = &tt, .B = 4, .dim = 4,
+                                                          .flip_sin_to_cos = true, .shift = 0,
+                                                          .max_period = 10000}), "emb holds 10");
+  BAD(vl_timestep_embed_run(cx, &(vl_timestep_embed_args){.emb = &x, .t = &tt, .B = 5, .dim = 4,
+                                                          .flip_sin_to_cos = true, .shift = 0,
+                                                          .max_period = 10000}), "hold 4 ids");
   /* MSE (R, C) = (6, 10) */
-  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){&x, &h6, &y, 6, 10, 1.0f}), "loss is fp16");
-  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){&x, &c6, &x, 6, 10, 1.0f}), "pred and target");
-  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){&x, &c6, &small, 6, 10, 1.0f}), "target holds 10");
-  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){&x, &c6, &y, 6, 10, NAN}), "dloss_scale");
+  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){.pred = &x, .loss = &h6, .target = &y, .R = 6,
+                                                .C = 10, .dloss_scale = 1.0f}), "loss is fp16");
+  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){.pred = &x, .loss = &c6, .target = &x, .R = 6,
+                                                .C = 10, .dloss_scale = 1.0f}), "pred and target");
+  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){.pred = &x, .loss = &c6, .target = &small, .R = 6,
+                                                .C = 10, .dloss_scale = 1.0f}), "target holds 10");
+  BAD(vl_mse_fused_run(cx, &(vl_mse_fused_args){.pred = &x, .loss = &c6, .target = &y, .R = 6,
+                                                .C = 10, .dloss_scale = NAN}), "dloss_scale");
   /* Gaussian sample (N, C, HW) = (1, 3, 10): moments 60 */
-  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){&small, &x, &y, 1, 3, 10, 0.18215f}), "z holds 10");
-  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){&y, &small, &y, 1, 3, 10, 0.18215f}), "moments holds 10");
-  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){&x, &x, &y, 1, 3, 10, 0.18215f}), "z and moments");
-  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){&h60, &y, &x, 1, 3, 10, 0.18215f}), "different dtypes");
+  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){.z = &small, .moments = &x, .noise = &y,
+                                                      .N = 1, .C = 3, .HW = 10,
+                                                      .scale = 0.18215f}), "z holds 10");
+  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){.z = &y, .moments = &small, .noise = &y,
+                                                      .N = 1, .C = 3, .HW = 10,
+                                                      .scale = 0.18215f}), "moments holds 10");
+  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){.z = &x, .moments = &x, .noise = &y, .N = 1,
+                                                      .C = 3, .HW = 10,
+                                                      .scale = 0.18215f}), "z and moments");
+  BAD(vl_gauss_sample_run(cx, &(vl_gauss_sample_args){.z = &h60, .moments = &y, .noise = &x, .N = 1,
+                                                      .C = 3, .HW = 10,
+                                                      .scale = 0.18215f}), "different dtypes");
   /* nearest upsampling: the same checks as bilinear */
-  BAD(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&small, &x, 1, 2, 3, true}), "y holds 10");
-  BAD(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&x, &x, 1, 1, 1, true}), "alias");
+  BAD(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){.y = &small, .x = &x, .planes = 1, .H = 2,
+                                                          .W = 3, .nearest = true}), "y holds 10");
+  BAD(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){.dx = &x, .dy = &x, .planes = 1, .H = 1,
+                                                          .W = 1, .nearest = true}), "alias");
   TU_TFREE(cx, &x, &y, &small, &c6, &c6b, &h6, &c4);
 }
 

@@ -36,7 +36,7 @@ static void upload_f32(vl_ctx *c, vl_tensor *t, const float *h) {
     return;
   }
   vl_tensor src = tu_tnew(c, VL_F32, t->n, h);
-  OK(vl_convert_run(c, &(vl_convert_args){t, &src, t->n}));
+  OK(vl_convert_run(c, &(vl_convert_args){.y = t, .x = &src, .n = t->n}));
   vl_tensor_free(c, &src);
 }
 
@@ -73,8 +73,9 @@ static double train_step(vl_sd_unet *m, dbatch *b, bool apply) {
   OK(vl_sd_unet_forward(m, &b->x, &b->t, &b->ctx, true, &pred));
   int64_t B = pred.shape[0], per = pred.n / B;
   OK(vl_tensor_alloc(c, &loss, VL_F32, VL_MEM_TEMP, 1, &B));
-  OK(vl_mse_fused_run(c, &(vl_mse_fused_args){&pred, &loss, &b->noise, B, per,
-                                              1.0f / (float)pred.n}));
+  OK(vl_mse_fused_run(c, &(vl_mse_fused_args){.pred = &pred, .loss = &loss, .target = &b->noise,
+                                              .R = B, .C = per,
+                                              .dloss_scale = 1.0f / (float)pred.n}));
   double l = 0;
   if (!c->plan) {
     float lh[64];
@@ -619,7 +620,8 @@ static void test_forward_only_and_oom(void **state) {
   int64_t B = 2;
   vl_status st = vl_tensor_alloc(p, &loss, VL_F32, VL_MEM_TEMP, 1, &B);
   if (st == VL_OK) {
-    OK(vl_mse_fused_run(p, &(vl_mse_fused_args){&pred, &loss, &b.noise, B, pred.n / B, 1.0f}));
+    OK(vl_mse_fused_run(p, &(vl_mse_fused_args){.pred = &pred, .loss = &loss, .target = &b.noise,
+                                                .R = B, .C = pred.n / B, .dloss_scale = 1.0f}));
     vl_tensor_free(p, &loss);
     st = vl_sd_unet_backward(m, &pred);
   }
@@ -685,8 +687,9 @@ static void parity(vl_attn_impl attn) {
   free(ph);
   /* loss = mean squared error against the noise; pred becomes dloss/dpred */
   OK(vl_tensor_alloc(c, &loss, VL_F32, VL_MEM_TEMP, 1, &B));
-  OK(vl_mse_fused_run(c, &(vl_mse_fused_args){&pred, &loss, &b.noise, B, pred.n / B,
-                                             1.0f / (float)pred.n}));
+  OK(vl_mse_fused_run(c, &(vl_mse_fused_args){.pred = &pred, .loss = &loss, .target = &b.noise,
+                                             .R = B, .C = pred.n / B,
+                                             .dloss_scale = 1.0f / (float)pred.n}));
   float lh[8];
   OK(c->be->download(c, lh, &loss, 0, (size_t)B * 4));
   double l = 0, lw;

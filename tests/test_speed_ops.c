@@ -81,7 +81,8 @@ typedef struct { const float *x; vl_dtype dt; bool inverse; } rope_ctx;
 static void rope_run(void *p, void *out, size_t *n) {
   const rope_ctx *k = p;
   vl_tensor t = tu_tnew(cx, k->dt, RB * RT * RH * RD, k->x);
-  OK(vl_rope_run(cx, &(vl_rope_args){&t, RB, RT, RH, RD, 10000.0f, k->inverse}));
+  OK(vl_rope_run(cx, &(vl_rope_args){.x = &t, .B = RB, .T = RT, .H = RH, .D = RD, .theta = 10000.0f,
+                                     .inverse = k->inverse}));
   memcpy(out, t.data, t.bytes);
   *n = t.bytes;
   TU_TFREE(cx, &t);
@@ -115,7 +116,8 @@ static void rms_run(void *p, void *out, size_t *n) {
   vl_tensor x = tu_tnew(cx, k->dt, NR * NC, k->x), w = tu_tnew(cx, k->dt, NC, k->w),
             dy = tu_tnew(cx, k->dt, NR * NC, k->dy), rs = tu_tnew(cx, VL_F32, NR, k->rstd),
             dx = tu_tnew(cx, k->dt, NR * NC, k->dx0), dw = tu_tnew(cx, VL_F32, NC, k->dw0);
-  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){&dx, &dw, &dy, &x, &w, &rs, NR, NC}));
+  OK(vl_rmsnorm_bwd_run(cx, &(vl_rmsnorm_bwd_args){.dx = &dx, .dw = &dw, .dout = &dy, .x = &x,
+                                                   .w = &w, .rstd = &rs, .R = NR, .C = NC}));
   memcpy(out, dx.data, dx.bytes);
   memcpy((char *)out + dx.bytes, dw.data, dw.bytes);
   *n = dx.bytes + dw.bytes;
@@ -186,7 +188,8 @@ static void emb_run(void *p, void *out, size_t *n) {
   const emb_ctx *k = p;
   vl_tensor dw = tu_tnew(cx, VL_F32, NV * NC, k->dw0), dout = tu_tnew(cx, VL_F32, NR * NC, k->dout);
   vl_tensor tok = ids(k->tok, NR);
-  OK(vl_embed_bwd_run(cx, &(vl_embed_bwd_args){&dw, &dout, &tok, NR, NC}));
+  OK(vl_embed_bwd_run(cx, &(vl_embed_bwd_args){.dwte = &dw, .dout = &dout, .tok = &tok, .R = NR,
+                                               .C = NC}));
   memcpy(out, dw.data, dw.bytes);
   *n = dw.bytes;
   TU_TFREE(cx, &dw, &dout);
@@ -250,7 +253,8 @@ typedef struct { const float *x; int causal; } sm_ctx;
 static void sm_run(void *p, void *out, size_t *n) {
   const sm_ctx *k = p;
   vl_tensor t = tu_tnew(cx, VL_F32, SR * ST, k->x); /* in place, as the models call it */
-  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){&t, &t, SR, ST, 0.3f, k->causal}));
+  OK(vl_softmax_fwd_run(cx, &(vl_softmax_fwd_args){.P = &t, .S = &t, .rows = SR, .T = ST,
+                                                   .scale = 0.3f, .causal = k->causal}));
   memcpy(out, t.data, t.bytes);
   *n = t.bytes;
   TU_TFREE(cx, &t);
@@ -264,9 +268,11 @@ static void xe_run(void *p, void *out, size_t *n) {
   vl_tensor l = tu_tnew(cx, VL_F32, nl, k->x), loss = tu_tnew(cx, VL_F32, rows, NULL);
   vl_tensor tgt = ids(k->tgt, rows);
   if (k->pix)
-    OK(vl_xent_pix_run(cx, &(vl_xent_pix_args){&l, &loss, &tgt, PN, PK, PHW, 0.01f}));
+    OK(vl_xent_pix_run(cx, &(vl_xent_pix_args){.logits = &l, .loss = &loss, .tgt = &tgt, .N = PN,
+                                               .K = PK, .HW = PHW, .dloss_scale = 0.01f}));
   else
-    OK(vl_xent_fused_run(cx, &(vl_xent_fused_args){&l, &loss, &tgt, SR, XV, 0.01f}));
+    OK(vl_xent_fused_run(cx, &(vl_xent_fused_args){.logits = &l, .loss = &loss, .tgt = &tgt,
+                                                   .R = SR, .V = XV, .dloss_scale = 0.01f}));
   memcpy(out, l.data, l.bytes);
   memcpy((char *)out + l.bytes, loss.data, loss.bytes);
   *n = l.bytes + loss.bytes;
@@ -310,9 +316,11 @@ static void up_run(void *p, void *out, size_t *n) {
   vl_tensor a = tu_tnew(cx, VL_F32, k->bwd ? hi : lo, k->x),
             b = tu_tnew(cx, VL_F32, k->bwd ? lo : hi, NULL);
   if (k->bwd)
-    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){&b, &a, UPL, UH, UW, false}));
+    OK(vl_upsample2x_bwd_run(cx, &(vl_upsample2x_bwd_args){.dx = &b, .dy = &a, .planes = UPL,
+                                                           .H = UH, .W = UW, .nearest = false}));
   else
-    OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){&b, &a, UPL, UH, UW, false}));
+    OK(vl_upsample2x_fwd_run(cx, &(vl_upsample2x_fwd_args){.y = &b, .x = &a, .planes = UPL, .H = UH,
+                                                           .W = UW, .nearest = false}));
   memcpy(out, b.data, b.bytes);
   *n = b.bytes;
   TU_TFREE(cx, &a, &b);
@@ -350,7 +358,7 @@ static void opt_run(void *q, void *out, size_t *n) {
     vl_tensor g = tu_tnew(cx, VL_F32, ON, k->g);
     double s = -1;
     bool bad = true;
-    OK(vl_sumsq_run(cx, &(vl_sumsq_args){&g, ON, &s, &bad}));
+    OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &g, .n = ON, .out = &s, .nonfinite = &bad}));
     assert_false(bad);
     memcpy(out, &s, sizeof s);
     *n = sizeof s;
@@ -359,7 +367,7 @@ static void opt_run(void *q, void *out, size_t *n) {
     vl_tensor p = tu_tnew(cx, VL_F32, ON, k->p), g = tu_tnew(cx, VL_F32, ON, k->g),
               m = tu_tnew(cx, VL_F32, ON, k->g), v = tu_tnew(cx, VL_F32, ON, k->p);
     for (int64_t i = 0; i < ON; i++) ((float *)v.data)[i] = fabsf(((float *)v.data)[i]);
-    OK(vl_adamw_run(cx, &(vl_adamw_args){&p, &g, &m, &v, ON, &hp}));
+    OK(vl_adamw_run(cx, &(vl_adamw_args){.p = &p, .g = &g, .m = &m, .v = &v, .n = ON, .hp = &hp}));
     memcpy(out, p.data, p.bytes);
     memcpy((char *)out + p.bytes, m.data, m.bytes);
     *n = p.bytes + m.bytes;
@@ -367,7 +375,8 @@ static void opt_run(void *q, void *out, size_t *n) {
   } else { /* Adafactor with its RMS clip sum */
     vl_tensor p = tu_tnew(cx, VL_F32, AR * AC, k->p), g = tu_tnew(cx, VL_F32, AR * AC, k->g),
               vr = tu_tnew(cx, VL_F32, AR, NULL), vc = tu_tnew(cx, VL_F32, AC, NULL);
-    OK(vl_adafactor_run(cx, &(vl_adafactor_args){&p, &g, &vr, &vc, NULL, AR, AC, &hp}));
+    OK(vl_adafactor_run(cx, &(vl_adafactor_args){.p = &p, .g = &g, .vr = &vr, .vc = &vc, .m = NULL,
+                                                 .R = AR, .C = AC, .hp = &hp}));
     memcpy(out, p.data, p.bytes);
     *n = p.bytes;
     TU_TFREE(cx, &p, &g, &vr, &vc);

@@ -64,7 +64,7 @@ vl_tensor tu_tnew(vl_ctx *c, vl_dtype dt, int64_t n, const float *host) {
   vl_tensor t;
   assert_int_equal(vl_tensor_alloc(c, &t, dt, VL_MEM_TEMP, 1, &n), VL_OK);
   if (host) for (int64_t i = 0; i < n; i++) vl_st(t.data, (int)dt, i, host[i]);
-  else assert_int_equal(vl_zero_run(c, &(vl_zero_args){&t}), VL_OK);
+  else assert_int_equal(vl_zero_run(c, &(vl_zero_args){.y = &t}), VL_OK);
   return t;
 }
 

@@ -31,9 +31,8 @@
 #include "gpu_check_cases.h"
 #include "vramlab/fileio.h"
 #include "vramlab/backend.h"
+#include "vramlab/elem.h"
 #include "vramlab/quant.h"
-#include "../engine/kernels/kcommon.h"
-#include "../engine/kernels/nf4.h"
 
 enum { CU = 0, CPU = 1 }; /* side index: the device under test, the reference */
 static const char *SIDE[2] = {"cuda", "cpu"};
@@ -123,7 +122,7 @@ static tp *ten(run *r, vl_dtype dt, int64_t n, float *vals) {
   } else if (dt == VL_I32) {
     for (int64_t i = 0; i < n; i++) ((int32_t *)mid)[i] = (int32_t)vals[i];
   } else {
-    for (int64_t i = 0; i < n; i++) vl_st(mid, (int)dt, i, vals[i]);
+    for (int64_t i = 0; i < n; i++) vl_elem_set(mid, dt, i, vals[i]);
   }
   free(vals);
   for (int s = 0; s < 2; s++) {
@@ -179,9 +178,9 @@ static bool tp_read(run *r, tp *p, const char *what, float *v[2]) {
         break;
       }
     for (int64_t i = 0; i < t->n; i++)
-      v[s][i] = t->dtype == VL_NF4 ? vl_nf4_get(raw + GUARD, t->n, i)
+      v[s][i] = t->dtype == VL_NF4 ? vl_nf4_get_host(raw + GUARD, t->n, i)
                 : t->dtype == VL_I32 ? (float)((const int32_t *)(raw + GUARD))[i]
-                                     : vl_ld(raw + GUARD, (int)t->dtype, i);
+                                     : vl_elem_get(raw + GUARD, t->dtype, i);
     free(raw);
   }
   return ok;
@@ -238,7 +237,7 @@ static float *nans(int64_t n) {
 
 static void b_zero(run *r, const vl_gc_case *c) {
   tp *y = out(r, ten(r, DT(0), c->d[0], rnd(r, c->d[0], 1)), "y");
-  EACH(s) *ARGS(vl_zero_args, s) = (vl_zero_args){T(y, s)};
+  EACH(s) *ARGS(vl_zero_args, s) = (vl_zero_args){.y = T(y, s)};
 }
 
 static void b_convert(run *r, const vl_gc_case *c) {
@@ -247,7 +246,8 @@ static void b_convert(run *r, const vl_gc_case *c) {
   xv[0] = 70000.0f; /* overflows fp16 */
   xv[1] = 1e-6f;    /* fp16 subnormal */
   tp *x = ten(r, DT(1), n, xv), *y = out(r, ten(r, DT(0), n, rnd(r, n, 1)), "y");
-  EACH(s) *ARGS(vl_convert_args, s) = (vl_convert_args){T(y, s), T(x, s), n - 3}; /* tail kept */
+  EACH(s) *ARGS(vl_convert_args, s) = (vl_convert_args){.y = T(y, s), .x = T(x, s),
+                                                        .n = n - 3}; /* tail kept */
 }
 
 static void b_axpby(run *r, const vl_gc_case *c) {
@@ -256,21 +256,24 @@ static void b_axpby(run *r, const vl_gc_case *c) {
   tp *x = ten(r, DT(1), n, rnd(r, n, 1));
   tp *y = out(r, ten(r, DT(0), n, b0 ? nans(n) : rnd(r, n, 1)), "y");
   EACH(s) *ARGS(vl_axpby_args, s) =
-      (vl_axpby_args){T(y, s), b0 ? 2.0f : 0.75f, T(x, s), b0 ? 0.0f : -1.25f, n};
+      (vl_axpby_args){.y = T(y, s), .a = b0 ? 2.0f : 0.75f, .x = T(x, s), .b = b0 ? 0.0f : -1.25f,
+                      .n = n};
 }
 
 static void b_embed_fwd(run *r, const vl_gc_case *c) {
   int64_t V = c->d[0], C = c->d[1], R = c->d[2];
   tp *wte = ten(r, DT(1), V * C, rnd(r, V * C, 1)), *tok = ten(r, VL_I32, R, ids(r, R, V, false));
   tp *o = out(r, ten(r, DT(0), R * C, NULL), "out");
-  EACH(s) *ARGS(vl_embed_fwd_args, s) = (vl_embed_fwd_args){T(o, s), T(wte, s), T(tok, s), R, C};
+  EACH(s) *ARGS(vl_embed_fwd_args, s) = (vl_embed_fwd_args){.out = T(o, s), .wte = T(wte, s),
+                                                            .tok = T(tok, s), .R = R, .C = C};
 }
 
 static void b_embed_bwd(run *r, const vl_gc_case *c) {
   int64_t V = c->d[0], C = c->d[1], R = c->d[2];
   tp *dw = out(r, ten(r, DT(0), V * C, rnd(r, V * C, 1)), "dwte");
   tp *dout = ten(r, DT(1), R * C, rnd(r, R * C, 1)), *tok = ten(r, VL_I32, R, ids(r, R, V, false));
-  EACH(s) *ARGS(vl_embed_bwd_args, s) = (vl_embed_bwd_args){T(dw, s), T(dout, s), T(tok, s), R, C};
+  EACH(s) *ARGS(vl_embed_bwd_args, s) = (vl_embed_bwd_args){.dwte = T(dw, s), .dout = T(dout, s),
+                                                            .tok = T(tok, s), .R = R, .C = C};
 }
 
 static void b_rmsnorm_fwd(run *r, const vl_gc_case *c) {
@@ -278,7 +281,8 @@ static void b_rmsnorm_fwd(run *r, const vl_gc_case *c) {
   tp *x = ten(r, DT(0), R * C, rnd(r, R * C, 2)), *w = ten(r, DT(1), C, around_one(r, C));
   tp *o = out(r, ten(r, DT(0), R * C, NULL), "out"), *rs = out(r, ten(r, VL_F32, R, NULL), "rstd");
   EACH(s) *ARGS(vl_rmsnorm_fwd_args, s) =
-      (vl_rmsnorm_fwd_args){T(o, s), T(rs, s), T(x, s), T(w, s), R, C, 1e-5f};
+      (vl_rmsnorm_fwd_args){.out = T(o, s), .rstd = T(rs, s), .x = T(x, s), .w = T(w, s), .R = R,
+                            .C = C, .eps = 1e-5f};
 }
 
 static void b_rmsnorm_bwd(run *r, const vl_gc_case *c) {
@@ -291,20 +295,23 @@ static void b_rmsnorm_bwd(run *r, const vl_gc_case *c) {
   tp *dw = out(r, ten(r, VL_F32, C, rnd(r, C, 1)), "dw");         /* unchanged without dw */
   tp *rs = ten(r, VL_F32, R, rv);
   bool no_dw = HAS(GC_NO_DW);
-  EACH(s) *ARGS(vl_rmsnorm_bwd_args, s) = (vl_rmsnorm_bwd_args){
-      T(dx, s), no_dw ? NULL : T(dw, s), T(dy, s), T(x, s), T(w, s), T(rs, s), R, C};
+  EACH(s) *ARGS(vl_rmsnorm_bwd_args, s) = (vl_rmsnorm_bwd_args){.dx = T(dx, s),
+      .dw = no_dw ? NULL : T(dw, s), .dout = T(dy, s), .x = T(x, s), .w = T(w, s), .rstd = T(rs, s),
+      .R = R, .C = C};
 }
 
 static void b_rope(run *r, const vl_gc_case *c) {
   int64_t B = c->d[0], Tn = c->d[1], H = c->d[2], D = c->d[3], n = B * Tn * H * D;
   tp *x = out(r, ten(r, DT(0), n, rnd(r, n, 1)), "x");
-  EACH(s) *ARGS(vl_rope_args, s) = (vl_rope_args){T(x, s), B, Tn, H, D, 10000.0f, HAS(GC_INVERSE)};
+  EACH(s) *ARGS(vl_rope_args, s) = (vl_rope_args){.x = T(x, s), .B = B, .T = Tn, .H = H, .D = D,
+                                                  .theta = 10000.0f, .inverse = HAS(GC_INVERSE)};
 }
 
 static void b_permute(run *r, const vl_gc_case *c) {
   int64_t B = c->d[0], Tn = c->d[1], H = c->d[2], D = c->d[3], n = B * Tn * H * D;
   tp *x = ten(r, DT(0), n, rnd(r, n, 1)), *y = out(r, ten(r, DT(0), n, NULL), "y");
-  EACH(s) *ARGS(vl_permute_args, s) = (vl_permute_args){T(y, s), T(x, s), B, Tn, H, D, HAS(GC_BACK)};
+  EACH(s) *ARGS(vl_permute_args, s) = (vl_permute_args){.y = T(y, s), .x = T(x, s), .B = B, .T = Tn,
+                                                        .H = H, .D = D, .back = HAS(GC_BACK)};
 }
 
 static void b_softmax_fwd(run *r, const vl_gc_case *c) {
@@ -313,7 +320,8 @@ static void b_softmax_fwd(run *r, const vl_gc_case *c) {
   tp *S = ten(r, DT(0), n, rnd(r, n, 3)), *P = inpl ? S : ten(r, DT(1), n, NULL);
   out(r, P, "P");
   EACH(s) *ARGS(vl_softmax_fwd_args, s) =
-      (vl_softmax_fwd_args){T(P, s), T(S, s), rows, Tn, 0.35f, !HAS(GC_FULL)};
+      (vl_softmax_fwd_args){.P = T(P, s), .S = T(S, s), .rows = rows, .T = Tn, .scale = 0.35f,
+                            .causal = !HAS(GC_FULL)};
 }
 
 static void b_softmax_bwd(run *r, const vl_gc_case *c) {
@@ -333,14 +341,16 @@ static void b_softmax_bwd(run *r, const vl_gc_case *c) {
   tp *dS = inpl ? dP : ten(r, DT(0), n, NULL);
   out(r, dS, "dS");
   EACH(s) *ARGS(vl_softmax_bwd_args, s) =
-      (vl_softmax_bwd_args){T(dS, s), T(dP, s), T(P, s), rows, Tn, 0.35f, !HAS(GC_FULL)};
+      (vl_softmax_bwd_args){.dS = T(dS, s), .dP = T(dP, s), .P = T(P, s), .rows = rows, .T = Tn,
+                            .scale = 0.35f, .causal = !HAS(GC_FULL)};
 }
 
 static void b_swiglu_fwd(run *r, const vl_gc_case *c) {
   int64_t n = c->d[0];
   tp *g = ten(r, DT(0), n, rnd(r, n, 2)), *u = ten(r, DT(0), n, rnd(r, n, 1));
   tp *o = out(r, ten(r, DT(1), n, NULL), "out");
-  EACH(s) *ARGS(vl_swiglu_fwd_args, s) = (vl_swiglu_fwd_args){T(o, s), T(g, s), T(u, s), n};
+  EACH(s) *ARGS(vl_swiglu_fwd_args, s) = (vl_swiglu_fwd_args){.out = T(o, s), .g = T(g, s),
+                                                              .u = T(u, s), .n = n};
 }
 
 static void b_swiglu_bwd(run *r, const vl_gc_case *c) {
@@ -349,7 +359,8 @@ static void b_swiglu_bwd(run *r, const vl_gc_case *c) {
   tp *d = ten(r, DT(0), n, rnd(r, n, 1));
   tp *dg = out(r, ten(r, DT(1), n, NULL), "dg"), *du = out(r, ten(r, DT(1), n, NULL), "du");
   EACH(s) *ARGS(vl_swiglu_bwd_args, s) =
-      (vl_swiglu_bwd_args){T(dg, s), T(du, s), T(d, s), T(g, s), T(u, s), n};
+      (vl_swiglu_bwd_args){.dg = T(dg, s), .du = T(du, s), .dout = T(d, s), .g = T(g, s),
+                           .u = T(u, s), .n = n};
 }
 
 static void b_xent_fused(run *r, const vl_gc_case *c) {
@@ -357,7 +368,8 @@ static void b_xent_fused(run *r, const vl_gc_case *c) {
   tp *l = out(r, ten(r, DT(0), R * V, rnd(r, R * V, 2)), "dlogits");
   tp *loss = out(r, ten(r, VL_F32, R, NULL), "loss"), *tgt = ten(r, VL_I32, R, ids(r, R, V, true));
   EACH(s) *ARGS(vl_xent_fused_args, s) =
-      (vl_xent_fused_args){T(l, s), T(loss, s), T(tgt, s), R, V, 1.0f / (float)R};
+      (vl_xent_fused_args){.logits = T(l, s), .loss = T(loss, s), .tgt = T(tgt, s), .R = R, .V = V,
+                           .dloss_scale = 1.0f / (float)R};
 }
 
 static void b_sumsq(run *r, const vl_gc_case *c) {
@@ -366,7 +378,8 @@ static void b_sumsq(run *r, const vl_gc_case *c) {
   if (HAS(GC_NONFINITE)) { xv[n / 3] = NAN; xv[n - 1] = INFINITY; }
   tp *x = out(r, ten(r, DT(0), n, xv), "x (unchanged)");
   r->scalar = true;
-  EACH(s) *ARGS(vl_sumsq_args, s) = (vl_sumsq_args){T(x, s), n, &r->sum[s], &r->nonfinite[s]};
+  EACH(s) *ARGS(vl_sumsq_args, s) = (vl_sumsq_args){.x = T(x, s), .n = n, .out = &r->sum[s],
+                                                    .nonfinite = &r->nonfinite[s]};
 }
 
 static void hparams(run *r) {
@@ -383,7 +396,8 @@ static void b_adamw(run *r, const vl_gc_case *c) {
   tp *p = out(r, ten(r, VL_F32, n, rnd(r, n, 1)), "p"), *g = ten(r, VL_F32, n, rnd(r, n, 1));
   tp *m = out(r, ten(r, VL_F32, n, rnd(r, n, 0.1f)), "m"), *v = out(r, ten(r, VL_F32, n, vv), "v");
   hparams(r);
-  EACH(s) *ARGS(vl_adamw_args, s) = (vl_adamw_args){T(p, s), T(g, s), T(m, s), T(v, s), n, &r->hp};
+  EACH(s) *ARGS(vl_adamw_args, s) = (vl_adamw_args){.p = T(p, s), .g = T(g, s), .m = T(m, s),
+                                                    .v = T(v, s), .n = n, .hp = &r->hp};
 }
 
 static void b_sgd(run *r, const vl_gc_case *c) {
@@ -391,7 +405,8 @@ static void b_sgd(run *r, const vl_gc_case *c) {
   tp *p = out(r, ten(r, VL_F32, n, rnd(r, n, 1)), "p"), *g = ten(r, VL_F32, n, rnd(r, n, 1));
   tp *m = out(r, ten(r, VL_F32, n, rnd(r, n, 0.1f)), "momentum");
   hparams(r);
-  EACH(s) *ARGS(vl_sgd_args, s) = (vl_sgd_args){T(p, s), T(g, s), T(m, s), n, &r->hp};
+  EACH(s) *ARGS(vl_sgd_args, s) = (vl_sgd_args){.p = T(p, s), .g = T(g, s), .mom = T(m, s), .n = n,
+                                                .hp = &r->hp};
 }
 
 static void b_adafactor(run *r, const vl_gc_case *c) {
@@ -407,8 +422,8 @@ static void b_adafactor(run *r, const vl_gc_case *c) {
   if (with_m) out(r, m, "m");
   hparams(r);
   if (!with_m) r->hp.beta1 = 0.0f;
-  EACH(s) *ARGS(vl_adafactor_args, s) = (vl_adafactor_args){
-      T(p, s), T(g, s), T(vr, s), T(vc, s), with_m ? T(m, s) : NULL, R, C, &r->hp};
+  EACH(s) *ARGS(vl_adafactor_args, s) = (vl_adafactor_args){.p = T(p, s), .g = T(g, s),
+      .vr = T(vr, s), .vc = T(vc, s), .m = with_m ? T(m, s) : NULL, .R = R, .C = C, .hp = &r->hp};
 }
 
 /* GEMM with A, B, C dtypes a, b, c; GC_BATCHED: 3 batches with padded leading dims, offsets
@@ -453,9 +468,9 @@ static void b_bn_fwd_train(run *r, const vl_gc_case *c) {
   tp *rm = out(r, ten(r, VL_F32, C, rnd(r, C, 1)), "running mean"); /* kept without stats */
   tp *rv = out(r, ten(r, VL_F32, C, around_one(r, C)), "running var");
   bool st = !HAS(GC_NO_STATS);
-  EACH(s) *ARGS(vl_bn_fwd_train_args, s) = (vl_bn_fwd_train_args){
-      T(y, s), T(mean, s), T(rstd, s), st ? T(rm, s) : NULL, st ? T(rv, s) : NULL, T(x, s),
-      T(g, s), T(b, s), N, C, HW, 1e-5f, 0.1f};
+  EACH(s) *ARGS(vl_bn_fwd_train_args, s) = (vl_bn_fwd_train_args){.y = T(y, s), .mean = T(mean, s),
+      .rstd = T(rstd, s), .rmean = st ? T(rm, s) : NULL, .rvar = st ? T(rv, s) : NULL, .x = T(x, s),
+      .gamma = T(g, s), .beta = T(b, s), .N = N, .C = C, .HW = HW, .eps = 1e-5f, .momentum = 0.1f};
 }
 
 static void b_bn_fwd_eval(run *r, const vl_gc_case *c) {
@@ -465,8 +480,9 @@ static void b_bn_fwd_eval(run *r, const vl_gc_case *c) {
   out(r, y, "y");
   tp *g = ten(r, DT(1), C, around_one(r, C)), *b = ten(r, DT(1), C, rnd(r, C, 1));
   tp *rm = ten(r, VL_F32, C, rnd(r, C, 1)), *rv = ten(r, VL_F32, C, around_one(r, C));
-  EACH(s) *ARGS(vl_bn_fwd_eval_args, s) = (vl_bn_fwd_eval_args){
-      T(y, s), T(x, s), T(g, s), T(b, s), T(rm, s), T(rv, s), N, C, HW, 1e-5f};
+  EACH(s) *ARGS(vl_bn_fwd_eval_args, s) = (vl_bn_fwd_eval_args){.y = T(y, s), .x = T(x, s),
+      .gamma = T(g, s), .beta = T(b, s), .rmean = T(rm, s), .rvar = T(rv, s), .N = N, .C = C,
+      .HW = HW, .eps = 1e-5f};
 }
 
 /* mean/rstd are the statistics of x as stored; dgamma/dbeta (dtype c) accumulate into
@@ -477,9 +493,9 @@ static void b_bn_bwd(run *r, const vl_gc_case *c) {
         *rsv = xmalloc(sizeof(float) * (size_t)C);
   for (int64_t k = 0; k < C; k++) {
     double s = 0, ss = 0;
-    for (int64_t j = 0; j < M; j++) s += vl_round_to((int)DT(0), xv[(j / HW * C + k) * HW + j % HW]);
+    for (int64_t j = 0; j < M; j++) s += vl_elem_round(DT(0), xv[(j / HW * C + k) * HW + j % HW]);
     for (int64_t j = 0; j < M; j++) {
-      double d = vl_round_to((int)DT(0), xv[(j / HW * C + k) * HW + j % HW]) - s / (double)M;
+      double d = vl_elem_round(DT(0), xv[(j / HW * C + k) * HW + j % HW]) - s / (double)M;
       ss += d * d;
     }
     mv[k] = (float)(s / (double)M);
@@ -493,9 +509,9 @@ static void b_bn_bwd(run *r, const vl_gc_case *c) {
   tp *db = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dbeta");
   tp *mean = ten(r, VL_F32, C, mv), *rstd = ten(r, VL_F32, C, rsv);
   bool gr = !HAS(GC_NO_GRADS);
-  EACH(s) *ARGS(vl_bn_bwd_args, s) = (vl_bn_bwd_args){
-      T(dx, s), gr ? T(dg, s) : NULL, gr ? T(db, s) : NULL, T(dy, s), T(x, s), T(g, s),
-      T(mean, s), T(rstd, s), N, C, HW};
+  EACH(s) *ARGS(vl_bn_bwd_args, s) = (vl_bn_bwd_args){.dx = T(dx, s),
+      .dgamma = gr ? T(dg, s) : NULL, .dbeta = gr ? T(db, s) : NULL, .dy = T(dy, s), .x = T(x, s),
+      .gamma = T(g, s), .mean = T(mean, s), .rstd = T(rstd, s), .N = N, .C = C, .HW = HW};
 }
 
 static void b_relu_fwd(run *r, const vl_gc_case *c) {
@@ -504,7 +520,7 @@ static void b_relu_fwd(run *r, const vl_gc_case *c) {
   xv[3] = NAN; /* propagates, on both */
   tp *x = ten(r, DT(1), n, xv), *y = HAS(GC_INPLACE) ? x : ten(r, DT(0), n, NULL);
   out(r, y, "y");
-  EACH(s) *ARGS(vl_relu_fwd_args, s) = (vl_relu_fwd_args){T(y, s), T(x, s), n};
+  EACH(s) *ARGS(vl_relu_fwd_args, s) = (vl_relu_fwd_args){.y = T(y, s), .x = T(x, s), .n = n};
 }
 
 static void b_relu_bwd(run *r, const vl_gc_case *c) {
@@ -514,7 +530,8 @@ static void b_relu_bwd(run *r, const vl_gc_case *c) {
   tp *y = ten(r, DT(1), n, yv), *dy = ten(r, DT(0), n, rnd(r, n, 1));
   tp *dx = HAS(GC_INPLACE) ? dy : ten(r, DT(0), n, NULL);
   out(r, dx, "dx");
-  EACH(s) *ARGS(vl_relu_bwd_args, s) = (vl_relu_bwd_args){T(dx, s), T(dy, s), T(y, s), n};
+  EACH(s) *ARGS(vl_relu_bwd_args, s) = (vl_relu_bwd_args){.dx = T(dx, s), .dy = T(dy, s),
+                                                          .y = T(y, s), .n = n};
 }
 
 /* Values on a grid of 0.25 so windows hold ties (the first maximum must win on both). */
@@ -528,8 +545,9 @@ static void b_maxpool_fwd(run *r, const vl_gc_case *c) {
   const int64_t *d = c->d; /* planes, H, W, k, stride, pad, P, Q */
   int64_t ni = d[0] * d[1] * d[2], no = d[0] * d[6] * d[7];
   tp *x = ten(r, DT(1), ni, tied(r, ni)), *y = out(r, ten(r, DT(0), no, NULL), "y");
-  EACH(s) *ARGS(vl_maxpool_fwd_args, s) = (vl_maxpool_fwd_args){
-      T(y, s), T(x, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], d[6], d[7]};
+  EACH(s) *ARGS(vl_maxpool_fwd_args, s) = (vl_maxpool_fwd_args){.y = T(y, s), .x = T(x, s),
+      .planes = d[0], .H = d[1], .W = d[2], .k = (int)d[3], .stride = (int)d[4], .pad = (int)d[5],
+      .P = d[6], .Q = d[7]};
 }
 
 static void b_maxpool_bwd(run *r, const vl_gc_case *c) {
@@ -537,29 +555,33 @@ static void b_maxpool_bwd(run *r, const vl_gc_case *c) {
   int64_t ni = d[0] * d[1] * d[2], no = d[0] * d[6] * d[7];
   tp *x = ten(r, DT(1), ni, tied(r, ni)), *dy = ten(r, DT(0), no, rnd(r, no, 1));
   tp *dx = out(r, ten(r, DT(0), ni, rnd(r, ni, 1)), "dx"); /* overwritten, garbage before */
-  EACH(s) *ARGS(vl_maxpool_bwd_args, s) = (vl_maxpool_bwd_args){
-      T(dx, s), T(dy, s), T(x, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], d[6], d[7]};
+  EACH(s) *ARGS(vl_maxpool_bwd_args, s) = (vl_maxpool_bwd_args){.dx = T(dx, s), .dy = T(dy, s),
+      .x = T(x, s), .planes = d[0], .H = d[1], .W = d[2], .k = (int)d[3], .stride = (int)d[4],
+      .pad = (int)d[5], .P = d[6], .Q = d[7]};
 }
 
 static void b_up2_fwd(run *r, const vl_gc_case *c) {
   int64_t P = c->d[0], H = c->d[1], W = c->d[2], lo = P * H * W;
   tp *x = ten(r, DT(1), lo, rnd(r, lo, 1)), *y = out(r, ten(r, DT(0), 4 * lo, NULL), "y");
-  EACH(s) *ARGS(vl_upsample2x_fwd_args, s) = (vl_upsample2x_fwd_args){T(y, s), T(x, s), P, H, W, HAS(GC_NEAREST)};
+  EACH(s) *ARGS(vl_upsample2x_fwd_args, s) = (vl_upsample2x_fwd_args){.y = T(y, s), .x = T(x, s),
+      .planes = P, .H = H, .W = W, .nearest = HAS(GC_NEAREST)};
 }
 
 static void b_up2_bwd(run *r, const vl_gc_case *c) {
   int64_t P = c->d[0], H = c->d[1], W = c->d[2], lo = P * H * W;
   tp *dy = ten(r, DT(0), 4 * lo, rnd(r, 4 * lo, 1));
   tp *dx = out(r, ten(r, DT(1), lo, rnd(r, lo, 1)), "dx"); /* overwritten */
-  EACH(s) *ARGS(vl_upsample2x_bwd_args, s) = (vl_upsample2x_bwd_args){T(dx, s), T(dy, s), P, H, W, HAS(GC_NEAREST)};
+  EACH(s) *ARGS(vl_upsample2x_bwd_args, s) = (vl_upsample2x_bwd_args){.dx = T(dx, s),
+      .dy = T(dy, s), .planes = P, .H = H, .W = W, .nearest = HAS(GC_NEAREST)};
 }
 
 static void b_chan_copy(run *r, const vl_gc_case *c) {
   const int64_t *d = c->d; /* N, yC, xC, HW, y_c0, x_c0, nc */
   int64_t ny = d[0] * d[1] * d[3], nx = d[0] * d[2] * d[3];
   tp *y = out(r, ten(r, DT(0), ny, rnd(r, ny, 1)), "y"), *x = ten(r, DT(1), nx, rnd(r, nx, 1));
-  EACH(s) *ARGS(vl_chan_copy_args, s) = (vl_chan_copy_args){
-      T(y, s), d[1], d[4], T(x, s), d[2], d[5], d[6], d[0], d[3], HAS(GC_ACC)};
+  EACH(s) *ARGS(vl_chan_copy_args, s) = (vl_chan_copy_args){.y = T(y, s), .yC = d[1], .y_c0 = d[4],
+      .x = T(x, s), .xC = d[2], .x_c0 = d[5], .nc = d[6], .N = d[0], .HW = d[3],
+      .accumulate = HAS(GC_ACC)};
 }
 
 static void b_xent_pix(run *r, const vl_gc_case *c) {
@@ -567,7 +589,8 @@ static void b_xent_pix(run *r, const vl_gc_case *c) {
   tp *l = out(r, ten(r, DT(0), nl, rnd(r, nl, 2)), "dlogits");
   tp *loss = out(r, ten(r, VL_F32, np, NULL), "loss"), *tgt = ten(r, VL_I32, np, ids(r, np, K, true));
   EACH(s) *ARGS(vl_xent_pix_args, s) =
-      (vl_xent_pix_args){T(l, s), T(loss, s), T(tgt, s), N, K, HW, 1.0f / (float)np};
+      (vl_xent_pix_args){.logits = T(l, s), .loss = T(loss, s), .tgt = T(tgt, s), .N = N, .K = K,
+                         .HW = HW, .dloss_scale = 1.0f / (float)np};
 }
 
 /* The convolution of a case (x/dx/y/dy in a, w in b, dw in c); false when refused. */
@@ -624,9 +647,9 @@ static void seg_stats(const float *xv, vl_dtype dt, int64_t S, int64_t M, float 
   *rstd = xmalloc(sizeof(float) * (size_t)S);
   for (int64_t s = 0; s < S; s++) {
     double sum = 0, ss = 0;
-    for (int64_t j = 0; j < M; j++) sum += vl_round_to((int)dt, xv[s * M + j]);
+    for (int64_t j = 0; j < M; j++) sum += vl_elem_round(dt, xv[s * M + j]);
     for (int64_t j = 0; j < M; j++) {
-      double d = vl_round_to((int)dt, xv[s * M + j]) - sum / (double)M;
+      double d = vl_elem_round(dt, xv[s * M + j]) - sum / (double)M;
       ss += d * d;
     }
     (*mean)[s] = (float)(sum / (double)M);
@@ -641,8 +664,9 @@ static void b_groupnorm_fwd(run *r, const vl_gc_case *c) {
   tp *g = ten(r, DT(1), C, around_one(r, C)), *b = ten(r, DT(1), C, rnd(r, C, 1));
   tp *mean = out(r, ten(r, VL_F32, N * G, NULL), "mean");
   tp *rstd = out(r, ten(r, VL_F32, N * G, NULL), "rstd");
-  EACH(s) *ARGS(vl_groupnorm_fwd_args, s) = (vl_groupnorm_fwd_args){
-      T(y, s), T(mean, s), T(rstd, s), T(x, s), T(g, s), T(b, s), N, C, HW, G, 1e-5f};
+  EACH(s) *ARGS(vl_groupnorm_fwd_args, s) = (vl_groupnorm_fwd_args){.y = T(y, s),
+      .mean = T(mean, s), .rstd = T(rstd, s), .x = T(x, s), .gamma = T(g, s), .beta = T(b, s),
+      .N = N, .C = C, .HW = HW, .G = G, .eps = 1e-5f};
 }
 
 /* dx overwritten over garbage, or accumulated (GC_ACC); dgamma/dbeta accumulate into random
@@ -657,9 +681,10 @@ static void b_groupnorm_bwd(run *r, const vl_gc_case *c) {
   tp *db = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dbeta");
   tp *mean = ten(r, VL_F32, S, mv), *rstd = ten(r, VL_F32, S, rsv);
   bool gr = !HAS(GC_NO_GRADS);
-  EACH(s) *ARGS(vl_groupnorm_bwd_args, s) = (vl_groupnorm_bwd_args){
-      T(dx, s), gr ? T(dg, s) : NULL, gr ? T(db, s) : NULL, T(dy, s), T(x, s), T(g, s),
-      T(mean, s), T(rstd, s), N, C, HW, G, HAS(GC_ACC)};
+  EACH(s) *ARGS(vl_groupnorm_bwd_args, s) = (vl_groupnorm_bwd_args){.dx = T(dx, s),
+      .dgamma = gr ? T(dg, s) : NULL, .dbeta = gr ? T(db, s) : NULL, .dy = T(dy, s), .x = T(x, s),
+      .gamma = T(g, s), .mean = T(mean, s), .rstd = T(rstd, s), .N = N, .C = C, .HW = HW, .G = G,
+      .accumulate = HAS(GC_ACC)};
 }
 
 /* LayerNorm {R, C}: a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta; rows around 0.5 r. */
@@ -675,8 +700,9 @@ static void b_layernorm_fwd(run *r, const vl_gc_case *c) {
   tp *g = ten(r, DT(1), C, around_one(r, C)), *b = ten(r, DT(1), C, rnd(r, C, 1));
   tp *mean = out(r, ten(r, VL_F32, R, NULL), "mean");
   tp *rstd = out(r, ten(r, VL_F32, R, NULL), "rstd");
-  EACH(s) *ARGS(vl_layernorm_fwd_args, s) = (vl_layernorm_fwd_args){
-      T(y, s), T(mean, s), T(rstd, s), T(x, s), T(g, s), T(b, s), R, C, 1e-5f};
+  EACH(s) *ARGS(vl_layernorm_fwd_args, s) = (vl_layernorm_fwd_args){.y = T(y, s),
+      .mean = T(mean, s), .rstd = T(rstd, s), .x = T(x, s), .gamma = T(g, s), .beta = T(b, s),
+      .R = R, .C = C, .eps = 1e-5f};
 }
 
 static void b_layernorm_bwd(run *r, const vl_gc_case *c) {
@@ -689,9 +715,10 @@ static void b_layernorm_bwd(run *r, const vl_gc_case *c) {
   tp *db = out(r, ten(r, DT(2), C, rnd(r, C, 1)), "dbeta");
   tp *mean = ten(r, VL_F32, R, mv), *rstd = ten(r, VL_F32, R, rsv);
   bool gr = !HAS(GC_NO_GRADS);
-  EACH(s) *ARGS(vl_layernorm_bwd_args, s) = (vl_layernorm_bwd_args){
-      T(dx, s), gr ? T(dg, s) : NULL, gr ? T(db, s) : NULL, T(dy, s), T(x, s), T(g, s),
-      T(mean, s), T(rstd, s), R, C, HAS(GC_ACC)};
+  EACH(s) *ARGS(vl_layernorm_bwd_args, s) = (vl_layernorm_bwd_args){.dx = T(dx, s),
+      .dgamma = gr ? T(dg, s) : NULL, .dbeta = gr ? T(db, s) : NULL, .dy = T(dy, s), .x = T(x, s),
+      .gamma = T(g, s), .mean = T(mean, s), .rstd = T(rstd, s), .R = R, .C = C,
+      .accumulate = HAS(GC_ACC)};
 }
 
 /* Activations {n, act}: a = y / dx and dy, b = x. Inputs over [-6, 6] and a tail at -20. */
@@ -701,7 +728,8 @@ static void b_act_fwd(run *r, const vl_gc_case *c) {
   xv[1] = -20.0f;
   tp *x = ten(r, DT(1), n, xv), *y = HAS(GC_INPLACE) ? x : ten(r, DT(0), n, NULL);
   out(r, y, "y");
-  EACH(s) *ARGS(vl_act_fwd_args, s) = (vl_act_fwd_args){T(y, s), T(x, s), n, (vl_act)c->d[1]};
+  EACH(s) *ARGS(vl_act_fwd_args, s) = (vl_act_fwd_args){.y = T(y, s), .x = T(x, s), .n = n,
+                                                        .act = (vl_act)c->d[1]};
 }
 
 static void b_act_bwd(run *r, const vl_gc_case *c) {
@@ -710,7 +738,8 @@ static void b_act_bwd(run *r, const vl_gc_case *c) {
   tp *dx = HAS(GC_INPLACE) ? dy : ten(r, DT(0), n, rnd(r, n, 1));
   out(r, dx, "dx");
   EACH(s) *ARGS(vl_act_bwd_args, s) =
-      (vl_act_bwd_args){T(dx, s), T(dy, s), T(x, s), n, (vl_act)c->d[1]};
+      (vl_act_bwd_args){.dx = T(dx, s), .dy = T(dy, s), .x = T(x, s), .n = n,
+                        .act = (vl_act)c->d[1]};
 }
 
 /* GEGLU {R, F}: a = h (and dh, written over h with GC_INPLACE), b = out / dout. */
@@ -718,7 +747,8 @@ static void b_geglu_fwd(run *r, const vl_gc_case *c) {
   int64_t R = c->d[0], F = c->d[1];
   tp *h = ten(r, DT(0), 2 * R * F, rnd(r, 2 * R * F, 2));
   tp *o = out(r, ten(r, DT(1), R * F, NULL), "out");
-  EACH(s) *ARGS(vl_geglu_fwd_args, s) = (vl_geglu_fwd_args){T(o, s), T(h, s), R, F};
+  EACH(s) *ARGS(vl_geglu_fwd_args, s) = (vl_geglu_fwd_args){.out = T(o, s), .h = T(h, s), .R = R,
+                                                            .F = F};
 }
 
 static void b_geglu_bwd(run *r, const vl_gc_case *c) {
@@ -727,7 +757,8 @@ static void b_geglu_bwd(run *r, const vl_gc_case *c) {
   tp *d = ten(r, DT(1), R * F, rnd(r, R * F, 1));
   tp *dh = HAS(GC_INPLACE) ? h : ten(r, DT(0), 2 * R * F, rnd(r, 2 * R * F, 1));
   out(r, dh, "dh");
-  EACH(s) *ARGS(vl_geglu_bwd_args, s) = (vl_geglu_bwd_args){T(dh, s), T(d, s), T(h, s), R, F};
+  EACH(s) *ARGS(vl_geglu_bwd_args, s) = (vl_geglu_bwd_args){.dh = T(dh, s), .dout = T(d, s),
+                                                            .h = T(h, s), .R = R, .F = F};
 }
 
 /* Bias {outer, C, inner}: a = y / dy, b = b / db; GC_PER_OUTER: b (outer, C); GC_ACC: db
@@ -737,7 +768,8 @@ static void b_bias_fwd(run *r, const vl_gc_case *c) {
   tp *y = out(r, ten(r, DT(0), O * C * I, rnd(r, O * C * I, 1)), "y");
   tp *b = ten(r, DT(1), nb, rnd(r, nb, 1));
   EACH(s) *ARGS(vl_bias_fwd_args, s) =
-      (vl_bias_fwd_args){T(y, s), T(b, s), O, C, I, HAS(GC_PER_OUTER)};
+      (vl_bias_fwd_args){.y = T(y, s), .b = T(b, s), .outer = O, .C = C, .inner = I,
+                         .per_outer = HAS(GC_PER_OUTER)};
 }
 
 static void b_bias_bwd(run *r, const vl_gc_case *c) {
@@ -745,7 +777,8 @@ static void b_bias_bwd(run *r, const vl_gc_case *c) {
   tp *dy = ten(r, DT(0), O * C * I, rnd(r, O * C * I, 1));
   tp *db = out(r, ten(r, DT(1), nb, rnd(r, nb, 1)), "db");
   EACH(s) *ARGS(vl_bias_bwd_args, s) =
-      (vl_bias_bwd_args){T(db, s), T(dy, s), O, C, I, HAS(GC_PER_OUTER), HAS(GC_ACC)};
+      (vl_bias_bwd_args){.db = T(db, s), .dy = T(dy, s), .outer = O, .C = C, .inner = I,
+                         .per_outer = HAS(GC_PER_OUTER), .accumulate = HAS(GC_ACC)};
 }
 
 /* Padding {planes, H, W, top, bottom, left, right}: a = the padded side (y / dy), b = x / dx. */
@@ -753,16 +786,18 @@ static void b_pad2d_fwd(run *r, const vl_gc_case *c) {
   const int64_t *d = c->d;
   int64_t ni = d[0] * d[1] * d[2], no = d[0] * (d[1] + d[3] + d[4]) * (d[2] + d[5] + d[6]);
   tp *x = ten(r, DT(1), ni, rnd(r, ni, 1)), *y = out(r, ten(r, DT(0), no, rnd(r, no, 1)), "y");
-  EACH(s) *ARGS(vl_pad2d_fwd_args, s) = (vl_pad2d_fwd_args){
-      T(y, s), T(x, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], (int)d[6]};
+  EACH(s) *ARGS(vl_pad2d_fwd_args, s) = (vl_pad2d_fwd_args){.y = T(y, s), .x = T(x, s),
+      .planes = d[0], .H = d[1], .W = d[2], .top = (int)d[3], .bottom = (int)d[4],
+      .left = (int)d[5], .right = (int)d[6]};
 }
 
 static void b_pad2d_bwd(run *r, const vl_gc_case *c) {
   const int64_t *d = c->d;
   int64_t ni = d[0] * d[1] * d[2], no = d[0] * (d[1] + d[3] + d[4]) * (d[2] + d[5] + d[6]);
   tp *dy = ten(r, DT(0), no, rnd(r, no, 1)), *dx = out(r, ten(r, DT(1), ni, rnd(r, ni, 1)), "dx");
-  EACH(s) *ARGS(vl_pad2d_bwd_args, s) = (vl_pad2d_bwd_args){
-      T(dx, s), T(dy, s), d[0], d[1], d[2], (int)d[3], (int)d[4], (int)d[5], (int)d[6]};
+  EACH(s) *ARGS(vl_pad2d_bwd_args, s) = (vl_pad2d_bwd_args){.dx = T(dx, s), .dy = T(dy, s),
+      .planes = d[0], .H = d[1], .W = d[2], .top = (int)d[3], .bottom = (int)d[4],
+      .left = (int)d[5], .right = (int)d[6]};
 }
 
 /* Timestep embedding {B, dim, shift}: a = emb; timesteps uniform in [0, 1000); GC_FLIP:
@@ -771,8 +806,9 @@ static void b_timestep_embed(run *r, const vl_gc_case *c) {
   int64_t B = c->d[0], dim = c->d[1];
   tp *t = ten(r, VL_I32, B, ids(r, B, 1000, false));
   tp *e = out(r, ten(r, DT(0), B * dim, NULL), "emb");
-  EACH(s) *ARGS(vl_timestep_embed_args, s) = (vl_timestep_embed_args){
-      T(e, s), T(t, s), B, dim, HAS(GC_FLIP), (float)c->d[2], 10000.0f};
+  EACH(s) *ARGS(vl_timestep_embed_args, s) = (vl_timestep_embed_args){.emb = T(e, s), .t = T(t, s),
+      .B = B, .dim = dim, .flip_sin_to_cos = HAS(GC_FLIP), .shift = (float)c->d[2],
+      .max_period = 10000.0f};
 }
 
 /* Fused MSE {R, C}: a = pred (the gradient in place), b = target. */
@@ -782,7 +818,8 @@ static void b_mse_fused(run *r, const vl_gc_case *c) {
   tp *t = ten(r, DT(1), R * C, rnd(r, R * C, 1));
   tp *loss = out(r, ten(r, VL_F32, R, NULL), "loss");
   EACH(s) *ARGS(vl_mse_fused_args, s) =
-      (vl_mse_fused_args){T(p, s), T(loss, s), T(t, s), R, C, 1.0f / (float)(R * C)};
+      (vl_mse_fused_args){.pred = T(p, s), .loss = T(loss, s), .target = T(t, s), .R = R, .C = C,
+                          .dloss_scale = 1.0f / (float)(R * C)};
 }
 
 /* Gaussian sample {N, C, HW}: a = z and noise (z over the noise with GC_INPLACE), b =
@@ -796,7 +833,8 @@ static void b_gauss_sample(run *r, const vl_gc_case *c) {
   tp *z = HAS(GC_INPLACE) ? noise : ten(r, DT(0), n, NULL);
   out(r, z, "z");
   EACH(s) *ARGS(vl_gauss_sample_args, s) =
-      (vl_gauss_sample_args){T(z, s), T(m, s), T(noise, s), N, C, HW, 0.18215f};
+      (vl_gauss_sample_args){.z = T(z, s), .moments = T(m, s), .noise = T(noise, s), .N = N, .C = C,
+                             .HW = HW, .scale = 0.18215f};
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -819,8 +857,9 @@ static void b_attn_fwd(run *r, const vl_gc_case *c) {
   tp *v = ten(r, DT(0), a.nk, rnd(r, a.nk, 1));
   tp *o = out(r, ten(r, DT(1), a.nq, rnd(r, a.nq, 1)), "o"); /* overwritten */
   tp *lse = out(r, ten(r, VL_F32, a.nr, NULL), "lse");
-  EACH(s) *ARGS(vl_attn_fwd_args, s) = (vl_attn_fwd_args){
-      T(o, s), T(lse, s), T(q, s), T(k, s), T(v, s), a.B, a.H, a.Tq, a.Tk, a.D, a.scale, a.causal};
+  EACH(s) *ARGS(vl_attn_fwd_args, s) = (vl_attn_fwd_args){.o = T(o, s), .lse = T(lse, s),
+      .q = T(q, s), .k = T(k, s), .v = T(v, s), .B = a.B, .H = a.H, .Tq = a.Tq, .Tk = a.Tk,
+      .D = a.D, .scale = a.scale, .causal = a.causal};
 }
 
 /* The backward's lse must be the forward's (else exp(s - lse) is not a probability): the
@@ -836,8 +875,8 @@ static float *attn_lse(const attn_shape *a, const float *qv, const float *kv, vl
     for (int64_t j = 0; j < nk; j++) {
       double dot = 0;
       for (int64_t d = 0; d < a->D; d++)
-        dot += (double)vl_round_to((int)dt, qv[(b * a->Tq + i) * HD + h * a->D + d]) *
-               vl_round_to((int)dt, kv[(b * a->Tk + j) * HD + h * a->D + d]);
+        dot += (double)vl_elem_round(dt, qv[(b * a->Tq + i) * HD + h * a->D + d]) *
+               vl_elem_round(dt, kv[(b * a->Tk + j) * HD + h * a->D + d]);
       sc[j] = a->scale * dot;
       mx = fmax(mx, sc[j]);
     }
@@ -858,9 +897,11 @@ static void b_attn_bwd(run *r, const vl_gc_case *c) {
   tp *dq = out(r, ten(r, DT(2), a.nq, rnd(r, a.nq, 1)), "dq"); /* all three overwritten */
   tp *dk = out(r, ten(r, DT(2), a.nk, rnd(r, a.nk, 1)), "dk");
   tp *dv = out(r, ten(r, DT(2), a.nk, rnd(r, a.nk, 1)), "dv");
-  EACH(s) *ARGS(vl_attn_bwd_args, s) = (vl_attn_bwd_args){
-      T(dq, s), T(dk, s), T(dv, s), T(dout, s), T(o, s), T(lse, s), T(q, s), T(k, s), T(v, s),
-      a.B, a.H, a.Tq, a.Tk, a.D, a.scale, a.causal, NULL, 0}; /* workspace: from vl_op_run */
+  EACH(s) *ARGS(vl_attn_bwd_args, s) = (vl_attn_bwd_args){.dq = T(dq, s), .dk = T(dk, s),
+      .dv = T(dv, s), .dout = T(dout, s), .o = T(o, s), .lse = T(lse, s), .q = T(q, s),
+      .k = T(k, s), .v = T(v, s), .B = a.B, .H = a.H, .Tq = a.Tq, .Tk = a.Tk, .D = a.D,
+      .scale = a.scale, .causal = a.causal, .ws = NULL,
+      .ws_bytes = 0}; /* workspace: from vl_op_run */
 }
 
 typedef void (*builder)(run *, const vl_gc_case *);

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "sdl.h"
-#include "engine/kernels/sd.h" /* vl_k_gauss_sample: the VAE's own sampling body */
 
 vl_status vl_sdl_open_set(vl_case_env *env, const vl_sdl_rung *r, vl_captions **out) {
   int64_t side = vl_sd_image_side(&r->model);
@@ -54,8 +53,7 @@ void vl_sdl_draw(uint64_t seed, int64_t epoch, int64_t index, int64_t n_lat, flo
 }
 
 void vl_sdl_sample(const float *moments, const float *eps, int64_t C, int64_t hw, float scale, float *z) {
-  for (int64_t i = 0; i < C * hw; i++)
-    vl_k_gauss_sample(z, VL_K_F32, moments, VL_K_F32, eps, VL_K_F32, C, hw, scale, i);
+  vl_sd_vae_sample_host(z, moments, eps, C, hw, scale, C * hw);
 }
 
 void vl_sdl_loader_cfg(const vl_sdl_rung *r, vl_loader_cfg *lc, int64_t B, int workers, bool shuffle) {

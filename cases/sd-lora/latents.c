@@ -217,7 +217,7 @@ typedef struct {
 static vl_status download_f32(vl_ctx *c, const vl_tensor *dev, float *host) {
   vl_tensor f = {0};
   VL_TRY(vl_tensor_alloc(c, &f, VL_F32, VL_MEM_TEMP, dev->ndim, dev->shape));
-  vl_status s = vl_convert_run(c, &(vl_convert_args){&f, dev, dev->n});
+  vl_status s = vl_convert_run(c, &(vl_convert_args){.y = &f, .x = dev, .n = dev->n});
   if (s == VL_OK) s = c->be->download(c, host, &f, 0, f.bytes);
   vl_tensor_free(c, &f);
   return s;

@@ -1,10 +1,11 @@
 /* Argument checks of the memory-efficient attention ops (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD),
- * shared by the CPU (cpu_attn.c) and CUDA (cuda_attn.cu) backends and by the attention layer
- * (engine/nn/attention.c, both implementations, plan contexts included), so all of them
- * refuse the same calls with the same message; plus the CUDA launch geometry as a pure
- * function (tested on the CPU). Host code only; plain C that also compiles as the host side
- * of a .cu file. Every check returns VL_OK or VL_ERR_INVALID with a message naming the op
- * and the argument. */
+ * run by the operation descriptors (ops.c) through vl_op_run on every backend, the
+ * plan backend included, and by the attention layer (engine/nn/attention.c, both
+ * implementations), so all of them refuse the same calls with the same message; the
+ * backward's workspace check is the kernels' (vl_attn_check_ws); plus the CUDA launch
+ * geometry as a pure function (tested on the CPU). Host code only; plain C that also compiles
+ * as the host side of a .cu file. Every check returns VL_OK or VL_ERR_INVALID with a message
+ * naming the op and the argument. */
 #ifndef VRAMLAB_ATTN_ARGS_H
 #define VRAMLAB_ATTN_ARGS_H
 #include <math.h>
@@ -131,7 +132,6 @@ static inline vl_status vl_attn_check_fwd(vl_ctx *c, const vl_attn_fwd_args *a, 
   return vl_attn_disjoint(c, op, a->lse, *nr, "lse", a->o, nq, "o");
 }
 
-/* Also the workspace: delta (B*H*Tq fp32), at least what the op's descriptor asks for. */
 static inline vl_status vl_attn_check_bwd(vl_ctx *c, const vl_attn_bwd_args *a, int64_t *nr) {
   const char *op = "attn_bwd";
   int64_t nq = 0, nk = 0;
@@ -145,6 +145,12 @@ static inline vl_status vl_attn_check_bwd(vl_ctx *c, const vl_attn_bwd_args *a, 
   int64_t onn[3] = {nq, nk, nk};
   for (int b = 0; b < 3; b++)
     VL_TRY(vl_attn_disjoint(c, op, out[b], onn[b], on[b], a->lse, *nr, "lse"));
+  return VL_OK;
+}
+
+/* The backward's workspace, checked by the kernels (a plan's has no storage): delta (B*H*Tq
+ * fp32), at least what the op's descriptor asks for. */
+static inline vl_status vl_attn_check_ws(vl_ctx *c, const vl_attn_bwd_args *a) {
   size_t need = vl_op_ws_bytes(c, VL_OP_ATTN_BWD, a);
   if (!a->ws || a->ws_bytes < need)
     return vl_fail(c, VL_ERR_INVALID, "attn_bwd: workspace %zu bytes at %p, %zu needed",

@@ -10,7 +10,7 @@ vl_status vl_ctx_create(vl_ctx **out, vl_device device, size_t cap) {
 
 vl_status vl_ctx_create_ex(vl_ctx **out, vl_device device, size_t cap, vl_device plan_target) {
   *out = NULL;
-  const vl_backend *be = device == VL_DEV_CPU ? &vl_backend_cpu
+  const vl_backend *be = device == VL_DEV_CPU ? vl_backend_cpu()
                          : device == VL_DEV_PLAN ? &vl_backend_plan
                                                  : vl_backend_cuda();
   if (!be) return VL_ERR_UNSUPPORTED;

@@ -1,8 +1,8 @@
-/* Argument checks of the CNN element/plane ops (and of the id tensors of embed/xent),
- * shared by the CPU (cpu_cnn.c) and CUDA (cuda_cnn.cu) backends so both reject
- * the same calls with the same message. Host code only; plain C that also compiles as the
- * host side of a .cu file. Every check returns VL_OK or a VL_ERR_INVALID status whose
- * message names the op and the argument. */
+/* Argument checks of the CNN element/plane ops (and of the id tensors of embed/xent), run
+ * by the operation descriptors (ops.c) through vl_op_run on every backend, the plan
+ * backend included, so all of them reject the same calls with the same message. Host code
+ * only; plain C that also compiles as the host side of a .cu file. Every check returns VL_OK
+ * or a VL_ERR_INVALID status whose message names the op and the argument. */
 #ifndef VRAMLAB_CNN_ARGS_H
 #define VRAMLAB_CNN_ARGS_H
 #include <math.h>
@@ -28,7 +28,8 @@ static inline vl_status vl_cnn_dims(vl_ctx *c, const char *op, int64_t *n, int64
   return VL_OK;
 }
 
-/* t exists, is stored as fp32/fp16/bf16 (fp32 only when f32), and holds >= n elements. */
+/* t exists, is stored as fp32/fp16/bf16 (fp32 only when f32), holds >= n elements and has
+ * storage (a plan context's tensors have none). */
 static inline vl_status vl_cnn_tensor(vl_ctx *c, const char *op, const char *name,
                                       const vl_tensor *t, int64_t n, bool f32) {
   if (!t) return vl_fail(c, VL_ERR_INVALID, "%s: %s is NULL", op, name);
@@ -38,7 +39,8 @@ static inline vl_status vl_cnn_tensor(vl_ctx *c, const char *op, const char *nam
   if (t->n < n)
     return vl_fail(c, VL_ERR_INVALID, "%s: %s holds %lld elements, the sizes need %lld", op,
                    name, (long long)t->n, (long long)n);
-  if (n > 0 && !t->data) return vl_fail(c, VL_ERR_INVALID, "%s: %s has no storage", op, name);
+  if (n > 0 && !t->data && t->device != VL_DEV_PLAN)
+    return vl_fail(c, VL_ERR_INVALID, "%s: %s has no storage", op, name);
   return VL_OK;
 }
 
@@ -74,7 +76,8 @@ static inline vl_status vl_check_ids(vl_ctx *c, const char *op, const char *name
   if (t->n < n)
     return vl_fail(c, VL_ERR_INVALID, "%s: %s hold %lld ids, the sizes need %lld", op, name,
                    (long long)t->n, (long long)n);
-  if (n > 0 && !t->data) return vl_fail(c, VL_ERR_INVALID, "%s: %s have no storage", op, name);
+  if (n > 0 && !t->data && t->device != VL_DEV_PLAN)
+    return vl_fail(c, VL_ERR_INVALID, "%s: %s have no storage", op, name);
   return VL_OK;
 }
 

@@ -1,5 +1,5 @@
-/* The operation descriptors (name, argument size, FLOPs and bytes, workspace on a target)
- * and the one dispatch point, vl_op_run (vramlab/ops.h).
+/* The operation descriptors (name, argument size, FLOPs and bytes, workspace on a target,
+ * argument checks) and the one dispatch point, vl_op_run (vramlab/ops.h).
  *
  * Counting rules. FLOPs are model FLOPs: the arithmetic of the forward and backward ops
  * (a multiply-add is 2, an exp or a compare 1); the optimizer update, the gradient norm and
@@ -14,14 +14,19 @@
 #include <strings.h>
 
 #include "vramlab/backend.h"
+#include "attn_args.h"
+#include "sd_args.h"
 
-/* A missing tensor or a negative size counts nothing: the kernel reports the bad argument. */
+/* A missing tensor or a negative size counts nothing (an op with a check never gets here with
+ * one). */
 static double tb(const vl_tensor *t, int64_t n) {
   return t && n > 0 ? (double)vl_dtype_bytes(t->dtype, n) : 0;
 }
 static double sz(const vl_tensor *t) { return t ? (double)t->bytes : 0; }
 static double db(vl_dtype d, int64_t n) { return (double)vl_dtype_bytes(d, n); }
-static vl_op_cost cost(double flops, double bytes) { return (vl_op_cost){flops, bytes}; }
+static vl_op_cost cost(double flops, double bytes) {
+  return (vl_op_cost){.flops = flops, .bytes = bytes};
+}
 
 /* ---- GEMM and convolutions ------------------------------------------------------------ */
 
@@ -336,23 +341,185 @@ static size_t w_attn_bwd(const void *p, vl_device t) {
   return a->B > 0 && a->H > 0 && a->Tq > 0 ? (size_t)(a->B * a->H * a->Tq) * sizeof(float) : 0;
 }
 
+/* ---- argument checks ---------------------------------------------------------------------
+ * One per operation that has any, run by vl_op_run before the operation is counted or
+ * dispatched, on every backend, the plan backend included, so a plan refuses what a run
+ * refuses with the same status and message. They look at shapes, dtypes, sizes and aliasing
+ * (the shared checkers of cnn_args.h, sd_args.h, attn_args.h); what only a backend knows (its
+ * workspace layout, cuBLAS's operand mapping, ids out of range in device memory) the backend
+ * still checks. A plan's tensors have no storage, which the checkers allow. */
+
+/* ---- Mistral's ops with token ids or targets ---------------------------------------------- */
+
+static vl_status ck_embed_fwd(vl_ctx *c, const void *args) {
+  const vl_embed_fwd_args *a = args;
+  return vl_check_ids(c, "embed_fwd", "token ids", a->tok, a->R);
+}
+static vl_status ck_embed_bwd(vl_ctx *c, const void *args) {
+  const vl_embed_bwd_args *a = args;
+  return vl_check_ids(c, "embed_bwd", "token ids", a->tok, a->R);
+}
+static vl_status ck_xent_fused(vl_ctx *c, const void *args) {
+  const vl_xent_fused_args *a = args;
+  return vl_check_ids(c, "xent_fused", "targets", a->tgt, a->R);
+}
+
+/* ---- the CNN's ops ------------------------------------------------------------------------ */
+
+static vl_status ck_bn_fwd_train(vl_ctx *c, const void *args) {
+  const vl_bn_fwd_train_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_bn_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma,
+                               a->beta, a->N, a->C, a->HW, a->eps, a->momentum, &n);
+}
+static vl_status ck_bn_fwd_eval(vl_ctx *c, const void *args) {
+  const vl_bn_fwd_eval_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_bn_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C,
+                              a->HW, a->eps, &n);
+}
+static vl_status ck_bn_bwd(vl_ctx *c, const void *args) {
+  const vl_bn_bwd_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean,
+                             a->rstd, a->N, a->C, a->HW, &n);
+}
+static vl_status ck_relu_fwd(vl_ctx *c, const void *args) {
+  const vl_relu_fwd_args *a = args;
+  return vl_cnn_check_relu(c, "relu_fwd", false, a->y, a->x, NULL, a->n);
+}
+static vl_status ck_relu_bwd(vl_ctx *c, const void *args) {
+  const vl_relu_bwd_args *a = args;
+  return vl_cnn_check_relu(c, "relu_bwd", true, a->dx, a->dy, a->y, a->n);
+}
+static vl_status ck_maxpool_fwd(vl_ctx *c, const void *args) {
+  const vl_maxpool_fwd_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
+                                  a->P, a->Q, &n);
+}
+static vl_status ck_maxpool_bwd(vl_ctx *c, const void *args) {
+  const vl_maxpool_bwd_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride,
+                                  a->pad, a->P, a->Q, &n);
+}
+static vl_status ck_upsample2x_fwd(vl_ctx *c, const void *args) {
+  const vl_upsample2x_fwd_args *a = args;
+  int64_t lo = 0, hi = 0;
+  return vl_cnn_check_up2(c, "upsample2x_fwd", a->x, a->y, a->planes, a->H, a->W, true, &lo, &hi);
+}
+static vl_status ck_upsample2x_bwd(vl_ctx *c, const void *args) {
+  const vl_upsample2x_bwd_args *a = args;
+  int64_t lo = 0, hi = 0;
+  return vl_cnn_check_up2(c, "upsample2x_bwd", a->dx, a->dy, a->planes, a->H, a->W, false, &lo,
+                          &hi);
+}
+static vl_status ck_chan_copy(vl_ctx *c, const void *args) {
+  const vl_chan_copy_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
+                                &n);
+}
+static vl_status ck_xent_pix(vl_ctx *c, const void *args) {
+  const vl_xent_pix_args *a = args;
+  int64_t n = 0;
+  return vl_cnn_check_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale,
+                               &n);
+}
+
+/* ---- Stable Diffusion's ops --------------------------------------------------------------- */
+
+static vl_status ck_groupnorm_fwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_groupnorm_fwd(c, args, &n);
+}
+static vl_status ck_groupnorm_bwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_groupnorm_bwd(c, args, &n);
+}
+static vl_status ck_layernorm_fwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_layernorm_fwd(c, args, &n);
+}
+static vl_status ck_layernorm_bwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_layernorm_bwd(c, args, &n);
+}
+static vl_status ck_act_fwd(vl_ctx *c, const void *args) { return vl_sd_check_act_fwd(c, args); }
+static vl_status ck_act_bwd(vl_ctx *c, const void *args) { return vl_sd_check_act_bwd(c, args); }
+static vl_status ck_geglu_fwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_geglu_fwd(c, args, &n);
+}
+static vl_status ck_geglu_bwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_geglu_bwd(c, args, &n);
+}
+static vl_status ck_bias_fwd(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_bias_fwd(c, args, &n);
+}
+static vl_status ck_bias_bwd(vl_ctx *c, const void *args) {
+  int64_t n = 0, nb = 0;
+  return vl_sd_check_bias_bwd(c, args, &n, &nb);
+}
+static vl_status ck_pad2d_fwd(vl_ctx *c, const void *args) {
+  const vl_pad2d_fwd_args *a = args;
+  int64_t nin = 0, nout = 0;
+  return vl_sd_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
+                         a->left, a->right, true, &nin, &nout);
+}
+static vl_status ck_pad2d_bwd(vl_ctx *c, const void *args) {
+  const vl_pad2d_bwd_args *a = args;
+  int64_t nin = 0, nout = 0;
+  return vl_sd_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
+                         a->left, a->right, false, &nin, &nout);
+}
+static vl_status ck_timestep_embed(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_timestep(c, args, &n);
+}
+static vl_status ck_mse_fused(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_mse(c, args, &n);
+}
+static vl_status ck_gauss_sample(vl_ctx *c, const void *args) {
+  int64_t n = 0;
+  return vl_sd_check_gauss(c, args, &n);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+static vl_status ck_attn_fwd(vl_ctx *c, const void *args) {
+  int64_t rows = 0;
+  return vl_attn_check_fwd(c, args, &rows);
+}
+static vl_status ck_attn_bwd(vl_ctx *c, const void *args) {
+  int64_t rows = 0;
+  return vl_attn_check_bwd(c, args, &rows);
+}
+
 /* ---- the table -------------------------------------------------------------------------- */
 
-#define D(id, nm, type, cf) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0}
-#define DW(id, nm, type, cf, wf)                                                           \
-  [VL_OP_##id] = {#nm, sizeof(type), cf, wf, offsetof(type, ws), offsetof(type, ws_bytes)}
+/* D: no workspace, no check; DC: a check; DW: a workspace (and a check when ck is not NULL). */
+#define D(id, nm, type, cf) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0, NULL}
+#define DC(id, nm, type, cf, ck) [VL_OP_##id] = {#nm, sizeof(type), cf, NULL, 0, 0, ck}
+#define DW(id, nm, type, cf, wf, ck)                                                       \
+  [VL_OP_##id] = {#nm, sizeof(type), cf, wf, offsetof(type, ws), offsetof(type, ws_bytes), ck}
 
 static const vl_op_desc DESC[VL_OP_COUNT] = {
-    DW(GEMM, gemm, vl_gemm, c_gemm, w_gemm),
-    DW(CONV_FWD, conv_fwd, vl_conv_fwd_args, c_conv_fwd, w_conv_fwd),
-    DW(CONV_BWD_DATA, conv_bwd_data, vl_conv_bwd_data_args, c_conv_bwd_data, w_conv_bwd_data),
+    DW(GEMM, gemm, vl_gemm, c_gemm, w_gemm, NULL),
+    DW(CONV_FWD, conv_fwd, vl_conv_fwd_args, c_conv_fwd, w_conv_fwd, NULL),
+    DW(CONV_BWD_DATA, conv_bwd_data, vl_conv_bwd_data_args, c_conv_bwd_data, w_conv_bwd_data,
+       NULL),
     DW(CONV_BWD_WEIGHT, conv_bwd_weight, vl_conv_bwd_weight_args, c_conv_bwd_weight,
-       w_conv_bwd_weight),
+       w_conv_bwd_weight, NULL),
     D(ZERO, zero, vl_zero_args, c_zero),
     D(CONVERT, convert, vl_convert_args, c_convert),
     D(AXPBY, axpby, vl_axpby_args, c_axpby),
-    D(EMBED_FWD, embed_fwd, vl_embed_fwd_args, c_embed_fwd),
-    D(EMBED_BWD, embed_bwd, vl_embed_bwd_args, c_embed_bwd),
+    DC(EMBED_FWD, embed_fwd, vl_embed_fwd_args, c_embed_fwd, ck_embed_fwd),
+    DC(EMBED_BWD, embed_bwd, vl_embed_bwd_args, c_embed_bwd, ck_embed_bwd),
     D(RMSNORM_FWD, rmsnorm_fwd, vl_rmsnorm_fwd_args, c_rmsnorm_fwd),
     D(RMSNORM_BWD, rmsnorm_bwd, vl_rmsnorm_bwd_args, c_rmsnorm_bwd),
     D(ROPE, rope, vl_rope_args, c_rope),
@@ -361,39 +528,40 @@ static const vl_op_desc DESC[VL_OP_COUNT] = {
     D(SOFTMAX_BWD, softmax_bwd, vl_softmax_bwd_args, c_softmax_bwd),
     D(SWIGLU_FWD, swiglu_fwd, vl_swiglu_fwd_args, c_swiglu_fwd),
     D(SWIGLU_BWD, swiglu_bwd, vl_swiglu_bwd_args, c_swiglu_bwd),
-    D(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused),
+    DC(XENT_FUSED, xent_fused, vl_xent_fused_args, c_xent_fused, ck_xent_fused),
     D(SUMSQ, sumsq, vl_sumsq_args, c_sumsq),
     D(ADAMW, adamw, vl_adamw_args, c_adamw),
     D(SGD, sgd, vl_sgd_args, c_sgd),
     D(ADAFACTOR, adafactor, vl_adafactor_args, c_adafactor),
-    D(BN_FWD_TRAIN, bn_fwd_train, vl_bn_fwd_train_args, c_bn_fwd_train),
-    D(BN_FWD_EVAL, bn_fwd_eval, vl_bn_fwd_eval_args, c_bn_fwd_eval),
-    D(BN_BWD, bn_bwd, vl_bn_bwd_args, c_bn_bwd),
-    D(RELU_FWD, relu_fwd, vl_relu_fwd_args, c_relu_fwd),
-    D(RELU_BWD, relu_bwd, vl_relu_bwd_args, c_relu_bwd),
-    D(MAXPOOL_FWD, maxpool_fwd, vl_maxpool_fwd_args, c_maxpool_fwd),
-    D(MAXPOOL_BWD, maxpool_bwd, vl_maxpool_bwd_args, c_maxpool_bwd),
-    D(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args, c_up2_fwd),
-    D(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd),
-    D(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy),
-    D(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix),
-    D(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args, c_groupnorm_fwd),
-    D(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args, c_groupnorm_bwd),
-    D(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args, c_layernorm_fwd),
-    D(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args, c_layernorm_bwd),
-    D(ACT_FWD, act_fwd, vl_act_fwd_args, c_act_fwd),
-    D(ACT_BWD, act_bwd, vl_act_bwd_args, c_act_bwd),
-    D(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args, c_geglu_fwd),
-    D(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args, c_geglu_bwd),
-    D(BIAS_FWD, bias_fwd, vl_bias_fwd_args, c_bias_fwd),
-    D(BIAS_BWD, bias_bwd, vl_bias_bwd_args, c_bias_bwd),
-    D(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args, c_pad2d_fwd),
-    D(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args, c_pad2d_bwd),
-    D(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args, c_timestep_embed),
-    D(MSE_FUSED, mse_fused, vl_mse_fused_args, c_mse_fused),
-    D(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args, c_gauss_sample),
-    D(ATTN_FWD, attn_fwd, vl_attn_fwd_args, c_attn_fwd),
-    DW(ATTN_BWD, attn_bwd, vl_attn_bwd_args, c_attn_bwd, w_attn_bwd),
+    DC(BN_FWD_TRAIN, bn_fwd_train, vl_bn_fwd_train_args, c_bn_fwd_train, ck_bn_fwd_train),
+    DC(BN_FWD_EVAL, bn_fwd_eval, vl_bn_fwd_eval_args, c_bn_fwd_eval, ck_bn_fwd_eval),
+    DC(BN_BWD, bn_bwd, vl_bn_bwd_args, c_bn_bwd, ck_bn_bwd),
+    DC(RELU_FWD, relu_fwd, vl_relu_fwd_args, c_relu_fwd, ck_relu_fwd),
+    DC(RELU_BWD, relu_bwd, vl_relu_bwd_args, c_relu_bwd, ck_relu_bwd),
+    DC(MAXPOOL_FWD, maxpool_fwd, vl_maxpool_fwd_args, c_maxpool_fwd, ck_maxpool_fwd),
+    DC(MAXPOOL_BWD, maxpool_bwd, vl_maxpool_bwd_args, c_maxpool_bwd, ck_maxpool_bwd),
+    DC(UPSAMPLE2X_FWD, upsample2x_fwd, vl_upsample2x_fwd_args, c_up2_fwd, ck_upsample2x_fwd),
+    DC(UPSAMPLE2X_BWD, upsample2x_bwd, vl_upsample2x_bwd_args, c_up2_bwd, ck_upsample2x_bwd),
+    DC(CHAN_COPY, chan_copy, vl_chan_copy_args, c_chan_copy, ck_chan_copy),
+    DC(XENT_PIX, xent_pix, vl_xent_pix_args, c_xent_pix, ck_xent_pix),
+    DC(GROUPNORM_FWD, groupnorm_fwd, vl_groupnorm_fwd_args, c_groupnorm_fwd, ck_groupnorm_fwd),
+    DC(GROUPNORM_BWD, groupnorm_bwd, vl_groupnorm_bwd_args, c_groupnorm_bwd, ck_groupnorm_bwd),
+    DC(LAYERNORM_FWD, layernorm_fwd, vl_layernorm_fwd_args, c_layernorm_fwd, ck_layernorm_fwd),
+    DC(LAYERNORM_BWD, layernorm_bwd, vl_layernorm_bwd_args, c_layernorm_bwd, ck_layernorm_bwd),
+    DC(ACT_FWD, act_fwd, vl_act_fwd_args, c_act_fwd, ck_act_fwd),
+    DC(ACT_BWD, act_bwd, vl_act_bwd_args, c_act_bwd, ck_act_bwd),
+    DC(GEGLU_FWD, geglu_fwd, vl_geglu_fwd_args, c_geglu_fwd, ck_geglu_fwd),
+    DC(GEGLU_BWD, geglu_bwd, vl_geglu_bwd_args, c_geglu_bwd, ck_geglu_bwd),
+    DC(BIAS_FWD, bias_fwd, vl_bias_fwd_args, c_bias_fwd, ck_bias_fwd),
+    DC(BIAS_BWD, bias_bwd, vl_bias_bwd_args, c_bias_bwd, ck_bias_bwd),
+    DC(PAD2D_FWD, pad2d_fwd, vl_pad2d_fwd_args, c_pad2d_fwd, ck_pad2d_fwd),
+    DC(PAD2D_BWD, pad2d_bwd, vl_pad2d_bwd_args, c_pad2d_bwd, ck_pad2d_bwd),
+    DC(TIMESTEP_EMBED, timestep_embed, vl_timestep_embed_args, c_timestep_embed,
+       ck_timestep_embed),
+    DC(MSE_FUSED, mse_fused, vl_mse_fused_args, c_mse_fused, ck_mse_fused),
+    DC(GAUSS_SAMPLE, gauss_sample, vl_gauss_sample_args, c_gauss_sample, ck_gauss_sample),
+    DC(ATTN_FWD, attn_fwd, vl_attn_fwd_args, c_attn_fwd, ck_attn_fwd),
+    DW(ATTN_BWD, attn_bwd, vl_attn_bwd_args, c_attn_bwd, w_attn_bwd, ck_attn_bwd),
 };
 
 /* The dispatch copies the arguments to hand the kernel its workspace: room for the largest. */
@@ -432,6 +600,7 @@ vl_status vl_op_run(vl_ctx *c, vl_op op, const void *args) {
   if (c->stop_ops && *c->stop_ops)
     return vl_fail(c, VL_ERR_INTERRUPTED, "terminated between operations (before %s): the step in flight is lost",
                    d->name);
+  if (d->check) VL_TRY(d->check(c, args)); /* before anything is counted or taken */
   vl_op_cost k = d->cost(args);
   vl_count(c, k.flops, k.bytes);
   vl_op_profile *pr = c->profile && c->prof ? &c->prof[op] : NULL;

@@ -1,6 +1,6 @@
-/* Argument checks of Stable Diffusion's operations (vramlab/ops.h), shared by the CPU
- * (cpu_sd.c) and CUDA (cuda_sd.cu) backends so both reject the same calls with the same
- * message. Host code only; plain C that also compiles as the host side of a .cu file. Each
+/* Argument checks of Stable Diffusion's operations (vramlab/ops.h), run by the operation
+ * descriptors (ops.c) through vl_op_run on every backend, the plan backend included,
+ * so all of them reject the same calls with the same message. Host code only; plain C. Each
  * returns VL_OK or VL_ERR_INVALID with a message naming the op and the argument, and puts
  * the element count of the op's main tensor in *numel (0: nothing to do). Built on the
  * tensor checks of cnn_args.h. */

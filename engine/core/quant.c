@@ -63,3 +63,5 @@ int vl_nf4_quantize_host(uint8_t *dst, const float *src, int64_t n) {
 void vl_nf4_dequantize_host(float *dst, const uint8_t *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = vl_nf4_get(src, n, i);
 }
+
+float vl_nf4_get_host(const uint8_t *buf, int64_t n, int64_t i) { return vl_nf4_get(buf, n, i); }

@@ -98,7 +98,7 @@ static vl_status broadcast_params(vl_dist *d) {
   for (int i = 0; s == VL_OK && i < d->ts.n; i++) {
     vl_param *p = &d->ts.p[i];
     if (p->trainable && p->has_master)
-      s = vl_convert_run(c, &(vl_convert_args){&p->w, &p->master, p->w.n});
+      s = vl_convert_run(c, &(vl_convert_args){.y = &p->w, .x = &p->master, .n = p->w.n});
   }
   return s;
 }

@@ -99,7 +99,7 @@ static vl_status broadcast_update(vl_dist *d) {
       vl_param *p = vl_dist_param(d, s);
       int64_t n = p->rows * p->cols;
       vl_tensor dst = vl_dist_span(&B->buf, d->off[s], n);
-      VL_TRY(vl_convert_run(c, &(vl_convert_args){&dst, vl_dist_truth(p), n}));
+      VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &dst, .x = vl_dist_truth(p), .n = n}));
     }
     B->req = NULL;
     if (d->talk) {
@@ -120,12 +120,13 @@ static vl_status broadcast_update(vl_dist *d) {
     vl_param *p = vl_dist_param(d, s2);
     int64_t n = p->rows * p->cols;
     vl_tensor src = vl_dist_span(&d->b[d->bucket_of[s2]].buf, d->off[s2], n);
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){vl_dist_truth(p), &src, n}));
-    if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){&p->w, &p->master, n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = vl_dist_truth(p), .x = &src, .n = n}));
+    if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &p->w, .x = &p->master,
+        .n = n}));
   }
   /* with grad_as_bucket_view the buckets are the gradients: zero again */
   for (int b = 0; d->cfg.grad_as_bucket_view && b < d->nb; b++)
-    VL_TRY(vl_zero_run(c, &(vl_zero_args){&d->b[b].buf}));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &d->b[b].buf}));
   return VL_OK;
 }
 

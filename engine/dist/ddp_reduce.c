@@ -57,7 +57,7 @@ vl_status vl_dist_make_buckets(vl_dist *d) {
   for (int b = 0; b < d->nb; b++) {
     vl_ddp_bucket *B = &d->b[b];
     VL_TRY(vl_tensor_alloc2(c, &B->buf, VL_F32, VL_MEM_COMM, 1, B->n));
-    VL_TRY(vl_zero_run(c, &(vl_zero_args){&B->buf}));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &B->buf}));
     if (b < 64) d->st.bucket_bytes[b] = (size_t)B->n * 4;
     if (!d->cfg.grad_as_bucket_view) continue;
     for (int i = B->first; i < B->first + B->count; i++) {
@@ -82,7 +82,7 @@ static vl_status copy_in(vl_dist *d, int s) {
   vl_param *p = vl_dist_param(d, s);
   int64_t n = p->rows * p->cols;
   vl_tensor dst = vl_dist_span(&d->b[d->bucket_of[s]].buf, d->off[s], n);
-  return vl_convert_run(d->c, &(vl_convert_args){&dst, &p->grad, n});
+  return vl_convert_run(d->c, &(vl_convert_args){.y = &dst, .x = &p->grad, .n = n});
 }
 
 /* Start bucket b's collective: allreduce (average) for DDP, reduce to rank 0 for DP. */
@@ -205,7 +205,7 @@ vl_status vl_dist_copy_back(vl_dist *d) {
     vl_param *p = vl_dist_param(d, s);
     int64_t n = p->rows * p->cols;
     vl_tensor src = vl_dist_span(&d->b[d->bucket_of[s]].buf, d->off[s], n);
-    VL_TRY(vl_convert_run(d->c, &(vl_convert_args){&p->grad, &src, n}));
+    VL_TRY(vl_convert_run(d->c, &(vl_convert_args){.y = &p->grad, .x = &src, .n = n}));
   }
   return VL_OK;
 }

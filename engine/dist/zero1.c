@@ -36,7 +36,7 @@ vl_status vl_dist_zero_make(vl_dist *d) {
   /* the gradients' own storage first, so the flat buffer takes its place */
   for (int s = 0; s < d->nt; s++) vl_tensor_free(c, &vl_dist_param(d, s)->grad);
   VL_TRY(vl_tensor_alloc2(c, &d->flat, VL_F32, VL_MEM_COMM, 1, d->padded));
-  VL_TRY(vl_zero_run(c, &(vl_zero_args){&d->flat}));
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &d->flat}));
   for (int s = 0; s < d->nt; s++) {
     vl_param *p = vl_dist_param(d, s);
     int64_t shape[2] = {p->rows, p->cols};
@@ -59,7 +59,7 @@ vl_status vl_dist_zero_make(vl_dist *d) {
     z->len = hi - lo;
     for (int k = 0; k < n_states(oc); k++) {
       VL_TRY(vl_tensor_alloc2(c, &z->state[k], VL_F32, VL_MEM_OPTIM, 1, z->len));
-      VL_TRY(vl_zero_run(c, &(vl_zero_args){&z->state[k]}));
+      VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &z->state[k]}));
     }
   }
   return VL_OK;
@@ -94,7 +94,7 @@ vl_status vl_dist_zero_fwd_bwd(vl_dist *d, const vl_batch *mb, int n, vl_step_in
     d->st.comm_s += vl_now() - t1;
   }
   if (s == VL_OK) s = vl_dist_agree(d, info);
-  if (s == VL_OK && info->skipped) s = vl_zero_run(d->c, &(vl_zero_args){&d->flat});
+  if (s == VL_OK && info->skipped) s = vl_zero_run(d->c, &(vl_zero_args){.y = &d->flat});
   d->st.step_s += vl_dist_now(d) - t0;
   return s;
 }
@@ -104,7 +104,8 @@ static vl_status global_sumsq(vl_dist *d, double *ss, bool *bad) {
   double s1 = 0;
   bool b1 = false;
   vl_tensor shard = vl_dist_span(&d->flat, (int64_t)d->rank * d->shard, d->shard);
-  VL_TRY(vl_sumsq_run(d->c, &(vl_sumsq_args){&shard, d->shard, &s1, &b1}));
+  VL_TRY(vl_sumsq_run(d->c, &(vl_sumsq_args){.x = &shard, .n = d->shard, .out = &s1,
+                                             .nonfinite = &b1}));
   double mine[2] = {s1, b1 ? 1.0 : 0.0}, buf[2 * 64];
   double *all = d->world <= 64 ? buf : malloc((size_t)d->world * 2 * sizeof *all);
   if (!all) return vl_fail(d->c, VL_ERR_OOM, "host memory for %d ranks' norms", d->world);
@@ -151,7 +152,7 @@ static vl_status gather_params(vl_dist *d) {
     vl_param *p = vl_dist_param(d, z->slot);
     vl_tensor src = vl_dist_span(vl_dist_truth(p), z->lo, z->len);
     vl_tensor dst = vl_dist_span(&d->flat, d->off[z->slot] + z->lo, z->len);
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&dst, &src, z->len}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &dst, .x = &src, .n = z->len}));
   }
   if (d->talk) {
     double t0 = vl_now();
@@ -167,8 +168,9 @@ static vl_status gather_params(vl_dist *d) {
     vl_param *p = vl_dist_param(d, s);
     int64_t n = p->rows * p->cols;
     vl_tensor src = vl_dist_span(&d->flat, d->off[s], n);
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){vl_dist_truth(p), &src, n}));
-    if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){&p->w, &p->master, n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = vl_dist_truth(p), .x = &src, .n = n}));
+    if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &p->w, .x = &p->master,
+        .n = n}));
   }
   return VL_OK;
 }
@@ -186,7 +188,7 @@ static vl_status zero_apply(vl_dist *d, vl_step_info *info) {
   VL_TRY(global_sumsq(d, &ss, &bad));
   float ls = sc->scale;
   if (bad) {
-    VL_TRY(vl_zero_run(c, &(vl_zero_args){&d->flat}));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &d->flat}));
     if (!sc->fp16) return vl_fail(c, VL_ERR_NUMERIC, "non-finite gradient without fp16 loss scaling");
     info->skipped = true;
     return vl_scaler_skip(c, d->ts.p, d->ts.n, sc);
@@ -202,7 +204,7 @@ static vl_status zero_apply(vl_dist *d, vl_step_info *info) {
     sc->scale = ls * 2.0f;
     sc->good = 0;
   }
-  vl_status z = vl_zero_run(c, &(vl_zero_args){&d->flat}); /* the gradients, zeroed */
+  vl_status z = vl_zero_run(c, &(vl_zero_args){.y = &d->flat}); /* the gradients, zeroed */
   return s != VL_OK ? s : z;
 }
 

@@ -340,9 +340,9 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
 
   VL_TRY(alloc2(m, &a->ln1, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd1, cat, R));
-  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln1, &a->rstd1, x,
-                                                     &layer_param(m, l, P_LN1)->w, R, C,
-                                                     mc->norm_eps}));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){.out = &a->ln1, .rstd = &a->rstd1, .x = x,
+                                                     .w = &layer_param(m, l, P_LN1)->w, .R = R,
+                                                     .C = C, .eps = mc->norm_eps}));
   /* q, k, v: project, rotate (q, k), permute to (B, heads, T, D). */
   vl_tensor *dst[3] = {&a->q, &a->k, &a->v};
   int64_t heads[3] = {H, KVH, KVH};
@@ -351,10 +351,12 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
     VL_TRY(alloc2(m, &tmp, VL_MEM_TEMP, R, heads[i] * D));
     vl_status s = lin_fwd(m, l, LQ + i, &tmp, &a->ln1, &a->xa[LQ + i], cat, R, 0.0f);
     if (s == VL_OK && i < 2)
-      s = vl_rope_run(c, &(vl_rope_args){&tmp, B, T, heads[i], D, mc->rope_theta, false});
+      s = vl_rope_run(c, &(vl_rope_args){.x = &tmp, .B = B, .T = T, .H = heads[i], .D = D,
+                                         .theta = mc->rope_theta, .inverse = false});
     if (s == VL_OK) s = alloc2(m, dst[i], cat, R, heads[i] * D);
     if (s == VL_OK)
-      s = vl_permute_run(c, &(vl_permute_args){dst[i], &tmp, B, T, heads[i], D, false});
+      s = vl_permute_run(c, &(vl_permute_args){.y = dst[i], .x = &tmp, .B = B, .T = T,
+                                               .H = heads[i], .D = D, .back = false});
     tensor_free(m, &tmp);
     VL_TRY(s);
   }
@@ -363,31 +365,35 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &a->q, D, rep * T * D, &a->k, D, T * D,
                    &a->P, rep * T * T, B * KVH));
   VL_TRY(vl_softmax_fwd_run(
-      c, &(vl_softmax_fwd_args){&a->P, &a->P, B * H * T, T, 1.0f / sqrtf((float)D), true}));
+      c, &(vl_softmax_fwd_args){.P = &a->P, .S = &a->P, .rows = B * H * T, .T = T,
+                                .scale = 1.0f / sqrtf((float)D), .causal = true}));
   vl_tensor O;
   VL_TRY(alloc2(m, &O, VL_MEM_TEMP, R, H * D));
   vl_status s = attn_gemm(m, false, false, rep * T, D, T, &a->P, T, rep * T * T, &a->v, D,
                           T * D, &O, rep * T * D, B * KVH);
   if (s == VL_OK) s = alloc2(m, &a->att, cat, R, H * D);
-  if (s == VL_OK) s = vl_permute_run(c, &(vl_permute_args){&a->att, &O, B, T, H, D, true});
+  if (s == VL_OK) s = vl_permute_run(c, &(vl_permute_args){.y = &a->att, .x = &O, .B = B, .T = T,
+                                                           .H = H, .D = D, .back = true});
   tensor_free(m, &O);
   VL_TRY(s);
   /* res2 = x + att Wo^T */
   VL_TRY(alloc2(m, &a->res2, cat, R, C));
-  VL_TRY(vl_convert_run(c, &(vl_convert_args){&a->res2, x, R * C}));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &a->res2, .x = x, .n = R * C}));
   VL_TRY(lin_fwd(m, l, LO, &a->res2, &a->att, &a->xa[LO], cat, R, 1.0f));
   /* MLP: h = silu(ln2 Wg^T) * (ln2 Wu^T); out = res2 + h Wd^T */
   VL_TRY(alloc2(m, &a->ln2, cat, R, C));
   VL_TRY(alloc_f32(m, &a->rstd2, cat, R));
-  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&a->ln2, &a->rstd2, &a->res2,
-                                                     &layer_param(m, l, P_LN2)->w, R, C,
-                                                     mc->norm_eps}));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){.out = &a->ln2, .rstd = &a->rstd2,
+                                                     .x = &a->res2,
+                                                     .w = &layer_param(m, l, P_LN2)->w, .R = R,
+                                                     .C = C, .eps = mc->norm_eps}));
   VL_TRY(alloc2(m, &a->g, cat, R, F));
   VL_TRY(lin_fwd(m, l, LG, &a->g, &a->ln2, &a->xa[LG], cat, R, 0.0f));
   VL_TRY(alloc2(m, &a->u, cat, R, F));
   VL_TRY(lin_fwd(m, l, LU, &a->u, &a->ln2, &a->xa[LU], cat, R, 0.0f));
   VL_TRY(alloc2(m, &a->h, cat, R, F));
-  VL_TRY(vl_swiglu_fwd_run(c, &(vl_swiglu_fwd_args){&a->h, &a->g, &a->u, R * F}));
+  VL_TRY(vl_swiglu_fwd_run(c, &(vl_swiglu_fwd_args){.out = &a->h, .g = &a->g, .u = &a->u,
+                                                    .n = R * F}));
   if (recompute) {
     /* Re-running a checkpointed block: its output is not needed again, only what backward
      * reads (the LoRA intermediate of the down projection). */
@@ -398,7 +404,7 @@ static vl_status layer_fwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, bool 
   }
   /* The next layer's input is kept in both modes: it is the checkpoint. */
   VL_TRY(alloc2(m, &m->res[l + 1], VL_MEM_ACTS, R, C));
-  VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->res[l + 1], &a->res2, R * C}));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &m->res[l + 1], .x = &a->res2, .n = R * C}));
   VL_TRY(lin_fwd(m, l, LD, &m->res[l + 1], &a->h, &a->xa[LD], cat, R, 1.0f));
   if (!keep) {
     vl_tensor *list[] = {&a->h, &a->u, &a->g, &a->rstd2, &a->ln2, &a->res2, &a->att, &a->P,
@@ -425,7 +431,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   VL_TRY(lin_bwd(m, l, LD, &t[0], dres, &a->h, &a->xa[LD], R, 0.0f));
   tensor_free(m, &a->h);
   VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, F)); /* du (R, F) */
-  VL_TRY(vl_swiglu_bwd_run(c, &(vl_swiglu_bwd_args){&t[0], &t[1], &t[0], &a->g, &a->u, R * F}));
+  VL_TRY(vl_swiglu_bwd_run(c, &(vl_swiglu_bwd_args){.dg = &t[0], .du = &t[1], .dout = &t[0],
+                                                    .g = &a->g, .u = &a->u, .n = R * F}));
   tensor_free(m, &a->u);
   tensor_free(m, &a->g);
   VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, R, C)); /* dln2 (R, C) */
@@ -434,8 +441,10 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   tensor_free(m, &t[1]);
   tensor_free(m, &t[0]);
   vl_param *n2 = layer_param(m, l, P_LN2);
-  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n2->trainable ? &n2->grad : NULL,
-                                                     &t[2], &a->res2, &n2->w, &a->rstd2, R, C}));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){.dx = dres,
+                                                     .dw = n2->trainable ? &n2->grad : NULL,
+                                                     .dout = &t[2], .x = &a->res2, .w = &n2->w,
+                                                     .rstd = &a->rstd2, .R = R, .C = C}));
   if (n2->trainable) vl_grad_ready(c, n2);
   tensor_free(m, &t[2]);
   tensor_free(m, &a->rstd2);
@@ -447,7 +456,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   VL_TRY(lin_bwd(m, l, LO, &t[0], dres, &a->att, &a->xa[LO], R, 0.0f));
   tensor_free(m, &a->att);
   VL_TRY(alloc2(m, &t[1], VL_MEM_TEMP, R, H * D)); /* dO (B, H, T, D) */
-  VL_TRY(vl_permute_run(c, &(vl_permute_args){&t[1], &t[0], B, T, H, D, false}));
+  VL_TRY(vl_permute_run(c, &(vl_permute_args){.y = &t[1], .x = &t[0], .B = B, .T = T, .H = H,
+                                              .D = D, .back = false}));
   tensor_free(m, &t[0]);
   VL_TRY(alloc2(m, &t[2], VL_MEM_TEMP, B * H * T, T)); /* dP (B*H*T, T), then dS in place */
   VL_TRY(attn_gemm(m, false, true, rep * T, T, D, &t[1], D, rep * T * D, &a->v, D, T * D,
@@ -459,7 +469,8 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   tensor_free(m, &t[1]);
   tensor_free(m, &a->v);
   VL_TRY(vl_softmax_bwd_run(
-      c, &(vl_softmax_bwd_args){&t[2], &t[2], &a->P, B * H * T, T, scale, true}));
+      c, &(vl_softmax_bwd_args){.dS = &t[2], .dP = &t[2], .P = &a->P, .rows = B * H * T, .T = T,
+                                .scale = scale, .causal = true}));
   tensor_free(m, &a->P);
   VL_TRY(alloc2(m, &t[4], VL_MEM_TEMP, R, H * D)); /* dq (B, H, T, D) = dS K */
   VL_TRY(attn_gemm(m, false, false, rep * T, D, T, &t[2], T, rep * T * T, &a->k, D, T * D,
@@ -476,17 +487,21 @@ static vl_status layer_bwd(vl_mistral *m, int64_t l, int64_t B, int64_t T, vl_te
   int64_t heads[3] = {H, KVH, KVH};
   for (int i = 0; i < 3; i++) {
     VL_TRY(alloc2(m, &t[7], VL_MEM_TEMP, R, heads[i] * D));
-    vl_status s = vl_permute_run(c, &(vl_permute_args){&t[7], g[i], B, T, heads[i], D, true});
+    vl_status s = vl_permute_run(c, &(vl_permute_args){.y = &t[7], .x = g[i], .B = B, .T = T,
+                                                       .H = heads[i], .D = D, .back = true});
     if (s == VL_OK && i < 2)
-      s = vl_rope_run(c, &(vl_rope_args){&t[7], B, T, heads[i], D, mc->rope_theta, true});
+      s = vl_rope_run(c, &(vl_rope_args){.x = &t[7], .B = B, .T = T, .H = heads[i], .D = D,
+                                         .theta = mc->rope_theta, .inverse = true});
     tensor_free(m, g[i]);
     if (s == VL_OK) s = lin_bwd(m, l, LQ + i, &t[6], &t[7], &a->ln1, &a->xa[LQ + i], R, i ? 1.0f : 0.0f);
     tensor_free(m, &t[7]);
     VL_TRY(s);
   }
   vl_param *n1 = layer_param(m, l, P_LN1);
-  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){dres, n1->trainable ? &n1->grad : NULL,
-                                                     &t[6], &m->res[l], &n1->w, &a->rstd1, R, C}));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){.dx = dres,
+                                                     .dw = n1->trainable ? &n1->grad : NULL,
+                                                     .dout = &t[6], .x = &m->res[l], .w = &n1->w,
+                                                     .rstd = &a->rstd1, .R = R, .C = C}));
   if (n1->trainable) vl_grad_ready(c, n1);
   tensor_free(m, &t[6]);
   tensor_free(m, &a->rstd1);
@@ -513,20 +528,23 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   }
   VL_TRY(alloc2(m, &m->res[0], VL_MEM_ACTS, R, C));
   vl_param *E = &m->params[m->p_embed];
-  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){&m->res[0], &E->w, &step->tok, R, C}));
+  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){.out = &m->res[0], .wte = &E->w,
+                                                  .tok = &step->tok, .R = R, .C = C}));
   for (int64_t l = 0; l < L; l++) VL_TRY(layer_fwd(m, l, B, T, !ck, false));
 
   /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
   VL_TRY(alloc2(m, &step->lnf, VL_MEM_ACTS, R, C));
   VL_TRY(alloc_f32(m, &step->rstdf, VL_MEM_ACTS, R));
   vl_param *NF = &m->params[m->p_normf], *HW = &m->params[m->p_head];
-  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){&step->lnf, &step->rstdf, &m->res[L], &NF->w,
-                                                     R, C, mc->norm_eps}));
+  VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){.out = &step->lnf, .rstd = &step->rstdf,
+                                                     .x = &m->res[L], .w = &NF->w, .R = R, .C = C,
+                                                     .eps = mc->norm_eps}));
   VL_TRY(alloc2(m, &step->logits, VL_MEM_TEMP, R, V));
   VL_TRY(vl_linear_fwd(c, &step->logits, &step->lnf, &HW->w, R, C, V, 0.0f));
   VL_TRY(alloc_f32(m, &step->loss, VL_MEM_TEMP, R));
   VL_TRY(vl_xent_fused_run(
-      c, &(vl_xent_fused_args){&step->logits, &step->loss, &step->tgt, R, V, dloss_scale}));
+      c, &(vl_xent_fused_args){.logits = &step->logits, .loss = &step->loss, .tgt = &step->tgt,
+                               .R = R, .V = V, .dloss_scale = dloss_scale}));
   if (!c->plan && b->targets) {
     float *lh = malloc((size_t)R * sizeof(float));
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
@@ -544,10 +562,12 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   VL_TRY(vl_linear_bwd_x(c, &step->dlnf, &step->logits, &HW->w, R, C, V, 0.0f));
   tensor_free(m, &step->logits);
   VL_TRY(alloc2(m, &step->dres, VL_MEM_TEMP, R, C));
-  VL_TRY(vl_zero_run(c, &(vl_zero_args){&step->dres}));
-  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){&step->dres, NF->trainable ? &NF->grad : NULL,
-                                                     &step->dlnf, &m->res[L], &NF->w, &step->rstdf,
-                                                     R, C}));
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &step->dres}));
+  VL_TRY(vl_rmsnorm_bwd_run(c, &(vl_rmsnorm_bwd_args){.dx = &step->dres,
+                                                     .dw = NF->trainable ? &NF->grad : NULL,
+                                                     .dout = &step->dlnf, .x = &m->res[L],
+                                                     .w = &NF->w, .rstd = &step->rstdf, .R = R,
+                                                     .C = C}));
   if (NF->trainable) vl_grad_ready(c, NF);
   tensor_free(m, &step->dlnf);
   tensor_free(m, &step->rstdf);
@@ -566,7 +586,8 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
     if (l > 0) tensor_free(m, &m->res[l]);
   }
   if (E->trainable) {
-    VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){&E->grad, &step->dres, &step->tok, R, C}));
+    VL_TRY(vl_embed_bwd_run(c, &(vl_embed_bwd_args){.dwte = &E->grad, .dout = &step->dres,
+                                                    .tok = &step->tok, .R = R, .C = C}));
     vl_grad_ready(c, E);
   }
   tensor_free(m, &step->dres);

@@ -258,7 +258,7 @@ static vl_status init_values(vl_resunet *m, uint64_t seed) {
 static vl_status init_running(vl_resunet *m, unit *u) {
   vl_ctx *c = m->c;
   if (c->plan) return VL_OK;
-  VL_TRY(vl_zero_run(c, &(vl_zero_args){&u->rmean}));
+  VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &u->rmean}));
   float *one = malloc((size_t)u->cout * sizeof *one);
   if (!one) return vl_fail(c, VL_ERR_OOM, "host init buffer");
   for (int64_t i = 0; i < u->cout; i++) one[i] = 1.0f;
@@ -408,10 +408,12 @@ static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, 
   const vl_tensor *g = &m->params[u->pg].w, *b = &m->params[u->pb].w;
   if (!(mode & TRAIN)) {
     VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
-    VL_TRY(vl_bn_fwd_eval_run(c, &(vl_bn_fwd_eval_args){&u->o, &u->conv, g, b, &u->rmean, &u->rvar,
-                                                       m->B, u->cout, HW, m->mc.bn_eps}));
+    VL_TRY(vl_bn_fwd_eval_run(c, &(vl_bn_fwd_eval_args){.y = &u->o, .x = &u->conv, .gamma = g,
+                                                       .beta = b, .rmean = &u->rmean,
+                                                       .rvar = &u->rvar, .N = m->B, .C = u->cout,
+                                                       .HW = HW, .eps = m->mc.bn_eps}));
     tensor_free(m, &u->conv);
-    if (u->relu) VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
+    if (u->relu) VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){.y = &u->o, .x = &u->o, .n = n}));
     return VL_OK;
   }
   VL_TRY(f32(m, &u->mean, keep, u->cout));
@@ -421,16 +423,17 @@ static vl_status unit_fwd(vl_resunet *m, unit *u, const vl_tensor *x, int mode, 
   VL_TRY(act(m, bo, sep ? VL_MEM_TEMP : ocat, u->cout, cv.P));
   bool stats = (mode & STATS) && !c->recomputing;
   VL_TRY(vl_bn_fwd_train_run(
-      c, &(vl_bn_fwd_train_args){bo, &u->mean, &u->rstd, stats ? &u->rmean : NULL,
-                                 stats ? &u->rvar : NULL, &u->conv, g, b, m->B, u->cout, HW,
-                                 m->mc.bn_eps, m->mc.bn_momentum}));
+      c, &(vl_bn_fwd_train_args){.y = bo, .mean = &u->mean, .rstd = &u->rstd,
+                                 .rmean = stats ? &u->rmean : NULL, .rvar = stats ? &u->rvar : NULL,
+                                 .x = &u->conv, .gamma = g, .beta = b, .N = m->B, .C = u->cout,
+                                 .HW = HW, .eps = m->mc.bn_eps, .momentum = m->mc.bn_momentum}));
   if (u->relu) {
     if (sep) {
       VL_TRY(act(m, &u->o, ocat, u->cout, cv.P));
-      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, bo, n}));
+      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){.y = &u->o, .x = bo, .n = n}));
       tensor_free(m, bo);
     } else {
-      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u->o, &u->o, n}));
+      VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){.y = &u->o, .x = &u->o, .n = n}));
     }
   }
   if (!(mode & KEEP)) {
@@ -448,11 +451,13 @@ static vl_status unit_bwd(vl_resunet *m, unit *u, vl_tensor *d, const vl_tensor 
   vl_ctx *c = m->c;
   vl_conv cv = unit_conv(m, u);
   int64_t HW = cv.P * cv.Q, n = m->B * u->cout * HW;
-  if (u->relu) VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &u->o, n}));
+  if (u->relu) VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){.dx = d, .dy = d, .y = &u->o,
+                                                             .n = n}));
   tensor_free(m, &u->o);
   vl_param *g = &m->params[u->pg], *b = &m->params[u->pb];
-  VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){d, &g->grad, &b->grad, d, &u->conv, &g->w, &u->mean,
-                                           &u->rstd, m->B, u->cout, HW}));
+  VL_TRY(vl_bn_bwd_run(c, &(vl_bn_bwd_args){.dx = d, .dgamma = &g->grad, .dbeta = &b->grad, .dy = d,
+                                           .x = &u->conv, .gamma = &g->w, .mean = &u->mean,
+                                           .rstd = &u->rstd, .N = m->B, .C = u->cout, .HW = HW}));
   vl_grad_ready(c, g);
   vl_grad_ready(c, b);
   tensor_free(m, &u->rstd);
@@ -491,14 +496,15 @@ static vl_status block_fwd(vl_resunet *m, int bi, int mode) {
     VL_TRY(unit_fwd(m, &B->u[3], x, mode, VL_MEM_TEMP));
     id = &B->u[3].o;
   }
-  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&u3->o, 1.0f, id, 1.0f, n})); /* out += identity */
+  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &u3->o, .a = 1.0f, .x = id, .b = 1.0f,
+                                          .n = n})); /* out += identity */
   if (B->ds) tensor_free(m, &B->u[3].o);
   if (m->tc.relu_inplace || !(mode & TRAIN)) {
-    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&u3->o, &u3->o, n}));
+    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){.y = &u3->o, .x = &u3->o, .n = n}));
     move(&B->out, &u3->o);
   } else {
     VL_TRY(act(m, &B->out, VL_MEM_ACTS, u3->cout, side));
-    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){&B->out, &u3->o, n}));
+    VL_TRY(vl_relu_fwd_run(c, &(vl_relu_fwd_args){.y = &B->out, .x = &u3->o, .n = n}));
     tensor_free(m, &u3->o);
   }
   return VL_OK;
@@ -519,23 +525,23 @@ static vl_status block_bwd(vl_resunet *m, int bi, vl_tensor *d) {
   }
   unit *u3 = &B->u[2];
   int64_t side = unit_hout(&B->u[1]), n = m->B * u3->cout * side * side;
-  VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){d, d, &B->out, n}));
+  VL_TRY(vl_relu_bwd_run(c, &(vl_relu_bwd_args){.dx = d, .dy = d, .y = &B->out, .n = n}));
   tensor_free(m, &B->out);
   /* the main path consumes a copy: d itself is the identity's gradient. dm (B, cout, side,
    * side) that copy; t the gradient between two units; dx (B, cin, hin, hin) the input's */
   vl_tensor *dm = &m->tmp[0], *t = &m->tmp[1], *dx = &m->tmp[2];
   VL_TRY(act(m, dm, VL_MEM_TEMP, u3->cout, side));
-  VL_TRY(vl_convert_run(c, &(vl_convert_args){dm, d, n}));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = dm, .x = d, .n = n}));
   VL_TRY(unit_bwd(m, u3, dm, &B->u[1].o, t));
   VL_TRY(unit_bwd(m, &B->u[1], t, &B->u[0].o, dm));
   VL_TRY(unit_bwd(m, &B->u[0], dm, x, dx));
   int64_t nx = m->B * B->u[0].cin * B->u[0].hin * B->u[0].hin;
   if (B->ds) {
     VL_TRY(unit_bwd(m, &B->u[3], d, x, t));
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, t, 1.0f, nx}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = dx, .a = 1.0f, .x = t, .b = 1.0f, .n = nx}));
     tensor_free(m, t);
   } else {
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){dx, 1.0f, d, 1.0f, nx}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = dx, .a = 1.0f, .x = d, .b = 1.0f, .n = nx}));
     tensor_free(m, d);
   }
   move(d, dx);
@@ -562,14 +568,18 @@ static vl_status dec_fwd(vl_resunet *m, int d, int mode) {
   vl_tensor *in = D->cskip ? &D->up : &D->cat; /* without a skip the upsample is the input */
   VL_TRY(act(m, in, D->cskip ? VL_MEM_TEMP : (keep ? VL_MEM_ACTS : VL_MEM_TEMP), D->cin, h2));
   VL_TRY(vl_upsample2x_fwd_run(
-      c, &(vl_upsample2x_fwd_args){in, dec_in(m, d), m->B * D->cin, D->hin, D->hin, false}));
+      c, &(vl_upsample2x_fwd_args){.y = in, .x = dec_in(m, d), .planes = m->B * D->cin, .H = D->hin,
+                                   .W = D->hin, .nearest = false}));
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
     VL_TRY(act(m, &D->cat, keep ? VL_MEM_ACTS : VL_MEM_TEMP, ct, h2));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&D->cat, ct, 0, &D->up, D->cin, 0, D->cin,
-                                                   m->B, HW, false}));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&D->cat, ct, D->cin, skip_of(m, d), D->cskip,
-                                                   0, D->cskip, m->B, HW, false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = &D->cat, .yC = ct, .y_c0 = 0, .x = &D->up,
+                                                   .xC = D->cin, .x_c0 = 0, .nc = D->cin, .N = m->B,
+                                                   .HW = HW, .accumulate = false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = &D->cat, .yC = ct, .y_c0 = D->cin,
+                                                   .x = skip_of(m, d), .xC = D->cskip, .x_c0 = 0,
+                                                   .nc = D->cskip, .N = m->B, .HW = HW,
+                                                   .accumulate = false}));
     tensor_free(m, &D->up);
   }
   vl_mem_cat oc = keep ? VL_MEM_ACTS : VL_MEM_TEMP;
@@ -594,18 +604,21 @@ static vl_status dec_bwd(vl_resunet *m, int d, vl_tensor *g) {
   if (D->cskip) {
     int64_t ct = D->cin + D->cskip;
     VL_TRY(act(m, t, VL_MEM_TEMP, D->cin, h2));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){t, D->cin, 0, dcat, ct, 0, D->cin, m->B, HW,
-                                                   false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = t, .yC = D->cin, .y_c0 = 0, .x = dcat,
+                                                   .xC = ct, .x_c0 = 0, .nc = D->cin, .N = m->B,
+                                                   .HW = HW, .accumulate = false}));
     vl_tensor *ds = &m->dskip[3 - d];
     VL_TRY(act(m, ds, VL_MEM_TEMP, D->cskip, h2));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){ds, D->cskip, 0, dcat, ct, D->cin, D->cskip,
-                                                   m->B, HW, false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = ds, .yC = D->cskip, .y_c0 = 0, .x = dcat,
+                                                   .xC = ct, .x_c0 = D->cin, .nc = D->cskip,
+                                                   .N = m->B, .HW = HW, .accumulate = false}));
     tensor_free(m, dcat);
     dup = t;
   }
   VL_TRY(act(m, g, VL_MEM_TEMP, D->cin, D->hin));
   VL_TRY(vl_upsample2x_bwd_run(
-      c, &(vl_upsample2x_bwd_args){g, dup, m->B * D->cin, D->hin, D->hin, false}));
+      c, &(vl_upsample2x_bwd_args){.dx = g, .dy = dup, .planes = m->B * D->cin, .H = D->hin,
+                                   .W = D->hin, .nearest = false}));
   tensor_free(m, dup);
   return VL_OK;
 }
@@ -621,15 +634,17 @@ static vl_status forward(vl_resunet *m, int mode) {
   const vl_tensor *x = &m->img;
   if (m->tc.compute != VL_F32) { /* autocast's half copy of the input, kept by conv1 */
     VL_TRY(act(m, &m->xin, train ? VL_MEM_ACTS : VL_MEM_TEMP, mc->in_ch, mc->image));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->xin, &m->img, npix}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &m->xin, .x = &m->img, .n = npix}));
     x = &m->xin;
   }
   VL_TRY(unit_fwd(m, &m->stem, x, mode, train ? VL_MEM_ACTS : VL_MEM_TEMP));
   if (!train) tensor_free(m, &m->xin);
   int64_t hs = mc->image / 2, hp = hs / 2;
   VL_TRY(act(m, &m->pool, train ? VL_MEM_ACTS : VL_MEM_TEMP, mc->width, hp));
-  VL_TRY(vl_maxpool_fwd_run(c, &(vl_maxpool_fwd_args){&m->pool, &m->stem.o, m->B * mc->width, hs,
-                                                     hs, 3, 2, 1, hp, hp}));
+  VL_TRY(vl_maxpool_fwd_run(c, &(vl_maxpool_fwd_args){.y = &m->pool, .x = &m->stem.o,
+                                                     .planes = m->B * mc->width, .H = hs, .W = hs,
+                                                     .k = 3, .stride = 2, .pad = 1, .P = hp,
+                                                     .Q = hp}));
   int bmode = train ? (m->tc.checkpoint ? TRAIN | STATS : KEEP | TRAIN | STATS) : 0;
   for (int bi = 0; bi < m->n_blocks; bi++) {
     VL_TRY(block_fwd(m, bi, bmode));
@@ -663,8 +678,9 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   const vl_resunet_cfg *mc = &m->mc;
   int64_t HW = mc->image * mc->image, P = m->B * HW;
   VL_TRY(f32(m, &m->loss, VL_MEM_TEMP, P));
-  VL_TRY(vl_xent_pix_run(c, &(vl_xent_pix_args){&m->logits, &m->loss, &m->tgt, m->B, mc->classes,
-                                               HW, dscale}));
+  VL_TRY(vl_xent_pix_run(c, &(vl_xent_pix_args){.logits = &m->logits, .loss = &m->loss,
+                                               .tgt = &m->tgt, .N = m->B, .K = mc->classes,
+                                               .HW = HW, .dloss_scale = dscale}));
   if (!c->plan) {
     float *lh = malloc((size_t)P * sizeof *lh);
     if (!lh) return vl_fail(c, VL_ERR_OOM, "host loss buffer");
@@ -695,7 +711,8 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
       if (bi == m->stage0[s + 1] - 1) skip = s + 1;
     if (skip > 0) {
       int64_t n = m->dskip[skip].n;
-      VL_TRY(vl_axpby_run(c, &(vl_axpby_args){g, 1.0f, &m->dskip[skip], 1.0f, n}));
+      VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = g, .a = 1.0f, .x = &m->dskip[skip], .b = 1.0f,
+                                              .n = n}));
       tensor_free(m, &m->dskip[skip]);
     }
     VL_TRY(block_bwd(m, bi, g));
@@ -704,11 +721,14 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   int64_t hs = mc->image / 2, hp = hs / 2;
   vl_tensor *ds = &m->tmp[1];
   VL_TRY(act(m, ds, VL_MEM_TEMP, mc->width, hs));
-  VL_TRY(vl_maxpool_bwd_run(c, &(vl_maxpool_bwd_args){ds, g, &m->stem.o, m->B * mc->width, hs, hs,
-                                                     3, 2, 1, hp, hp}));
+  VL_TRY(vl_maxpool_bwd_run(c, &(vl_maxpool_bwd_args){.dx = ds, .dy = g, .x = &m->stem.o,
+                                                     .planes = m->B * mc->width, .H = hs, .W = hs,
+                                                     .k = 3, .stride = 2, .pad = 1, .P = hp,
+                                                     .Q = hp}));
   tensor_free(m, g);
   tensor_free(m, &m->pool);
-  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){ds, 1.0f, &m->dskip[0], 1.0f, ds->n}));
+  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = ds, .a = 1.0f, .x = &m->dskip[0], .b = 1.0f,
+                                          .n = ds->n}));
   tensor_free(m, &m->dskip[0]);
   VL_TRY(unit_bwd(m, &m->stem, ds, m->xin.n ? &m->xin : &m->img, NULL));
   tensor_free(m, &m->xin);
@@ -827,7 +847,8 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
     /* logits in the compute dtype: read them as fp32 through a converted copy */
     vl_tensor f = {0};
     s = f32(m, &f, VL_MEM_TEMP, B * K * HW);
-    if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){&f, &m->logits, B * K * HW});
+    if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){.y = &f, .x = &m->logits,
+                                                             .n = B * K * HW});
     if (s == VL_OK) s = c->be->download(c, lg, &f, 0, (size_t)(B * K * HW) * sizeof *lg);
     tensor_free(m, &f);
     for (int64_t n = 0; s == VL_OK && n < B; n++)

@@ -338,9 +338,10 @@ static vl_status layernorm(vl_sd_clip *m, vl_tensor *y, vl_dtype dt, vl_mem_cat 
   VL_TRY(act3(m, y, dt, cat, m->cfg.dim));
   VL_TRY(rowstat(m, mean, kcat(keep_stats)));
   VL_TRY(rowstat(m, rstd, kcat(keep_stats)));
-  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){y, mean, rstd, x, W(m, pn),
-                                                         W(m, pn + 1), R, m->cfg.dim,
-                                                         m->cfg.eps}));
+  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){.y = y, .mean = mean, .rstd = rstd,
+                                                         .x = x, .gamma = W(m, pn),
+                                                         .beta = W(m, pn + 1), .R = R,
+                                                         .C = m->cfg.dim, .eps = m->cfg.eps}));
   if (!keep_stats) {
     vl_tensor_free(c, rstd);
     vl_tensor_free(c, mean);
@@ -351,9 +352,12 @@ static vl_status layernorm(vl_sd_clip *m, vl_tensor *y, vl_dtype dt, vl_mem_cat 
 static vl_status layernorm_bwd(vl_sd_clip *m, vl_tensor *dx, const vl_tensor *dy,
                                const vl_tensor *x, int pn, const vl_tensor *mean,
                                const vl_tensor *rstd, bool accumulate) {
-  return vl_layernorm_bwd_run(m->c, &(vl_layernorm_bwd_args){dx, NULL, NULL, dy, x, W(m, pn),
-                                                            mean, rstd, m->B * m->T, m->cfg.dim,
-                                                            accumulate});
+  return vl_layernorm_bwd_run(m->c, &(vl_layernorm_bwd_args){.dx = dx, .dgamma = NULL,
+                                                            .dbeta = NULL, .dy = dy, .x = x,
+                                                            .gamma = W(m, pn), .mean = mean,
+                                                            .rstd = rstd, .R = m->B * m->T,
+                                                            .C = m->cfg.dim,
+                                                            .accumulate = accumulate});
 }
 
 /* Linear i of layer L as sd_lora.c sees it. */
@@ -416,7 +420,7 @@ static vl_status layer_fwd(vl_sd_clip *m, int64_t l, bool keep, bool save_in, bo
   }
   if (save_in) {
     VL_TRY(act3(m, &L->x2, dt, sc, C));                                     // x2 (B, T, C)
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&L->x2, &L->x, R * C}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &L->x2, .x = &L->x, .n = R * C}));
   } else {
     move(&L->x2, &L->x);
   }
@@ -431,10 +435,12 @@ static vl_status layer_fwd(vl_sd_clip *m, int64_t l, bool keep, bool save_in, bo
   if (rerun && !keep_g) return VL_OK;
   if (keep) {
     VL_TRY(act3(m, &L->g, dt, kcat(keep_g), F));                            // g (B, T, F)
-    VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){&L->g, &L->f, R * F, g->act}));
+    VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){.y = &L->g, .x = &L->f, .n = R * F,
+                                                .act = g->act}));
   } else { /* no backward reads fc1's output: the activation in place */
     move(&L->g, &L->f);
-    VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){&L->g, &L->g, R * F, g->act}));
+    VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){.y = &L->g, .x = &L->g, .n = R * F,
+                                                .act = g->act}));
   }
   if (rerun) { /* fc2's LoRA input x A^T, without fc2's output */
     sd_lora_lin l = lora_lin(m, L, CL_FC2);
@@ -442,7 +448,7 @@ static vl_status layer_fwd(vl_sd_clip *m, int64_t l, bool keep, bool save_in, bo
   }
   if (keep) {
     VL_TRY(act3(m, out, dt, sc, C));                                        // out (B, T, C)
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){out, &L->x2, R * C}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = out, .x = &L->x2, .n = R * C}));
   } else {
     move(out, &L->x2);
   }
@@ -466,7 +472,8 @@ static vl_status layer_bwd(vl_sd_clip *m, int64_t l) {
   VL_TRY(act3(m, t0, dt, VL_MEM_TEMP, F)); // (B, T, F) d activation output, then d f
   VL_TRY(lin_bwd(m, L, CL_FC2, t0, 0.0f, gr, &L->g));
   vl_tensor_free(c, &L->g);
-  VL_TRY(vl_act_bwd_run(c, &(vl_act_bwd_args){t0, t0, &L->f, R * F, g->act}));
+  VL_TRY(vl_act_bwd_run(c, &(vl_act_bwd_args){.dx = t0, .dy = t0, .x = &L->f, .n = R * F,
+                                              .act = g->act}));
   vl_tensor_free(c, &L->f);
   VL_TRY(act3(m, t1, dt, VL_MEM_TEMP, C)); // (B, T, C) d h2
   VL_TRY(lin_bwd(m, L, CL_FC1, t1, 0.0f, t0, &L->h2));
@@ -519,10 +526,12 @@ static vl_status forward(vl_sd_clip *m, const vl_tensor *tokens, vl_tensor *hidd
   int64_t C = g->dim, R = m->B * m->T, n = g->n_layers;
   vl_tensor *x = &m->layers[0].x;
   VL_TRY(act3(m, x, g->acts, kcat(m->train), C));                           // x (B, T, C)
-  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){x, W(m, m->tok_emb), tokens, R, C}));
+  VL_TRY(vl_embed_fwd_run(c, &(vl_embed_fwd_args){.out = x, .wte = W(m, m->tok_emb), .tok = tokens,
+                                                  .R = R, .C = C}));
   /* + position_embedding rows 0..T-1, the same for every sequence: a bias over (B, T*C) */
   vl_tensor pos = vl_tensor_rows(W(m, m->pos_emb), 0, m->T);
-  VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){x, &pos, m->B, m->T * C, 1, false}));
+  VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){.y = x, .b = &pos, .outer = m->B, .C = m->T * C,
+                                                .inner = 1, .per_outer = false}));
   for (int64_t l = 0; l < n; l++) {
     bool keep = m->train && !ck(m), save_in = m->train && (ck(m) || l > 0);
     VL_TRY(layer_fwd(m, l, keep, save_in, false, l + 1 < n ? &m->layers[l + 1].x : &m->xf));

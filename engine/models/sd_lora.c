@@ -8,7 +8,9 @@
 vl_status sd_lora_lin_fwd(vl_ctx *c, const sd_lora_lin *L, vl_tensor *y, const vl_tensor *x,
                           int64_t R, float beta, bool keep, vl_tensor *xa) {
   VL_TRY(vl_linear_fwd(c, y, x, L->w, R, L->in, L->out, beta));
-  if (L->b) VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){y, L->b, R, L->out, 1, false}));
+  if (L->b) VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){.y = y, .b = L->b, .outer = R,
+                                                          .C = L->out, .inner = 1,
+                                                          .per_outer = false}));
   if (!L->A) return VL_OK;
   int64_t r = L->r;
   VL_TRY(vl_tensor_alloc2(c, xa, L->acts, keep ? VL_MEM_ACTS : VL_MEM_TEMP, R, r)); // (R, r)

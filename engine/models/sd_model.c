@@ -293,8 +293,8 @@ static vl_status add_noise(sd_state *s, const int32_t *t, int64_t B, const vl_te
     float a = sqrtf(s->abar[ti]), sg = sqrtf(1.0f - s->abar[ti]);
     vl_tensor y = vl_tensor_rows(&m->noisy, i, 1), n = vl_tensor_rows(&m->noise, i, 1);
     vl_tensor x = vl_tensor_rows(lat, i, 1);
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&y, sg, &n, 0.0f, per}));
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&y, a, &x, 1.0f, per}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &y, .a = sg, .x = &n, .b = 0.0f, .n = per}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &y, .a = a, .x = &x, .b = 1.0f, .n = per}));
   }
   return VL_OK;
 }
@@ -304,10 +304,12 @@ static vl_status mse(sd_state *s, int64_t B, float dscale, double *loss_sum, mic
   vl_ctx *c = s->c;
   int64_t per = m->noise.n / B;
   VL_TRY(vl_tensor_alloc(c, &m->pred32, VL_F32, VL_MEM_TEMP, 4, m->pred.shape));
-  VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->pred32, &m->pred, m->pred.n}));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &m->pred32, .x = &m->pred, .n = m->pred.n}));
   vl_tensor_free(c, &m->pred);
   VL_TRY(vl_tensor_alloc2(c, &m->loss, VL_F32, VL_MEM_TEMP, B, 1));
-  VL_TRY(vl_mse_fused_run(c, &(vl_mse_fused_args){&m->pred32, &m->loss, &m->noise, B, per, dscale}));
+  VL_TRY(vl_mse_fused_run(c, &(vl_mse_fused_args){.pred = &m->pred32, .loss = &m->loss,
+                                                  .target = &m->noise, .R = B, .C = per,
+                                                  .dloss_scale = dscale}));
   if (c->plan) return VL_OK;
   float *rows = malloc((size_t)B * sizeof *rows);
   if (!rows) return vl_fail(c, VL_ERR_OOM, "host memory for %lld losses", (long long)B);

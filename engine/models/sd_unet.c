@@ -495,7 +495,7 @@ static vl_status forward(vl_sd_unet *m, const vl_tensor *x, const vl_tensor *t,
   m->ctx = &m->ctxv;
   if (ctx->dtype != g->acts) { /* the context in the acts dtype, kept when backward reads it */
     VL_TRY(sd_act(m, &m->ctxc, ctx_in_bwd(m) ? VL_MEM_ACTS : VL_MEM_TEMP, m->B, m->L, g->ctx_dim));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->ctxc, ctx, m->ctxc.n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &m->ctxc, .x = ctx, .n = m->ctxc.n}));
     m->ctx = &m->ctxc;
   }
   bool temb_keep = temb_in_bwd(m);
@@ -504,7 +504,7 @@ static vl_status forward(vl_sd_unet *m, const vl_tensor *x, const vl_tensor *t,
   if (x->dtype != g->acts) {
     int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2], x->shape[3]};
     VL_TRY(vl_tensor_alloc(c, &m->xin, g->acts, VL_MEM_TEMP, 4, shape));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&m->xin, x, x->n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &m->xin, .x = x, .n = x->n}));
     lat = &m->xin;
   }
   for (int k = 0; k < m->n_nodes; k++) {
@@ -529,13 +529,14 @@ static vl_status backward(vl_sd_unet *m, const vl_tensor *dpred) {
   if (g->ctx_grad) {
     int64_t shape[3] = {m->B, m->L, g->ctx_dim};
     VL_TRY(vl_tensor_alloc(c, &m->dctx, VL_F32, VL_MEM_TEMP, 3, shape));
-    VL_TRY(vl_zero_run(c, &(vl_zero_args){&m->dctx}));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &m->dctx}));
   }
   for (int k = m->n_nodes - 1; k >= 0; k--) {
     sd_node *nd = &m->nodes[k];
     if (!nd->bwd) break; /* every earlier node needs no gradient either */
     if (nd->dskip.owned) { /* the output's gradient through its skip connection */
-      VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&m->g, 1.0f, &nd->dskip, 1.0f, nd->dskip.n}));
+      VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &m->g, .a = 1.0f, .x = &nd->dskip, .b = 1.0f,
+                                              .n = nd->dskip.n}));
       sd_free(m, &nd->dskip);
     }
     const vl_tensor *in = nd->in >= 0 ? &m->nodes[nd->in].out : NULL;

@@ -46,27 +46,35 @@ static vl_mem_cat kcat(bool keep) { return keep ? VL_MEM_ACTS : VL_MEM_TEMP; }
 
 /* x (B, C, T) -> x + b[c] (conv bias), or x (R, N) -> x + b[n] (linear bias, C = N, T = 1) */
 static vl_status bias(vl_sd_unet *m, vl_tensor *y, int b, int64_t outer, int64_t C, int64_t inner) {
-  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){y, fw(m, b), outer, C, inner, false});
+  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){.y = y, .b = fw(m, b), .outer = outer, .C = C,
+                                                   .inner = inner, .per_outer = false});
 }
 
 static vl_status gn_fwd(vl_sd_unet *m, vl_tensor *y, vl_tensor *mean, vl_tensor *rstd,
                         const vl_tensor *x, int w, int b, int64_t C, int64_t T, float eps) {
-  return vl_groupnorm_fwd_run(m->c, &(vl_groupnorm_fwd_args){y, mean, rstd, x, fw(m, w), fw(m, b),
-                                                            m->B, C, T, m->cfg.groups, eps});
+  return vl_groupnorm_fwd_run(m->c, &(vl_groupnorm_fwd_args){.y = y, .mean = mean, .rstd = rstd,
+                                                            .x = x, .gamma = fw(m, w),
+                                                            .beta = fw(m, b), .N = m->B, .C = C,
+                                                            .HW = T, .G = m->cfg.groups,
+                                                            .eps = eps});
 }
 /* dx (B, C, T) = (dx +) GroupNorm's input gradient; the norm is frozen */
 static vl_status gn_bwd(vl_sd_unet *m, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x, int w,
                         const vl_tensor *mean, const vl_tensor *rstd, int64_t C, int64_t T,
                         bool accumulate) {
-  return vl_groupnorm_bwd_run(m->c, &(vl_groupnorm_bwd_args){dx, NULL, NULL, dy, x, fw(m, w), mean,
-                                                            rstd, m->B, C, T, m->cfg.groups,
-                                                            accumulate});
+  return vl_groupnorm_bwd_run(m->c, &(vl_groupnorm_bwd_args){.dx = dx, .dgamma = NULL,
+                                                            .dbeta = NULL, .dy = dy, .x = x,
+                                                            .gamma = fw(m, w), .mean = mean,
+                                                            .rstd = rstd, .N = m->B, .C = C,
+                                                            .HW = T, .G = m->cfg.groups,
+                                                            .accumulate = accumulate});
 }
 static vl_status silu(vl_sd_unet *m, vl_tensor *y, const vl_tensor *x) {
-  return vl_act_fwd_run(m->c, &(vl_act_fwd_args){y, x, x->n, VL_ACT_SILU});
+  return vl_act_fwd_run(m->c, &(vl_act_fwd_args){.y = y, .x = x, .n = x->n, .act = VL_ACT_SILU});
 }
 static vl_status silu_bwd(vl_sd_unet *m, vl_tensor *d, const vl_tensor *x) {
-  return vl_act_bwd_run(m->c, &(vl_act_bwd_args){d, d, x, x->n, VL_ACT_SILU});
+  return vl_act_bwd_run(m->c, &(vl_act_bwd_args){.dx = d, .dy = d, .x = x, .n = x->n,
+                                                 .act = VL_ACT_SILU});
 }
 
 /* A k x k convolution of stride s (padding k/2) on (B, C, H, W) -> K channels. */
@@ -130,7 +138,9 @@ vl_status sd_time_embed(vl_sd_unet *m, const vl_tensor *t, vl_mem_cat cat) {
   int64_t B = m->B, d0 = m->cfg.ch[0], d1 = 4 * d0;
   vl_tensor *te = &m->tmp[0], *t1 = &m->tmp[1];
   VL_TRY(vl_tensor_alloc2(c, te, m->cfg.acts, VL_MEM_TEMP, B, d0)); // (B, ch0)
-  VL_TRY(vl_timestep_embed_run(c, &(vl_timestep_embed_args){te, t, B, d0, true, 0.0f, 10000.0f}));
+  VL_TRY(vl_timestep_embed_run(c, &(vl_timestep_embed_args){.emb = te, .t = t, .B = B, .dim = d0,
+                                                            .flip_sin_to_cos = true, .shift = 0.0f,
+                                                            .max_period = 10000.0f}));
   sd_lin l1 = {m->t1w, m->t1b, -1, -1, d0, d1}, l2 = {m->t2w, m->t2b, -1, -1, d1, d1};
   VL_TRY(vl_tensor_alloc2(c, t1, m->cfg.acts, VL_MEM_TEMP, B, d1)); // (B, 4 ch0)
   VL_TRY(lin_fwd(m, &l1, t1, te, B, 0.0f, false, NULL));
@@ -165,10 +175,12 @@ vl_status sd_resnet_fwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, const vl
   if (skip) { /* torch.cat([hidden_states, res_hidden_states], dim=1) */
     int64_t cs = r->cin - nd->cin;
     VL_TRY(img(m, &r->cat, kc, r->cin, H, W));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&r->cat, r->cin, 0, x, nd->cin, 0, nd->cin,
-                                                   B, T, false}));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&r->cat, r->cin, nd->cin, skip, cs, 0, cs, B, T,
-                                                   false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = &r->cat, .yC = r->cin, .y_c0 = 0, .x = x,
+                                                   .xC = nd->cin, .x_c0 = 0, .nc = nd->cin, .N = B,
+                                                   .HW = T, .accumulate = false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = &r->cat, .yC = r->cin, .y_c0 = nd->cin,
+                                                   .x = skip, .xC = cs, .x_c0 = 0, .nc = cs, .N = B,
+                                                   .HW = T, .accumulate = false}));
     xin = &r->cat;
   }
   VL_TRY(sd_f32(m, &r->m1, kc, B * G));
@@ -193,7 +205,8 @@ vl_status sd_resnet_fwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, const vl
   sd_lin tl = {r->tw, r->tb, -1, -1, 4 * m->cfg.ch[0], r->cout};
   VL_TRY(vl_tensor_alloc2(c, t1, m->cfg.acts, VL_MEM_TEMP, B, r->cout));
   VL_TRY(lin_fwd(m, &tl, t1, &m->temb, B, 0.0f, false, NULL));
-  VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){&r->c1, t1, B, r->cout, T, true}));
+  VL_TRY(vl_bias_fwd_run(c, &(vl_bias_fwd_args){.y = &r->c1, .b = t1, .outer = B, .C = r->cout,
+                                                .inner = T, .per_outer = true}));
   sd_free(m, t1);
   VL_TRY(sd_f32(m, &r->m2, kc, B * G));
   VL_TRY(sd_f32(m, &r->r2, kc, B * G));
@@ -220,10 +233,11 @@ vl_status sd_resnet_fwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, const vl
     vl_conv cs = conv_of(m, r->scw, r->cin, H, W, r->cout, 1, 1);
     VL_TRY(img(m, t0, VL_MEM_TEMP, r->cout, H, W));
     VL_TRY(conv_fwd(m, &cs, t0, xin, r->scw, r->scb));
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&nd->out, 1.0f, t0, 1.0f, n}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &nd->out, .a = 1.0f, .x = t0, .b = 1.0f, .n = n}));
     sd_free(m, t0);
   } else {
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&nd->out, 1.0f, xin, 1.0f, n}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &nd->out, .a = 1.0f, .x = xin, .b = 1.0f,
+                                            .n = n}));
   }
   if (!keep) sd_free(m, &r->cat);
   return VL_OK;
@@ -272,12 +286,14 @@ vl_status sd_resnet_bwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, sd_node 
   }
   int64_t cs = r->cin - nd->cin;
   VL_TRY(img(m, g, VL_MEM_TEMP, nd->cin, H, W));
-  VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){g, nd->cin, 0, t1, r->cin, 0, nd->cin, B, T,
-                                                 false}));
+  VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = g, .yC = nd->cin, .y_c0 = 0, .x = t1,
+                                                 .xC = r->cin, .x_c0 = 0, .nc = nd->cin, .N = B,
+                                                 .HW = T, .accumulate = false}));
   if (skip_node->bwd) {
     VL_TRY(img(m, &skip_node->dskip, VL_MEM_TEMP, cs, H, W));
-    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){&skip_node->dskip, cs, 0, t1, r->cin, nd->cin,
-                                                   cs, B, T, false}));
+    VL_TRY(vl_chan_copy_run(c, &(vl_chan_copy_args){.y = &skip_node->dskip, .yC = cs, .y_c0 = 0,
+                                                   .x = t1, .xC = r->cin, .x_c0 = nd->cin, .nc = cs,
+                                                   .N = B, .HW = T, .accumulate = false}));
   }
   sd_free(m, t1);
   sd_free(m, &r->cat);
@@ -304,9 +320,11 @@ static vl_status attn_fwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X, int a, int 
   VL_TRY(sd_f32(m, &X->lm[a], kcat(keep_in), R));
   VL_TRY(sd_f32(m, &X->lr[a], kcat(keep_in), R));
   VL_TRY(sd_act(m, &X->ln[a], kcat(keep && lora), B, T, C));
-  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){&X->ln[a], &X->lm[a], &X->lr[a], &X->h[a],
-                                                         fw(m, X->lnw[a]), fw(m, X->lnb[a]), R, C,
-                                                         m->cfg.ln_eps}));
+  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){.y = &X->ln[a], .mean = &X->lm[a],
+                                                         .rstd = &X->lr[a], .x = &X->h[a],
+                                                         .gamma = fw(m, X->lnw[a]),
+                                                         .beta = fw(m, X->lnb[a]), .R = R, .C = C,
+                                                         .eps = m->cfg.ln_eps}));
   if (!keep_in) {
     sd_free(m, &X->lr[a]);
     sd_free(m, &X->lm[a]);
@@ -330,7 +348,7 @@ static vl_status attn_fwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X, int a, int 
   }
   if (keep_in) {
     VL_TRY(sd_act(m, &X->h[a + 1], kcat(mode & SD_KEEP), B, T, C));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&X->h[a + 1], &X->h[a], R * C}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &X->h[a + 1], .x = &X->h[a], .n = R * C}));
   } else {
     sd_move(&X->h[a + 1], &X->h[a]);
   }
@@ -349,9 +367,11 @@ static vl_status ff_fwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X, int mode) {
   VL_TRY(sd_f32(m, &X->lm[2], kcat(keep), R));
   VL_TRY(sd_f32(m, &X->lr[2], kcat(keep), R));
   VL_TRY(sd_act(m, t0, VL_MEM_TEMP, B, T, C)); // (B, T, C) norm3 output
-  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){t0, &X->lm[2], &X->lr[2], &X->h[2],
-                                                         fw(m, X->lnw[2]), fw(m, X->lnb[2]), R, C,
-                                                         m->cfg.ln_eps}));
+  VL_TRY(vl_layernorm_fwd_run(c, &(vl_layernorm_fwd_args){.y = t0, .mean = &X->lm[2],
+                                                         .rstd = &X->lr[2], .x = &X->h[2],
+                                                         .gamma = fw(m, X->lnw[2]),
+                                                         .beta = fw(m, X->lnb[2]), .R = R, .C = C,
+                                                         .eps = m->cfg.ln_eps}));
   if (!keep) {
     sd_free(m, &X->lr[2]);
     sd_free(m, &X->lm[2]);
@@ -361,11 +381,11 @@ static vl_status ff_fwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X, int mode) {
   sd_free(m, t0);
   if (mode & SD_RERUN) return VL_OK;
   VL_TRY(sd_act(m, t0, VL_MEM_TEMP, B, T, 4 * C)); // (B, T, 4C) GEGLU output
-  VL_TRY(vl_geglu_fwd_run(c, &(vl_geglu_fwd_args){t0, &X->ffh, R, 4 * C}));
+  VL_TRY(vl_geglu_fwd_run(c, &(vl_geglu_fwd_args){.out = t0, .h = &X->ffh, .R = R, .F = 4 * C}));
   if (!keep) sd_free(m, &X->ffh);
   if (keep) {
     VL_TRY(sd_act(m, h3, VL_MEM_TEMP, B, T, C));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){h3, &X->h[2], R * C}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = h3, .x = &X->h[2], .n = R * C}));
   } else {
     sd_move(h3, &X->h[2]);
   }
@@ -403,7 +423,7 @@ vl_status sd_xformer_fwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, int mod
   if (mode & SD_RERUN) return VL_OK;
   /* proj_out back to NCHW: out_b (C, T) = x_b + W (C, C) h3_b^T + b */
   VL_TRY(img(m, &nd->out, kcat(m->train), C, nd->H, nd->W));
-  VL_TRY(vl_convert_run(c, &(vl_convert_args){&nd->out, x, B * C * T}));
+  VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &nd->out, .x = x, .n = B * C * T}));
   vl_gemm po = {.ta = false, .tb = true, .M = C, .N = T, .K = C, .alpha = 1.0f, .beta = 1.0f,
                 .A = fw(m, X->pow), .lda = C, .sa = 0, .B = h3, .ldb = C, .sb = T * C,
                 .C = &nd->out, .ldc = T, .sc = C * T, .batch = B};
@@ -420,15 +440,18 @@ static vl_status ff_bwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X) {
   VL_TRY(sd_act(m, t1, VL_MEM_TEMP, B, T, 4 * C)); // (B, T, 4C) d GEGLU output
   VL_TRY(vl_linear_bwd_x(c, t1, dh, fw(m, X->ff2.w), R, 4 * C, C, 0.0f));
   VL_TRY(sd_act(m, t2, VL_MEM_TEMP, B, T, 8 * C)); // (B, T, 8C) d ffh
-  VL_TRY(vl_geglu_bwd_run(c, &(vl_geglu_bwd_args){t2, t1, &X->ffh, R, 4 * C}));
+  VL_TRY(vl_geglu_bwd_run(c, &(vl_geglu_bwd_args){.dh = t2, .dout = t1, .h = &X->ffh, .R = R,
+                                                  .F = 4 * C}));
   sd_free(m, t1);
   sd_free(m, &X->ffh);
   VL_TRY(sd_act(m, t1, VL_MEM_TEMP, B, T, C)); // (B, T, C) d norm3 output
   VL_TRY(vl_linear_bwd_x(c, t1, t2, fw(m, X->ff1.w), R, C, 8 * C, 0.0f));
   sd_free(m, t2);
-  VL_TRY(vl_layernorm_bwd_run(c, &(vl_layernorm_bwd_args){dh, NULL, NULL, t1, &X->h[2],
-                                                         fw(m, X->lnw[2]), &X->lm[2], &X->lr[2], R,
-                                                         C, true}));
+  VL_TRY(vl_layernorm_bwd_run(c, &(vl_layernorm_bwd_args){.dx = dh, .dgamma = NULL, .dbeta = NULL,
+                                                         .dy = t1, .x = &X->h[2],
+                                                         .gamma = fw(m, X->lnw[2]),
+                                                         .mean = &X->lm[2], .rstd = &X->lr[2],
+                                                         .R = R, .C = C, .accumulate = true}));
   sd_free(m, t1);
   sd_free(m, &X->lr[2]);
   sd_free(m, &X->lm[2]);
@@ -469,9 +492,11 @@ static vl_status attn_bwd(vl_sd_unet *m, sd_node *nd, sd_xformer *X, int a) {
   sd_free(m, dq);
   sd_free(m, &X->ln[a]);
   if (need) {
-    VL_TRY(vl_layernorm_bwd_run(c, &(vl_layernorm_bwd_args){dh, NULL, NULL, t1, &X->h[a],
-                                                           fw(m, X->lnw[a]), &X->lm[a], &X->lr[a],
-                                                           R, C, true}));
+    VL_TRY(vl_layernorm_bwd_run(c, &(vl_layernorm_bwd_args){.dx = dh, .dgamma = NULL, .dbeta = NULL,
+                                                           .dy = t1, .x = &X->h[a],
+                                                           .gamma = fw(m, X->lnw[a]),
+                                                           .mean = &X->lm[a], .rstd = &X->lr[a],
+                                                           .R = R, .C = C, .accumulate = true}));
     sd_free(m, t1);
     sd_free(m, &X->lr[a]);
     sd_free(m, &X->lm[a]);
@@ -555,8 +580,10 @@ vl_status sd_down_bwd(vl_sd_unet *m, sd_node *nd) {
 vl_status sd_up_fwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x) {
   vl_tensor *t0 = &m->tmp[0]; // (B, cin, 2 hin, 2 win)
   VL_TRY(img(m, t0, VL_MEM_TEMP, nd->cin, nd->H, nd->W));
-  VL_TRY(vl_upsample2x_fwd_run(m->c, &(vl_upsample2x_fwd_args){t0, x, m->B * nd->cin, nd->hin,
-                                                              nd->win, true}));
+  VL_TRY(vl_upsample2x_fwd_run(m->c, &(vl_upsample2x_fwd_args){.y = t0, .x = x,
+                                                              .planes = m->B * nd->cin,
+                                                              .H = nd->hin, .W = nd->win,
+                                                              .nearest = true}));
   vl_conv cv = conv_of(m, nd->w, nd->cin, nd->H, nd->W, nd->C, 3, 1);
   VL_TRY(img(m, &nd->out, kcat(m->train), nd->C, nd->H, nd->W));
   VL_TRY(conv_fwd(m, &cv, &nd->out, t0, nd->w, nd->b));
@@ -571,8 +598,10 @@ vl_status sd_up_bwd(vl_sd_unet *m, sd_node *nd) {
   VL_TRY(conv_bwd_x(m, &cv, t0, &m->g, nd->w));
   sd_free(m, &m->g);
   VL_TRY(img(m, &m->g, VL_MEM_TEMP, nd->cin, nd->hin, nd->win));
-  VL_TRY(vl_upsample2x_bwd_run(m->c, &(vl_upsample2x_bwd_args){&m->g, t0, m->B * nd->cin, nd->hin,
-                                                              nd->win, true}));
+  VL_TRY(vl_upsample2x_bwd_run(m->c, &(vl_upsample2x_bwd_args){.dx = &m->g, .dy = t0,
+                                                              .planes = m->B * nd->cin,
+                                                              .H = nd->hin, .W = nd->win,
+                                                              .nearest = true}));
   sd_free(m, t0);
   return VL_OK;
 }
@@ -609,7 +638,7 @@ vl_status sd_out_bwd(vl_sd_unet *m, sd_node *nd, const vl_tensor *x, const vl_te
   vl_tensor *t0 = &m->tmp[0], *t1 = &m->tmp[1];
   if (dpred->dtype != m->cfg.acts) { // t1 (B, out_ch, H, W): dpred in the acts dtype
     VL_TRY(img(m, t1, VL_MEM_TEMP, nd->C, nd->H, nd->W));
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){t1, dpred, t1->n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = t1, .x = dpred, .n = t1->n}));
     dpred = t1;
   }
   vl_conv cv = conv_of(m, nd->w, nd->cin, nd->H, nd->W, nd->C, 3, 1);

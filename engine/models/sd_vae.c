@@ -19,6 +19,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "../kernels/sd.h"
+
 /* One ResnetBlock2D (temb_channels None): parameter indices of norm1, conv1, norm2, conv2
  * (weight; the bias follows it) and conv_shortcut (-1 when cin == cout). */
 typedef struct {
@@ -265,7 +267,8 @@ static vl_status conv(vl_sd_vae *m, vl_tensor *y, vl_mem_cat cat, const vl_tenso
   cv.gdt = VL_F32;
   VL_TRY(act4(m, y, cat, K, cv.P, cv.Q));
   VL_TRY(vl_conv_fwd_run(m->c, &(vl_conv_fwd_args){.cv = cv, .y = y, .x = x, .w = W(m, pw)}));
-  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){y, W(m, pw + 1), m->B, K, cv.P * cv.Q, false});
+  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){.y = y, .b = W(m, pw + 1), .outer = m->B, .C = K,
+                                                   .inner = cv.P * cv.Q, .per_outer = false});
 }
 
 /* y (B, C, HW) = GroupNorm(x) (-> SiLU in place when silu), affine at parameter pn. */
@@ -277,12 +280,15 @@ static vl_status norm(vl_sd_vae *m, vl_tensor *y, const vl_tensor *x, int pn, in
   VL_TRY(act4(m, y, VL_MEM_TEMP, C, h, w));
   VL_TRY(vl_tensor_alloc(c, &S->mean, VL_F32, VL_MEM_TEMP, 1, &ng));
   VL_TRY(vl_tensor_alloc(c, &S->rstd, VL_F32, VL_MEM_TEMP, 1, &ng));
-  VL_TRY(vl_groupnorm_fwd_run(c, &(vl_groupnorm_fwd_args){y, &S->mean, &S->rstd, x, W(m, pn),
-                                                         W(m, pn + 1), m->B, C, h * w, G,
-                                                         m->cfg.eps}));
+  VL_TRY(vl_groupnorm_fwd_run(c, &(vl_groupnorm_fwd_args){.y = y, .mean = &S->mean,
+                                                         .rstd = &S->rstd, .x = x,
+                                                         .gamma = W(m, pn), .beta = W(m, pn + 1),
+                                                         .N = m->B, .C = C, .HW = h * w, .G = G,
+                                                         .eps = m->cfg.eps}));
   vl_tensor_free(c, &S->rstd);
   vl_tensor_free(c, &S->mean);
-  if (silu) VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){y, y, n, VL_ACT_SILU}));
+  if (silu) VL_TRY(vl_act_fwd_run(c, &(vl_act_fwd_args){.y = y, .x = y, .n = n,
+                                                        .act = VL_ACT_SILU}));
   return VL_OK;
 }
 
@@ -301,10 +307,10 @@ static vl_status resnet_fwd(vl_sd_vae *m, const resnet *r, int64_t h, int64_t w)
   vl_tensor_free(c, &S->a);
   if (r->shortcut >= 0) {
     VL_TRY(conv(m, &S->a, VL_MEM_TEMP, &S->x, r->shortcut, r->cin, h, w, r->cout, 1, 1, 0)); // a (B, cout, h, w)
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&S->b, 1.0f, &S->a, 1.0f, n}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &S->b, .a = 1.0f, .x = &S->a, .b = 1.0f, .n = n}));
     vl_tensor_free(c, &S->a);
   } else {
-    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&S->b, 1.0f, &S->x, 1.0f, n}));
+    VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &S->b, .a = 1.0f, .x = &S->x, .b = 1.0f, .n = n}));
   }
   vl_tensor_free(c, &S->x);
   move(&S->x, &S->b);
@@ -316,7 +322,9 @@ static vl_status down_fwd(vl_sd_vae *m, int pw, int64_t C, int64_t h, int64_t w)
   vl_ctx *c = m->c;
   vae_slots *S = &m->s;
   VL_TRY(act4(m, &S->pad, VL_MEM_TEMP, C, h + 1, w + 1));                   // pad (B, C, h+1, w+1)
-  VL_TRY(vl_pad2d_fwd_run(c, &(vl_pad2d_fwd_args){&S->pad, &S->x, m->B * C, h, w, 0, 1, 0, 1}));
+  VL_TRY(vl_pad2d_fwd_run(c, &(vl_pad2d_fwd_args){.y = &S->pad, .x = &S->x, .planes = m->B * C,
+                                                  .H = h, .W = w, .top = 0, .bottom = 1, .left = 0,
+                                                  .right = 1}));
   vl_tensor_free(c, &S->x);
   VL_TRY(conv(m, &S->x, VL_MEM_TEMP, &S->pad, pw, C, h + 1, w + 1, C, 3, 2, 0)); // x (B, C, h2, w2)
   vl_tensor_free(c, &S->pad);
@@ -329,7 +337,8 @@ static vl_status linear(vl_sd_vae *m, vl_tensor *y, const vl_tensor *x, int pw, 
   int64_t shape[3] = {m->B, R / m->B, N};
   VL_TRY(vl_tensor_alloc(m->c, y, m->cfg.acts, VL_MEM_TEMP, 3, shape));
   VL_TRY(vl_linear_fwd(m->c, y, x, W(m, pw), R, K, N, 0.0f));
-  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){y, W(m, pw + 1), R, N, 1, false});
+  return vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){.y = y, .b = W(m, pw + 1), .outer = R, .C = N,
+                                                   .inner = 1, .per_outer = false});
 }
 
 /* The mid block's attention on S->x (B, C, h, w), in place: x += to_out(attn(q, k, v)) with
@@ -341,7 +350,8 @@ static vl_status attn_fwd(vl_sd_vae *m, int64_t C, int64_t h, int64_t w) {
   VL_TRY(norm(m, &S->a, &S->x, m->attn_norm, C, h, w, false));              // a (B, C, T)
   int64_t ts[3] = {m->B, T, C};
   VL_TRY(vl_tensor_alloc(c, &S->tok, m->cfg.acts, VL_MEM_TEMP, 3, ts));     // tok (B, T, C)
-  VL_TRY(vl_permute_run(c, &(vl_permute_args){&S->tok, &S->a, m->B, C, T, 1, false}));
+  VL_TRY(vl_permute_run(c, &(vl_permute_args){.y = &S->tok, .x = &S->a, .B = m->B, .T = C, .H = T,
+                                              .D = 1, .back = false}));
   vl_tensor_free(c, &S->a);
   VL_TRY(linear(m, &S->q, &S->tok, m->to_q, R, C, C));                      // q (B, T, C)
   VL_TRY(linear(m, &S->k, &S->tok, m->to_k, R, C, C));                      // k (B, T, C)
@@ -357,9 +367,11 @@ static vl_status attn_fwd(vl_sd_vae *m, int64_t C, int64_t h, int64_t w) {
   VL_TRY(linear(m, &S->a, &S->o, m->to_out, R, C, C));                      // a (B, T, C)
   vl_tensor_free(c, &S->o);
   VL_TRY(act4(m, &S->b, VL_MEM_TEMP, C, h, w));                             // b (B, C, h, w)
-  VL_TRY(vl_permute_run(c, &(vl_permute_args){&S->b, &S->a, m->B, C, T, 1, true}));
+  VL_TRY(vl_permute_run(c, &(vl_permute_args){.y = &S->b, .x = &S->a, .B = m->B, .T = C, .H = T,
+                                              .D = 1, .back = true}));
   vl_tensor_free(c, &S->a);
-  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){&S->x, 1.0f, &S->b, 1.0f, m->B * C * T})); /* residual */
+  VL_TRY(vl_axpby_run(c, &(vl_axpby_args){.y = &S->x, .a = 1.0f, .x = &S->b, .b = 1.0f,
+                                          .n = m->B * C * T})); /* residual */
   vl_tensor_free(c, &S->b);
   return VL_OK;
 }
@@ -375,7 +387,7 @@ static vl_status encoder_fwd(vl_sd_vae *m, const vl_tensor *images, vl_mem_cat m
   const vl_tensor *x = images;
   if (images->dtype != g->acts) {
     VL_TRY(act4(m, &S->xin, VL_MEM_TEMP, g->in_ch, h, w));                  // xin (B, in_ch, H, W)
-    VL_TRY(vl_convert_run(c, &(vl_convert_args){&S->xin, images, images->n}));
+    VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &S->xin, .x = images, .n = images->n}));
     x = &S->xin;
   }
   VL_TRY(conv(m, &S->x, VL_MEM_TEMP, x, m->conv_in, g->in_ch, h, w, g->ch[0], 3, 1, 1)); // x (B, ch0, H, W)
@@ -441,15 +453,17 @@ vl_status vl_sd_vae_encode(vl_sd_vae *m, const vl_tensor *images, const vl_tenso
   int64_t L = g->latent_ch, zs[4] = {m->B, L, h, w};
   if (s == VL_OK && z) s = vl_tensor_alloc(c, z, g->out, out_cat, 4, zs); // z (B, L, h, w)
   if (s == VL_OK && z)
-    s = vl_gauss_sample_run(c, &(vl_gauss_sample_args){z, &m->s.mom, noise, m->B, L, h * w,
-                                                      g->scale});
+    s = vl_gauss_sample_run(c, &(vl_gauss_sample_args){.z = z, .moments = &m->s.mom, .noise = noise,
+                                                      .N = m->B, .C = L, .HW = h * w,
+                                                      .scale = g->scale});
   if (s == VL_OK && moments) {
     if (direct) {
       move(moments, &m->s.mom);
     } else {
       zs[1] = 2 * L;
       s = vl_tensor_alloc(c, moments, g->out, out_cat, 4, zs);              // (B, 2L, h, w)
-      if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){moments, &m->s.mom, m->s.mom.n});
+      if (s == VL_OK) s = vl_convert_run(c, &(vl_convert_args){.y = moments, .x = &m->s.mom,
+                                                               .n = m->s.mom.n});
     }
   }
   vl_tensor_free(c, &m->s.mom);
@@ -459,4 +473,10 @@ vl_status vl_sd_vae_encode(vl_sd_vae *m, const vl_tensor *images, const vl_tenso
     if (z) vl_tensor_free(c, z);
   }
   return s;
+}
+
+void vl_sd_vae_sample_host(float *z, const float *moments, const float *noise, int64_t C,
+                           int64_t HW, float scale, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    vl_k_gauss_sample(z, VL_K_F32, moments, VL_K_F32, noise, VL_K_F32, C, HW, scale, i);
 }

@@ -86,7 +86,8 @@ static vl_status classic_fwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *o, const v
   vl_status s = head_gemms(c, B, H, false, true, Tq, Tk, D, rows_of(q, Tq, H, D),
                            rows_of(k, Tk, H, D), P, H * Tq * Tk, Tk, Tq * Tk);
   if (s == VL_OK)
-    s = vl_softmax_fwd_run(c, &(vl_softmax_fwd_args){P, P, B * H * Tq, Tk, sv->scale, sv->causal});
+    s = vl_softmax_fwd_run(c, &(vl_softmax_fwd_args){.P = P, .S = P, .rows = B * H * Tq, .T = Tk,
+                                                     .scale = sv->scale, .causal = sv->causal});
   if (s == VL_OK) // o (B, Tq, H*D) = P v per head
     s = head_gemms(c, B, H, false, false, Tq, D, Tk, scores_of(P, H, Tq, Tk), rows_of(v, Tk, H, D),
                    o, Tq * HD, HD, D);
@@ -110,8 +111,9 @@ static vl_status classic_bwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *dq, vl_ten
                    D);
   // dS = scale P (dP - rowsum(dP P)), in place of dP; P is read for the last time
   if (s == VL_OK)
-    s = vl_softmax_bwd_run(c, &(vl_softmax_bwd_args){&dP, &dP, P, B * H * Tq, Tk, sv->scale,
-                                                      sv->causal});
+    s = vl_softmax_bwd_run(c, &(vl_softmax_bwd_args){.dS = &dP, .dP = &dP, .P = P,
+                                                      .rows = B * H * Tq, .T = Tk,
+                                                      .scale = sv->scale, .causal = sv->causal});
   vl_tensor_free(c, P);
   // dq (B, Tq, H*D) = dS k; dk (B, Tk, H*D) = dS^T q
   if (s == VL_OK)
@@ -129,8 +131,10 @@ static vl_status efficient_fwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *o, const
   int64_t shape[3] = {sv->B, sv->H, sv->Tq};
   vl_tensor *lse = &sv->lse; // (B, H, Tq) fp32
   VL_TRY(vl_tensor_alloc(c, lse, VL_F32, keep ? VL_MEM_ACTS : VL_MEM_TEMP, 3, shape));
-  vl_status s = vl_attn_fwd_run(c, &(vl_attn_fwd_args){o, lse, q, k, v, sv->B, sv->H, sv->Tq,
-                                                       sv->Tk, sv->D, sv->scale, sv->causal});
+  vl_status s = vl_attn_fwd_run(c, &(vl_attn_fwd_args){.o = o, .lse = lse, .q = q, .k = k, .v = v,
+                                                       .B = sv->B, .H = sv->H, .Tq = sv->Tq,
+                                                       .Tk = sv->Tk, .D = sv->D, .scale = sv->scale,
+                                                       .causal = sv->causal});
   if (s != VL_OK || !keep) vl_tensor_free(c, lse);
   return s;
 }
@@ -138,8 +142,9 @@ static vl_status efficient_fwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *o, const
 static vl_status efficient_bwd(vl_ctx *c, vl_attn_saved *sv, vl_tensor *dq, vl_tensor *dk,
                                vl_tensor *dv, const vl_tensor *dout, const vl_tensor *o,
                                const vl_tensor *q, const vl_tensor *k, const vl_tensor *v) {
-  vl_attn_bwd_args a = {dq, dk, dv, dout, o, &sv->lse, q, k, v, sv->B, sv->H, sv->Tq, sv->Tk,
-                        sv->D, sv->scale, sv->causal, NULL, 0};
+  vl_attn_bwd_args a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .o = o, .lse = &sv->lse,
+                        .q = q, .k = k, .v = v, .B = sv->B, .H = sv->H, .Tq = sv->Tq,
+                        .Tk = sv->Tk, .D = sv->D, .scale = sv->scale, .causal = sv->causal};
   vl_status s = vl_attn_bwd_run(c, &a); // workspace: delta (B, H, Tq) fp32, from vl_op_run
   vl_tensor_free(c, &sv->lse);
   return s;

@@ -35,7 +35,7 @@ vl_status vl_param_alloc(vl_ctx *c, vl_param *p, const char *name, int64_t rows,
   VL_TRY(vl_tensor_alloc2(c, &p->w, dtype, cat, rows, cols));
   if (trainable) {
     VL_TRY(vl_tensor_alloc2(c, &p->grad, VL_F32, VL_MEM_GRADS, rows, cols));
-    VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->grad}));
+    VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &p->grad}));
   }
   return VL_OK;
 }
@@ -72,14 +72,14 @@ vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc) {
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer %d", (int)oc->opt);
   }
   for (int i = 0; i < 3; i++)
-    if (p->state[i].owned) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p->state[i]}));
+    if (p->state[i].owned) VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &p->state[i]}));
   return VL_OK;
 }
 
 /* Host-side dtype conversion: the CPU backend's kernel on host buffers, called directly
  * (not an operation of c's device, so not counted). */
 static vl_status host_convert(vl_ctx *c, vl_tensor *dst, const vl_tensor *src, int64_t n) {
-  return vl_backend_cpu.ops[VL_OP_CONVERT](c, &(vl_convert_args){dst, src, n});
+  return vl_backend_cpu()->ops[VL_OP_CONVERT](c, &(vl_convert_args){.y = dst, .x = src, .n = n});
 }
 
 /* Upload host fp32 into a tensor of any dtype, converting on the host. */
@@ -151,20 +151,24 @@ vl_status vl_param_update(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc, int64_
   int64_t n = p->rows * p->cols;
   switch (oc->opt) {
     case VL_OPT_ADAMW:
-      VL_TRY(vl_adamw_run(c, &(vl_adamw_args){w, &p->grad, &p->state[0], &p->state[1], n, &hp}));
+      VL_TRY(vl_adamw_run(c, &(vl_adamw_args){.p = w, .g = &p->grad, .m = &p->state[0],
+                                              .v = &p->state[1], .n = n, .hp = &hp}));
       break;
     case VL_OPT_SGD:
-      VL_TRY(vl_sgd_run(c, &(vl_sgd_args){w, &p->grad, &p->state[0], n, &hp}));
+      VL_TRY(vl_sgd_run(c, &(vl_sgd_args){.p = w, .g = &p->grad, .mom = &p->state[0], .n = n,
+                                          .hp = &hp}));
       break;
     case VL_OPT_ADAFACTOR:
       if (!oc->adafactor_beta1) hp.beta1 = 0;
-      VL_TRY(vl_adafactor_run(c, &(vl_adafactor_args){w, &p->grad, &p->state[0], &p->state[1],
-                                                      oc->adafactor_beta1 ? &p->state[2] : NULL,
-                                                      p->rows, p->cols, &hp}));
+      VL_TRY(vl_adafactor_run(
+          c, &(vl_adafactor_args){.p = w, .g = &p->grad, .vr = &p->state[0], .vc = &p->state[1],
+                                  .m = oc->adafactor_beta1 ? &p->state[2] : NULL,
+                                  .R = p->rows, .C = p->cols, .hp = &hp}));
       break;
     default: return vl_fail(c, VL_ERR_INVALID, "unknown optimizer");
   }
   /* the AMP working copy (R, C) from the fp32 master */
-  if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){&p->w, &p->master, n}));
+  if (p->has_master) VL_TRY(vl_convert_run(c, &(vl_convert_args){.y = &p->w, .x = &p->master,
+      .n = n}));
   return VL_OK;
 }

@@ -22,7 +22,7 @@ void vl_scaler_init(vl_scaler *s, bool fp16, float init_scale, int window) {
 
 vl_status vl_params_zero_grads(vl_ctx *c, vl_param *p, int n) {
   for (int i = 0; i < n; i++)
-    if (p[i].trainable && p[i].grad.n) VL_TRY(vl_zero_run(c, &(vl_zero_args){&p[i].grad}));
+    if (p[i].trainable && p[i].grad.n) VL_TRY(vl_zero_run(c, &(vl_zero_args){.y = &p[i].grad}));
   return VL_OK;
 }
 
@@ -42,7 +42,8 @@ vl_status vl_params_apply(vl_ctx *c, vl_param *p, int n, const vl_optim_cfg *oc,
     if (!p[i].trainable || !p[i].grad.n) continue;
     double s1 = 0; /* stays 0 on a plan context */
     bool b1 = false;
-    VL_TRY(vl_sumsq_run(c, &(vl_sumsq_args){&p[i].grad, p[i].rows * p[i].cols, &s1, &b1}));
+    VL_TRY(vl_sumsq_run(c, &(vl_sumsq_args){.x = &p[i].grad, .n = p[i].rows * p[i].cols, .out = &s1,
+                                            .nonfinite = &b1}));
     ss += s1;
     bad |= b1;
   }

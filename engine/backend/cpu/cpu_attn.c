@@ -3,7 +3,8 @@
  * delta); the backward's dq and dk, dv run here per block of BLK query (key) rows of one
  * (batch, head), the same arithmetic as the bodies vl_k_attn_dq_row / vl_k_attn_dkdv_row,
  * bit for bit, with each k, v (q, dout) row converted once and reused across the block.
- * Arguments are checked by engine/backend/attn_args.h, the same checks as the CUDA backend.
+ * Arguments are checked by the operation's descriptor (engine/backend/ops.c) before a
+ * kernel runs, on every backend; the backward's workspace here (attn_args.h).
  *
  * Scratch: each thread has a stack array, contiguous (stride 1): VL_K_ATTN_WS(VL_K_ATTN_DMAX)
  * floats (8 KiB) forward, BWD_SCRATCH (160 KiB) backward; the arena's workspace stays the
@@ -22,7 +23,6 @@
 /* The loops hand a thread 8 rows at a time: causal rows differ in length, so the schedule
  * is dynamic (it changes who computes a row, never how). */
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 
 /* The dtype every tensor shares, or -1 when they differ. */
 static int common_dt(const vl_tensor *const *ts, int n) {
@@ -47,10 +47,9 @@ static vl_k_attn_dims dims_of(int64_t H, int64_t Tq, int64_t Tk, int64_t D, floa
         vl_k_attn_fwd_row(o, OD, lse, q, QD, k, KD, v, VD, s, w, 1, r);                    \
   }
 
-vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args) {
   const vl_attn_fwd_args *a = args;
-  int64_t rows = 0;
-  VL_TRY(vl_attn_check_fwd(c, a, &rows));
+  int64_t rows = a->B * a->H * a->Tq;
   vl_k_attn_dims s = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);
   const vl_tensor *ts[4] = {a->o, a->q, a->k, a->v};
   void *o = a->o->data;
@@ -256,10 +255,10 @@ static inline VL_K_ATTN_INL void dkdv_blk(void *dk, int dkdt, void *dv, int dvdt
     }                                                                                      \
   }
 
-vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   const vl_attn_bwd_args *a = args;
-  int64_t rows = 0;
-  VL_TRY(vl_attn_check_bwd(c, a, &rows));
+  VL_TRY(vl_attn_check_ws(c, a));
+  int64_t rows = a->B * a->H * a->Tq;
   int64_t qpb = (a->Tq + BLK - 1) / BLK, kpb = (a->Tk + BLK - 1) / BLK; /* blocks per head */
   int64_t qblks = a->B * a->H * qpb, kblks = a->B * a->H * kpb;
   vl_k_attn_dims s = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);
@@ -288,4 +287,9 @@ vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   } break;
   }
   return VL_OK;
+}
+
+void vl_cpu_attn_ops(vl_backend *b) {
+  b->ops[VL_OP_ATTN_FWD] = vl_cpu_attn_fwd;
+  b->ops[VL_OP_ATTN_BWD] = vl_cpu_attn_bwd;
 }

@@ -1,10 +1,10 @@
 /* CPU backend: OpenMP loops over the single-source kernels (GEMM: cpu_gemm.c). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "vramlab/backend.h"
 #include "cpu_internal.h"
-#include "../cnn_args.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/optim.h"
 #include "../../kernels/rows.h"
@@ -12,16 +12,32 @@
 #define F32 VL_K_F32
 #define COLS 16 /* columns per block of the column sums (rmsnorm dw, embedding dw) */
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 static bool all_f32(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
   return a->dtype == VL_F32 && b->dtype == VL_F32 && (!c || c->dtype == VL_F32);
 }
 
-static vl_status cpu_init(vl_ctx *c) { (void)c; return VL_OK; }
-static void cpu_fini(vl_ctx *c) { (void)c; }
+/* The backend's state on a context (c->be_state). */
+typedef struct {
+  double timer_t0; /* host clock at timer_start */
+} cpu_state;
+
+static vl_status cpu_init(vl_ctx *c) {
+  c->be_state = calloc(1, sizeof(cpu_state));
+  return c->be_state ? VL_OK : vl_fail(c, VL_ERR_OOM, "cpu backend state");
+}
+static void cpu_fini(vl_ctx *c) {
+  free(c->be_state);
+  c->be_state = NULL;
+}
 static vl_status cpu_sync(vl_ctx *c) { (void)c; return VL_OK; }
-static vl_status cpu_timer_start(vl_ctx *c) { c->timer_t0 = vl_now(); return VL_OK; }
-static vl_status cpu_timer_stop(vl_ctx *c, double *sec) { *sec = vl_now() - c->timer_t0; return VL_OK; }
+static vl_status cpu_timer_start(vl_ctx *c) {
+  ((cpu_state *)c->be_state)->timer_t0 = vl_now();
+  return VL_OK;
+}
+static vl_status cpu_timer_stop(vl_ctx *c, double *sec) {
+  *sec = vl_now() - ((cpu_state *)c->be_state)->timer_t0;
+  return VL_OK;
+}
 static size_t cpu_fixed_ws(const vl_ctx *c) { (void)c; return 0; }
 
 static vl_status cpu_upload(vl_ctx *c, vl_tensor *dst, size_t off, const void *src, size_t n) {
@@ -82,7 +98,6 @@ static vl_status cpu_axpby(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
   const vl_embed_fwd_args *a = p;
   int64_t R = a->R, C = a->C;
-  VL_TRY(vl_check_ids(c, "embed_fwd", "token ids", a->tok, R));
   vl_tensor *out = a->out;
   const vl_tensor *wte = a->wte;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -104,7 +119,6 @@ static vl_status cpu_embed_fwd(vl_ctx *c, const void *p) {
 static vl_status cpu_embed_bwd(vl_ctx *c, const void *p) {
   const vl_embed_bwd_args *a = p;
   int64_t R = a->R, C = a->C, nb = (C + COLS - 1) / COLS;
-  VL_TRY(vl_check_ids(c, "embed_bwd", "token ids", a->tok, R));
   void *pw = a->dwte->data;
   const void *po = a->dout->data;
   const int32_t *tok = a->tok ? a->tok->data : NULL;
@@ -289,7 +303,6 @@ static vl_status cpu_xent(vl_ctx *c, const void *p) {
   const vl_xent_fused_args *a = p;
   int64_t R = a->R, V = a->V;
   float s = a->dloss_scale;
-  VL_TRY(vl_check_ids(c, "xent_fused", "targets", a->tgt, R));
   void *pl = a->logits->data;
   float *loss = a->loss->data;
   const int32_t *tgt = a->tgt ? a->tgt->data : NULL;
@@ -410,62 +423,50 @@ static vl_status cpu_adafactor(vl_ctx *c, const void *args) {
   return VL_OK;
 }
 
-const vl_backend vl_backend_cpu = {
-    .name = "cpu", .device = VL_DEV_CPU,
-    .init = cpu_init, .fini = cpu_fini, .sync = cpu_sync,
-    .timer_start = cpu_timer_start, .timer_stop = cpu_timer_stop,
-    .fixed_ws_bytes = cpu_fixed_ws, .upload = cpu_upload, .download = cpu_download,
-    .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_async = cpu_upload,
-    .ops = {
-        [VL_OP_GEMM] = vl_cpu_gemm,
-        [VL_OP_CONV_FWD] = vl_cpu_conv_fwd,
-        [VL_OP_CONV_BWD_DATA] = vl_cpu_conv_bwd_data,
-        [VL_OP_CONV_BWD_WEIGHT] = vl_cpu_conv_bwd_weight,
-        [VL_OP_ZERO] = cpu_zero,
-        [VL_OP_CONVERT] = cpu_convert,
-        [VL_OP_AXPBY] = cpu_axpby,
-        [VL_OP_EMBED_FWD] = cpu_embed_fwd,
-        [VL_OP_EMBED_BWD] = cpu_embed_bwd,
-        [VL_OP_RMSNORM_FWD] = cpu_rmsnorm_fwd,
-        [VL_OP_RMSNORM_BWD] = cpu_rmsnorm_bwd,
-        [VL_OP_ROPE] = cpu_rope,
-        [VL_OP_PERMUTE] = cpu_permute,
-        [VL_OP_SOFTMAX_FWD] = cpu_softmax_fwd,
-        [VL_OP_SOFTMAX_BWD] = cpu_softmax_bwd,
-        [VL_OP_SWIGLU_FWD] = cpu_swiglu_fwd,
-        [VL_OP_SWIGLU_BWD] = cpu_swiglu_bwd,
-        [VL_OP_XENT_FUSED] = cpu_xent,
-        [VL_OP_SUMSQ] = cpu_sumsq,
-        [VL_OP_ADAMW] = cpu_adamw,
-        [VL_OP_SGD] = cpu_sgd,
-        [VL_OP_ADAFACTOR] = cpu_adafactor,
-        [VL_OP_BN_FWD_TRAIN] = vl_cpu_bn_fwd_train,
-        [VL_OP_BN_FWD_EVAL] = vl_cpu_bn_fwd_eval,
-        [VL_OP_BN_BWD] = vl_cpu_bn_bwd,
-        [VL_OP_RELU_FWD] = vl_cpu_relu_fwd,
-        [VL_OP_RELU_BWD] = vl_cpu_relu_bwd,
-        [VL_OP_MAXPOOL_FWD] = vl_cpu_maxpool_fwd,
-        [VL_OP_MAXPOOL_BWD] = vl_cpu_maxpool_bwd,
-        [VL_OP_UPSAMPLE2X_FWD] = vl_cpu_upsample2x_fwd,
-        [VL_OP_UPSAMPLE2X_BWD] = vl_cpu_upsample2x_bwd,
-        [VL_OP_CHAN_COPY] = vl_cpu_chan_copy,
-        [VL_OP_XENT_PIX] = vl_cpu_xent_pix,
-        [VL_OP_GROUPNORM_FWD] = vl_cpu_groupnorm_fwd,
-        [VL_OP_GROUPNORM_BWD] = vl_cpu_groupnorm_bwd,
-        [VL_OP_LAYERNORM_FWD] = vl_cpu_layernorm_fwd,
-        [VL_OP_LAYERNORM_BWD] = vl_cpu_layernorm_bwd,
-        [VL_OP_ACT_FWD] = vl_cpu_act_fwd,
-        [VL_OP_ACT_BWD] = vl_cpu_act_bwd,
-        [VL_OP_GEGLU_FWD] = vl_cpu_geglu_fwd,
-        [VL_OP_GEGLU_BWD] = vl_cpu_geglu_bwd,
-        [VL_OP_BIAS_FWD] = vl_cpu_bias_fwd,
-        [VL_OP_BIAS_BWD] = vl_cpu_bias_bwd,
-        [VL_OP_PAD2D_FWD] = vl_cpu_pad2d_fwd,
-        [VL_OP_PAD2D_BWD] = vl_cpu_pad2d_bwd,
-        [VL_OP_TIMESTEP_EMBED] = vl_cpu_timestep_embed,
-        [VL_OP_MSE_FUSED] = vl_cpu_mse_fused,
-        [VL_OP_GAUSS_SAMPLE] = vl_cpu_gauss_sample,
-        [VL_OP_ATTN_FWD] = vl_cpu_attn_fwd,
-        [VL_OP_ATTN_BWD] = vl_cpu_attn_bwd,
-    },
-};
+/* This file's kernels: the LLM ops, copies and the optimizers. */
+static void core_ops(vl_backend *b) {
+  b->ops[VL_OP_ZERO] = cpu_zero;
+  b->ops[VL_OP_CONVERT] = cpu_convert;
+  b->ops[VL_OP_AXPBY] = cpu_axpby;
+  b->ops[VL_OP_EMBED_FWD] = cpu_embed_fwd;
+  b->ops[VL_OP_EMBED_BWD] = cpu_embed_bwd;
+  b->ops[VL_OP_RMSNORM_FWD] = cpu_rmsnorm_fwd;
+  b->ops[VL_OP_RMSNORM_BWD] = cpu_rmsnorm_bwd;
+  b->ops[VL_OP_ROPE] = cpu_rope;
+  b->ops[VL_OP_PERMUTE] = cpu_permute;
+  b->ops[VL_OP_SOFTMAX_FWD] = cpu_softmax_fwd;
+  b->ops[VL_OP_SOFTMAX_BWD] = cpu_softmax_bwd;
+  b->ops[VL_OP_SWIGLU_FWD] = cpu_swiglu_fwd;
+  b->ops[VL_OP_SWIGLU_BWD] = cpu_swiglu_bwd;
+  b->ops[VL_OP_XENT_FUSED] = cpu_xent;
+  b->ops[VL_OP_SUMSQ] = cpu_sumsq;
+  b->ops[VL_OP_ADAMW] = cpu_adamw;
+  b->ops[VL_OP_SGD] = cpu_sgd;
+  b->ops[VL_OP_ADAFACTOR] = cpu_adafactor;
+}
+
+/* The table: filled once, on first use, by this file and each kernel file (cpu_internal.h),
+ * the way the CUDA backend fills its own. */
+static vl_backend g_cpu;
+static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
+
+static void make_backend(void) {
+  g_cpu = (vl_backend){
+      .name = "cpu", .device = VL_DEV_CPU,
+      .init = cpu_init, .fini = cpu_fini, .sync = cpu_sync,
+      .timer_start = cpu_timer_start, .timer_stop = cpu_timer_stop,
+      .fixed_ws_bytes = cpu_fixed_ws, .upload = cpu_upload, .download = cpu_download,
+      .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_async = cpu_upload,
+  };
+  core_ops(&g_cpu);
+  vl_cpu_gemm_ops(&g_cpu);
+  vl_cpu_conv_ops(&g_cpu);
+  vl_cpu_cnn_ops(&g_cpu);
+  vl_cpu_sd_ops(&g_cpu);
+  vl_cpu_attn_ops(&g_cpu);
+}
+
+const vl_backend *vl_backend_cpu(void) {
+  pthread_once(&g_cpu_once, make_backend);
+  return &g_cpu;
+}

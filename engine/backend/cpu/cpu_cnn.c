@@ -1,7 +1,7 @@
 /* CPU backend, CNN element/plane ops: OpenMP loops over the single-source bodies of
  * engine/kernels/cnn.h (batch norm, ReLU, max pooling, bilinear or nearest 2x upsampling,
- * channel copy, per-pixel cross-entropy). Arguments are checked by engine/backend/cnn_args.h,
- * the same checks as the CUDA backend.
+ * channel copy, per-pixel cross-entropy). Arguments are checked by the operation's descriptor
+ * (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Speed without a second implementation: where the tensors of a hot loop are fp32, the
  * loop calls the same body with the dtype as the constant VL_K_F32, so once inlined the
@@ -14,13 +14,11 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "../cnn_args.h"
 #include "../../kernels/cnn.h"
 
 #define F32 VL_K_F32
 #define INLINE static inline __attribute__((always_inline))
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 static bool all_f32(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
   return a->dtype == VL_F32 && b->dtype == VL_F32 && (!c || c->dtype == VL_F32);
 }
@@ -53,9 +51,7 @@ static vl_status cpu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_t
                               vl_tensor *rmean, vl_tensor *rvar, const vl_tensor *x,
                               const vl_tensor *gamma, const vl_tensor *beta, int64_t N, int64_t C,
                               int64_t HW, float eps, float momentum) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
-                                   momentum, &n));
+  int64_t n = N * C * HW;
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, beta->data, dt(gamma), dt(beta)};
   float *pm = mean->data, *pr = rstd->data;
@@ -84,8 +80,7 @@ INLINE void bn_eval_plane(void *y, int ydt, const void *x, int xdt, const float 
 static vl_status cpu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, const vl_tensor *gamma,
                              const vl_tensor *beta, const vl_tensor *rmean, const vl_tensor *rvar,
                              int64_t N, int64_t C, int64_t HW, float eps) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
+  int64_t n = N * C * HW;
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, beta->data, dt(gamma), dt(beta)};
   const float *rm = rmean->data, *rv = rvar->data;
@@ -122,8 +117,7 @@ static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tens
                         const vl_tensor *dy, const vl_tensor *x, const vl_tensor *gamma,
                         const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
                         int64_t HW) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
+  int64_t n = N * C * HW;
   if (n == 0) return VL_OK;
   bn_shape s = {N, C, HW, gamma->data, NULL, dt(gamma), 0};
   void *dg = dgamma ? dgamma->data : NULL, *db = dbeta ? dbeta->data : NULL;
@@ -145,7 +139,6 @@ static vl_status cpu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tens
 /* ---- ReLU ----------------------------------------------------------------------------- */
 
 static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
-  VL_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
   void *py = y->data;
   const void *px = x->data;
   if (all_f32(y, x, NULL)) {
@@ -161,7 +154,6 @@ static vl_status cpu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64
 
 static vl_status cpu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
                           int64_t n) {
-  VL_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
   void *pdx = dx->data;
   const void *pdy = dy->data, *py = y->data;
   if (all_f32(dx, dy, y)) {
@@ -190,8 +182,7 @@ INLINE void pool_fwd_row(void *y, int ydt, const void *x, int xdt, const pool_ge
 static vl_status cpu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                              int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
                              int64_t Q) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
+  int64_t n = planes * P * Q;
   pool_geo g = {H, W, P, Q, k, stride, pad};
   void *py = y->data;
   const void *px = x->data;
@@ -220,8 +211,7 @@ static void pool_bwd_row(void *dx, int dxdt, const void *dy, int dydt, const voi
 static vl_status cpu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x,
                              int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
                              int64_t P, int64_t Q) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
+  int64_t n = planes * H * W;
   pool_geo g = {H, W, P, Q, k, stride, pad};
   void *pdx = dx->data;
   const void *pdy = dy->data, *px = x->data;
@@ -282,8 +272,7 @@ INLINE void up_bwd_row(void *dx, int dxdt, const void *dy, int dydt, int64_t H, 
 
 static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                 int64_t H, int64_t W, bool nearest) {
-  int64_t nlo = 0, nhi = 0;
-  VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
+  int64_t nhi = planes * 4 * H * W;
   void *py = y->data;
   const void *px = x->data;
   vl_k_up_src tab[UP_TABLE];
@@ -302,8 +291,7 @@ static vl_status cpu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x,
 
 static vl_status cpu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
                                 int64_t H, int64_t W, bool nearest) {
-  int64_t nlo = 0, nhi = 0;
-  VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
+  int64_t nhi = planes * 4 * H * W;
   void *pdx = dx->data;
   const void *pdy = dy->data;
   float tab[UP_TABLE][4];
@@ -335,8 +323,7 @@ static void cc_offsets(int64_t q, int64_t nc, int64_t HW, int64_t yC, int64_t y_
 static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, const vl_tensor *x,
                            int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
                            bool accumulate) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
+  int64_t n = N * nc * HW;
   if (n == 0) return VL_OK;
   void *py = y->data;
   const void *px = x->data;
@@ -373,8 +360,7 @@ static vl_status cpu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0
  * written (the CUDA backend cannot see them cheaply: its kernel gives that pixel a NaN loss). */
 static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *tt,
                           int64_t N, int64_t K, int64_t HW, float dloss_scale) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_xent_pix(c, logits, loss, tt, N, K, HW, dloss_scale, &n));
+  int64_t n = N * HW;
   const int32_t *tgt = tt ? tt->data : NULL;
   for (int64_t p = 0; p < n; p++)
     if (tgt[p] >= K)
@@ -395,52 +381,66 @@ static vl_status cpu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, con
 
 /* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
 
-vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *p) {
   const vl_bn_fwd_train_args *a = p;
   return cpu_bn_fwd_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma, a->beta,
                           a->N, a->C, a->HW, a->eps, a->momentum);
 }
-vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *p) {
   const vl_bn_fwd_eval_args *a = p;
   return cpu_bn_fwd_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C, a->HW,
                          a->eps);
 }
-vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *p) {
   const vl_bn_bwd_args *a = p;
   return cpu_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, a->N,
                     a->C, a->HW);
 }
-vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *p) {
   const vl_relu_fwd_args *a = p;
   return cpu_relu_fwd(c, a->y, a->x, a->n);
 }
-vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *p) {
   const vl_relu_bwd_args *a = p;
   return cpu_relu_bwd(c, a->dx, a->dy, a->y, a->n);
 }
-vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *p) {
   const vl_maxpool_fwd_args *a = p;
   return cpu_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad, a->P, a->Q);
 }
-vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *p) {
   const vl_maxpool_bwd_args *a = p;
   return cpu_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
                          a->P, a->Q);
 }
-vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_fwd_args *a = p;
   return cpu_upsample2x_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->nearest);
 }
-vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *p) {
   const vl_upsample2x_bwd_args *a = p;
   return cpu_upsample2x_bwd(c, a->dx, a->dy, a->planes, a->H, a->W, a->nearest);
 }
-vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_chan_copy(vl_ctx *c, const void *p) {
   const vl_chan_copy_args *a = p;
   return cpu_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
                        a->accumulate);
 }
-vl_status vl_cpu_xent_pix(vl_ctx *c, const void *p) {
+static vl_status vl_cpu_xent_pix(vl_ctx *c, const void *p) {
   const vl_xent_pix_args *a = p;
   return cpu_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale);
+}
+
+void vl_cpu_cnn_ops(vl_backend *b) {
+  b->ops[VL_OP_BN_FWD_TRAIN] = vl_cpu_bn_fwd_train;
+  b->ops[VL_OP_BN_FWD_EVAL] = vl_cpu_bn_fwd_eval;
+  b->ops[VL_OP_BN_BWD] = vl_cpu_bn_bwd;
+  b->ops[VL_OP_RELU_FWD] = vl_cpu_relu_fwd;
+  b->ops[VL_OP_RELU_BWD] = vl_cpu_relu_bwd;
+  b->ops[VL_OP_MAXPOOL_FWD] = vl_cpu_maxpool_fwd;
+  b->ops[VL_OP_MAXPOOL_BWD] = vl_cpu_maxpool_bwd;
+  b->ops[VL_OP_UPSAMPLE2X_FWD] = vl_cpu_upsample2x_fwd;
+  b->ops[VL_OP_UPSAMPLE2X_BWD] = vl_cpu_upsample2x_bwd;
+  b->ops[VL_OP_CHAN_COPY] = vl_cpu_chan_copy;
+  b->ops[VL_OP_XENT_PIX] = vl_cpu_xent_pix;
 }

@@ -410,21 +410,21 @@ static vl_status conv_call(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv
   return VL_OK;
 }
 
-vl_status vl_cpu_conv_fwd(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_conv_fwd(vl_ctx *c, const void *args) {
   const vl_conv_fwd_args *a = args;
   const vl_tensor *t[NSLOT] = {a->x, a->w, a->y};
   const char *const nm[NSLOT] = {"x", "w", "y"};
   return conv_call(c, "conv_fwd", &a->cv, VL_CONV_FWD, false, t, nm, a->ws, a->ws_bytes);
 }
 
-vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const void *args) {
   const vl_conv_bwd_data_args *a = args;
   const vl_tensor *t[NSLOT] = {a->dy, a->w, a->dx};
   const char *const nm[NSLOT] = {"dy", "w", "dx"};
   return conv_call(c, "conv_bwd_data", &a->cv, VL_CONV_BWD_DATA, false, t, nm, a->ws, a->ws_bytes);
 }
 
-vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const void *args) {
   const vl_conv_bwd_weight_args *a = args;
   const vl_tensor *t[NSLOT] = {a->x, a->dy, a->dw};
   const char *const nm[NSLOT] = {"x", "dy", "dw"};
@@ -464,4 +464,10 @@ void vl_cpu_conv_key(char *out, size_t n) {
   const dnnl_version_t *v = dnnl_version();
   snprintf(out, n, "onednn-%d.%d-isa%d-%dprims-%016llx", v->major, v->minor, (int)dnnl_get_effective_cpu_isa(),
            prims, (unsigned long long)h);
+}
+
+void vl_cpu_conv_ops(vl_backend *b) {
+  b->ops[VL_OP_CONV_FWD] = vl_cpu_conv_fwd;
+  b->ops[VL_OP_CONV_BWD_DATA] = vl_cpu_conv_bwd_data;
+  b->ops[VL_OP_CONV_BWD_WEIGHT] = vl_cpu_conv_bwd_weight;
 }

@@ -184,7 +184,7 @@ static bool batches_disjoint(const vl_gemm *g) {
   return g->sc >= span || (g->sc >= g->N && (g->batch - 1) * g->sc + g->N <= g->ldc);
 }
 
-vl_status vl_cpu_gemm(vl_ctx *c, const void *args) {
+static vl_status vl_cpu_gemm(vl_ctx *c, const void *args) {
   const vl_gemm *g = args;
   if (g->ws_bytes < vl_gemm_ws_cpu(g))
     return vl_fail(c, VL_ERR_INVALID, "gemm workspace %zu < %zu", g->ws_bytes, vl_gemm_ws_cpu(g));
@@ -239,4 +239,8 @@ vl_status vl_cpu_gemm(vl_ctx *c, const void *args) {
 void vl_cpu_blas_key(char *out, size_t n) {
   const char *core = openblas_get_corename();
   snprintf(out, n, "openblas-%s", core && *core ? core : "unknown");
+}
+
+void vl_cpu_gemm_ops(vl_backend *b) {
+  b->ops[VL_OP_GEMM] = vl_cpu_gemm;
 }

@@ -1,10 +1,11 @@
 /* The CPU backend's ops that live outside cpu_backend.c: cpu_gemm.c (OpenBLAS sgemm),
  * cpu_conv.c (oneDNN convolutions), cpu_cnn.c (loops over engine/kernels/cnn.h), cpu_sd.c
- * and cpu_attn.c. Each takes its op's argument struct
- * (vramlab/ops.h) and sits in vl_backend_cpu.ops. */
+ * and cpu_attn.c. Each kernel takes its op's argument struct (vramlab/ops.h); each file
+ * registers its kernels in the table of vl_backend_cpu(). */
 #ifndef VRAMLAB_CPU_INTERNAL_H
 #define VRAMLAB_CPU_INTERNAL_H
 #include "vramlab/backend.h"
+#include "../be_common.h"
 
 /* ---- threads (cpu_par.c) ----------------------------------------------------------------
  * A parallel region costs a fork and a join: microseconds on idle cores, up to a scheduler
@@ -32,41 +33,12 @@ void vl_cpu_par_warm(void);
 /* Tests: every later decision is min(n, team) threads; 0 restores the measured policy. */
 void vl_cpu_threads_force(int n);
 
-vl_status vl_cpu_gemm(vl_ctx *c, const void *args);            /* vl_gemm (cpu_gemm.c) */
-vl_status vl_cpu_conv_fwd(vl_ctx *c, const void *args);        /* vl_conv_fwd_args */
-vl_status vl_cpu_conv_bwd_data(vl_ctx *c, const void *args);   /* vl_conv_bwd_data_args */
-vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const void *args); /* vl_conv_bwd_weight_args */
-
-vl_status vl_cpu_bn_fwd_train(vl_ctx *c, const void *args);
-vl_status vl_cpu_bn_fwd_eval(vl_ctx *c, const void *args);
-vl_status vl_cpu_bn_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_relu_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_relu_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_maxpool_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_maxpool_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_upsample2x_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_upsample2x_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_chan_copy(vl_ctx *c, const void *args);
-vl_status vl_cpu_xent_pix(vl_ctx *c, const void *args);
-
-/* cpu_sd.c: Stable Diffusion's norms, activations, bias, padding, timestep embedding, MSE,
- * Gaussian sample (engine/kernels/sd.h) */
-vl_status vl_cpu_groupnorm_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_groupnorm_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_layernorm_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_layernorm_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_act_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_act_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_geglu_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_geglu_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_bias_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_bias_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_pad2d_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_pad2d_bwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_timestep_embed(vl_ctx *c, const void *args);
-vl_status vl_cpu_mse_fused(vl_ctx *c, const void *args);
-vl_status vl_cpu_gauss_sample(vl_ctx *c, const void *args);
-/* cpu_attn.c: memory-efficient attention (engine/kernels/attn.h) */
-vl_status vl_cpu_attn_fwd(vl_ctx *c, const void *args);
-vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args);
+/* ---- the kernels ---------------------------------------------------------------------------
+ * Each file puts its kernels in the backend's table itself, b->ops[VL_OP_...] = kernel, as
+ * the CUDA backend's files do; vl_backend_cpu() (cpu_backend.c) builds the table once. */
+void vl_cpu_gemm_ops(vl_backend *b); /* cpu_gemm.c: GEMM (OpenBLAS) */
+void vl_cpu_conv_ops(vl_backend *b); /* cpu_conv.c: convolutions (oneDNN) */
+void vl_cpu_cnn_ops(vl_backend *b);  /* cpu_cnn.c: batch norm, ReLU, pooling, upsampling, ... */
+void vl_cpu_sd_ops(vl_backend *b);   /* cpu_sd.c: norms, activations, bias, padding, ... */
+void vl_cpu_attn_ops(vl_backend *b); /* cpu_attn.c: memory-efficient attention */
 #endif

@@ -1,7 +1,7 @@
 /* CPU backend, Stable Diffusion's ops: OpenMP loops over the single-source bodies of
  * engine/kernels/sd.h (GroupNorm, LayerNorm, activations, GEGLU, bias, zero padding,
- * timestep embedding, fused MSE, the VAE's Gaussian sample). Arguments are checked by
- * engine/backend/sd_args.h, the same checks as the CUDA backend.
+ * timestep embedding, fused MSE, the VAE's Gaussian sample). Arguments are checked by the
+ * operation's descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * As in cpu_cnn.c, hot loops call the body with the storage dtype as a constant when their
  * activation tensors share one (fp32, fp16 or bf16: the dtype switches of vl_ld/vl_st fold
@@ -16,34 +16,31 @@
  * per segment, then dgamma/dbeta per channel (GroupNorm) or per block of 16 columns
  * (LayerNorm) over every segment, so no two threads add into one parameter gradient. */
 #include "cpu_internal.h"
-#include "../sd_args.h"
 #include "../../kernels/sd.h"
 
 #define F32 VL_K_F32
 #define INLINE static inline __attribute__((always_inline))
 #define COLS 16      /* columns per LayerNorm / bias column block: one cache line of fp32 */
 
-static int dt(const vl_tensor *t) { return (int)t->dtype; }
 /* The dtype a, b and c (c may be NULL) share, or -1. */
 static int same_dt(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
   return a->dtype == b->dtype && (!c || c->dtype == a->dtype) ? dt(a) : -1;
 }
 
-/* BODY(A, B, C) with the dtypes of three tensors (the third may be NULL: C is then A):
- * compile-time constants when they share fp32, fp16 or bf16, else their runtime values. The
- * loops in BODY parallelise with PAR_FOR, over a count named n. */
+/* LOOP(A, B, C) with the dtypes of three tensors (the third may be NULL: C is then A):
+ * compile-time constants when they share fp32, fp16 or bf16, else their runtime values. Each
+ * op names its loop after itself (GN_FWD_LOOP, DB_COLS_LOOP, ...) and parallelises it with
+ * PAR_FOR, over a count named n. */
 #define PAR_FOR _Pragma("omp parallel for num_threads(vl_cpu_threads((double)n * NS_ROW))")
-#define DISPATCH(ta, tb, tc, BODY)                                                         \
+#define DISPATCH(ta, tb, tc, LOOP)                                                         \
   do {                                                                                     \
     switch (same_dt((ta), (tb), (tc))) {                                                   \
-    case VL_K_F32: BODY(VL_K_F32, VL_K_F32, VL_K_F32); break;                              \
-    case VL_K_F16: BODY(VL_K_F16, VL_K_F16, VL_K_F16); break;                              \
-    case VL_K_BF16: BODY(VL_K_BF16, VL_K_BF16, VL_K_BF16); break;                          \
-    default: BODY(dt(ta), dt(tb), ((tc) ? dt(tc) : dt(ta))); break;                        \
+    case VL_K_F32: LOOP(VL_K_F32, VL_K_F32, VL_K_F32); break;                              \
+    case VL_K_F16: LOOP(VL_K_F16, VL_K_F16, VL_K_F16); break;                              \
+    case VL_K_BF16: LOOP(VL_K_BF16, VL_K_BF16, VL_K_BF16); break;                          \
+    default: LOOP(dt(ta), dt(tb), ((tc) ? dt(tc) : dt(ta))); break;                        \
     }                                                                                      \
   } while (0)
-static void *data_or_null(const vl_tensor *t) { return t ? t->data : NULL; }
-static int dt_or_f32(const vl_tensor *t) { return t ? dt(t) : F32; }
 
 /* ---- GroupNorm ------------------------------------------------------------------------ */
 
@@ -68,8 +65,7 @@ INLINE void gn_fwd_group(void *y, int ydt, const void *x, int xdt, float *mean, 
 }
 
 static vl_status cpu_groupnorm_fwd(vl_ctx *c, const vl_groupnorm_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_fwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   gn_shape sh = {a->C, a->HW, a->G, a->C / a->G, a->gamma->data, a->beta->data, dt(a->gamma),
                  dt(a->beta)};
@@ -77,10 +73,10 @@ static vl_status cpu_groupnorm_fwd(vl_ctx *c, const vl_groupnorm_fwd_args *a) {
   void *py = a->y->data;
   const void *px = a->x->data;
   int64_t S = a->N * a->G;
-#define BODY(YD, XD, _)                                                                    \
+#define GN_FWD_LOOP(YD, XD, _)                                                             \
   PAR_FOR for (int64_t s = 0; s < S; s++) gn_fwd_group(py, YD, px, XD, pm, pr, &sh, a->eps, s)
-  DISPATCH(a->y, a->x, NULL, BODY);
-#undef BODY
+  DISPATCH(a->y, a->x, NULL, GN_FWD_LOOP);
+#undef GN_FWD_LOOP
   return VL_OK;
 }
 
@@ -115,8 +111,7 @@ INLINE void gn_dgb_chan(void *dgamma, int dgdt, void *dbeta, int dbdt, const voi
 }
 
 static vl_status cpu_groupnorm_bwd(vl_ctx *c, const vl_groupnorm_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_bwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   gn_shape sh = {a->C, a->HW, a->G, a->C / a->G, a->gamma->data, NULL, dt(a->gamma), 0};
   const float *pm = a->mean->data, *pr = a->rstd->data;
@@ -124,27 +119,26 @@ static vl_status cpu_groupnorm_bwd(vl_ctx *c, const vl_groupnorm_bwd_args *a) {
   int acc = a->accumulate ? 1 : 0;
   void *pdx = a->dx->data;
   const void *pdy = a->dy->data, *px = a->x->data;
-#define BODY(DXD, DYD, XD)                                                                 \
+#define GN_DX_LOOP(DXD, DYD, XD)                                                           \
   PAR_FOR for (int64_t s = 0; s < S; s++)                                                  \
       gn_bwd_group(pdx, DXD, pdy, DYD, px, XD, pm, pr, &sh, acc, s)
-  DISPATCH(a->dx, a->dy, a->x, BODY);
-#undef BODY
+  DISPATCH(a->dx, a->dy, a->x, GN_DX_LOOP);
+#undef GN_DX_LOOP
   if (!a->dgamma && !a->dbeta) return VL_OK;
   void *dg = data_or_null(a->dgamma), *db = data_or_null(a->dbeta);
   int dgdt = dt_or_f32(a->dgamma), dbdt = dt_or_f32(a->dbeta);
-#define BODY(DYD, XD, _)                                                                   \
+#define GN_DGB_LOOP(DYD, XD, _)                                                            \
   PAR_FOR for (int64_t k = 0; k < a->C; k++)                                               \
       gn_dgb_chan(dg, dgdt, db, dbdt, pdy, DYD, px, XD, pm, pr, a->N, &sh, k)
-  DISPATCH(a->dy, a->x, NULL, BODY);
-#undef BODY
+  DISPATCH(a->dy, a->x, NULL, GN_DGB_LOOP);
+#undef GN_DGB_LOOP
   return VL_OK;
 }
 
 /* ---- LayerNorm ---------------------------------------------------------------------------- */
 
 static vl_status cpu_layernorm_fwd(vl_ctx *c, const vl_layernorm_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_fwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   float *pm = a->mean->data, *pr = a->rstd->data;
   void *py = a->y->data;
@@ -153,12 +147,12 @@ static vl_status cpu_layernorm_fwd(vl_ctx *c, const vl_layernorm_fwd_args *a) {
 #define ROWS(YD, XD, GD, BD)                                                               \
   PAR_FOR for (int64_t r = 0; r < a->R; r++)                                               \
       vl_k_ln_fwd_row(py, YD, pm, pr, px, XD, g, GD, b, BD, a->C, a->eps, r)
-#define BODY(YD, XD, _)                                                                    \
+#define LN_FWD_LOOP(YD, XD, _)                                                             \
   if (pdt == VL_K_F32) ROWS(YD, XD, VL_K_F32, VL_K_F32);                                   \
   else if (pdt == XD) ROWS(YD, XD, XD, XD);                                                \
   else ROWS(YD, XD, gdt, bdt)
-  DISPATCH(a->y, a->x, NULL, BODY);
-#undef BODY
+  DISPATCH(a->y, a->x, NULL, LN_FWD_LOOP);
+#undef LN_FWD_LOOP
 #undef ROWS
   return VL_OK;
 }
@@ -175,8 +169,7 @@ INLINE void ln_dgb_block(void *dgamma, int dgdt, void *dbeta, int dbdt, const vo
 }
 
 static vl_status cpu_layernorm_bwd(vl_ctx *c, const vl_layernorm_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_bwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   const float *pm = a->mean->data, *pr = a->rstd->data;
   const void *g = a->gamma->data;
@@ -186,49 +179,48 @@ static vl_status cpu_layernorm_bwd(vl_ctx *c, const vl_layernorm_bwd_args *a) {
 #define ROWS(DXD, DYD, XD, GD)                                                             \
   PAR_FOR for (int64_t r = 0; r < a->R; r++)                                               \
       vl_k_ln_bwd_row(pdx, DXD, pdy, DYD, px, XD, g, GD, pm, pr, a->C, acc, r)
-#define BODY(DXD, DYD, XD)                                                                 \
+#define LN_DX_LOOP(DXD, DYD, XD)                                                           \
   if (gdt == VL_K_F32) ROWS(DXD, DYD, XD, VL_K_F32);                                       \
   else if (gdt == XD) ROWS(DXD, DYD, XD, XD);                                              \
   else ROWS(DXD, DYD, XD, gdt)
-  DISPATCH(a->dx, a->dy, a->x, BODY);
-#undef BODY
+  DISPATCH(a->dx, a->dy, a->x, LN_DX_LOOP);
+#undef LN_DX_LOOP
 #undef ROWS
   if (!a->dgamma && !a->dbeta) return VL_OK;
   void *dg = data_or_null(a->dgamma), *db = data_or_null(a->dbeta);
   int dgdt = dt_or_f32(a->dgamma), dbdt = dt_or_f32(a->dbeta);
   int64_t nblk = (a->C + COLS - 1) / COLS;
-#define BODY(DYD, XD, _)                                                                   \
+#define LN_DGB_LOOP(DYD, XD, _)                                                            \
   PAR_FOR for (int64_t q = 0; q < nblk; q++)                                               \
       ln_dgb_block(dg, dgdt, db, dbdt, pdy, DYD, px, XD, pm, pr, a->R, a->C, q * COLS)
-  DISPATCH(a->dy, a->x, NULL, BODY);
-#undef BODY
+  DISPATCH(a->dy, a->x, NULL, LN_DGB_LOOP);
+#undef LN_DGB_LOOP
   return VL_OK;
 }
 
 /* ---- activations, GEGLU ----------------------------------------------------------------- */
 
 static vl_status cpu_act_fwd(vl_ctx *c, const vl_act_fwd_args *a) {
-  VL_TRY(vl_sd_check_act_fwd(c, a));
   int64_t n = a->n;
   int act = (int)a->act;
   void *py = n ? a->y->data : NULL;
   const void *px = n ? a->x->data : NULL;
-#define BODY(YD, XD, _) PAR_FOR for (int64_t i = 0; i < n; i++) vl_k_act_fwd(py, YD, px, XD, act, i)
-  DISPATCH(a->y, a->x, NULL, BODY);
-#undef BODY
+#define ACT_FWD_LOOP(YD, XD, _)                                                            \
+  PAR_FOR for (int64_t i = 0; i < n; i++) vl_k_act_fwd(py, YD, px, XD, act, i)
+  DISPATCH(a->y, a->x, NULL, ACT_FWD_LOOP);
+#undef ACT_FWD_LOOP
   return VL_OK;
 }
 
 static vl_status cpu_act_bwd(vl_ctx *c, const vl_act_bwd_args *a) {
-  VL_TRY(vl_sd_check_act_bwd(c, a));
   int64_t n = a->n;
   int act = (int)a->act;
   void *pdx = n ? a->dx->data : NULL;
   const void *pdy = n ? a->dy->data : NULL, *px = n ? a->x->data : NULL;
-#define BODY(DXD, DYD, XD)                                                                 \
+#define ACT_BWD_LOOP(DXD, DYD, XD)                                                         \
   PAR_FOR for (int64_t i = 0; i < n; i++) vl_k_act_bwd(pdx, DXD, pdy, DYD, px, XD, act, i)
-  DISPATCH(a->dx, a->dy, a->x, BODY);
-#undef BODY
+  DISPATCH(a->dx, a->dy, a->x, ACT_BWD_LOOP);
+#undef ACT_BWD_LOOP
   return VL_OK;
 }
 
@@ -241,28 +233,26 @@ INLINE void geglu_bwd_row(void *dh, int dhdt, const void *dout, int ddt, const v
 }
 
 static vl_status cpu_geglu_fwd(vl_ctx *c, const vl_geglu_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_fwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n == 0) return VL_OK;
   void *po = a->out->data;
   const void *ph = a->h->data;
-#define BODY(OD, HD, _)                                                                    \
+#define GEGLU_FWD_LOOP(OD, HD, _)                                                          \
   PAR_FOR for (int64_t r = 0; r < a->R; r++) geglu_fwd_row(po, OD, ph, HD, a->F, r)
-  DISPATCH(a->out, a->h, NULL, BODY);
-#undef BODY
+  DISPATCH(a->out, a->h, NULL, GEGLU_FWD_LOOP);
+#undef GEGLU_FWD_LOOP
   return VL_OK;
 }
 
 static vl_status cpu_geglu_bwd(vl_ctx *c, const vl_geglu_bwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_bwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n == 0) return VL_OK;
   void *pdh = a->dh->data;
   const void *pd = a->dout->data, *ph = a->h->data;
-#define BODY(DHD, DD, HD)                                                                  \
+#define GEGLU_BWD_LOOP(DHD, DD, HD)                                                        \
   PAR_FOR for (int64_t r = 0; r < a->R; r++) geglu_bwd_row(pdh, DHD, pd, DD, ph, HD, a->F, r)
-  DISPATCH(a->dh, a->dout, a->h, BODY);
-#undef BODY
+  DISPATCH(a->dh, a->dout, a->h, GEGLU_BWD_LOOP);
+#undef GEGLU_BWD_LOOP
   return VL_OK;
 }
 
@@ -272,8 +262,7 @@ static vl_status cpu_geglu_bwd(vl_ctx *c, const vl_geglu_bwd_args *a) {
  * when inner is 1 (linear layers: the bias read per element, a constant dtype when it
  * shares y's), so the inner loop is the long contiguous one. */
 static vl_status cpu_bias_fwd(vl_ctx *c, const vl_bias_fwd_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_bias_fwd(c, a, &n));
+  int64_t n = a->outer * a->C * a->inner;
   if (n == 0) return VL_OK;
   void *py = a->y->data;
   const void *pb = a->b->data;
@@ -282,19 +271,19 @@ static vl_status cpu_bias_fwd(vl_ctx *c, const vl_bias_fwd_args *a) {
   if (inner == 1) {
 #define ROWS(YD, BD)                                                                       \
   PAR_FOR for (int64_t o = 0; o < a->outer; o++) vl_k_bias_fwd_row(py, YD, pb, BD, C, po, o)
-#define BODY(YD, _a, _b)                                                                   \
+#define BIAS_ROWS_LOOP(YD, _a, _b)                                                         \
   if (bdt == VL_K_F32) ROWS(YD, VL_K_F32);                                                 \
   else if (bdt == YD) ROWS(YD, YD);                                                        \
   else ROWS(YD, bdt)
-    DISPATCH(a->y, a->y, NULL, BODY);
-#undef BODY
+    DISPATCH(a->y, a->y, NULL, BIAS_ROWS_LOOP);
+#undef BIAS_ROWS_LOOP
 #undef ROWS
   } else {
-#define BODY(YD, _a, _b)                                                                   \
+#define BIAS_PLANES_LOOP(YD, _a, _b)                                                       \
   PAR_FOR for (int64_t p = 0; p < a->outer * C; p++)                                       \
       vl_k_bias_fwd_plane(py, YD, pb, bdt, C, inner, po, p)
-    DISPATCH(a->y, a->y, NULL, BODY);
-#undef BODY
+    DISPATCH(a->y, a->y, NULL, BIAS_PLANES_LOOP);
+#undef BIAS_PLANES_LOOP
   }
   return VL_OK;
 }
@@ -317,8 +306,7 @@ INLINE void bias_bwd_chan(void *db, int dbdt, const void *dy, int dydt, int64_t 
 }
 
 static vl_status cpu_bias_bwd(vl_ctx *c, const vl_bias_bwd_args *a) {
-  int64_t n = 0, nb = 0;
-  VL_TRY(vl_sd_check_bias_bwd(c, a, &n, &nb));
+  int64_t n = a->outer * a->C * a->inner, nb = (a->per_outer ? a->outer : 1) * a->C;
   if (nb == 0) return VL_OK;
   void *pdb = a->db->data;
   const void *pdy = n ? a->dy->data : NULL;
@@ -326,23 +314,23 @@ static vl_status cpu_bias_bwd(vl_ctx *c, const vl_bias_bwd_args *a) {
   int64_t C = a->C, inner = a->inner, outer = a->outer;
   int64_t nblk = (C + COLS - 1) / COLS;
   if (a->per_outer) { /* db[o, c]: one plane each */
-#define BODY(DYD, _a, _b)                                                                  \
+#define DB_PLANES_LOOP(DYD, _a, _b)                                                        \
   PAR_FOR for (int64_t p = 0; p < nb; p++)                                                 \
       vl_k_bias_bwd_store(pdb, dbdt, p, vl_k_sum_run(pdy, DYD, p * inner, inner), acc)
-    DISPATCH(a->dy, a->dy, NULL, BODY);
-#undef BODY
+    DISPATCH(a->dy, a->dy, NULL, DB_PLANES_LOOP);
+#undef DB_PLANES_LOOP
   } else if (inner == 1) {
-#define BODY(DYD, _a, _b)                                                                  \
+#define DB_COLS_LOOP(DYD, _a, _b)                                                          \
   PAR_FOR for (int64_t q = 0; q < nblk; q++)                                               \
       bias_bwd_cols(pdb, dbdt, pdy, DYD, outer, C, acc, q * COLS)
-    DISPATCH(a->dy, a->dy, NULL, BODY);
-#undef BODY
+    DISPATCH(a->dy, a->dy, NULL, DB_COLS_LOOP);
+#undef DB_COLS_LOOP
   } else {
-#define BODY(DYD, _a, _b)                                                                  \
+#define DB_CHANS_LOOP(DYD, _a, _b)                                                         \
   PAR_FOR for (int64_t k = 0; k < C; k++)                                                  \
       bias_bwd_chan(pdb, dbdt, pdy, DYD, outer, C, inner, acc, k)
-    DISPATCH(a->dy, a->dy, NULL, BODY);
-#undef BODY
+    DISPATCH(a->dy, a->dy, NULL, DB_CHANS_LOOP);
+#undef DB_CHANS_LOOP
   }
   return VL_OK;
 }
@@ -355,9 +343,8 @@ static vl_k_pad pad_geo(int64_t H, int64_t W, int top, int bottom, int left, int
 }
 
 static vl_status cpu_pad2d_fwd(vl_ctx *c, const vl_pad2d_fwd_args *a) {
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, true, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
+  int64_t nout = a->planes * (a->H + a->top + a->bottom) * (a->W + a->left + a->right);
   if (nout == 0) return VL_OK;
   vl_k_pad g = pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right);
   void *py = a->y->data;
@@ -372,9 +359,7 @@ static vl_status cpu_pad2d_fwd(vl_ctx *c, const vl_pad2d_fwd_args *a) {
 }
 
 static vl_status cpu_pad2d_bwd(vl_ctx *c, const vl_pad2d_bwd_args *a) {
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, false, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
   if (nin == 0) return VL_OK;
   vl_k_pad g = pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right);
   void *pdx = a->dx->data;
@@ -391,8 +376,7 @@ static vl_status cpu_pad2d_bwd(vl_ctx *c, const vl_pad2d_bwd_args *a) {
 /* ---- timestep embedding, MSE, Gaussian sample ------------------------------------------- */
 
 static vl_status cpu_timestep_embed(vl_ctx *c, const vl_timestep_embed_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_timestep(c, a, &n));
+  int64_t n = a->B * a->dim;
   if (n == 0) return VL_OK;
   const int32_t *t = a->t->data; /* host memory on this backend */
   void *pe = a->emb->data;
@@ -404,8 +388,7 @@ static vl_status cpu_timestep_embed(vl_ctx *c, const vl_timestep_embed_args *a) 
 }
 
 static vl_status cpu_mse_fused(vl_ctx *c, const vl_mse_fused_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_mse(c, a, &n));
+  int64_t n = a->R * a->C;
   if (a->R == 0) return VL_OK;
   void *pp = n ? a->pred->data : NULL;
   const void *pt = n ? a->target->data : NULL;
@@ -417,8 +400,7 @@ static vl_status cpu_mse_fused(vl_ctx *c, const vl_mse_fused_args *a) {
 }
 
 static vl_status cpu_gauss_sample(vl_ctx *c, const vl_gauss_sample_args *a) {
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_gauss(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   void *pz = a->z->data;
   const void *pm = a->moments->data, *pn = a->noise->data;
@@ -429,10 +411,12 @@ static vl_status cpu_gauss_sample(vl_ctx *c, const vl_gauss_sample_args *a) {
   return VL_OK;
 }
 
-/* ---- the op table's entries (cpu_backend.c): the argument structs of vramlab/ops.h -------- */
+/* ---- the op table's entries: the argument structs of vramlab/ops.h ------------------------ */
 
 #define ENTRY(name, type)                                                                  \
-  vl_status vl_cpu_##name(vl_ctx *c, const void *p) { return cpu_##name(c, (const type *)p); }
+  static vl_status vl_cpu_##name(vl_ctx *c, const void *p) {                               \
+    return cpu_##name(c, (const type *)p);                                                 \
+  }
 ENTRY(groupnorm_fwd, vl_groupnorm_fwd_args)
 ENTRY(groupnorm_bwd, vl_groupnorm_bwd_args)
 ENTRY(layernorm_fwd, vl_layernorm_fwd_args)
@@ -448,3 +432,22 @@ ENTRY(pad2d_bwd, vl_pad2d_bwd_args)
 ENTRY(timestep_embed, vl_timestep_embed_args)
 ENTRY(mse_fused, vl_mse_fused_args)
 ENTRY(gauss_sample, vl_gauss_sample_args)
+#undef ENTRY
+
+void vl_cpu_sd_ops(vl_backend *b) {
+  b->ops[VL_OP_GROUPNORM_FWD] = vl_cpu_groupnorm_fwd;
+  b->ops[VL_OP_GROUPNORM_BWD] = vl_cpu_groupnorm_bwd;
+  b->ops[VL_OP_LAYERNORM_FWD] = vl_cpu_layernorm_fwd;
+  b->ops[VL_OP_LAYERNORM_BWD] = vl_cpu_layernorm_bwd;
+  b->ops[VL_OP_ACT_FWD] = vl_cpu_act_fwd;
+  b->ops[VL_OP_ACT_BWD] = vl_cpu_act_bwd;
+  b->ops[VL_OP_GEGLU_FWD] = vl_cpu_geglu_fwd;
+  b->ops[VL_OP_GEGLU_BWD] = vl_cpu_geglu_bwd;
+  b->ops[VL_OP_BIAS_FWD] = vl_cpu_bias_fwd;
+  b->ops[VL_OP_BIAS_BWD] = vl_cpu_bias_bwd;
+  b->ops[VL_OP_PAD2D_FWD] = vl_cpu_pad2d_fwd;
+  b->ops[VL_OP_PAD2D_BWD] = vl_cpu_pad2d_bwd;
+  b->ops[VL_OP_TIMESTEP_EMBED] = vl_cpu_timestep_embed;
+  b->ops[VL_OP_MSE_FUSED] = vl_cpu_mse_fused;
+  b->ops[VL_OP_GAUSS_SAMPLE] = vl_cpu_gauss_sample;
+}

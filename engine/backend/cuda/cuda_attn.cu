@@ -1,7 +1,8 @@
 /* CUDA backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): grid-stride
  * kernels over the single-source bodies of engine/kernels/attn.h, the bodies the CPU backend
- * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU"). Arguments are
- * checked on the host by engine/backend/attn_args.h, the same checks as the CPU backend.
+ * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU").
+ * Arguments are checked by the operation's descriptor (engine/backend/ops.c) before a kernel
+ * runs, on every backend; the backward's workspace here (attn_args.h).
  *
  * One thread per query row (forward, delta, dq) or key row (dk, dv): straightforward, not
  * fast (no tensor cores, no tiling across threads). Each thread's fp32 scratch (the body's
@@ -76,8 +77,7 @@ static vl_k_attn_dims dims_of(int64_t H, int64_t Tq, int64_t Tk, int64_t D, floa
 
 static vl_status op_attn_fwd(vl_ctx *c, const void *p) {
   const vl_attn_fwd_args *a = (const vl_attn_fwd_args *)p;
-  int64_t rows = 0;
-  VL_TRY(vl_attn_check_fwd(c, a, &rows));
+  int64_t rows = a->B * a->H * a->Tq;
   cu_state *s = st(c);
   vl_k_attn_dims d = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);
   geom g = geom_of(s, rows, VL_K_ATTN_WS_FWD(a->D));
@@ -90,8 +90,8 @@ static vl_status op_attn_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_attn_bwd(vl_ctx *c, const void *p) {
   const vl_attn_bwd_args *a = (const vl_attn_bwd_args *)p;
-  int64_t rows = 0;
-  VL_TRY(vl_attn_check_bwd(c, a, &rows));
+  VL_TRY(vl_attn_check_ws(c, a));
+  int64_t rows = a->B * a->H * a->Tq;
   cu_state *s = st(c);
   int64_t krows = a->B * a->H * a->Tk;
   vl_k_attn_dims d = dims_of(a->H, a->Tq, a->Tk, a->D, a->scale, a->causal);

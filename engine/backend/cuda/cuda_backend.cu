@@ -24,7 +24,6 @@
 #include "cuda_host.h"
 #include "cuda_internal.h"
 #include "cuda_gemm_k.h"
-#include "../cnn_args.h"
 #include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
 #include "../../kernels/optim.h"
@@ -521,7 +520,6 @@ static vl_status cu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, 
 
 static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const vl_tensor *ids,
                               int64_t R, int64_t C) {
-  VL_TRY(vl_check_ids(c, "embed_fwd", "token ids", ids, R));
   if (R <= 0 || C <= 0) return VL_OK;
   /* ids: device memory (the step's VL_MEM_DATA tensor) */
   const int32_t *tok = (const int32_t *)ids->data;
@@ -532,7 +530,6 @@ static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, c
 
 static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const vl_tensor *ids,
                               int64_t R, int64_t C) {
-  VL_TRY(vl_check_ids(c, "embed_bwd", "token ids", ids, R));
   if (R <= 0 || C <= 0) return VL_OK;
   const int32_t *tok = (const int32_t *)ids->data;
   /* one thread per column, rows in order: deterministic without atomics (as on CPU) */
@@ -612,7 +609,6 @@ static vl_status cu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl
 
 static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
                          int64_t R, int64_t V, float scale) {
-  VL_TRY(vl_check_ids(c, "xent_fused", "targets", ids, R));
   if (R <= 0) return VL_OK;
   const int32_t *tgt = (const int32_t *)ids->data;
   LAUNCH(c, st(c), R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, tgt,
@@ -767,7 +763,31 @@ static vl_status op_adafactor(vl_ctx *c, const void *p) {
 
 /* ---- the backend ---------------------------------------------------------------------- */
 
-/* C++ has no array designators: the table is filled by index, once, at load time. */
+/* This file's kernels: GEMM, the LLM ops, copies and the optimizers. */
+static void core_ops(vl_backend *b) {
+  b->ops[VL_OP_GEMM] = cu_gemm;
+  b->ops[VL_OP_ZERO] = op_zero;
+  b->ops[VL_OP_CONVERT] = op_convert;
+  b->ops[VL_OP_AXPBY] = op_axpby;
+  b->ops[VL_OP_EMBED_FWD] = op_embed_fwd;
+  b->ops[VL_OP_EMBED_BWD] = op_embed_bwd;
+  b->ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
+  b->ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
+  b->ops[VL_OP_ROPE] = op_rope;
+  b->ops[VL_OP_PERMUTE] = op_permute;
+  b->ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
+  b->ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
+  b->ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
+  b->ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
+  b->ops[VL_OP_XENT_FUSED] = op_xent;
+  b->ops[VL_OP_SUMSQ] = op_sumsq;
+  b->ops[VL_OP_ADAMW] = op_adamw;
+  b->ops[VL_OP_SGD] = op_sgd;
+  b->ops[VL_OP_ADAFACTOR] = op_adafactor;
+}
+
+/* The table, filled once at load time: this file's kernels, then each kernel file's
+ * (cuda_internal.h), the way the CPU backend fills its own. */
 static vl_backend make_backend(void) {
   vl_backend b;
   memset(&b, 0, sizeof b);
@@ -787,25 +807,7 @@ static vl_backend make_backend(void) {
   b.fixed_ws_bytes = cu_fixed_ws;
   b.upload = cu_upload;
   b.download = cu_download;
-  b.ops[VL_OP_GEMM] = cu_gemm;
-  b.ops[VL_OP_ZERO] = op_zero;
-  b.ops[VL_OP_CONVERT] = op_convert;
-  b.ops[VL_OP_AXPBY] = op_axpby;
-  b.ops[VL_OP_EMBED_FWD] = op_embed_fwd;
-  b.ops[VL_OP_EMBED_BWD] = op_embed_bwd;
-  b.ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
-  b.ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
-  b.ops[VL_OP_ROPE] = op_rope;
-  b.ops[VL_OP_PERMUTE] = op_permute;
-  b.ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
-  b.ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
-  b.ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
-  b.ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
-  b.ops[VL_OP_XENT_FUSED] = op_xent;
-  b.ops[VL_OP_SUMSQ] = op_sumsq;
-  b.ops[VL_OP_ADAMW] = op_adamw;
-  b.ops[VL_OP_SGD] = op_sgd;
-  b.ops[VL_OP_ADAFACTOR] = op_adafactor;
+  core_ops(&b);
   vl_cuda_cnn_ops(&b);
   vl_cuda_conv_ops(&b);
   vl_cuda_sd_ops(&b);

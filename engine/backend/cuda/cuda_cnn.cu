@@ -1,7 +1,7 @@
 /* CUDA backend, CNN element/plane ops: grid-stride kernels over the single-source bodies of
- * engine/kernels/cnn.h, the bodies the CPU backend loops over (docs/architecture.md "The CUDA backend
- * must be verifiable without a GPU"). Arguments are checked on the host by
- * engine/backend/cnn_args.h, the same checks as the CPU backend.
+ * engine/kernels/cnn.h, the bodies the CPU backend loops over (docs/architecture.md "The CUDA
+ * backend must be verifiable without a GPU"). Arguments are checked by the operation's
+ * descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Batch norm's per-channel sums over N*HW take one block per channel (a grid-stride loop
  * over channels at block granularity): each thread sums a strided subset of the channel
@@ -14,7 +14,6 @@
  *
  * Target ids of xent_pix are a VL_I32 tensor in device memory (the step's data block). */
 #include "cuda_internal.h"
-#include "../cnn_args.h"
 #include "../../kernels/cnn.h"
 
 /* ---- batch norm: one block of VL_THREADS per channel ----------------------------------- */
@@ -149,9 +148,7 @@ static vl_status cu_bn_fwd_train(vl_ctx *c, vl_tensor *y, vl_tensor *mean, vl_te
                                  vl_tensor *rmean, vl_tensor *rvar, const vl_tensor *x,
                                  const vl_tensor *gamma, const vl_tensor *beta, int64_t N,
                                  int64_t C, int64_t HW, float eps, float momentum) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_train(c, y, mean, rstd, rmean, rvar, x, gamma, beta, N, C, HW, eps,
-                                   momentum, &n));
+  int64_t n = N * C * HW;
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
   k_bn_train<<<chan_blocks(s, C), VL_THREADS, 0, s->stream>>>(
@@ -166,8 +163,7 @@ static vl_status cu_bn_fwd_eval(vl_ctx *c, vl_tensor *y, const vl_tensor *x, con
                                 const vl_tensor *beta, const vl_tensor *rmean,
                                 const vl_tensor *rvar, int64_t N, int64_t C, int64_t HW,
                                 float eps) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_eval(c, y, x, gamma, beta, rmean, rvar, N, C, HW, eps, &n));
+  int64_t n = N * C * HW;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_bn_eval, y->data, dt(y), x->data, dt(x),
            (const float *)rmean->data, (const float *)rvar->data, gamma->data, dt(gamma),
@@ -179,8 +175,7 @@ static vl_status cu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tenso
                            const vl_tensor *dy, const vl_tensor *x, const vl_tensor *gamma,
                            const vl_tensor *mean, const vl_tensor *rstd, int64_t N, int64_t C,
                            int64_t HW) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_bn_bwd(c, dx, dgamma, dbeta, dy, x, gamma, mean, rstd, N, C, HW, &n));
+  int64_t n = N * C * HW;
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
   k_bn_bwd<<<chan_blocks(s, C), VL_THREADS, 0, s->stream>>>(
@@ -192,14 +187,12 @@ static vl_status cu_bn_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tenso
 }
 
 static vl_status cu_relu_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
-  VL_TRY(vl_cnn_check_relu(c, "relu_fwd", false, y, x, NULL, n));
   if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_relu_fwd, y->data, dt(y), x->data, dt(x), n);
   return VL_OK;
 }
 
 static vl_status cu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *y,
                              int64_t n) {
-  VL_TRY(vl_cnn_check_relu(c, "relu_bwd", true, dx, dy, y, n));
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_relu_bwd, dx->data, dt(dx), dy->data, dt(dy), y->data, dt(y),
            n);
@@ -209,8 +202,7 @@ static vl_status cu_relu_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, cons
 static vl_status cu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                 int64_t H, int64_t W, int k, int stride, int pad, int64_t P,
                                 int64_t Q) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_maxpool_fwd(c, y, x, planes, H, W, k, stride, pad, P, Q, &n));
+  int64_t n = planes * P * Q;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_maxpool_fwd, y->data, dt(y), x->data, dt(x), H, W, k, stride,
            pad, P, Q, n);
@@ -220,8 +212,7 @@ static vl_status cu_maxpool_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int
 static vl_status cu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, const vl_tensor *x,
                                 int64_t planes, int64_t H, int64_t W, int k, int stride, int pad,
                                 int64_t P, int64_t Q) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_maxpool_bwd(c, dx, dy, x, planes, H, W, k, stride, pad, P, Q, &n));
+  int64_t n = planes * H * W;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_maxpool_bwd, dx->data, dt(dx), dy->data, dt(dy), x->data,
            dt(x), H, W, k, stride, pad, P, Q, n);
@@ -230,8 +221,7 @@ static vl_status cu_maxpool_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, c
 
 static vl_status cu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t planes,
                                    int64_t H, int64_t W, bool nearest) {
-  int64_t nlo = 0, nhi = 0;
-  VL_TRY(vl_cnn_check_up2(c, "upsample2x_fwd", x, y, planes, H, W, true, &nlo, &nhi));
+  int64_t nhi = planes * 4 * H * W;
   if (nhi > 0 && nearest)
     LAUNCH(c, st(c), nhi, VL_THREADS, k_up2n_fwd, y->data, dt(y), x->data, dt(x), H, W, nhi);
   else if (nhi > 0)
@@ -241,8 +231,7 @@ static vl_status cu_upsample2x_fwd(vl_ctx *c, vl_tensor *y, const vl_tensor *x, 
 
 static vl_status cu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy, int64_t planes,
                                    int64_t H, int64_t W, bool nearest) {
-  int64_t nlo = 0, nhi = 0;
-  VL_TRY(vl_cnn_check_up2(c, "upsample2x_bwd", dx, dy, planes, H, W, false, &nlo, &nhi));
+  int64_t nlo = planes * H * W;
   if (nlo > 0 && nearest)
     LAUNCH(c, st(c), nlo, VL_THREADS, k_up2n_bwd, dx->data, dt(dx), dy->data, dt(dy), H, W, nlo);
   else if (nlo > 0)
@@ -253,8 +242,7 @@ static vl_status cu_upsample2x_bwd(vl_ctx *c, vl_tensor *dx, const vl_tensor *dy
 static vl_status cu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0, const vl_tensor *x,
                               int64_t xC, int64_t x_c0, int64_t nc, int64_t N, int64_t HW,
                               bool accumulate) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_chan_copy(c, y, yC, y_c0, x, xC, x_c0, nc, N, HW, &n));
+  int64_t n = N * nc * HW;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_chan_copy, y->data, dt(y), yC, y_c0, x->data, dt(x), xC,
            x_c0, nc, HW, accumulate ? 1 : 0, n);
@@ -263,8 +251,7 @@ static vl_status cu_chan_copy(vl_ctx *c, vl_tensor *y, int64_t yC, int64_t y_c0,
 
 static vl_status cu_xent_pix(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
                              int64_t N, int64_t K, int64_t HW, float dloss_scale) {
-  int64_t n = 0;
-  VL_TRY(vl_cnn_check_xent_pix(c, logits, loss, ids, N, K, HW, dloss_scale, &n));
+  int64_t n = N * HW;
   const int32_t *tgt = ids ? (const int32_t *)ids->data : NULL; /* device memory */
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_xent_pix, logits->data, dt(logits), (float *)loss->data, tgt,

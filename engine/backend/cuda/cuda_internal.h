@@ -8,6 +8,7 @@
 
 #include "vramlab/backend.h"
 #include "cuda_host.h"
+#include "../be_common.h"
 
 #define VL_THREADS 256     /* element-wise blocks; a power of two for the reductions */
 #define VL_ROW_THREADS 128 /* one thread per row / column: fewer, longer threads */
@@ -67,7 +68,6 @@ typedef struct {
        i += (int64_t)blockDim.x * gridDim.x)
 
 static inline cu_state *st(vl_ctx *c) { return (cu_state *)c->be_state; }
-static inline int dt(const vl_tensor *t) { return (int)t->dtype; }
 
 /* Each unit fills its ops into the table (called once, by make_backend). */
 void vl_cuda_cnn_ops(vl_backend *b);

@@ -1,7 +1,7 @@
 /* CUDA backend, Stable Diffusion's ops: kernels over the single-source bodies of
- * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; docs/architecture.md "The CUDA
- * backend must be verifiable without a GPU"). Arguments are checked on the host by
- * engine/backend/sd_args.h, the same checks as the CPU backend.
+ * engine/kernels/sd.h, the bodies the CPU backend loops over (cpu_sd.c; docs/architecture.md
+ * "The CUDA backend must be verifiable without a GPU"). Arguments are checked by the
+ * operation's descriptor (engine/backend/ops.c) before a kernel runs, on every backend.
  *
  * Reductions take one block per segment: a GroupNorm group (n, g), a LayerNorm row, a
  * channel's dgamma/dbeta or bias gradient, an MSE row (a grid-stride loop over segments at
@@ -17,7 +17,6 @@
  * sample) are grid-stride kernels over the per-index bodies. Timesteps are a VL_I32 tensor
  * in device memory. */
 #include "cuda_internal.h"
-#include "../sd_args.h"
 #include "../../kernels/sd.h"
 
 #define SEG_THREADS VL_THREADS /* one block per norm segment / channel / MSE row */
@@ -228,15 +227,12 @@ static int seg_blocks(const cu_state *s, int64_t S) {
 static int col_blocks(const cu_state *s, int64_t C) {
   return seg_blocks(s, (C + COL_X - 1) / COL_X);
 }
-static void *data_or_null(const vl_tensor *t) { return t ? t->data : NULL; }
-static int dt_or_f32(const vl_tensor *t) { return t ? dt(t) : VL_K_F32; }
 
 #define ARGS(type) const type *a = (const type *)p
 
 static vl_status op_groupnorm_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_groupnorm_fwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_fwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
   seg_geo g = {a->C, a->HW, a->G, a->C / a->G};
@@ -274,8 +270,7 @@ static vl_status norm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dgamma, vl_tensor
 
 static vl_status op_groupnorm_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_groupnorm_bwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_groupnorm_bwd(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n == 0) return VL_OK;
   seg_geo g = {a->C, a->HW, a->G, a->C / a->G};
   return norm_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, g, a->N,
@@ -284,8 +279,7 @@ static vl_status op_groupnorm_bwd(vl_ctx *c, const void *p) {
 
 static vl_status op_layernorm_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_layernorm_fwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_fwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   cu_state *s = st(c);
   seg_geo g = {a->C, 1, 1, a->C};
@@ -298,8 +292,7 @@ static vl_status op_layernorm_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_layernorm_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_layernorm_bwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_layernorm_bwd(c, a, &n));
+  int64_t n = a->R * a->C;
   if (n == 0) return VL_OK;
   seg_geo g = {a->C, 1, 1, a->C};
   return norm_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean, a->rstd, g, a->R,
@@ -308,7 +301,6 @@ static vl_status op_layernorm_bwd(vl_ctx *c, const void *p) {
 
 static vl_status op_act_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_act_fwd_args);
-  VL_TRY(vl_sd_check_act_fwd(c, a));
   if (a->n > 0)
     LAUNCH(c, st(c), a->n, VL_THREADS, k_act_fwd, a->y->data, dt(a->y), a->x->data, dt(a->x),
            (int)a->act, a->n);
@@ -317,7 +309,6 @@ static vl_status op_act_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_act_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_act_bwd_args);
-  VL_TRY(vl_sd_check_act_bwd(c, a));
   if (a->n > 0)
     LAUNCH(c, st(c), a->n, VL_THREADS, k_act_bwd, a->dx->data, dt(a->dx), a->dy->data, dt(a->dy),
            a->x->data, dt(a->x), (int)a->act, a->n);
@@ -326,8 +317,7 @@ static vl_status op_act_bwd(vl_ctx *c, const void *p) {
 
 static vl_status op_geglu_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_geglu_fwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_fwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_geglu_fwd, a->out->data, dt(a->out), a->h->data, dt(a->h),
            a->F, n);
@@ -336,8 +326,7 @@ static vl_status op_geglu_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_geglu_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_geglu_bwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_geglu_bwd(c, a, &n));
+  int64_t n = a->R * a->F;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_geglu_bwd, a->dh->data, dt(a->dh), a->dout->data,
            dt(a->dout), a->h->data, dt(a->h), a->F, n);
@@ -346,8 +335,7 @@ static vl_status op_geglu_bwd(vl_ctx *c, const void *p) {
 
 static vl_status op_bias_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_bias_fwd_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_bias_fwd(c, a, &n));
+  int64_t n = a->outer * a->C * a->inner;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_bias_fwd, a->y->data, dt(a->y), a->b->data, dt(a->b), a->C,
            a->inner, a->per_outer ? 1 : 0, n);
@@ -356,8 +344,7 @@ static vl_status op_bias_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_bias_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_bias_bwd_args);
-  int64_t n = 0, nb = 0;
-  VL_TRY(vl_sd_check_bias_bwd(c, a, &n, &nb));
+  int64_t n = a->outer * a->C * a->inner, nb = (a->per_outer ? a->outer : 1) * a->C;
   if (nb == 0) return VL_OK;
   cu_state *s = st(c);
   const void *pdy = n ? a->dy->data : NULL;
@@ -380,9 +367,8 @@ static vl_k_pad pad_geo(int64_t H, int64_t W, int top, int bottom, int left, int
 
 static vl_status op_pad2d_fwd(vl_ctx *c, const void *p) {
   ARGS(vl_pad2d_fwd_args);
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, true, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
+  int64_t nout = a->planes * (a->H + a->top + a->bottom) * (a->W + a->left + a->right);
   if (nout > 0)
     LAUNCH(c, st(c), nout, VL_THREADS, k_pad_fwd, a->y->data, dt(a->y), nin ? a->x->data : NULL,
            dt(a->x), pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right), nout);
@@ -391,9 +377,7 @@ static vl_status op_pad2d_fwd(vl_ctx *c, const void *p) {
 
 static vl_status op_pad2d_bwd(vl_ctx *c, const void *p) {
   ARGS(vl_pad2d_bwd_args);
-  int64_t nin = 0, nout = 0;
-  VL_TRY(vl_sd_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
-                         a->left, a->right, false, &nin, &nout));
+  int64_t nin = a->planes * a->H * a->W;
   if (nin > 0)
     LAUNCH(c, st(c), nin, VL_THREADS, k_pad_bwd, a->dx->data, dt(a->dx), a->dy->data, dt(a->dy),
            pad_geo(a->H, a->W, a->top, a->bottom, a->left, a->right), nin);
@@ -402,8 +386,7 @@ static vl_status op_pad2d_bwd(vl_ctx *c, const void *p) {
 
 static vl_status op_timestep_embed(vl_ctx *c, const void *p) {
   ARGS(vl_timestep_embed_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_timestep(c, a, &n));
+  int64_t n = a->B * a->dim;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_timestep, a->emb->data, dt(a->emb),
            (const int32_t *)a->t->data, a->dim, a->flip_sin_to_cos ? 1 : 0, a->shift,
@@ -413,8 +396,7 @@ static vl_status op_timestep_embed(vl_ctx *c, const void *p) {
 
 static vl_status op_mse_fused(vl_ctx *c, const void *p) {
   ARGS(vl_mse_fused_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_mse(c, a, &n));
+  int64_t n = a->R * a->C;
   if (a->R == 0) return VL_OK;
   cu_state *s = st(c);
   k_mse<<<seg_blocks(s, a->R), SEG_THREADS, 0, s->stream>>>(
@@ -426,8 +408,7 @@ static vl_status op_mse_fused(vl_ctx *c, const void *p) {
 
 static vl_status op_gauss_sample(vl_ctx *c, const void *p) {
   ARGS(vl_gauss_sample_args);
-  int64_t n = 0;
-  VL_TRY(vl_sd_check_gauss(c, a, &n));
+  int64_t n = a->N * a->C * a->HW;
   if (n > 0)
     LAUNCH(c, st(c), n, VL_THREADS, k_gauss, a->z->data, dt(a->z), a->moments->data,
            dt(a->moments), a->noise->data, dt(a->noise), a->C, a->HW, a->scale, n);

@@ -52,12 +52,14 @@ typedef struct vl_backend {
   vl_status (*op_timer_begin)(vl_ctx *c);
   vl_status (*op_timer_end)(vl_ctx *c, vl_op op);
   vl_status (*op_timer_collect)(vl_ctx *c, vl_op_profile *prof);
-  /* The kernels, [VL_OP_GEMM] = ..., filled with designated initializers; a NULL entry makes
-   * vl_op_run return VL_ERR_UNSUPPORTED naming the op and this backend. */
+  /* The kernels: each kernel file of a backend registers its own, b->ops[VL_OP_...] = kernel
+   * (vl_cpu_*_ops, vl_cuda_*_ops); a NULL entry makes vl_op_run return VL_ERR_UNSUPPORTED
+   * naming the op and this backend. */
   vl_op_fn ops[VL_OP_COUNT];
 } vl_backend;
 
-extern const vl_backend vl_backend_cpu;
+/* The CPU backend (its table is built on the first call). */
+const vl_backend *vl_backend_cpu(void);
 extern const vl_backend vl_backend_plan;
 /* The CUDA backend (NULL-returning when built without CUDA). */
 const vl_backend *vl_backend_cuda(void);

@@ -174,18 +174,16 @@ struct vl_param;
 
 typedef struct vl_ctx {
   const struct vl_backend *be;
-  void *be_state;
+  void *be_state;        /* the backend's own state (its clocks, streams, handles) */
   vl_arena *arena;
   vl_device device;
   size_t cap;            /* arena cap the context was created with (VL_NO_CAP: none) */
   vl_device plan_target; /* plan device: whose workspace rules to follow (cuda default) */
-  double timer_t0;       /* host clock at timer_start (CPU backend) */
   char err[512];        /* last error message */
   double flops;         /* model FLOPs counted (recompute excluded) */
   double flops_recompute;
   double bytes_moved;   /* bytes read+written by ops, from their shapes */
   int recomputing;      /* >0 inside a checkpoint's re-run forward */
-  bool log_ops;
   bool plan;            /* plan device: ops are counted, never computed (vl_op_run) */
   bool profile;         /* vl_op_run fills prof (ops.h: vl_ctx_profile) */
   struct vl_op_profile *prof; /* VL_OP_COUNT entries, made with the context */

@@ -4,6 +4,8 @@
  * descriptor (engine/backend/ops.c): its name, its argument size, a pure function for the
  * FLOPs and bytes it moves, and a pure function for the workspace it needs on a target.
  * Layers call one dispatch point, vl_op_run(ctx, op, &args), which
+ *   - checks the arguments with the descriptor's check, on every backend (a plan refuses
+ *     what a run refuses, with the same status and message);
  *   - counts FLOPs and bytes (the only place that counts; FLOPs of a checkpoint's re-run
  *     forward go to flops_recompute);
  *   - takes the op's workspace from the arena (VL_MEM_WORKSPACE) for the duration of the
@@ -12,8 +14,10 @@
  *   - otherwise calls the backend's kernel, ctx->be->ops[op]; a backend without one returns
  *     VL_ERR_UNSUPPORTED naming the operation and the backend, never a silent skip;
  *   - with ctx->profile on, adds calls, seconds and FLOPs to the op's profile entry.
- * Adding an operation: one X() line and its argument struct here, one descriptor in ops.c,
- * a kernel body in engine/kernels, one entry in each backend's table, gpu-check cases.
+ * Adding an operation: one X() line and its argument struct here; its descriptor (cost,
+ * workspace, argument check) in ops.c; a kernel body in engine/kernels; in one kernel file
+ * of each backend its kernel and its registration line, b->ops[VL_OP_...] = kernel;
+ * gpu-check cases (tools/gpu_check_cases.c, their builder in tools/gpu_check.c).
  *
  * Tensors are row-major. Ops accumulate in fp32 and read/write any float storage dtype
  * (fp32, fp16, bf16) unless stated; NF4 appears only as GEMM operand B (a frozen weight);
@@ -405,6 +409,9 @@ typedef struct {
    * in the arguments: the void * at ws_ptr_off and the size_t at ws_len_off. */
   size_t (*ws_bytes)(const void *args, vl_device target);
   size_t ws_ptr_off, ws_len_off;
+  /* The argument checks (shapes, dtypes, sizes, aliasing): VL_OK or VL_ERR_INVALID with a
+   * message naming the op and the argument; NULL: none. Run on every backend, plan included. */
+  vl_status (*check)(vl_ctx *c, const void *args);
 } vl_op_desc;
 
 /* The descriptor of op (NULL when op is out of range). */

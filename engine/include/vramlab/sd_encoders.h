@@ -111,6 +111,11 @@ int64_t vl_sd_vae_latent_side(const vl_sd_vae *m, int64_t side);
  * context the tensors carry shapes only. */
 vl_status vl_sd_vae_encode(vl_sd_vae *m, const vl_tensor *images, const vl_tensor *noise,
                            vl_tensor *z, vl_tensor *moments, vl_mem_cat out_cat);
+/* The same sample on the host from cached fp32 moments (N, 2C, HW) and noise (N, C, HW):
+ * z[i] = scale * (mean + exp(clamp(logvar, -30, 20) / 2) * noise[i]) for the first n
+ * elements, the very body the GAUSS_SAMPLE kernels run. */
+void vl_sd_vae_sample_host(float *z, const float *moments, const float *noise, int64_t C,
+                           int64_t HW, float scale, int64_t n);
 
 /* ---- the CLIP text encoder ------------------------------------------------------------ */
 /* The linears of each encoder layer that get LoRA factors: ATTN the attention's q_proj,
