@@ -12,7 +12,8 @@
  *   time   seconds (lower is better): medians of >= 5 repetitions interleaved across the
  *          cases, scaled to the baseline host's speed by the calibration measured in the
  *          same run ("calib": sgemm FLOP/s for compute-bound steps, memcpy bandwidth for
- *          the loaders); a regression when the scaled median is slower than the baseline's
+ *          the loaders; a speed within ±15% is the calibration's noise and not scaled;
+ *          "none" on a GPU, whose device class already names the card); a regression when the scaled median is slower than the baseline's
  *          by more than the threshold AND the scaled fastest sample is slower than the
  *          baseline's fastest by more than the threshold too (one noisy sample cannot fail
  *          it, nor one lucky one hide a slowdown). A host faster or slower than the
@@ -33,6 +34,7 @@
 
 #define VL_REGRESS_VERSION 2
 #define VL_REGRESS_CALIB_BAND 2.0
+#define VL_REGRESS_CALIB_NOISE 1.15
 
 typedef struct {
   int ok, regressed, improved, added, missing, incomparable;
