@@ -169,25 +169,25 @@ static int find_locked(const conv_key *k) {
 /* Index of the cached entry of (cv, dir), created on first use (the forward one first, as
  * the hint of a backward one); -1 with a reason in `why`. Indices stay valid when the
  * cache grows. Called with g.mu held. */
-static int entry_locked(const vl_conv *cv, vl_conv_dir dir, char *why, size_t whyn) {
+static int entry_locked(const vl_conv *cv, vl_conv_dir dir, vl_err *why) {
   dnnl_status_t s;
   if (!g.eng) {
     s = dnnl_engine_create(&g.eng, dnnl_cpu, 0);
     if (s == dnnl_success) s = dnnl_stream_create(&g.strm, g.eng, dnnl_stream_default_flags);
     if (s != dnnl_success) {
-      snprintf(why, whyn, "oneDNN engine/stream: status %d", (int)s);
+      vl_err_set(why, VL_ERR_BACKEND, "oneDNN engine/stream: status %d", (int)s);
       return -1;
     }
   }
   conv_key k = key_of(cv, dir);
   int i = find_locked(&k), f = -1;
   if (i >= 0) return i;
-  if (dir != VL_CONV_FWD && (f = entry_locked(cv, VL_CONV_FWD, why, whyn)) < 0) return -1;
+  if (dir != VL_CONV_FWD && (f = entry_locked(cv, VL_CONV_FWD, why)) < 0) return -1;
   if (g.n == g.cap) {
     int cap = g.cap ? 2 * g.cap : 64;
     conv_entry *ne = realloc(g.e, (size_t)cap * sizeof *ne);
     if (!ne) {
-      snprintf(why, whyn, "out of host memory for the oneDNN primitive cache");
+      vl_err_set(why, VL_ERR_OOM, "out of host memory for the oneDNN primitive cache");
       return -1;
     }
     g.e = ne;
@@ -197,7 +197,7 @@ static int entry_locked(const vl_conv *cv, vl_conv_dir dir, char *why, size_t wh
   memset(e, 0, sizeof *e);
   e->k = k;
   if ((s = make_pd(e, f >= 0 ? &g.e[f] : NULL)) != dnnl_success) {
-    snprintf(why, whyn, "oneDNN has no convolution for N=%lld C=%lld %lldx%lld K=%lld %lldx%lld "
+    vl_err_set(why, VL_ERR_BACKEND, "oneDNN has no convolution for N=%lld C=%lld %lldx%lld K=%lld %lldx%lld "
              "stride %d pad %d dilation %d (direction %d): status %d", (long long)cv->N,
              (long long)cv->C, (long long)cv->H, (long long)cv->W, (long long)cv->K,
              (long long)cv->R, (long long)cv->S, cv->stride, cv->pad, cv->dil, (int)dir, (int)s);
@@ -208,10 +208,9 @@ static int entry_locked(const vl_conv *cv, vl_conv_dir dir, char *why, size_t wh
 
 /* A copy of the entry (pd and primitive handles are stable once made); the primitive is
  * made here when `prim` and not yet made. false with a reason in why. */
-static bool entry(const vl_conv *cv, vl_conv_dir dir, bool prim, conv_entry *out, char *why,
-                  size_t whyn) {
+static bool entry(const vl_conv *cv, vl_conv_dir dir, bool prim, conv_entry *out, vl_err *why) {
   pthread_mutex_lock(&g.mu);
-  int i = entry_locked(cv, dir, why, whyn);
+  int i = entry_locked(cv, dir, why);
   bool ok = i >= 0;
   if (ok && prim && !g.e[i].prim) {
     conv_entry *e = &g.e[i];
@@ -221,7 +220,7 @@ static bool entry(const vl_conv *cv, vl_conv_dir dir, bool prim, conv_entry *out
     if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, e->pd);
     if (s != dnnl_success) {
       e->prim = NULL;
-      snprintf(why, whyn, "dnnl_primitive_create: status %d", (int)s);
+      vl_err_set(why, VL_ERR_BACKEND, "dnnl_primitive_create: status %d", (int)s);
       ok = false;
     }
   }
@@ -275,10 +274,10 @@ static char *l_at(char *base, const ws_layout *L, int s) {
 }
 
 size_t vl_conv_ws_cpu(const vl_conv *cv, vl_conv_dir dir, bool accumulate) {
-  char why[256];
+  vl_err why;
   conv_entry e;
   /* no primitive: the call itself reports why; plan what the buffers need */
-  return layout(cv, dir, accumulate, entry(cv, dir, false, &e, why, sizeof why) ? &e : NULL).total;
+  return layout(cv, dir, accumulate, entry(cv, dir, false, &e, &why) ? &e : NULL).total;
 }
 
 /* ---- execution ---------------------------------------------------------------------- */
@@ -344,9 +343,9 @@ static dnnl_status_t reorder(const conv_entry *e, int s, mems *M, void *plain, v
  * written), reordering through the workspace where oneDNN wants another layout. */
 static vl_status run(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, float *plain[NSLOT],
                      char *base, const ws_layout *L) {
-  char why[256];
+  vl_err why;
   conv_entry ent, *e = &ent;
-  if (!entry(cv, dir, true, e, why, sizeof why)) return vl_fail(c, VL_ERR_BACKEND, "conv: %s", why);
+  if (!entry(cv, dir, true, e, &why)) return vl_fail(c, VL_ERR_BACKEND, "conv: %s", why.msg);
   mems M = {.st = dnnl_success};
   void *rs = base + L->total - L->rscratch;
   dnnl_status_t s = dnnl_success;
@@ -375,10 +374,10 @@ static vl_status run(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, float *plain
 /* The workspace layout for this call, checked against what the caller passed. */
 static vl_status carve(vl_ctx *c, const char *op, const vl_conv *cv, vl_conv_dir dir, bool acc,
                        void *ws, size_t ws_bytes, ws_layout *L) {
-  char why[256];
+  vl_err why;
   conv_entry e;
-  if (!entry(cv, dir, false, &e, why, sizeof why))
-    return vl_fail(c, VL_ERR_BACKEND, "%s: %s", op, why);
+  if (!entry(cv, dir, false, &e, &why))
+    return vl_fail(c, VL_ERR_BACKEND, "%s: %s", op, why.msg);
   *L = layout(cv, dir, acc, &e);
   if (ws_bytes < L->total || (L->total && !ws))
     return vl_fail(c, VL_ERR_INVALID, "%s: workspace of %zu bytes, needs %zu (the op's workspace)",
@@ -433,9 +432,9 @@ static vl_status vl_cpu_conv_bwd_weight(vl_ctx *c, const void *args) {
 }
 
 const char *vl_cpu_conv_impl(const vl_conv *cv, vl_conv_dir dir) {
-  char why[256];
+  vl_err why;
   static _Thread_local conv_entry e;
-  return entry(cv, dir, false, &e, why, sizeof why) ? e.impl_name : "none";
+  return entry(cv, dir, false, &e, &why) ? e.impl_name : "none";
 }
 
 /* ---- what the CPU's numbers depend on -----------------------------------------------------
