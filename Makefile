@@ -5,6 +5,9 @@ SCALE ?=
 DEVICE ?= auto
 JOBS ?= $(shell nproc)
 ARGS ?=
+# ccache, when installed, serves every build folder (a rebuild after a small change, CI on a
+# machine that built before); without it nothing changes
+LAUNCHER := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
 .PHONY: all build deps test asan bench plan report gpu-check fuzz clean regress regress-update
 
@@ -14,7 +17,7 @@ deps:
 	@./tools/deps.sh
 
 $(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(LAUNCHER)
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -28,7 +31,7 @@ test: build
 ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
 asan: deps
-	cmake -S . -B build-asan -DVRAMLAB_CUDA=OFF -DVRAMLAB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake -S . -B build-asan -DVRAMLAB_CUDA=OFF -DVRAMLAB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug $(LAUNCHER)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && $(ASAN_ENV) ctest --output-on-failure -j 1
 
