@@ -16,6 +16,7 @@
 #include "registry.h"
 #include "index.h"
 #include "kit/interrupt.h"
+#include "kit/util.h"
 #include "sgemm.h"
 #include "vramlab/backend.h"
 
@@ -431,14 +432,6 @@ static double run_value(const cJSON *o, const char *key) {
   return cJSON_IsNumber(v) ? v->valuedouble : NAN;
 }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* The median of n sorted samples. */
-static double median(const double *s, int n) { return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]); }
-
 /* This host's calibration, one sample per repetition round, interleaved with the runs so a
  * neighbour that slows the runs slows it too: sgemm FLOP/s through the engine's GEMM (the
  * compute-bound steps) and memcpy bandwidth (the loaders). */
@@ -456,10 +449,11 @@ static void calibrate(calib_samples *c) {
 
 static void put_calibration(cJSON *doc, calib_samples *c) {
   cJSON *o = cJSON_AddObjectToObject(doc, "calibration");
-  qsort(c->sgemm, (size_t)c->n, sizeof *c->sgemm, cmp_d);
-  qsort(c->copy, (size_t)c->n, sizeof *c->copy, cmp_d);
-  cJSON_AddNumberToObject(o, "sgemm_flops", c->n ? median(c->sgemm, c->n) : 0);
-  cJSON_AddNumberToObject(o, "copy_bytes_per_s", c->n ? median(c->copy, c->n) : 0);
+  vl_stats sg, cp;
+  vl_stats_compute(c->sgemm, c->n, &sg);
+  vl_stats_compute(c->copy, c->n, &cp);
+  cJSON_AddNumberToObject(o, "sgemm_flops", c->n ? sg.median : 0);
+  cJSON_AddNumberToObject(o, "copy_bytes_per_s", c->n ? cp.median : 0);
   cJSON_AddItemToObject(o, "sgemm_samples", cJSON_CreateDoubleArray(c->sgemm, c->n));
   cJSON_AddItemToObject(o, "copy_samples", cJSON_CreateDoubleArray(c->copy, c->n));
 }
@@ -546,11 +540,12 @@ static int run_all(cJSON *metrics, vl_device dev, const char *data, int reps, ru
         if (stem > 1 && rm->key[stem - 1] == 's') stem--; /* images -> image */
         snprintf(name, sizeof name, "%s/%s/run.seconds_per_%.*s", RUNS[i].case_id, RUNS[i].rung, stem, rm->key);
       }
-      qsort(s, (size_t)ns, sizeof *s, cmp_d);
+      vl_stats st;
+      vl_stats_compute(s, ns, &st);
       cJSON *t = cJSON_AddObjectToObject(metrics, name);
       cJSON_AddStringToObject(t, "kind", "time");
-      cJSON_AddNumberToObject(t, "median", median(s, ns));
-      cJSON_AddNumberToObject(t, "min", s[0]);
+      cJSON_AddNumberToObject(t, "median", st.median);
+      cJSON_AddNumberToObject(t, "min", st.min);
       cJSON_AddItemToObject(t, "samples", cJSON_CreateDoubleArray(s, ns));
       cJSON_AddStringToObject(t, "calib", dev == VL_DEV_CPU ? rm->calib : "none");
     }
