@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kit/proc.h"
 #include "ladder.h"
 #include "registry.h"
 #include "report.h"
@@ -68,22 +69,44 @@ static void load_all(const char *reports_dir, case_res *cr, int *n) {
   }
 }
 
+/* Whether the code that makes case id's report changed since commit: "" (no), "stale" (yes,
+ * or the report was made from uncommitted code), "unknown" (no git, or an unknown commit). */
+static const char *staleness(const char *id, const char *commit) {
+  if (!commit || !commit[0] || !strcmp(commit, "unknown")) return "unknown";
+  if (strstr(commit, "-dirty")) return "stale";
+  char cases_dir[80], out[8];
+  snprintf(cases_dir, sizeof cases_dir, "cases/%s", id);
+  char *argv[] = {"git", "-C", VRAMLAB_SOURCE_DIR, "diff", "--quiet", (char *)commit, "HEAD", "--", "engine",
+                  "datasets", "kit", "harness", cases_dir, "CMakeLists.txt", NULL};
+  int rc = vl_run_capture(argv, out, sizeof out);
+  return rc == 0 ? "" : rc == 1 ? "stale" : "unknown";
+}
+
 static void cases_table(FILE *md, case_res *cr, int n) {
-  fprintf(md, "## Cases\n\n| case | device | run scale | date | commit | hold | direction only | do not hold | "
-              "not measurable | report |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  fprintf(md, "## Cases\n\nArticle claims only (suite checks apart). A row is **stale** when the code that makes "
+              "its report (engine, datasets, kit, harness, the case's folder) changed after the commit it was "
+              "made from.\n\n| case | device | run scale | date | commit | holds | direction holds | inconclusive | "
+              "does not hold | by construction | not measurable | report |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < n; i++) {
     if (!cr[i].res) {
-      fprintf(md, "| %s | — | — | — | — | — | — | — | — | %s |\n", cr[i].c->id, cr[i].why);
+      fprintf(md, "| %s | — | — | — | — | — | — | — | — | — | — | %s |\n", cr[i].c->id, cr[i].why);
       continue;
     }
-    int k[4];
-    vl_report_verdicts(cr[i].c, &cr[i].L, cr[i].res, k);
+    vl_tally t;
+    vl_report_verdicts(cr[i].c, &cr[i].L, cr[i].res, &t);
+    const int *k = t.article;
     const cJSON *env = cJSON_GetObjectItem(cr[i].res, "env");
-    char date[16];
+    char date[16], holds[48];
     snprintf(date, sizeof date, "%.10s", vl_rep_str(env, "time"));
-    fprintf(md, "| %s | %s | %s | %s | %s | %d | %d | %d | %d | [%s.md](%s.md)%s |\n", cr[i].c->id,
-            vl_rep_str(env, "device"), vl_rep_str(cr[i].res, "run_scale"), date, vl_rep_str(env, "git_commit"), k[0],
-            k[1], k[2], k[3], cr[i].c->id, cr[i].c->id,
+    if (t.holds_modeled) snprintf(holds, sizeof holds, "%d (with direction: %d on a model)", k[VL_HOLDS], t.holds_modeled);
+    else snprintf(holds, sizeof holds, "%d", k[VL_HOLDS]);
+    const char *st = staleness(cr[i].c->id, cJSON_GetStringValue(cJSON_GetObjectItem(env, "git_commit")));
+    fprintf(md, "| %s | %s | %s | %s | %s%s%s | %s | %d | %d | %d | %d | %d | [%s.md](%s.md)%s |\n", cr[i].c->id,
+            vl_rep_str(env, "device"), vl_rep_str(cr[i].res, "run_scale"), date, vl_rep_str(env, "git_commit"),
+            st[0] ? " **" : "", st[0] ? (strcmp(st, "stale") ? "stale?**" : "stale**") : "", holds,
+            k[VL_DIRECTION_HOLDS], k[VL_INCONCLUSIVE], k[VL_DOES_NOT_HOLD], k[VL_BY_CONSTRUCTION],
+            k[VL_NOT_MEASURABLE], cr[i].c->id, cr[i].c->id,
             cJSON_IsTrue(cJSON_GetObjectItem(cr[i].res, "interrupted")) ? " (interrupted)" : "");
   }
   fprintf(md, "\n");

@@ -56,6 +56,7 @@ struct load_ctx {
   /* claims: the lines their checks after parsing point at */
   int claim_line[VL_MAX_CLAIMS], metric_line[VL_MAX_CLAIMS], before_line[VL_MAX_CLAIMS],
       after_line[VL_MAX_CLAIMS];
+  bool basis_seen[VL_MAX_CLAIMS];
   /* first error; err_seen: the line being read when it was found (an empty section is
    * found at the next header or after the last line) */
   bool failed;
@@ -255,6 +256,7 @@ static vl_claim *claim_get(load_ctx *c, const char *id) {
   snprintf(cl->kind, sizeof cl->kind, "value");
   c->claim_line[k] = c->sect_line[c->n_sect - 1];
   c->metric_line[k] = c->before_line[k] = c->after_line[k] = c->claim_line[k];
+  c->basis_seen[k] = false;
   return cl;
 }
 
@@ -273,9 +275,34 @@ static int check_set(load_ctx *c, const vl_claim *cl, const char *name, const ch
   return ok;
 }
 
+/* claims.ini's [_report] section: the report's first screen (not a claim) */
+static int on_report_section(load_ctx *c, const char *name, const char *value) {
+  char *dst = !strcmp(name, "where") ? c->L->where : !strcmp(name, "articles") ? c->L->articles : NULL;
+  size_t cap = dst == c->L->where ? sizeof c->L->where : sizeof c->L->articles;
+  if (!dst) return fail_at(c, c->line, "[_report]: unknown key '%s' (where or articles)", name);
+  if (strlen(value) >= cap)
+    return fail_at(c, c->line, "[_report]: %s is %zu characters long (limit %zu)", name, strlen(value), cap - 1);
+  memcpy(dst, value, strlen(value) + 1);
+  if (dst == c->L->articles) {
+    /* "000:24 001:3": article ids with a count each */
+    const char *p = value;
+    while (*p) {
+      char id[16];
+      int cnt, used = 0;
+      if (sscanf(p, " %15[^: ]:%d%n", id, &cnt, &used) != 2 || cnt < 0)
+        return fail_at(c, c->line, "[_report]: articles = '%s' (expected ARTICLE:COUNT ..., e.g. 000:24 001:3)",
+                       value);
+      p += used;
+      while (*p == ' ') p++;
+    }
+  }
+  return 1;
+}
+
 static int on_claims(void *user, const char *section, const char *name, const char *value) {
   load_ctx *c = user;
   if (!check_key(c, section, name, value)) return 0;
+  if (!strcmp(section, "_report")) return on_report_section(c, name, value);
   vl_claim *cl = claim_get(c, section);
   if (!cl) return 0;
   int k = (int)(cl - c->L->claims);
@@ -292,27 +319,56 @@ static int on_claims(void *user, const char *section, const char *name, const ch
   if (!strcmp(name, "before")) c->before_line[k] = c->line;
   if (!strcmp(name, "after")) c->after_line[k] = c->line;
   if (!strcmp(name, "kind") && strcmp(value, "value") && strcmp(value, "ratio") && strcmp(value, "range") &&
-      strcmp(value, "ratio_range"))
-    return fail_at(c, c->line, "claim [%s]: kind '%s' (value, ratio, range or ratio_range)", cl->id, value);
+      strcmp(value, "ratio_range") && strcmp(value, "none"))
+    return fail_at(c, c->line, "claim [%s]: kind '%s' (value, ratio, range, ratio_range or none)", cl->id, value);
   if (!strcmp(name, "needs") && strcmp(value, "cuda") && strcmp(value, "cpu"))
     return fail_at(c, c->line, "claim [%s]: needs '%s' (cuda or cpu)", cl->id, value);
   if ((!strcmp(name, "before_set") || !strcmp(name, "after_set")) && !check_set(c, cl, name, value)) return 0;
+  if (!strcmp(name, "basis")) {
+    static const char *const names[] = {"planned", "measured", "modeled", "configured"};
+    for (int b = 0; b < 4; b++)
+      if (!strcmp(value, names[b])) {
+        cl->basis = (vl_basis)b;
+        c->basis_seen[k] = true;
+        return 1;
+      }
+    return fail_at(c, c->line, "claim [%s]: basis '%s' (planned, measured, modeled or configured)", cl->id, value);
+  }
+  if (!strcmp(name, "scope")) {
+    if (strcmp(value, "article") && strcmp(value, "suite"))
+      return fail_at(c, c->line, "claim [%s]: scope '%s' (article or suite)", cl->id, value);
+    cl->suite = !strcmp(value, "suite");
+    return 1;
+  }
+  if (!strcmp(name, "noise") && !strcmp(value, "exact")) {
+    cl->noise_exact = true;
+    return 1;
+  }
+  if (!strcmp(name, "rank")) {
+    double r;
+    if (vl_parse_f64(value, 1, 99, &r) != VL_PARSE_OK || r != floor(r))
+      return fail_at(c, c->line, "claim [%s]: rank = '%s' (a whole number from 1 to 99)", cl->id, value);
+    cl->rank = (int)r;
+    return 1;
+  }
   STR(text) STR(source) STR(metric) STR(unit) STR(kind) STR(note) STR(before) STR(after)
-  STR(before_set) STR(after_set) STR(needs)
+  STR(before_set) STR(after_set) STR(needs) STR(qualifier) STR(assumption) STR(shown_with) STR(reason)
+  STR(finding)
 #undef STR
   double *num = !strcmp(name, "article_before") ? &cl->article_before
               : !strcmp(name, "article_after")  ? &cl->article_after
               : !strcmp(name, "tol")            ? &cl->tol
               : !strcmp(name, "lo")             ? &cl->lo
-              : !strcmp(name, "hi")             ? &cl->hi : NULL;
+              : !strcmp(name, "hi")             ? &cl->hi
+              : !strcmp(name, "noise")          ? &cl->noise_floor : NULL;
   if (!num) return fail_at(c, c->line, "claim [%s]: unknown key '%s'", cl->id, name);
   /* finite decimals only: NaN or an infinity would make every verdict "not measurable"
-   * or always true; a tolerance is never negative */
-  bool tol = num == &cl->tol;
-  vl_parse_status st = vl_parse_f64(value, tol ? 0 : -DBL_MAX, DBL_MAX, num);
+   * or always true; a tolerance or a noise floor is never negative */
+  bool nonneg = num == &cl->tol || num == &cl->noise_floor;
+  vl_parse_status st = vl_parse_f64(value, nonneg ? 0 : -DBL_MAX, num == &cl->noise_floor ? 1 : DBL_MAX, num);
   if (st != VL_PARSE_OK)
     return fail_at(c, c->line, "claim [%s]: %s = '%s' %s (expected a finite decimal number%s)", cl->id, name, value,
-                   vl_parse_why(st), tol ? " >= 0" : "");
+                   vl_parse_why(st), num == &cl->noise_floor ? " in [0, 1] or exact" : nonneg ? " >= 0" : "");
   return 1;
 }
 
@@ -321,6 +377,20 @@ static void check_claim(load_ctx *c, int k) {
   const vl_ladder *L = c->L;
   const vl_claim *cl = &L->claims[k];
   int line = c->claim_line[k];
+  if (cl->shown_with[0]) {
+    int j = 0;
+    while (j < L->n_claims && strcmp(L->claims[j].id, cl->shown_with)) j++;
+    if (j == L->n_claims || j == k || L->claims[j].shown_with[0]) {
+      fail_at(c, line, "claim [%s]: shown_with '%s' is not another claim shown in a row of its own", cl->id,
+              cl->shown_with);
+      return;
+    }
+  }
+  if (!strcmp(cl->kind, "none")) {
+    if (!cl->reason[0]) fail_at(c, line, "claim [%s]: kind none needs a reason (why it is not measurable here)", cl->id);
+    else if (!c->basis_seen[k]) fail_at(c, line, "claim [%s]: needs basis (planned, measured, modeled or configured)", cl->id);
+    return;
+  }
   if (!cl->metric[0] || !cl->after[0]) { fail_at(c, line, "claim [%s]: needs metric and after", cl->id); return; }
   if (vl_ladder_find(L, cl->after) < 0) {
     fail_at(c, c->after_line[k], "claim [%s]: unknown rung '%s'", cl->id, cl->after);
@@ -335,6 +405,8 @@ static void check_claim(load_ctx *c, int k) {
             cl->id, cl->metric, c->vc->id);
     return;
   }
+  if (cl->basis == VL_BASIS_MODELED && !cl->assumption[0])
+    fail_at(c, line, "claim [%s]: basis modeled needs an assumption (the model's, named in the report)", cl->id);
   bool range = !strcmp(cl->kind, "range") || !strcmp(cl->kind, "ratio_range");
   if (range && (isnan(cl->lo) || isnan(cl->hi) || cl->lo > cl->hi))
     fail_at(c, line, "claim [%s]: kind %s needs lo <= hi", cl->id, cl->kind);
@@ -342,6 +414,8 @@ static void check_claim(load_ctx *c, int k) {
     fail_at(c, line, "claim [%s]: kind %s needs article_after", cl->id, cl->kind);
   else if (!strcmp(cl->kind, "ratio") && isnan(cl->article_before))
     fail_at(c, line, "claim [%s]: kind ratio needs article_before", cl->id);
+  else if (!c->basis_seen[k])
+    fail_at(c, line, "claim [%s]: needs basis (planned, measured, modeled or configured)", cl->id);
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */
@@ -504,4 +578,13 @@ vl_status vl_ladder_set(vl_ladder *L, const char *a, vl_err *e) {
       return vl_err_set(e, VL_ERR_INVALID, "--set: rung '%s': %s", L->rungs[j].name, e2.msg);
   }
   return VL_OK;
+}
+
+const char *vl_basis_name(vl_basis b) {
+  switch (b) {
+    case VL_BASIS_PLANNED: return "planned";
+    case VL_BASIS_MEASURED: return "measured";
+    case VL_BASIS_MODELED: return "modeled";
+    default: return "configured";
+  }
 }

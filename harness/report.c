@@ -28,39 +28,117 @@ const char *vl_verdict_name(vl_verdict v) {
   switch (v) {
     case VL_HOLDS: return "holds";
     case VL_DIRECTION_HOLDS: return "direction holds";
+    case VL_INCONCLUSIVE: return "inconclusive (within noise)";
     case VL_DOES_NOT_HOLD: return "does not hold";
+    case VL_BY_CONSTRUCTION: return "by construction";
     default: return "not measurable here";
   }
 }
 
+/* ---- the judge ------------------------------------------------------------------------------ */
+/* The magnitude band of "direction holds": the measured change over the claimed one. */
+#define BAND_LO 0.25
+#define BAND_HI 2.0
+
 static int sgn(double x) { return (x > 0) - (x < 0); }
 
-vl_verdict vl_judge(const vl_claim *c, double before, double after) {
-  if (!strcmp(c->kind, "ratio_range")) {
-    /* the measured change after/before inside [lo, hi]; else the direction of the range */
-    if (isnan(after) || isnan(before) || before == 0) return VL_NOT_MEASURABLE;
-    double r = after / before, mid = 0.5 * (c->lo + c->hi);
-    if (r >= c->lo && r <= c->hi) return VL_HOLDS;
-    return sgn(r - 1) == sgn(mid - 1) ? VL_DIRECTION_HOLDS : VL_DOES_NOT_HOLD;
-  }
-  if (!strcmp(c->kind, "range")) {
-    if (isnan(after)) return VL_NOT_MEASURABLE;
-    return after >= c->lo && after <= c->hi ? VL_HOLDS : VL_DOES_NOT_HOLD;
-  }
-  if (isnan(after) || isnan(before)) return VL_NOT_MEASURABLE;
+/* Whether x passes the claim's own test, for the measured pair (b, a). */
+static bool hold_test(const vl_claim *c, double b, double a) {
+  if (!strcmp(c->kind, "ratio_range")) return b != 0 && a / b >= c->lo && a / b <= c->hi;
+  if (!strcmp(c->kind, "range")) return a >= c->lo && a <= c->hi;
   double ab = c->article_before, aa = c->article_after;
   if (!strcmp(c->kind, "ratio")) {
-    if (before == 0 || ab == 0) return VL_NOT_MEASURABLE;
-    double mr = after / before, ar = aa / ab;
-    if (fabs(mr - ar) <= c->tol * fabs(ar)) return VL_HOLDS;
-    return sgn(mr - 1) == sgn(ar - 1) ? VL_DIRECTION_HOLDS : VL_DOES_NOT_HOLD;
+    double ar = aa / ab;
+    return b != 0 && fabs(a / b - ar) <= c->tol * fabs(ar);
   }
-  /* value: both measured ends against the article's (a claim without an article "before"
-   * is judged on its "after"); tolerance relative, absolute where the article says 0 */
-  bool after_ok = fabs(after - aa) <= (aa != 0 ? c->tol * fabs(aa) : c->tol) + 1e-12;
-  bool before_ok = isnan(ab) || fabs(before - ab) <= (ab != 0 ? c->tol * fabs(ab) : c->tol) + 1e-12;
-  if (after_ok && before_ok) return VL_HOLDS;
-  return sgn(after - before) == sgn(aa - ab) ? VL_DIRECTION_HOLDS : VL_DOES_NOT_HOLD;
+  /* value: both ends against the article's (without an article "before", the "after" only);
+   * tolerance relative, absolute where the article says 0 */
+  bool after_ok = fabs(a - aa) <= (aa != 0 ? c->tol * fabs(aa) : c->tol) + 1e-12;
+  bool before_ok = isnan(ab) || fabs(b - ab) <= (ab != 0 ? c->tol * fabs(ab) : c->tol) + 1e-12;
+  return after_ok && before_ok;
+}
+
+/* A change from x to y: log(y/x) when both are > 0, else y - x; *lin tells which. */
+static double change(double x, double y, bool *lin) {
+  if (x > 0 && y > 0) return log(y / x);
+  *lin = true;
+  return y - x;
+}
+
+/* The change the claim claims, on the scale change() uses for the measured one (0: it claims
+ * none; NaN: it claims a value, not a change). */
+static double claimed(const vl_claim *c, double b, bool *lin) {
+  if (!strcmp(c->kind, "ratio")) return change(c->article_before, c->article_after, lin);
+  if (!strcmp(c->kind, "ratio_range")) {
+    if (c->lo <= 1 && c->hi >= 1) return 0;
+    return c->lo > 0 ? log(sqrt(c->lo * c->hi)) : NAN;
+  }
+  if (!strcmp(c->kind, "range")) {
+    /* a range reached from a "before" rung: the change to the middle of the range */
+    if (!c->before[0] || isnan(b)) return NAN;
+    if (b >= c->lo && b <= c->hi) return 0;
+    double mid = c->lo > 0 ? sqrt(c->lo * c->hi) : 0.5 * (c->lo + c->hi);
+    return change(b, mid, lin);
+  }
+  if (isnan(c->article_before)) return NAN;
+  return change(c->article_before, c->article_after, lin);
+}
+
+vl_judgement vl_judge_ev(const vl_claim *c, const vl_evidence *ev) {
+  double b = ev->before, a = ev->after;
+  bool other = !strcmp(c->kind, "range") && !c->before[0];
+  if (!strcmp(c->kind, "none")) return (vl_judgement){VL_NOT_MEASURABLE, ""};
+  if (isnan(a) || (!other && isnan(b)) || (!strcmp(c->kind, "ratio_range") && b == 0) ||
+      (!strcmp(c->kind, "ratio") && (b == 0 || c->article_before == 0)))
+    return (vl_judgement){VL_NOT_MEASURABLE, ""};
+  /* the spread: the measured pair's extremes (exact ends have none) */
+  bool noisy = !isnan(ev->a_lo) || !isnan(ev->b_lo);
+  double alo = isnan(ev->a_lo) ? a : ev->a_lo, ahi = isnan(ev->a_hi) ? a : ev->a_hi;
+  double blo = isnan(ev->b_lo) ? b : ev->b_lo, bhi = isnan(ev->b_hi) ? b : ev->b_hi;
+  bool lin = false, lin_c = false;
+  double cl = claimed(c, b, &lin_c);
+  double m = other ? NAN : change(b, a, &lin);
+  if (lin != lin_c && !isnan(m) && !isnan(cl) && cl != 0) { /* one scale for both: linear */
+    lin = true;
+    m = a - b;
+    cl = !strcmp(c->kind, "range") ? 0.5 * (c->lo + c->hi) - b : c->article_after - c->article_before;
+  }
+  vl_judgement j = {VL_DOES_NOT_HOLD, ""};
+  if (noisy && !other && !isnan(cl) && cl != 0) {
+    /* a claimed change whose measured counterpart could be no change at all */
+    bool lin2 = false;
+    double lo = change(bhi, alo, &lin2), hi = change(blo, ahi, &lin2);
+    if (lo <= 0 && hi >= 0) j = (vl_judgement){VL_INCONCLUSIVE, "the change is inside the spread of the runs"};
+  }
+  if (j.v != VL_INCONCLUSIVE) {
+    if (hold_test(c, b, a))
+      j = (vl_judgement){VL_HOLDS, ""};
+    else if (noisy && (hold_test(c, bhi, alo) || hold_test(c, blo, ahi) || hold_test(c, blo, alo) ||
+                       hold_test(c, bhi, ahi)))
+      j = (vl_judgement){VL_INCONCLUSIVE, "the claim is inside the spread of the runs"};
+    else if (isnan(cl) || isnan(m))
+      j = (vl_judgement){VL_DOES_NOT_HOLD, ""};
+    else if (cl == 0)
+      j = (vl_judgement){VL_DOES_NOT_HOLD, "a change where the claim has none"};
+    else if (m == 0)
+      j = (vl_judgement){VL_DOES_NOT_HOLD, "no change"};
+    else if (sgn(m) != sgn(cl))
+      j = (vl_judgement){VL_DOES_NOT_HOLD, "the opposite direction"};
+    else if (m / cl < BAND_LO)
+      j = (vl_judgement){VL_DOES_NOT_HOLD, "much smaller than claimed (under a quarter of it)"};
+    else if (m / cl > BAND_HI)
+      j = (vl_judgement){VL_DOES_NOT_HOLD, "far beyond the claim (over twice it)"};
+    else
+      j = (vl_judgement){VL_DIRECTION_HOLDS, ""};
+  }
+  if (c->basis == VL_BASIS_CONFIGURED && (j.v == VL_HOLDS || j.v == VL_DIRECTION_HOLDS))
+    j = (vl_judgement){VL_BY_CONSTRUCTION, "the number echoes a setting"};
+  return j;
+}
+
+vl_verdict vl_judge(const vl_claim *c, double before, double after) {
+  vl_evidence ev = {before, after, NAN, NAN, NAN, NAN};
+  return vl_judge_ev(c, &ev).v;
 }
 
 /* ---- metric lookup ------------------------------------------------------------------------ */
@@ -97,23 +175,77 @@ static const cJSON *side_plan(const vl_case *c, const vl_ladder *L, const vl_kno
   return o;
 }
 
-static double metric(const vl_case *c, const vl_ladder *L, cJSON *res, const char *rung,
-                     const char *set, const char *m) {
-  if (!rung[0]) return NAN;
+/* One end of a claim: its value, the spread of the runs it comes from ([lo, hi]: NaN when
+ * exact), and where it was found. */
+typedef struct {
+  double v, lo, hi;
+  int runs;      /* runs that measured it (0: a plan or a side plan) */
+  bool planned;  /* read from a plan */
+} end_val;
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of a rung's runs and their min and max. */
+static end_val run_end(const cJSON *rung, const char *m) {
+  end_val e = {NAN, NAN, NAN, 0, false};
+  double x[64];
+  const cJSON *r;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(rung, "runs")) {
+    double v = vl_rep_num(r, m);
+    if (!isnan(v) && e.runs < 64) x[e.runs++] = v;
+  }
+  if (!e.runs) return e;
+  qsort(x, (size_t)e.runs, sizeof *x, cmp_dbl);
+  e.v = e.runs % 2 ? x[e.runs / 2] : 0.5 * (x[e.runs / 2 - 1] + x[e.runs / 2]);
+  e.lo = x[0];
+  e.hi = x[e.runs - 1];
+  return e;
+}
+
+static end_val metric_end(const vl_case *c, const vl_ladder *L, cJSON *res, const char *rung, const char *set,
+                          const char *m) {
+  end_val e = {NAN, NAN, NAN, 0, false};
+  if (!rung[0]) return e;
   if (set && set[0]) {
     /* a side plan: the rung varied by `set` */
     int i = vl_ladder_find(L, rung);
-    if (i < 0) return NAN;
+    if (i < 0) return e;
     vl_knobs k = L->rungs[i].knobs;
-    if (vl_knobs_apply_list(&k, set, NULL)) return NAN;
-    return vl_rep_num(side_plan(c, L, &k), m);
+    if (vl_knobs_apply_list(&k, set, NULL)) return e;
+    e.v = vl_rep_num(side_plan(c, L, &k), m);
+    e.planned = true;
+    return e;
   }
   const cJSON *r = vl_rep_rung(res, rung);
-  if (!r) return NAN;
-  double v = vl_rep_num(cJSON_GetObjectItem(r, "plan"), m);
-  if (isnan(v)) v = vl_rep_run_metric(r, m);
+  if (!r) return e;
+  e.v = vl_rep_num(cJSON_GetObjectItem(r, "plan"), m);
+  if (!isnan(e.v)) {
+    e.planned = true;
+    return e;
+  }
+  e = run_end(r, m);
+  if (!isnan(e.v)) return e;
   /* case-wide measurements (a sweep's best setting, a ceiling) stand for every rung */
-  return isnan(v) ? vl_rep_num(cJSON_GetObjectItem(res, "case_metrics"), m) : v;
+  e.v = vl_rep_num(cJSON_GetObjectItem(res, "case_metrics"), m);
+  e.runs = isnan(e.v) ? 0 : 1;
+  e.lo = e.hi = e.v;
+  return e;
+}
+
+/* The spread a claim judges with: the runs' min and max, widened to the claim's floor, or
+ * to VL_NOISE_ONE_RUN for a value of one run; none for an exact or planned value. */
+static void spread(const vl_claim *cl, end_val *e) {
+  if (e->planned || cl->noise_exact || isnan(e->v) || e->runs == 0) {
+    e->lo = e->hi = NAN;
+    return;
+  }
+  double f = cl->noise_floor > 0 ? cl->noise_floor : e->runs < 2 ? VL_NOISE_ONE_RUN : 0;
+  double a = fabs(e->v) * f;
+  if (e->v - a < e->lo) e->lo = e->v - a;
+  if (e->v + a > e->hi) e->hi = e->v + a;
 }
 
 static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
@@ -522,25 +654,237 @@ static vl_status report_fail(vl_err *e, vl_status s, cJSON *res, char *text, con
   return s;
 }
 
-/* A claim's verdict as the report judges it (a claim needing another device than the
- * results' is not measurable). */
-static vl_verdict judge_claim(const vl_case *c, const vl_ladder *L, cJSON *res, const vl_claim *cl, double *b,
-                              double *a, bool *other_device) {
+/* A claim as the report judges it: the two ends with their spread and the verdict (a claim
+ * needing another device than the results' is not measurable). */
+typedef struct {
+  end_val b, a;
+  vl_judgement j;
+  bool other_device;
+} judged;
+
+static judged judge_claim(const vl_case *c, const vl_ladder *L, cJSON *res, const vl_claim *cl) {
+  judged r = {{NAN, NAN, NAN, 0, false}, {NAN, NAN, NAN, 0, false}, {VL_NOT_MEASURABLE, ""}, false};
+  if (!strcmp(cl->kind, "none")) return r;
   const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "env"), "device"));
-  *b = metric(c, L, res, cl->before, cl->before_set, cl->metric);
-  *a = metric(c, L, res, cl->after, cl->after_set, cl->metric);
-  vl_verdict v = vl_judge(cl, *b, *a);
-  *other_device = cl->needs[0] && (!dev || strcmp(dev, cl->needs));
-  return *other_device ? VL_NOT_MEASURABLE : v;
+  r.b = metric_end(c, L, res, cl->before, cl->before_set, cl->metric);
+  r.a = metric_end(c, L, res, cl->after, cl->after_set, cl->metric);
+  spread(cl, &r.b);
+  spread(cl, &r.a);
+  vl_evidence ev = {r.b.v, r.a.v, r.b.lo, r.b.hi, r.a.lo, r.a.hi};
+  r.j = vl_judge_ev(cl, &ev);
+  r.other_device = cl->needs[0] && (!dev || strcmp(dev, cl->needs));
+  if (r.other_device) r.j = (vl_judgement){VL_NOT_MEASURABLE, ""};
+  return r;
 }
 
-void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, int counts[4]) {
-  memset(counts, 0, 4 * sizeof *counts);
-  for (int i = 0; i < L->n_claims; i++) {
-    double b, a;
-    bool other;
-    counts[judge_claim(c, L, res, &L->claims[i], &b, &a, &other)]++;
+/* A hold that rests on a model or a named stand-in, tallied apart from planned and measured. */
+static bool rests_on_model(const vl_claim *cl) { return cl->basis == VL_BASIS_MODELED || cl->qualifier[0]; }
+
+static void tally_add(vl_tally *t, const vl_claim *cl, vl_verdict v) {
+  if (cl->shown_with[0]) return; /* a second number of another claim's row */
+  if (cl->suite) {
+    t->suite[v]++;
+    return;
   }
+  t->article[v]++;
+  if ((v == VL_HOLDS || v == VL_DIRECTION_HOLDS) && rests_on_model(cl)) t->holds_modeled++;
+}
+
+void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, vl_tally *t) {
+  memset(t, 0, sizeof *t);
+  for (int i = 0; i < L->n_claims; i++) tally_add(t, &L->claims[i], judge_claim(c, L, res, &L->claims[i]).j.v);
+}
+
+/* ---- the claims tables ----------------------------------------------------------------------- */
+/* "holds", "holds (modeled)", "holds on CPU ranks", "not measurable here: <reason>" */
+static const char *verdict_text(const vl_claim *cl, const judged *r, bool interrupted, char *b, size_t n) {
+  vl_verdict v = r->j.v;
+  if (v == VL_NOT_MEASURABLE && cl->reason[0]) snprintf(b, n, "not measurable here: %s", cl->reason);
+  else if (v == VL_NOT_MEASURABLE && r->other_device) snprintf(b, n, "not measurable here: needs %s", cl->needs);
+  else if (v == VL_NOT_MEASURABLE && interrupted) snprintf(b, n, "not measured: run interrupted");
+  else if ((v == VL_HOLDS || v == VL_DIRECTION_HOLDS) && cl->qualifier[0])
+    snprintf(b, n, "%s %s", vl_verdict_name(v), cl->qualifier);
+  else if ((v == VL_HOLDS || v == VL_DIRECTION_HOLDS) && cl->basis == VL_BASIS_MODELED)
+    snprintf(b, n, "%s (modeled)", vl_verdict_name(v));
+  else snprintf(b, n, "%s", vl_verdict_name(v));
+  return b;
+}
+
+/* A value with its spread: "1.23 (1.20–1.25, 3 runs)"; a planned or exact one alone. */
+static const char *fmt_end(const end_val *e, const char *unit, char *b, size_t n) {
+  char v[32], lo[32], hi[32];
+  fmt_val(e->v, unit, v, sizeof v);
+  if (isnan(e->lo) || !isfinite(e->v)) snprintf(b, n, "%s", v);
+  else if (e->runs < 2) snprintf(b, n, "%s (1 run)", v);
+  else snprintf(b, n, "%s (%s–%s, %d runs)", v, fmt_val(e->lo, unit, lo, sizeof lo), fmt_val(e->hi, unit, hi, sizeof hi),
+                e->runs);
+  return b;
+}
+
+/* The suite's numbers of a claim: "B → A", "×r (b → a)" with the ratio's spread, "A (rung)". */
+static void suite_cell(FILE *md, const vl_claim *cl, const judged *r) {
+  char x[96], y[96], q[32], lo[32], hi[32];
+  if (!strcmp(cl->kind, "none")) {
+    fprintf(md, "—");
+    return;
+  }
+  if (!strcmp(cl->kind, "ratio_range") || !strcmp(cl->kind, "ratio")) {
+    fprintf(md, "%s (`%s` → `%s`)", fmt_ratio(r->a.v / r->b.v, q, sizeof q), cl->before, cl->after);
+    if (!isnan(r->a.lo) || !isnan(r->b.lo)) {
+      double alo = isnan(r->a.lo) ? r->a.v : r->a.lo, ahi = isnan(r->a.hi) ? r->a.v : r->a.hi;
+      double blo = isnan(r->b.lo) ? r->b.v : r->b.lo, bhi = isnan(r->b.hi) ? r->b.v : r->b.hi;
+      int runs = r->a.runs < r->b.runs ? r->a.runs : r->b.runs;
+      fprintf(md, ", spread %s–%s (%s)", fmt_ratio(alo / bhi, lo, sizeof lo), fmt_ratio(ahi / blo, hi, sizeof hi),
+              runs < 2 ? "1 run: ±5% assumed" : "min–max of the runs");
+    }
+    return;
+  }
+  if (!strcmp(cl->kind, "range") && !cl->before[0]) {
+    fprintf(md, "%s (`%s`)", fmt_end(&r->a, cl->unit, y, sizeof y), cl->after);
+    return;
+  }
+  fprintf(md, "%s → %s", fmt_end(&r->b, cl->unit, x, sizeof x), fmt_end(&r->a, cl->unit, y, sizeof y));
+}
+
+static void article_cell(FILE *md, const vl_claim *cl) {
+  char x1[32], x2[32];
+  if (!strcmp(cl->kind, "none")) fprintf(md, "—");
+  else if (!strcmp(cl->kind, "range")) fprintf(md, "%g–%g", cl->lo, cl->hi);
+  else if (!strcmp(cl->kind, "ratio_range")) fprintf(md, "×%g–%g", cl->lo, cl->hi);
+  else if (!strcmp(cl->kind, "ratio"))
+    fprintf(md, "%s", fmt_ratio(cl->article_after / cl->article_before, x1, sizeof x1));
+  else if (isnan(cl->article_before)) fprintf(md, "%s", fmt_val(cl->article_after, cl->unit, x2, sizeof x2));
+  else
+    fprintf(md, "%s → %s", fmt_val(cl->article_before, cl->unit, x1, sizeof x1),
+            fmt_val(cl->article_after, cl->unit, x2, sizeof x2));
+}
+
+static void tol_cell(FILE *md, const vl_claim *cl) {
+  if (!strcmp(cl->kind, "none")) fprintf(md, "—");
+  else if (!strcmp(cl->kind, "range") || !strcmp(cl->kind, "ratio_range")) fprintf(md, "the range");
+  else if (!strcmp(cl->kind, "value") && cl->article_after == 0) fprintf(md, "±%g", cl->tol);
+  else fprintf(md, "±%g%%", 100 * cl->tol);
+  if (cl->noise_exact) fprintf(md, "; exact");
+  else if (cl->noise_floor > 0) fprintf(md, "; noise ≥ %g%%", 100 * cl->noise_floor);
+}
+
+static void basis_cell(FILE *md, const vl_claim *cl) {
+  fprintf(md, "%s", vl_basis_name(cl->basis));
+  if (cl->qualifier[0]) fprintf(md, " (stand-in: %s)", cl->qualifier);
+}
+
+/* One row; the claims shown with it (shown_with) add their numbers to its suite cell. */
+static void claim_row(FILE *md, const vl_case *c, const vl_ladder *L, cJSON *res, int i, bool interrupted,
+                      vl_tally *t, FILE *missf, int *n_missing) {
+  const vl_claim *cl = &L->claims[i];
+  judged r = judge_claim(c, L, res, cl);
+  tally_add(t, cl, r.j.v);
+  if (interrupted && r.j.v == VL_NOT_MEASURABLE && !r.other_device && strcmp(cl->kind, "none")) {
+    if (missf) fprintf(missf, "%s`%s` (%s)", *n_missing ? ", " : "", cl->metric, cl->id);
+    ++*n_missing;
+  }
+  char vb[320];
+  fprintf(md, "| `%s` | %s | %s | ", cl->id, cl->text, cl->source);
+  article_cell(md, cl);
+  fprintf(md, " | ");
+  suite_cell(md, cl, &r);
+  for (int k = 0; k < L->n_claims; k++) {
+    const vl_claim *o = &L->claims[k];
+    if (strcmp(o->shown_with, cl->id)) continue;
+    judged ro = judge_claim(c, L, res, o);
+    fprintf(md, "; %s: ", vl_basis_name(o->basis));
+    suite_cell(md, o, &ro);
+    fprintf(md, " (%s, not counted)", verdict_text(o, &ro, interrupted, vb, sizeof vb));
+  }
+  fprintf(md, " | ");
+  basis_cell(md, cl);
+  fprintf(md, " | ");
+  tol_cell(md, cl);
+  fprintf(md, " | **%s** | ", verdict_text(cl, &r, interrupted, vb, sizeof vb));
+  const char *sep = "";
+  if (r.j.why[0]) { fprintf(md, "%s", r.j.why); sep = "; "; }
+  if (cl->assumption[0]) { fprintf(md, "%s%s: %s", sep, cl->basis == VL_BASIS_MODELED ? "model" : "stands for", cl->assumption); sep = "; "; }
+  if (cl->note[0]) fprintf(md, "%s%s", sep, cl->note);
+  fprintf(md, " |\n");
+}
+
+static const char *const TABLE_HEAD =
+    "| id | claim | source | article | this suite, before → after | basis | tolerance | verdict | note |\n"
+    "|---|---|---|---|---|---|---|---|---|\n";
+
+/* "000: 24" per article of [_report] articles, with the claims of this report from each */
+static void article_counts(FILE *md, const vl_ladder *L, const vl_tally *t) {
+  int in_report = 0, judged_n = t->article[VL_HOLDS] + t->article[VL_DIRECTION_HOLDS] +
+                                t->article[VL_INCONCLUSIVE] + t->article[VL_DOES_NOT_HOLD];
+  for (int v = 0; v < VL_N_VERDICTS; v++) in_report += t->article[v];
+  fprintf(md, "Article claims about this case:");
+  const char *p = L->articles;
+  int total = 0;
+  bool any = false;
+  while (*p) {
+    char id[16];
+    int cnt, used = 0;
+    if (sscanf(p, " %15[^: ]:%d%n", id, &cnt, &used) != 2) break;
+    int here = 0;
+    for (int i = 0; i < L->n_claims; i++)
+      if (!L->claims[i].suite && !L->claims[i].shown_with[0] && !strncmp(L->claims[i].source, id, strlen(id)))
+        here++;
+    fprintf(md, "%s article %s: %d checkable, %d in this report", any ? ";" : "", id, cnt, here);
+    total += cnt;
+    any = true;
+    p += used;
+  }
+  if (!any) fprintf(md, " (per-article counts not given)");
+  fprintf(md, ". In all: %d in this report, %d judged (holds, direction, inconclusive or does not hold).\n\n",
+          in_report, judged_n);
+  (void)total;
+}
+
+static void tally_line(FILE *md, const int *k, int holds_modeled) {
+  fprintf(md, "%d hold", k[VL_HOLDS]);
+  if (holds_modeled) fprintf(md, " (%d of these or of the next on a model or a stand-in)", holds_modeled);
+  fprintf(md, ", %d direction holds, %d inconclusive (within noise), %d do not hold, %d by construction, "
+              "%d not measurable here",
+          k[VL_DIRECTION_HOLDS], k[VL_INCONCLUSIVE], k[VL_DOES_NOT_HOLD], k[VL_BY_CONSTRUCTION], k[VL_NOT_MEASURABLE]);
+}
+
+static const char *const LEGEND =
+    "Verdicts: **holds** inside the claim's tolerance or range; **direction holds** the claimed direction "
+    "at ¼ to 2× the claimed change (log scale), beyond that band **does not hold**; **inconclusive** the "
+    "change is inside the spread of the runs (min–max of the repetitions; ±5% for a one-run value); "
+    "**by construction** the number echoes a setting and is never counted a hold. Numbers: planned "
+    "(exact, full scale), measured (this machine, run scale), modeled (assumption named), configured.";
+
+/* The first screen: where it ran, the findings (claims with a finding, by rank), the tally
+ * and the legend. */
+static void first_screen(FILE *md, const vl_case *c, const vl_ladder *L, cJSON *res, const cJSON *env) {
+  const char *dev = vl_rep_str(env, "device");
+  fprintf(md, "**Where it ran:** %s (%s, %s cores), run scale `%s`. %s\n\n", dev, vl_rep_str(env, "cpu"),
+          vl_rep_fmt("%g", vl_rep_num(env, "cores")), vl_rep_str(res, "run_scale"),
+          L->where[0] ? L->where : "");
+  int order[VL_MAX_CLAIMS], n = 0;
+  for (int rank = 1; rank <= 99 && n < 5; rank++)
+    for (int i = 0; i < L->n_claims && n < 5; i++)
+      if (L->claims[i].rank == rank && L->claims[i].finding[0]) order[n++] = i;
+  if (n) fprintf(md, "**Findings:**\n");
+  for (int k = 0; k < n; k++) {
+    const vl_claim *cl = &L->claims[order[k]];
+    judged r = judge_claim(c, L, res, cl);
+    char vb[320], x[32];
+    fprintf(md, "- ");
+    for (const char *p = cl->finding; *p; p++) {
+      if (!strncmp(p, "{before}", 8)) { fprintf(md, "%s", fmt_val(r.b.v, cl->unit, x, sizeof x)); p += 7; }
+      else if (!strncmp(p, "{after}", 7)) { fprintf(md, "%s", fmt_val(r.a.v, cl->unit, x, sizeof x)); p += 6; }
+      else if (!strncmp(p, "{ratio}", 7)) { fprintf(md, "%s", fmt_ratio(r.a.v / r.b.v, x, sizeof x)); p += 6; }
+      else fputc(*p, md);
+    }
+    fprintf(md, " (`%s`: **%s**)\n", cl->id, verdict_text(cl, &r, false, vb, sizeof vb));
+  }
+  vl_tally t;
+  vl_report_verdicts(c, L, res, &t);
+  fprintf(md, "%s**Article claims:** ", n ? "\n" : "");
+  tally_line(md, t.article, t.holds_modeled);
+  fprintf(md, ".  \n%s\n\n", LEGEND);
 }
 
 vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *results_path,
@@ -585,13 +929,14 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
   cJSON *env = cJSON_GetObjectItem(res, "env");
   const char *scale = vl_rep_str(res, "run_scale");
   fprintf(md, "# %s — %s\n\n", c->id, vl_knob_get(&L->setting, "title") ? vl_knob_get(&L->setting, "title") : c->summary);
+  first_screen(md, c, L, res, env);
   fprintf(md, "_Generated by `vramlab report %s` from `%s` (copied to `%s/results.json`). Device: %s; "
               "CPU: %s (%s cores); GPU: %s; commit %s; %s._\n\n",
           c->id, results_path, c->id, vl_rep_str(env, "device"), vl_rep_str(env, "cpu"),
           vl_rep_fmt("%g", vl_rep_num(env, "cores")), vl_rep_str(env, "gpu"), vl_rep_str(env, "git_commit"),
           vl_rep_str(env, "time"));
-  if (cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted")))
-    fprintf(md, "**This run was interrupted: the tables hold what finished.**\n\n");
+  bool interrupted = cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted"));
+  if (interrupted) fprintf(md, "**This run was interrupted: the tables hold what finished.**\n\n");
   fprintf(md, "## Setting\n\n");
   if (c->method) fprintf(md, "%s\n\n", c->method);
   fprintf(md, "Runs were measured at the **`%s` scale on `%s`**; timings are compared only as ratios "
@@ -601,43 +946,30 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
   for (int i = 0; i < L->setting.n; i++) fprintf(md, " `%s=%s`", L->setting.k[i].key, L->setting.k[i].val);
   fprintf(md, "\n\n");
 
-  fprintf(md, "## Claims\n\n| claim | source | article before → after | measured before → after | verdict | note |\n|---|---|---|---|---|---|\n");
-  int counts[4] = {0}, n_missing = 0;
-  bool interrupted = cJSON_IsTrue(cJSON_GetObjectItem(res, "interrupted"));
+  vl_tally t;
+  memset(&t, 0, sizeof t);
+  int n_missing = 0;
   char *miss = NULL;
   size_t miss_len = 0;
   FILE *missf = open_memstream(&miss, &miss_len);
-  for (int i = 0; i < L->n_claims; i++) {
-    const vl_claim *cl = &L->claims[i];
-    double b, a;
-    bool other_device;
-    vl_verdict v = judge_claim(c, L, res, cl, &b, &a, &other_device);
-    counts[v]++;
-    /* An interrupted run judges nothing it did not measure: say which claim lost what. */
-    const char *vname = vl_verdict_name(v);
-    if (interrupted && v == VL_NOT_MEASURABLE && !other_device) {
-      vname = "not measured: run interrupted";
-      if (missf) fprintf(missf, "%s`%s` (%s)", n_missing ? ", " : "", cl->metric, cl->id);
-      n_missing++;
-    }
-    char x1[32], x2[32], y1[32], y2[32];
-    if (!strcmp(cl->kind, "range"))
-      fprintf(md, "| %s | %s | %g–%g | %s (rung %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
-              cl->hi, fmt_val(a, cl->unit, y2, sizeof y2), cl->after, vname, cl->note);
-    else if (!strcmp(cl->kind, "ratio_range"))
-      fprintf(md, "| %s | %s | ×%g–%g | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source, cl->lo,
-              cl->hi, fmt_ratio(a / b, y1, sizeof y1), cl->before, cl->after, vname, cl->note);
-    else if (!strcmp(cl->kind, "ratio"))
-      fprintf(md, "| %s | %s | %s | %s (%s → %s) | **%s** | %s |\n", cl->text, cl->source,
-              fmt_ratio(cl->article_after / cl->article_before, x1, sizeof x1), fmt_ratio(a / b, y1, sizeof y1),
-              cl->before, cl->after, vname, cl->note);
-    else
-      fprintf(md, "| %s | %s | %s → %s | %s → %s | **%s** | %s |\n", cl->text, cl->source,
-              fmt_val(cl->article_before, cl->unit, x1, sizeof x1), fmt_val(cl->article_after, cl->unit, x2, sizeof x2),
-              fmt_val(b, cl->unit, y1, sizeof y1), fmt_val(a, cl->unit, y2, sizeof y2), vname, cl->note);
+  fprintf(md, "## Claims of the articles\n\n%s", TABLE_HEAD);
+  for (int i = 0; i < L->n_claims; i++)
+    if (!L->claims[i].suite && !L->claims[i].shown_with[0]) claim_row(md, c, L, res, i, interrupted, &t, missf, &n_missing);
+  fprintf(md, "\n");
+  tally_line(md, t.article, t.holds_modeled);
+  fprintf(md, ".\n\n");
+  article_counts(md, L, &t);
+  int n_suite = 0;
+  for (int i = 0; i < L->n_claims; i++) n_suite += L->claims[i].suite && !L->claims[i].shown_with[0];
+  if (n_suite) {
+    fprintf(md, "## Suite checks\n\nChecks of this suite's own implementation that no article states; not "
+                "counted as article claims.\n\n%s", TABLE_HEAD);
+    for (int i = 0; i < L->n_claims; i++)
+      if (L->claims[i].suite && !L->claims[i].shown_with[0]) claim_row(md, c, L, res, i, interrupted, &t, missf, &n_missing);
+    fprintf(md, "\n");
+    tally_line(md, t.suite, 0);
+    fprintf(md, ".\n\n");
   }
-  fprintf(md, "\n%d hold, %d hold in direction only, %d do not hold, %d not measurable here.\n\n",
-          counts[0], counts[1], counts[2], counts[3]);
   if (missf) fclose(missf);
   if (n_missing)
     fprintf(md, "**Missing because the run was interrupted** (%d claim%s not judged): %s.\n\n", n_missing,
@@ -645,7 +977,10 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
   free(miss);
 
   bool gp = vl_rep_have_gnuplot();
-  if (c->report) c->report(res, md, dir, c->id, gp);
+  char *app = NULL;
+  size_t app_len = 0;
+  FILE *appf = open_memstream(&app, &app_len);
+  if (c->report) c->report(res, md, appf ? appf : md, dir, c->id, gp);
   if (!gp) {
     const char *off = getenv("VRAMLAB_NO_GNUPLOT");
     if (off && off[0] && strcmp(off, "0"))
@@ -655,7 +990,14 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
       fprintf(md, "Plots are missing: gnuplot is not installed (`apt-get install gnuplot-nox`).\n\n");
   }
   profile_section(md, res);
-  bool ok = !ferror(md);
+  bool app_ok = appf && !ferror(appf);
+  if (appf && fclose(appf)) app_ok = false;
+  if (app_ok && app && app_len)
+    fprintf(md, "## Appendix: the engine's own validation\n\nHow far this suite's engine can be trusted: its plan "
+                "against its measured memory, against PyTorch, its collectives. Not evidence for or against "
+                "any article claim.\n\n%s", app);
+  free(app);
+  bool ok = !ferror(md) && (app_ok || !appf);
   if (fclose(md)) ok = false;
   cJSON_Delete(res);
   vl_status rc = !ok || !buf ? vl_err_set(e, VL_ERR_OOM, "cannot build the report: out of memory")

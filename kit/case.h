@@ -77,7 +77,7 @@ typedef struct vl_case {
   /* How the case measures, one paragraph of markdown for the report's setting. */
   const char *method;
   /* The case's own report sections after the claims (tables, plots into dir). */
-  void (*report)(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+  void (*report)(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
   /* Optional: the process a case starts on every rank under mpirun (`vramlab worker CASE
    * ARGS...`, multi-gpu); returns the process's exit status. */
   int (*worker)(int argc, char **argv);

@@ -75,7 +75,14 @@ cJSON *vl_env_json(const char *device) {
   cJSON_AddStringToObject(e, "device", device);
   read_line("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1", buf, sizeof buf);
   cJSON_AddStringToObject(e, "gpu", buf[0] ? buf : "none");
+  /* the commit, "-dirty" when the code differs from it (the index flags such reports stale) */
   read_line("git -C " VRAMLAB_SOURCE_DIR " rev-parse --short HEAD 2>/dev/null", buf, sizeof buf);
+  if (buf[0]) {
+    char dirty[8];
+    read_line("git -C " VRAMLAB_SOURCE_DIR " status --porcelain --untracked-files=no -- engine datasets kit "
+              "harness cases CMakeLists.txt 2>/dev/null | head -c 1", dirty, sizeof dirty);
+    if (dirty[0] && strlen(buf) + 7 < sizeof buf) strcat(buf, "-dirty");
+  }
   cJSON_AddStringToObject(e, "git_commit", buf[0] ? buf : "unknown");
   read_line("dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null", buf, sizeof buf);
   cJSON_AddStringToObject(e, "openblas", buf[0] ? buf : "unknown");

@@ -51,7 +51,7 @@ static int teardown(void **state) {
 static const char *ladder_ok =
     "[case]\nbatch = 2\n[a]\nlabel = first\nx = 1\ny = 2\n[b]\ny = 3\n[c]\nz = 4\n";
 static const char *claims_ok =
-    "[c1]\ntext = t\nmetric = peak_bytes\nbefore = a\nafter = c\narticle_before = 10\narticle_after = 5\ntol = 0.1\n";
+    "[c1]\ntext = t\nmetric = peak_bytes\nbefore = a\nafter = c\narticle_before = 10\narticle_after = 5\ntol = 0.1\nbasis = planned\n";
 
 static void test_ladder_inherits(void **state) {
   (void)state;
@@ -151,39 +151,120 @@ static void test_knob_parsing(void **state) {
   assert_int_not_equal(vl_knobs_apply_list(&k, "a=1,broken", &err), 0);
 }
 
+static vl_claim claim_of(const char *kind, double ab, double aa, double tol, double lo, double hi) {
+  vl_claim c = {0};
+  snprintf(c.kind, sizeof c.kind, "%s", kind);
+  c.article_before = ab;
+  c.article_after = aa;
+  c.tol = tol;
+  c.lo = lo;
+  c.hi = hi;
+  c.basis = VL_BASIS_PLANNED;
+  return c;
+}
+
+/* A measured pair with the spread of its runs: before in [blo, bhi], after in [alo, ahi]. */
+static vl_verdict judge_spread(const vl_claim *c, double b, double blo, double bhi, double a, double alo, double ahi) {
+  vl_evidence ev = {b, a, blo, bhi, alo, ahi};
+  return vl_judge_ev(c, &ev).v;
+}
+
 static void test_verdicts(void **state) {
   (void)state;
-  vl_claim c = {0};
-  snprintf(c.kind, sizeof c.kind, "value");
-  c.article_before = 28e9;
-  c.article_after = 14e9;
-  c.tol = 0.15;
+  vl_claim c = claim_of("value", 28e9, 14e9, 0.15, NAN, NAN);
   assert_int_equal(vl_judge(&c, 29e9, 14.5e9), VL_HOLDS);
-  assert_int_equal(vl_judge(&c, 40e9, 14.5e9), VL_DIRECTION_HOLDS); /* before is off */
-  assert_int_equal(vl_judge(&c, 29e9, 20e9), VL_DIRECTION_HOLDS);
+  assert_int_equal(vl_judge(&c, 40e9, 14.5e9), VL_DIRECTION_HOLDS); /* before is off, the change ×0.36 */
+  assert_int_equal(vl_judge(&c, 29e9, 20e9), VL_DIRECTION_HOLDS);   /* ×0.69 against ×0.5: in the band */
   assert_int_equal(vl_judge(&c, 29e9, 43e9), VL_DOES_NOT_HOLD);
   assert_int_equal(vl_judge(&c, NAN, 14e9), VL_NOT_MEASURABLE);
-  snprintf(c.kind, sizeof c.kind, "ratio");
-  c.article_before = 1;
-  c.article_after = 0.7;
-  c.tol = 0.1;
+  c = claim_of("ratio", 1, 0.7, 0.1, NAN, NAN);
   assert_int_equal(vl_judge(&c, 10, 7.2), VL_HOLDS);
-  assert_int_equal(vl_judge(&c, 10, 9.9), VL_DIRECTION_HOLDS);
   assert_int_equal(vl_judge(&c, 10, 11), VL_DOES_NOT_HOLD);
-  snprintf(c.kind, sizeof c.kind, "range");
-  c.lo = 2;
-  c.hi = 4;
+  c = claim_of("range", NAN, NAN, 0, 2, 4);
   assert_int_equal(vl_judge(&c, NAN, 3), VL_HOLDS);
   assert_int_equal(vl_judge(&c, NAN, 75), VL_DOES_NOT_HOLD);
   assert_int_equal(vl_judge(&c, NAN, NAN), VL_NOT_MEASURABLE);
-  snprintf(c.kind, sizeof c.kind, "ratio_range");
-  c.lo = 0.3;
-  c.hi = 0.5;
+  c = claim_of("ratio_range", NAN, NAN, 0, 0.3, 0.5);
   assert_int_equal(vl_judge(&c, 10, 4), VL_HOLDS);
-  assert_int_equal(vl_judge(&c, 10, 8), VL_DIRECTION_HOLDS);
+  assert_int_equal(vl_judge(&c, 10, 6), VL_DIRECTION_HOLDS); /* ×0.6 against ×0.39 */
   assert_int_equal(vl_judge(&c, 10, 12), VL_DOES_NOT_HOLD);
   assert_int_equal(vl_judge(&c, 0, 12), VL_NOT_MEASURABLE);
   assert_string_equal(vl_verdict_name(VL_DIRECTION_HOLDS), "direction holds");
+  assert_string_equal(vl_verdict_name(VL_INCONCLUSIVE), "inconclusive (within noise)");
+}
+
+/* #19's found cases, each failing on the judge before it: a value claim without an article
+ * "before" whose two rungs give the same number (seg-ckpt's recompute share 22% against 33%,
+ * the fragmentation ratio 0.988 -> 0.988 against 0.771) was "direction holds". */
+static void test_verdict_equal_ends(void **state) {
+  (void)state;
+  vl_claim c = claim_of("value", NAN, 0.33, 0.1, NAN, NAN);
+  assert_int_equal(vl_judge(&c, 0.22, 0.22), VL_DOES_NOT_HOLD);
+  assert_int_equal(vl_judge(&c, 0.0, 0.22), VL_DOES_NOT_HOLD);
+  assert_int_equal(vl_judge(&c, 0.0, 0.32), VL_HOLDS);
+  c = claim_of("value", NAN, 0.771, 0.05, NAN, NAN);
+  assert_int_equal(vl_judge(&c, 0.988, 0.988), VL_DOES_NOT_HOLD);
+  c = claim_of("ratio", 1, 0.771, 0.05, NAN, NAN);
+  assert_int_equal(vl_judge(&c, 0.988, 0.988), VL_DOES_NOT_HOLD);
+}
+
+/* The noise floor: a measured change inside the spread of the runs is inconclusive, never a
+ * hold (prefetch's idle ×0.989 against -30-50%, first batch ×0.994). */
+static void test_verdict_noise(void **state) {
+  (void)state;
+  vl_claim c = claim_of("ratio_range", NAN, NAN, 0, 0.5, 0.7);
+  c.basis = VL_BASIS_MEASURED;
+  assert_int_equal(judge_spread(&c, 1.0, 0.97, 1.02, 0.989, 0.96, 1.01), VL_INCONCLUSIVE);
+  assert_int_equal(judge_spread(&c, 1.0, 0.99, 1.01, 0.6, 0.59, 0.61), VL_HOLDS);
+  /* the same ×0.989 without a spread: far under a quarter of the claimed change */
+  assert_int_equal(vl_judge(&c, 1.0, 0.989), VL_DOES_NOT_HOLD);
+  /* a median outside the range whose spread reaches it */
+  assert_int_equal(judge_spread(&c, 1.0, 0.99, 1.01, 0.75, 0.68, 0.8), VL_INCONCLUSIVE);
+  c = claim_of("ratio", 1, 0.5, 0.1, NAN, NAN);
+  assert_int_equal(judge_spread(&c, 1.0, 0.9, 1.1, 0.994, 0.95, 1.05), VL_INCONCLUSIVE);
+  vl_evidence ev = {1.0, 0.994, 0.9, 1.1, 0.95, 1.05};
+  assert_non_null(strstr(vl_judge_ev(&c, &ev).why, "spread"));
+}
+
+/* The magnitude band: "direction holds" needs 1/4 to 4x the claimed change on a log scale. */
+static void test_verdict_magnitude(void **state) {
+  (void)state;
+  vl_claim c = claim_of("ratio_range", NAN, NAN, 0, 0.2, 0.4); /* batched collate: -60-80% */
+  assert_int_equal(vl_judge(&c, 1.0, 0.78), VL_DOES_NOT_HOLD);  /* -22%: log 0.25 of 1.04 < 1/4 */
+  assert_int_equal(vl_judge(&c, 1.0, 0.55), VL_DIRECTION_HOLDS); /* -45% */
+  c = claim_of("value", 10, 5, 0.1, NAN, NAN);                  /* a halving */
+  assert_int_equal(vl_judge(&c, 10, 9.6), VL_DOES_NOT_HOLD);    /* -4% */
+  vl_evidence ev = {10, 9.6, NAN, NAN, NAN, NAN};
+  assert_non_null(strstr(vl_judge_ev(&c, &ev).why, "smaller"));
+  assert_int_equal(vl_judge(&c, 10, 7), VL_DIRECTION_HOLDS);
+  assert_int_equal(vl_judge(&c, 10, 10), VL_DOES_NOT_HOLD); /* no change */
+}
+
+/* One rule for "far beyond the claim", for values and ranges alike: batch 2 -> 75 against
+ * "2 -> 6" and against "batch 2-4" reached from 2 get the same verdict. */
+static void test_verdict_far_beyond(void **state) {
+  (void)state;
+  vl_claim v = claim_of("value", 2, 6, 0.1, NAN, NAN);
+  vl_claim r = claim_of("range", NAN, NAN, 0, 5, 7);
+  snprintf(r.before, sizeof r.before, "before");
+  assert_int_equal(vl_judge(&v, 2, 75), vl_judge(&r, 2, 75));
+  assert_int_equal(vl_judge(&v, 2, 75), VL_DOES_NOT_HOLD); /* log 37.5 / log 3 = 3.3 > 2 */
+  assert_int_equal(vl_judge(&v, 2, 12), VL_DIRECTION_HOLDS);
+  assert_int_equal(vl_judge(&r, 2, 12), VL_DIRECTION_HOLDS);
+  vl_evidence ev = {2, 200, NAN, NAN, NAN, NAN};
+  assert_non_null(strstr(vl_judge_ev(&v, &ev).why, "far beyond"));
+}
+
+/* Configured evidence holds only by construction; modeled holds are tallied apart. */
+static void test_verdict_basis(void **state) {
+  (void)state;
+  vl_claim c = claim_of("value", NAN, 0.92, 0.01, NAN, NAN);
+  c.basis = VL_BASIS_CONFIGURED;
+  assert_int_equal(vl_judge(&c, 0.92, 0.92), VL_BY_CONSTRUCTION);
+  assert_int_equal(vl_judge(&c, 0.5, 0.5), VL_DOES_NOT_HOLD);
+  c = claim_of("none", NAN, NAN, 0, NAN, NAN);
+  assert_int_equal(vl_judge(&c, 1, 1), VL_NOT_MEASURABLE);
+  assert_string_equal(vl_basis_name(VL_BASIS_MODELED), "modeled");
 }
 
 static void test_stats_and_atomic_write(void **state) {
@@ -755,7 +836,10 @@ static void test_ini_strict(void **state) {
     snprintf(line, sizeof line, "[c%c%c]\nmetric = m\nafter = a\n", 'a' + i / 26, 'a' + i % 26);
     strcat(big, line);
   }
-  expect_load_error("s14", ladder_ok, big, (const char *const[]){"claims.ini:97:", "32", NULL});
+  char where[32], limit[8];
+  snprintf(where, sizeof where, "claims.ini:%d:", 3 * VL_MAX_CLAIMS + 1);
+  snprintf(limit, sizeof limit, "%d", VL_MAX_CLAIMS);
+  expect_load_error("s14", ladder_ok, big, (const char *const[]){where, limit, NULL});
   /* a key before any section header */
   expect_load_error("s15", "x = 1\n[a]\ny = 2\n", cl, (const char *const[]){"ladder.ini:1:", "section", NULL});
 }
@@ -1170,6 +1254,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ladder_inherits),  cmocka_unit_test(test_ladder_errors),
       cmocka_unit_test(test_knob_parsing),     cmocka_unit_test(test_verdicts),
+      cmocka_unit_test(test_verdict_equal_ends), cmocka_unit_test(test_verdict_noise),
+      cmocka_unit_test(test_verdict_magnitude), cmocka_unit_test(test_verdict_far_beyond),
+      cmocka_unit_test(test_verdict_basis),
       cmocka_unit_test(test_stats_and_atomic_write), cmocka_unit_test(test_llm_plan_fields),
       cmocka_unit_test(test_cli_errors), cmocka_unit_test(test_report_rejects_corrupt_results),
       cmocka_unit_test(test_interrupted_run_keeps_results),

@@ -319,7 +319,7 @@ static void test_dataloader_references_without_pytorch(void **state) {
   snprintf(path, sizeof path, "%s/dl.md", tmpdir);
   FILE *md = fopen(path, "w+");
   assert_non_null(md);
-  vl_dataloader_report(res, md, tmpdir, "dataloader", false);
+  vl_dataloader_report(res, md, md, tmpdir, "dataloader", false);
   rewind(md);
   size_t n = fread(text, 1, sizeof text - 1, md);
   text[n] = 0;

@@ -291,7 +291,7 @@ static void test_rung_name_cannot_run_commands(void **state) {
     char plots[600];
     tu_join(plots, sizeof plots, dir, c->id);
     assert_int_equal(vl_mkdir_p(plots), 0);
-    c->report(res, f, plots, c->id, have_gnuplot());
+    c->report(res, f, f, plots, c->id, have_gnuplot());
     fclose(f);
     free(buf);
     assert_false(exists(pwned));

@@ -440,10 +440,11 @@ static void test_report_of_a_tiny_ladder(void **state) {
   uint8_t *t;
   size_t n = tu_slurp(md, &t);
   t[n] = 0;
-  const char *want[] = {"## Claims", "## Ladder at full scale (planned, 512x512)", "## Ladder at `tiny` scale",
+  const char *want[] = {"## Claims of the articles", "## Ladder at full scale (planned, 512x512)", "## Ladder at `tiny` scale",
                         "## The cache", "**Payoff**", "| latents, moments", "## Loss with and without the cache",
                         "Plots are missing: rendering is off",
-                        "| 3.28 GB (rung ram_cache) | **does not hold** |", "| 8 (rung after) | **holds** |"};
+                        "| 3.28 GB (`ram_cache`) | planned | the range | **does not hold** |",
+                        "| 8 (`after`) | planned | the range | **holds** |"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     if (!strstr((char *)t, want[i])) fail_msg("the report lacks \"%s\":\n%s", want[i], (char *)t);
   assert_null(strstr((char *)t, " nan"));

@@ -53,6 +53,6 @@ vl_status vl_dl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 vl_status vl_dl_extra(vl_case_env *env, cJSON *res);
 
 /* The case's report sections (the report hook). */
-void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+void vl_dataloader_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

@@ -128,7 +128,8 @@ static void torch_decode_jpeg_line(const cJSON *cm, FILE *md) {
             vl_rep_fmt("%.2f", vl_rep_num(cm, "speedup_vs_torch_decode_jpeg")));
 }
 
-void vl_dataloader_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_dataloader_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
+  (void)appendix; /* engine validation: not yet moved */
   const cJSON *r, *cm = cJSON_GetObjectItem(res, "case_metrics");
   fprintf(md, "## Ladder (measured; last epoch of each run, mean over repetitions)\n\n"
               "| step | what changes | workers | prefetch | images/s | epoch s | data wait | accel. util | "

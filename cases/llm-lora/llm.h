@@ -57,6 +57,6 @@ int64_t vl_llm_max_batch(const vl_llm_rung *r);
 vl_status vl_llm_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 
 /* The case's report sections (the report hook). */
-void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

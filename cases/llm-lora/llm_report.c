@@ -103,7 +103,8 @@ static double max_over_rungs(const cJSON *res, const char *k) {
   return m;
 }
 
-void vl_llm_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
+  (void)appendix; /* engine validation: not yet moved */
   const cJSON *env = cJSON_GetObjectItem(res, "env");
   double G = 1e9;
   fprintf(md, "## Ladder at full scale (planned)\n\n| step | what changes | batch | params | trainable | weights GB | grads GB | optim GB | acts GB | peak GB | cap GB | fits | max batch | OOM rate | TFLOP/step |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -126,6 +126,6 @@ double vl_mg_median(double *v, int n);
 double vl_mg_run_median(const cJSON *rung, const char *key, int *used, int *total);
 
 /* ---- report (mg_report.c) ---------------------------------------------------------------- */
-void vl_mg_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+void vl_mg_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

@@ -569,7 +569,8 @@ static void plot_loss(const cJSON *res, const char *dir, FILE *md, const char *c
   vl_rep_plot(md, dir, case_id, gnuplot, "loss", "loss per step", s);
 }
 
-void vl_mg_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_mg_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
+  (void)appendix; /* engine validation: not yet moved */
   per_card(res, md);
   planned_ladder(res, md);
   if (any_run(res, "step_time")) {

@@ -151,6 +151,6 @@ vl_status vl_sdl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 /* After the ladder: the cache build's cost (timed if no rung built it), the payoff epoch,
  * cache sizes for 50k images, the loss with and without the cache (real U-Net steps). */
 vl_status vl_sdl_extra(vl_case_env *env, cJSON *res);
-void vl_sd_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

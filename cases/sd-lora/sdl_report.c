@@ -328,7 +328,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   plot_batch(res, dir, md, case_id, gnuplot);
 }
 
-void vl_sd_lora_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
+  (void)appendix; /* engine validation: not yet moved */
   planned_ladder(res, md);
   bool ran = false;
   const cJSON *r;

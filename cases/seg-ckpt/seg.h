@@ -15,6 +15,6 @@ vl_status vl_segcase_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *ou
 vl_status vl_segcase_interleaved(vl_case_env *env, cJSON *res);
 
 /* The case's report sections (the report hook). */
-void vl_segcase_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot);
+void vl_segcase_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);
 
 #endif

@@ -218,7 +218,8 @@ static void measured_ladder(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.1f", sg / 1e9));
 }
 
-void vl_segcase_report(cJSON *res, FILE *md, const char *dir, const char *case_id, bool gnuplot) {
+void vl_segcase_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
+  (void)appendix; /* engine validation: not yet moved */
   planned_ladder(res, md);
   linear_model(res, md);
   bool ran = false;
