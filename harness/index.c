@@ -123,7 +123,7 @@ static void composition(FILE *md, case_res *cr, int n) {
               "kept activations + transient intermediates; the article has no row for gradients, nor for library "
               "workspace and collective buckets: they are shown apart.\n\n"
               "| case / rung | planned peak | parameters | activations | optimizer | data | gradients | other | "
-              "in the article's ranges |\n|---|---|---|---|---|---|---|---|---|\n");
+              "in the article's ranges | verdict (planned) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   int rows = 0, all4 = 0;
   for (int i = 0; i < n; i++) {
     if (!cr[i].res) continue;
@@ -138,20 +138,20 @@ static void composition(FILE *md, case_res *cr, int n) {
       int ok = in(par, .20, .30) + in(act, .40, .50) + in(opt, .10, .20) + in(dat, .10, .15);
       rows++;
       all4 += ok == 4;
-      fprintf(md, "| %s / %s | %s GB | %s | %s | %s | %s | %s | %s | %d of 4 |\n", cr[i].c->id, rung_name(r),
+      fprintf(md, "| %s / %s | %s GB | %s | %s | %s | %s | %s | %s | %d of 4 | %s |\n", cr[i].c->id, rung_name(r),
               vl_rep_fmt("%.2f", gb(peak)), vl_rep_fmt("%.0f%%", 100 * par), vl_rep_fmt("%.0f%%", 100 * act),
               vl_rep_fmt("%.0f%%", 100 * opt), vl_rep_fmt("%.1f%%", 100 * dat), vl_rep_fmt("%.0f%%", 100 * grd),
-              vl_rep_fmt("%.0f%%", 100 * oth), ok);
+              vl_rep_fmt("%.0f%%", 100 * oth), ok, vl_verdict_name(ok == 4 ? VL_HOLDS : VL_DOES_NOT_HOLD));
       if (nr == 1) break;
     }
   }
-  if (!rows) fprintf(md, "\n**Not measurable:** no case has planned results yet.\n\n");
+  if (!rows) fprintf(md, "\n**Verdict: %s** — no case has planned results yet.\n\n", vl_verdict_name(VL_NOT_MEASURABLE));
   else
-    fprintf(md, "\n**Verdict: %s** — all four shares fall in the article's ranges in %d of %d configurations. "
+    fprintf(md, "\n**Verdict: %s** (planned) — all four shares fall in the article's ranges in %d of %d configurations. "
                 "The composition depends on the model and the knobs (a 7B base model is mostly weights, a "
                 "segmentation U-Net at batch 8 mostly activations, input batches are well under 10%% everywhere): "
                 "the split is not a rule to budget by; plan the step instead.\n\n",
-            all4 == rows ? "holds" : all4 ? "holds for some configurations only" : "does not hold", all4, rows);
+            vl_verdict_name(all4 == rows ? VL_HOLDS : VL_DOES_NOT_HOLD), all4, rows);
 }
 
 /* ---- usable = total x fraction - reserve ----------------------------------------------------- */
@@ -177,23 +177,42 @@ static void usable(FILE *md, case_res *cr, int n) {
             vl_rep_fmt("%.2f", gb(cap)), vl_rep_fmt("%.2f", gb(peak)), fits ? "yes" : "**no**",
             vl_rep_fmt("%.0f%%", 100 * peak / card));
   }
-  if (!rows) fprintf(md, "\n**Not measurable:** no case plans for a card yet.\n\n");
+  if (!rows) fprintf(md, "\n**Verdict: %s** — no case plans for a card yet.\n\n", vl_verdict_name(VL_NOT_MEASURABLE));
   else
-    fprintf(md, "\n**Verdict: %s** — the formula is the suite's cap model; %d of %d last rungs fit under it. The "
-                "reserve is real: the CUDA context alone is outside every cap.\n\n",
-            fit == rows ? "holds" : "holds in direction", fit, rows);
+    fprintf(md, "\n**Verdict: %s** (configured) — the formula is the suite's own cap model (`cap_fraction` × card, "
+                "less the context), so that usable memory follows it echoes a setting and is no evidence for it; "
+                "%d of %d last rungs fit under it. The reserve is real: the CUDA context alone is outside every "
+                "cap.\n\n",
+            vl_verdict_name(VL_BY_CONSTRUCTION), fit, rows);
 }
 
 /* ---- FP16 AMP ---------------------------------------------------------------------------------- */
 static bool is_half(const char *c) { return c && (!strcmp(c, "fp16") || !strcmp(c, "bf16")); }
 
+/* The article's AMP memory claim as a claim of the report's judge: memory per sample 14.2 GB / 8
+ * -> 13.8 GB / 16 (x0.49), planned, 20% tolerance; the magnitude band decides "direction holds". */
+static vl_claim amp_claim(void) {
+  vl_claim c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.kind, sizeof c.kind, "ratio");
+  c.article_before = 14.2 / 8;
+  c.article_after = 13.8 / 16;
+  c.tol = 0.2;
+  c.lo = c.hi = NAN;
+  c.basis = VL_BASIS_PLANNED;
+  c.noise_exact = true;
+  return c;
+}
+
 static void amp(FILE *md, case_res *cr, int n) {
+  const vl_claim ac = amp_claim();
+  int per[VL_N_VERDICTS] = {0};
   fprintf(md, "### FP16 AMP halves memory and speeds up training (004)\n\n"
               "The article (YOLOv10): FP32 batch 8, 14.2 GB, 120 min → AMP batch 16, 13.8 GB, 75 min (memory per "
               "sample ×0.49, time ×0.63). Every case's AMP rung against the rung before it, at the same batch:\n\n"
-              "| case | rungs | planned peak | ratio | activations ratio | step time ratio (measured) |\n"
-              "|---|---|---|---|---|---|\n");
-  int rows = 0, halves = 0, smaller = 0;
+              "| case | rungs | planned peak | ratio | activations ratio | memory verdict (planned) | step time ratio "
+              "(measured) |\n|---|---|---|---|---|---|---|\n");
+  int rows = 0, timed = 0;
   for (int i = 0; i < n; i++) {
     if (!cr[i].res) continue;
     for (int j = 1; j < n_rungs(cr[i].res); j++) {
@@ -204,24 +223,40 @@ static void amp(FILE *md, case_res *cr, int n) {
       double ta = vl_rep_run_metric(a, "step_seconds"), tb = vl_rep_run_metric(b, "step_seconds");
       const char *dev = vl_rep_str(cJSON_GetObjectItem(cr[i].res, "env"), "device");
       char t[120];
-      if (!strcmp(dev, "cuda") && ta > 0 && tb > 0) snprintf(t, sizeof t, "×%.2f", tb / ta);
+      if (!strcmp(dev, "cuda") && ta > 0 && tb > 0) {
+        snprintf(t, sizeof t, "×%.2f (measured on %s)", tb / ta, dev);
+        timed++;
+      }
       else snprintf(t, sizeof t, "not measured here (%s: no fp16 tensor units; a GPU run judges it)", dev);
       double r = pb / pa;
+      vl_evidence ev = {pa, pb, NAN, NAN, NAN, NAN};
+      vl_judgement j = vl_judge_ev(&ac, &ev);
       rows++;
-      halves += r <= 0.6;
-      smaller += r < 1;
-      fprintf(md, "| %s | %s → %s | %s → %s GB | ×%s | ×%s | %s |\n", cr[i].c->id, rung_name(a), rung_name(b),
+      per[j.v]++;
+      fprintf(md, "| %s | %s → %s | %s → %s GB | ×%s | ×%s | %s%s%s | %s |\n", cr[i].c->id, rung_name(a), rung_name(b),
               vl_rep_fmt("%.2f", gb(pa)), vl_rep_fmt("%.2f", gb(pb)), vl_rep_fmt("%.2f", r),
-              vl_rep_fmt("%.2f", ab / aa), t);
+              vl_rep_fmt("%.2f", ab / aa), vl_verdict_name(j.v), j.why[0] ? ": " : "", j.why, t);
     }
   }
-  if (!rows) fprintf(md, "\n**Not measurable:** no case with results has an AMP rung.\n\n");
-  else
-    fprintf(md, "\n**Verdict on memory: %s** — the peak falls to ≤ 60%% in %d of %d cases, falls in %d. AMP halves "
-                "what is stored in half precision (activations, the working copy of the weights) and adds an fp32 "
-                "master per trainable weight; optimizer state and gradients stay fp32, so the whole peak halves "
-                "only where activations dominate. The speed half is judged on a GPU only.\n\n",
-            halves == rows ? "holds" : smaller ? "holds in direction" : "does not hold", halves, rows, smaller);
+  if (!rows) {
+    fprintf(md, "\n**Verdict: %s** — no case with results has an AMP rung.\n\n", vl_verdict_name(VL_NOT_MEASURABLE));
+    return;
+  }
+  fprintf(md, "\n**Verdict on memory (planned), per case:**");
+  const char *sep = " ";
+  for (int v = 0; v < VL_N_VERDICTS; v++)
+    if (per[v]) {
+      fprintf(md, "%s%s in %d of %d", sep, vl_verdict_name((vl_verdict)v), per[v], rows);
+      sep = "; ";
+    }
+  fprintf(md, " (the article's ×0.49 per sample within 20%%; **direction holds** at ¼ to 2× its change on a log "
+              "scale, as in the reports). There is no single verdict across cases: AMP halves what is stored in "
+              "half precision (activations, the working copy of the weights) and adds an fp32 master per trainable "
+              "weight; optimizer state and gradients stay fp32, so the whole peak halves only where activations "
+              "dominate, and it rises where the weights do (a full fine-tune of a 7B model). **Verdict on speed:** "
+              "%s.\n\n",
+          timed ? "the measured step time ratios above, against the article's ×0.63 (only where a GPU ran)"
+                : "**not measurable here** (no case ran on a GPU: a CPU has no fp16 tensor units)");
 }
 
 /* ---- automatic batch + accumulation ----------------------------------------------------------- */
@@ -230,28 +265,36 @@ static void autobatch(FILE *md, case_res *cr, int n) {
               "The article: fixed batch 8, 8.3 GB, 100 epochs → automatic batch 12 + accumulation 2, 9.1 GB, 80 "
               "epochs. The planner's largest batch under each case's cap (the automatic batch, found exactly by "
               "planning rather than by trial OOMs) against the ladder's first batch:\n\n"
-              "| case | first rung batch | largest batch (rung) | accumulation | effective batch | planned peak |\n"
-              "|---|---|---|---|---|---|\n");
-  int rows = 0;
+              "| case | first rung batch | largest batch (rung) | accumulation | effective batch | planned peak | "
+              "verdict (planned) |\n|---|---|---|---|---|---|---|\n");
+  int rows = 0, larger = 0;
   for (int i = 0; i < n; i++) {
     if (!cr[i].res) continue;
     for (int j = 0; j < n_rungs(cr[i].res); j++) {
       const cJSON *r = rung_at(cr[i].res, j), *p = vl_rep_plan(r);
       const char *b = knob(r, "batch");
       if (!b || strcmp(b, "max")) continue;
+      double b0 = vl_rep_num(vl_rep_plan(rung_at(cr[i].res, 0)), "batch"), bm = vl_rep_num(p, "batch");
+      bool ok = bm > b0 && cJSON_IsTrue(cJSON_GetObjectItem(p, "fits"));
       rows++;
-      fprintf(md, "| %s | %s | %s (%s) | %s | %s | %s GB |\n", cr[i].c->id,
-              vl_rep_fmt("%.0f", vl_rep_num(vl_rep_plan(rung_at(cr[i].res, 0)), "batch")),
+      larger += ok;
+      fprintf(md, "| %s | %s | %s (%s) | %s | %s | %s GB | %s |\n", cr[i].c->id, vl_rep_fmt("%.0f", b0),
               vl_rep_fmt("%.0f", vl_rep_num(p, "batch")), rung_name(r), vl_rep_fmt("%.0f", vl_rep_num(p, "accum")),
-              vl_rep_fmt("%.0f", vl_rep_num(p, "effective_batch")), vl_rep_fmt("%.2f", gb(vl_rep_num(p, "peak_bytes"))));
+              vl_rep_fmt("%.0f", vl_rep_num(p, "effective_batch")), vl_rep_fmt("%.2f", gb(vl_rep_num(p, "peak_bytes"))),
+              vl_verdict_name(ok ? VL_HOLDS : VL_DOES_NOT_HOLD));
       break;
     }
   }
-  if (!rows) fprintf(md, "\n**Not measurable:** no case with results has an automatic-batch rung.\n\n");
+  if (!rows)
+    fprintf(md, "\n**Verdict: %s** — no case with results has an automatic-batch rung.\n\n",
+            vl_verdict_name(VL_NOT_MEASURABLE));
   else
-    fprintf(md, "\n**Verdict: the batch half is measured, the epochs half is not measured here** — the largest batch "
-                "and its memory are exact plans; \"80 instead of 100 epochs\" needs training to convergence on the "
-                "article's data, which no case here does.\n\n");
+    fprintf(md, "\n**Verdict on the batch (planned): %s** — in %d of %d cases the largest batch under the cap is larger "
+                "than the fixed first batch and fits; the largest batch and its memory are exact plans at full scale, "
+                "not measured. **Verdict on the epochs: %s** — \"80 instead of 100 epochs\" needs training to "
+                "convergence on the article's data, which no case here does.\n\n",
+            vl_verdict_name(larger == rows ? VL_HOLDS : VL_DOES_NOT_HOLD), larger, rows,
+            vl_verdict_name(VL_NOT_MEASURABLE));
 }
 
 /* ---- failure handling ------------------------------------------------------------------------ */
@@ -307,7 +350,9 @@ vl_status vl_index_write(const char *reports_dir, const char *regress_line, vl_e
   if (regress_line) fprintf(md, "**Regression:** %s\n\n", regress_line);
   else if (access(rpath, F_OK) == 0) fprintf(md, "**Regression:** the last run's table is in [regress.md](regress.md).\n\n");
   else fprintf(md, "**Regression:** not run yet (`make regress`).\n\n");
-  fprintf(md, "## Claims that apply to every case\n\n");
+  fprintf(md, "## Claims that apply to every case\n\nEach verdict uses the reports' words (holds, direction holds, "
+              "inconclusive, does not hold, by construction, not measurable here) and names its basis: planned (exact, "
+              "full scale), measured (this machine), modeled, configured (echoes a setting).\n\n");
   composition(md, cr, n);
   usable(md, cr, n);
   amp(md, cr, n);

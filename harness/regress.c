@@ -285,7 +285,8 @@ static verdict_kind judge_value(const cJSON *b, const cJSON *n, char *ch, size_t
   }
   double t = !tol ? 0 : other && cJSON_IsNumber(cJSON_GetObjectItem(b, "xtol")) ? num(b, "xtol") : num(b, "tol");
   if (fabs(d) <= t * fmax(1.0, fabs(bv))) {
-    *verdict = other ? "ok (other kernels, within the cross-kernel tolerance)" : "ok";
+    *verdict = other ? "ok (other kernels, within the cross-kernel tolerance)"
+             : d != 0 ? "ok (within its tolerance, not exact)" : "ok (exact)";
     return V_OK;
   }
   *verdict = other ? "REGRESSION (changed beyond the cross-kernel tolerance)" : "REGRESSION (changed)";
@@ -294,7 +295,7 @@ static verdict_kind judge_value(const cJSON *b, const cJSON *n, char *ch, size_t
 
 void vl_regress_compare(const cJSON *base, const cJSON *now, double threshold, vl_regress_rows rows, FILE *out,
                         vl_regress_counts *counts) {
-  int hidden = 0;
+  int hidden = 0, hidden_tol = 0;
   memset(counts, 0, sizeof *counts);
   const cJSON *bm = cJSON_GetObjectItem(base, "metrics"), *nm = cJSON_GetObjectItem(now, "metrics");
   if (out) fprintf(out, "| metric | baseline | now | change | verdict |\n|---|---|---|---|---|\n");
@@ -319,14 +320,19 @@ void vl_regress_compare(const cJSON *base, const cJSON *now, double threshold, v
     } else {
       v = judge_value(b, n, ch, sizeof ch, &verdict);
     }
-    if (v == V_OK) counts->ok++;
-    else if (v == V_REGRESSED) counts->regressed++;
+    bool is_time = !strcmp(str(b, "kind"), "time");
+    if (v == V_OK) {
+      counts->ok++;
+      if (!is_time && ch[0]) counts->within_tol++;
+      else if (!is_time) counts->exact++;
+    } else if (v == V_REGRESSED) counts->regressed++;
     else if (v == V_FASTER) counts->improved++;
     else counts->incomparable++;
     bool changed = v != V_OK || (ch[0] && strcmp(str(b, "kind"), "time")); /* a time inside the threshold: unchanged */
     bool show = rows == VL_REGRESS_ROWS_ALL || (rows == VL_REGRESS_ROWS_CHANGED && changed) ||
                 (rows == VL_REGRESS_ROWS_DEFAULT && (v != V_OK || !strstr(b->string, "/plan.")));
     if (out && show) fprintf(out, "| %s | %s | %s | %s | %s |\n", b->string, bs, ns, ch, verdict);
+    else if (v == V_OK && !is_time && ch[0]) hidden_tol++;
     else if (v == V_OK) hidden++;
   }
   const cJSON *n;
@@ -338,7 +344,10 @@ void vl_regress_compare(const cJSON *base, const cJSON *now, double threshold, v
     if (out) fprintf(out, "| %s | - | %s | | new |\n", n->string, ns);
   }
   if (out && hidden && rows == VL_REGRESS_ROWS_DEFAULT)
-    fprintf(out, "| (%d planned numbers, each exactly as in the baseline) | | | | ok |\n", hidden);
+    fprintf(out, "| (%d planned numbers, each exactly as in the baseline) | | | | ok (exact) |\n", hidden);
+  if (out && hidden_tol && rows == VL_REGRESS_ROWS_DEFAULT)
+    fprintf(out, "| (%d numbers moved inside their tolerance, not exact) | | | | ok (within its tolerance) |\n",
+            hidden_tol);
 }
 
 /* ---- collecting the metrics ------------------------------------------------------------ */
@@ -675,8 +684,10 @@ static int judge(const cJSON *base, const cJSON *now, const char *path, double t
   char head[700], summary[300], warn[600] = "";
   snprintf(head, sizeof head, "regress: %s against %s (threshold %.0f%%, %ld interleaved repetitions)", cls, path,
            100 * threshold, reps);
-  snprintf(summary, sizeof summary, "%d ok, %d regressed (%d missing), %d faster, %d new, %d not comparable: %s",
-           k.ok, k.regressed, k.missing, k.improved, k.added, k.incomparable,
+  snprintf(summary, sizeof summary,
+           "%d ok (%d exactly as in the baseline, %d within their tolerance, %d timings within the threshold), "
+           "%d regressed (%d missing), %d faster, %d new, %d not comparable: %s",
+           k.ok, k.exact, k.within_tol, k.ok - k.exact - k.within_tol, k.regressed, k.missing, k.improved, k.added, k.incomparable,
            k.regressed ? "FAILED" : k.incomparable ? "passed with warnings" : "passed");
   if (k.incomparable) {
     const cJSON *bc = cJSON_GetObjectItem(base, "calibration"), *nc = cJSON_GetObjectItem(now, "calibration");

@@ -36,8 +36,11 @@
 #define VL_REGRESS_CALIB_BAND 2.0
 #define VL_REGRESS_CALIB_NOISE 1.15
 
+/* ok = exact + within_tol + the timings inside the threshold: a number exactly as in the baseline
+ * is told apart from one that moved inside its tolerance (a seeded loss's 1e-15). */
 typedef struct {
   int ok, regressed, improved, added, missing, incomparable;
+  int exact, within_tol;
 } vl_regress_counts;
 
 /* 0 when doc is a metrics document this version can compare: {"version", "device_class",

@@ -75,6 +75,40 @@ static void test_planned_bytes_one_page_fails(void **state) {
   cJSON_Delete(n);
 }
 
+/* A seeded loss that moved by 1e-15 is ok, but never printed or counted as "exactly as in the
+ * baseline": exact and within-tolerance are told apart, in the rows, the counts and the
+ * summary row of the hidden plan numbers (issue #19). */
+static void test_exact_apart_from_within_tolerance(void **state) {
+  (void)state;
+  cJSON *b = baseline(), *n = baseline();
+  set_num(metric(n, "llm-lora/lora/run.loss[0]"), "value", 5.5 + 1.7763568394002505e-15);
+  char buf[4096] = "";
+  FILE *f = fmemopen(buf, sizeof buf, "w");
+  vl_regress_counts k;
+  vl_regress_compare(b, n, 0.07, VL_REGRESS_ROWS_DEFAULT, f, &k);
+  fclose(f);
+  assert_int_equal(k.regressed, 0);
+  assert_int_equal(k.ok, 3);
+  assert_int_equal(k.exact, 1);      /* the planned bytes */
+  assert_int_equal(k.within_tol, 1); /* the loss */
+  const char *row = strstr(buf, "run.loss[0]");
+  assert_non_null(row);
+  const char *eol = strchr(row, '\n');
+  const char *v = strstr(row, "ok (within its tolerance, not exact)");
+  assert_true(v && eol && v < eol);
+  /* the hidden planned number is the one exactly as in the baseline, and says so */
+  assert_non_null(strstr(buf, "(1 planned numbers, each exactly as in the baseline)"));
+  cJSON_Delete(b);
+  cJSON_Delete(n);
+  b = baseline();
+  n = baseline();
+  k = compare(b, n, 0.07);
+  assert_int_equal(k.exact, 2);
+  assert_int_equal(k.within_tol, 0);
+  cJSON_Delete(b);
+  cJSON_Delete(n);
+}
+
 static void test_loss_tolerance(void **state) {
   (void)state;
   cJSON *b = baseline(), *n = baseline();
@@ -375,6 +409,7 @@ int main(void) {
       cmocka_unit_test(test_identical_passes),
       cmocka_unit_test(test_planned_bytes_one_page_fails),
       cmocka_unit_test(test_loss_tolerance),
+      cmocka_unit_test(test_exact_apart_from_within_tolerance),
       cmocka_unit_test(test_timing_needs_median_and_min_slower),
       cmocka_unit_test(test_missing_and_new_metrics),
       cmocka_unit_test(test_device_class),

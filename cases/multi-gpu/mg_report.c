@@ -191,19 +191,32 @@ static const char *reruns_of(const cJSON *rung) {
   return b;
 }
 
+/* The parameters of the run scale's model, from the measured per-rank memory (fp32 weights). */
+static const char *run_params(const cJSON *res) {
+  static char b[32];
+  const cJSON *pr = cJSON_GetArrayItem(cJSON_GetObjectItem(vl_rep_run0(cJSON_GetArrayItem(rungs_of(res), 0)), "per_rank"), 0);
+  return vl_rep_count(vl_rep_num(cJSON_GetObjectItem(pr, "measured_by_category"), "params") / 4, b, sizeof b);
+}
+
 static void measured_ladder(const cJSON *res, FILE *md) {
   const cJSON *r;
+  char fp[32];
   int reps = 0;
   cJSON_ArrayForEach(r, rungs_of(res)) {
     int n = cJSON_GetArraySize(cJSON_GetObjectItem(r, "runs"));
     if (n > reps) reps = n;
   }
   fprintf(md, "## Ladder at `%s` scale (measured on %s, %d repetition%s, medians)\n\n"
+              "Scales: `small` = 128×128 images, the ResNet-101 U-Net's 101 layers at a quarter of its widths "
+              "(%s parameters); `tiny` = 32×32, widths / 16; `full` = 512×512, ResNet-101's widths (%s parameters, "
+              "planned only). Batch 8 per rank. Each rank is one CPU process of one thread: a stand-in for a card.\n\n"
               "| step | ranks × threads | global batch | step s median (min–max of reps) | samples/s | speedup vs 1 rank "
               "| scaling efficiency | busy share min / mean | comm s/step | exposed s/step | comm hidden | idle s/step | "
-              "loss first → last | plan = measured | other processes |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-          vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"), reps, reps == 1 ? "" : "s");
+              "loss first → last | other processes |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+          vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"), reps, reps == 1 ? "" : "s",
+          run_params(res), vl_rep_count(vl_rep_num(vl_rep_plan(cJSON_GetArrayItem(rungs_of(res), 0)), "params_total"), fp,
+                                        sizeof fp));
   bool over = false;
   double foreign_max = 0;
   cJSON_ArrayForEach(r, rungs_of(res)) {
@@ -211,11 +224,11 @@ static void measured_ladder(const cJSON *res, FILE *md) {
     if (!r0) continue;
     const char *why = first_str(r, "not_measured");
     if (why) {
-      fprintf(md, "| %s | not measured here: %s ||||||||||||||\n", name_of(r), why);
+      fprintf(md, "| %s | not measured here: %s |||||||||||||\n", name_of(r), why);
       continue;
     }
     if (!cJSON_GetObjectItem(r0, "step_time")) {
-      fprintf(md, "| %s | failed: %s ||||||||||||||\n", name_of(r), vl_rep_str(r0, "error"));
+      fprintf(md, "| %s | failed: %s |||||||||||||\n", name_of(r), vl_rep_str(r0, "error"));
       continue;
     }
     bool ov = cJSON_IsTrue(cJSON_GetObjectItem(r0, "oversubscribed"));
@@ -223,15 +236,9 @@ static void measured_ladder(const cJSON *res, FILE *md) {
     double med, lo, hi, l0, l1;
     step_range(r, &med, &lo, &hi);
     loss_ends(r, &l0, &l1);
-    bool match = true, have = false;
-    const cJSON *run;
-    cJSON_ArrayForEach(run, cJSON_GetObjectItem(r, "runs")) {
-      const cJSON *m = cJSON_GetObjectItem(run, "plan_matches_measured");
-      if (cJSON_IsBool(m)) { have = true; match &= cJSON_IsTrue(m); }
-    }
     double fg = med_run(r, "foreign_cpu_share");
     if (!isnan(fg) && fg > foreign_max) foreign_max = fg;
-    fprintf(md, "| %s | %s × %s%s | %s | %s (%s–%s) | %s | %s | %s | %s / %s | %s | %s | %s | %s | %s → %s | %s | %s%s |\n",
+    fprintf(md, "| %s | %s × %s%s | %s | %s (%s–%s) | %s | %s | %s | %s / %s | %s | %s | %s | %s | %s → %s | %s%s |\n",
             name_of(r), vl_rep_fmt("%g", vl_rep_num(r0, "ranks")), vl_rep_fmt("%g", vl_rep_num(r0, "threads")),
             ov ? " **oversubscribed**" : "", vl_rep_fmt("%g", vl_rep_num(r0, "global_batch")), vl_rep_fmt("%.3f", med),
             vl_rep_fmt("%.3f", lo), vl_rep_fmt("%.3f", hi), vl_rep_fmt("%.1f", med_run(r, "samples_per_s")),
@@ -239,7 +246,7 @@ static void measured_ladder(const cJSON *res, FILE *md) {
             vl_rep_fmt("%.0f%%", 100 * med_run(r, "busy_share_min")), vl_rep_fmt("%.0f%%", 100 * med_run(r, "busy_share_mean")),
             vl_rep_fmt("%.4f", med_run(r, "comm_s_per_step")), vl_rep_fmt("%.4f", med_run(r, "exposed_s_per_step")),
             vl_rep_fmt("%.0f%%", 100 * med_run(r, "hidden_comm_share")), vl_rep_fmt("%.4f", med_run(r, "idle_s_per_step")),
-            vl_rep_fmt("%.3f", l0), vl_rep_fmt("%.3f", l1), have ? (match ? "yes (every rank)" : "**no**") : "—",
+            vl_rep_fmt("%.3f", l0), vl_rep_fmt("%.3f", l1),
             vl_rep_fmt("%.0f%%", 100 * fg), reruns_of(r));
   }
   fprintf(md, "\nEvery repetition of a rung is one `mpirun` job; repetitions ran in interleaved order across the "
@@ -274,18 +281,31 @@ static void measured_ladder(const cJSON *res, FILE *md) {
 }
 
 static void per_rank(const cJSON *res, FILE *md) {
-  fprintf(md, "### Per rank (first repetition; memory in MB, measured on the CPU backend)\n\n"
-              "| step | rank | busy | compute s/step | comm s/step | exposed s/step | idle s/step | params | grads | "
-              "optim | acts | comm | measured peak | planned peak | plan = measured |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  fprintf(md, "### Per rank (first repetition, measured on CPU ranks)\n\n"
+              "| step | rank | busy | compute s/step | comm s/step | exposed s/step | idle s/step |\n"
+              "|---|---|---|---|---|---|---|\n");
+  const cJSON *r, *pr;
+  cJSON_ArrayForEach(r, rungs_of(res)) {
+    cJSON_ArrayForEach(pr, cJSON_GetObjectItem(vl_rep_run0(r), "per_rank")) {
+      fprintf(md, "| %s | %s | %s | %s | %s | %s | %s |\n", name_of(r),
+              vl_rep_fmt("%g", vl_rep_num(pr, "rank")), vl_rep_fmt("%.0f%%", 100 * vl_rep_num(pr, "busy_share")),
+              vl_rep_fmt("%.4f", vl_rep_num(pr, "compute_s_per_step")), vl_rep_fmt("%.4f", vl_rep_num(pr, "comm_s_per_step")),
+              vl_rep_fmt("%.4f", vl_rep_num(pr, "exposed_s_per_step")), vl_rep_fmt("%.4f", vl_rep_num(pr, "idle_s_per_step")));
+    }
+  }
+  fprintf(md, "\n");
+}
+
+/* The engine's own check, for the appendix: each rank's measured memory by category against its plan. */
+static void per_rank_memory(const cJSON *res, FILE *md) {
+  fprintf(md, "### Memory per rank: planned = measured (first repetition, MB, `%s` scale on the CPU backend)\n\n"
+              "| step | rank | params | grads | optim | acts | comm | measured peak | planned peak | plan = measured |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n", vl_rep_str(res, "run_scale"));
   const cJSON *r, *pr;
   cJSON_ArrayForEach(r, rungs_of(res)) {
     cJSON_ArrayForEach(pr, cJSON_GetObjectItem(vl_rep_run0(r), "per_rank")) {
       const cJSON *mc = cJSON_GetObjectItem(pr, "measured_by_category");
-      fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name_of(r),
-              vl_rep_fmt("%g", vl_rep_num(pr, "rank")), vl_rep_fmt("%.0f%%", 100 * vl_rep_num(pr, "busy_share")),
-              vl_rep_fmt("%.4f", vl_rep_num(pr, "compute_s_per_step")), vl_rep_fmt("%.4f", vl_rep_num(pr, "comm_s_per_step")),
-              vl_rep_fmt("%.4f", vl_rep_num(pr, "exposed_s_per_step")), vl_rep_fmt("%.4f", vl_rep_num(pr, "idle_s_per_step")),
+      fprintf(md, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name_of(r), vl_rep_fmt("%g", vl_rep_num(pr, "rank")),
               vl_rep_fmt("%.1f", vl_rep_num(mc, "params") / 1e6), vl_rep_fmt("%.1f", vl_rep_num(mc, "grads") / 1e6),
               vl_rep_fmt("%.1f", vl_rep_num(mc, "optim") / 1e6), vl_rep_fmt("%.1f", vl_rep_num(mc, "acts") / 1e6),
               vl_rep_fmt("%.1f", vl_rep_num(mc, "comm") / 1e6), vl_rep_fmt("%.1f", vl_rep_num(pr, "measured_peak_bytes") / 1e6),
@@ -345,12 +365,12 @@ static void coll_rows(FILE *md, const cJSON *c) {
 static void collectives(const cJSON *res, FILE *md) {
   const cJSON *arr = cJSON_GetObjectItem(res, "collectives"), *c;
   if (!cJSON_IsArray(arr)) return;
-  fprintf(md, "## Collective bandwidth (measured here: MPI over shared memory)\n\n"
+  fprintf(md, "### Collective bandwidth (measured here: MPI over shared memory)\n\n"
               "`vramlab bench allreduce|reduce_scatter|allgather --ranks N` under mpirun, the nccl-tests table: "
               "algbw = bytes / time, busbw = algbw × 2(n−1)/n (allreduce) or (n−1)/n (reduce-scatter, allgather); "
               "values chosen so the exact result is known (#wrong counts the elements that differ).\n\n");
   cJSON_ArrayForEach(c, arr) {
-    fprintf(md, "### %s on %s ranks (%s, %s)\n\n", vl_rep_str(c, "collective"), vl_rep_fmt("%g", vl_rep_num(c, "ranks")),
+    fprintf(md, "#### %s on %s ranks (%s, %s)\n\n", vl_rep_str(c, "collective"), vl_rep_fmt("%g", vl_rep_num(c, "ranks")),
             vl_rep_str(c, "backend"), vl_rep_str(c, "dtype"));
     if (cJSON_GetObjectItem(c, "error")) {
       fprintf(md, "%s\n\n", vl_rep_str(c, "error"));
@@ -403,73 +423,120 @@ static void modeled_section(const cJSON *res, FILE *md) {
 }
 
 /* ---- plots ------------------------------------------------------------------------------------- */
+/* The min and max of a run key over a rung's runs (NaN when none has it). */
+static void run_range(const cJSON *rung, const char *key, double *lo, double *hi) {
+  const cJSON *run;
+  *lo = *hi = NAN;
+  cJSON_ArrayForEach(run, cJSON_GetObjectItem(rung, "runs")) {
+    double x = vl_rep_num(run, key);
+    if (isnan(x)) continue;
+    if (isnan(*lo) || x < *lo) *lo = x;
+    if (isnan(*hi) || x > *hi) *hi = x;
+  }
+}
+
+/* Two panels: left, what was measured here (2 CPU ranks, each rung's median with the min–max
+ * of its repetitions); right, the time model's lines at full scale against cards. The ideal
+ * is drawn first, wide and light, so a modeled line on it stays visible. */
 static void plot_speedup(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char s[6000], plot[5000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[8000], left[1500] = "", right[5000] = "", xt[1200] = "", nm[VL_REP_GP_MAX + 1];
   vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "speedup", "out of memory"); return; }
-  /* block 0: the article's table (004); then each data-parallel rung's modeled line (PCIe;
-   * NVLink too for the last DDP rung); then each measured rung (x jittered apart) */
+  /* block 0: the article's table (004) */
   fprintf(d.f, "# article (004)\n1 1\n2 1.9\n4 3.8\n\n\n");
-  snprintf(plot, sizeof plot, "'speedup.dat' index 0 using 1:2 with points pt 9 ps 2 lc rgb 'black' title "
-                              "'article (004): 1.9x, 3.8x'");
   int blocks = 1;
+  /* block 1: the measured rungs, x = their position */
   const cJSON *r, *last_ddp = NULL;
+  int k = 0;
+  cJSON_ArrayForEach(r, rungs_of(res)) {
+    double x = vl_rep_num(vl_rep_run0(r), "ranks"), y = med_run(r, "speedup"), lo, hi;
+    if (isnan(x) || isnan(y) || x < 2) continue;
+    run_range(r, "speedup", &lo, &hi);
+    k++;
+    fprintf(d.f, "%d %.4f %.4f %.4f\n", k, y, isnan(lo) ? y : lo, isnan(hi) ? y : hi);
+    vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), false, nm, sizeof nm);
+    char one[160];
+    snprintf(one, sizeof one, "%s'%s' %d", k > 1 ? ", " : "", nm, k);
+    strncat(xt, one, sizeof xt - strlen(xt) - 1);
+  }
+  fprintf(d.f, "\n\n");
+  int measured_block = blocks++;
+  if (k)
+    snprintf(left, sizeof left,
+             "'speedup.dat' index %d using 1:2:3:4 with yerrorbars pt 7 ps 1.5 lw 2 lc rgb '#1f77b4' title "
+             "'measured: median, min-max of the repetitions'",
+             measured_block);
+  /* the modeled lines */
   cJSON_ArrayForEach(r, rungs_of(res)) if (!strcmp(mode_of(r), "ddp")) last_ddp = r;
+  int line = 0;
   cJSON_ArrayForEach(r, rungs_of(res)) {
     if (!card_entry(r, 2)) continue;
     bool nvl = r == last_ddp;
     int pts = 0;
+    double far = 0;
     for (int i = 0; i < VL_MG_CARDS_N; i++) {
       const cJSON *e = card_entry(r, vl_mg_cards[i]);
       double a = modeled(e, "pcie", "speedup"), b = modeled(e, "nvlink", "speedup");
       if (isnan(a) || isnan(b)) continue;
       fprintf(d.f, "%d %.4f %.4f\n", vl_mg_cards[i], a, b);
+      if (fabs(a / vl_mg_cards[i] - 1) > far) far = fabs(a / vl_mg_cards[i] - 1);
       pts++;
     }
     fprintf(d.f, "\n\n");
     if (!pts) { blocks++; continue; }
     vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), false, nm, sizeof nm);
+    static const char *const col[] = {"#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
     char one[600];
-    snprintf(one, sizeof one, ", 'speedup.dat' index %d using 1:2 with linespoints lw 2 dt 2 title 'modeled %s: PCIe, RTX 4090'",
-             blocks, nm);
-    strncat(plot, one, sizeof plot - strlen(plot) - 1);
+    snprintf(one, sizeof one, ", 'speedup.dat' index %d using 1:2 with linespoints lw 2 pt %d lc rgb '%s' title "
+             "'modeled %s: PCIe, RTX 4090%s'",
+             blocks, 5 + 2 * (line % 5), col[line % 5], nm, far < 0.01 ? " (on the ideal line)" : "");
+    strncat(right, one, sizeof right - strlen(right) - 1);
     if (nvl) {
-      snprintf(one, sizeof one, ", '' index %d using 1:3 with linespoints lw 2 dt 3 title 'modeled %s: NVLink, H100'",
-               blocks, nm);
-      strncat(plot, one, sizeof plot - strlen(plot) - 1);
+      snprintf(one, sizeof one, ", '' index %d using 1:3 with linespoints lw 2 dt 3 pt %d lc rgb '%s' title "
+               "'modeled %s: NVLink, H100'", blocks, 4 + 2 * (line % 5), col[line % 5], nm);
+      strncat(right, one, sizeof right - strlen(right) - 1);
     }
+    line++;
     blocks++;
   }
-  int k = 0, measured = 0;
-  cJSON_ArrayForEach(r, rungs_of(res)) {
-    double x = vl_rep_num(vl_rep_run0(r), "ranks"), y = med_run(r, "speedup");
-    k++;
-    if (isnan(x) || isnan(y)) continue;
-    fprintf(d.f, "%.3f %.4f\n\n\n", x + (x > 1 ? 0.06 * (k - 3) : 0), y);
-    vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), false, nm, sizeof nm);
-    char one[400];
-    snprintf(one, sizeof one, ", 'speedup.dat' index %d using 1:2 with points pt %d ps 1.6 title 'measured here: %s'",
-             blocks++, (int[]){5, 7, 11, 13, 15}[measured % 5], nm);
-    strncat(plot, one, sizeof plot - strlen(plot) - 1);
-    measured++;
-  }
   if (vl_rep_dat_commit(&d, dir, "speedup.dat", &why)) { vl_rep_plot_missing(md, dir, "speedup", why.msg); return; }
-  snprintf(s, sizeof s,
-           "set terminal png size 1000,600 noenhanced\nset output vl_png\n"
-           "set title 'Speedup vs ranks: samples/s against 1 card at the same per-card batch (measured: CPU ranks, median)'\n"
-           "set xlabel 'ranks (cards)'\nset ylabel 'speedup'\nset grid\nset key left top\n"
-           "set xrange [0.8:8.5]\nset yrange [0:8.5]\nset xtics (1, 2, 4, 8)\n"
-           "plot x with lines lc rgb 'gray' title 'ideal (= ranks)', %s\n", plot);
-  vl_rep_plot(md, dir, case_id, gnuplot, "speedup", "speedup vs ranks", s);
+  int o = snprintf(s, sizeof s,
+                   "set terminal png size 1400,620 noenhanced\nset output vl_png\n"
+                   "set multiplot layout 1,2 title 'Speedup: samples/s against 1 card at the same per-card batch'\n"
+                   "set grid\nset ylabel 'speedup'\n");
+  if (k && o > 0 && (size_t)o < sizeof s)
+    o += snprintf(s + o, sizeof s - (size_t)o,
+                  "set title 'measured here: 2 CPU ranks of one thread (stand-ins for 2 cards), run scale'\n"
+                  "set xlabel 'rung (2 ranks)'\nset xrange [0.5:%d.5]\nset xtics (%s)\nset yrange [1:2.1]\n"
+                  "set key left bottom\n"
+                  "plot 2 with lines lw 6 lc rgb '#dddddd' title 'ideal (2)', "
+                  "1.9 with lines dt 2 lw 2 lc rgb 'black' title 'article (004): 1.9x', %s\n",
+                  k, xt, left);
+  else if (o > 0 && (size_t)o < sizeof s)
+    o += snprintf(s + o, sizeof s - (size_t)o, "set title 'measured here: none'\nunset key\nplot [0:1] 0 notitle\n");
+  if (o > 0 && (size_t)o < sizeof s)
+    snprintf(s + o, sizeof s - (size_t)o,
+             "set title 'modeled at full scale (assumed rates, see the modeled section)'\n"
+             "set xlabel 'cards'\nset xrange [0.8:8.5]\nset yrange [0:8.5]\nset xtics (1, 2, 4, 8)\n"
+             "set key right bottom\n"
+             "plot x with lines lw 8 lc rgb '#dddddd' title 'ideal (= cards)', "
+             "'speedup.dat' index 0 using 1:2 with points pt 9 ps 2 lc rgb 'black' title 'article (004): 1.9x, 3.8x'%s\n"
+             "unset multiplot\n",
+             right);
+  vl_rep_plot(md, dir, case_id, gnuplot, "speedup", "speedup: measured on CPU ranks (left), modeled (right)", s);
 }
 
+/* Two panels: the peak per card on an axis around its values (the change ZeRO-1 makes is a
+ * few percent of it), and weights + gradients + optimizer state per card from 0 (where
+ * sharding shows whole). */
 static void plot_memory(const cJSON *res, const char *dir, FILE *md, const char *case_id, bool gnuplot) {
   vl_rep_dat d;
-  char s[4096], plot[3000] = "", nm[VL_REP_GP_MAX + 1];
+  char s[6000], pk_plot[2500] = "", ms_plot[2500] = "", nm[VL_REP_GP_MAX + 1];
   vl_err why;
   if (vl_rep_dat_open(&d)) { vl_rep_plot_missing(md, dir, "mem_per_card", "out of memory"); return; }
   int blocks = 0;
+  double lo = NAN, hi = NAN;
   const cJSON *r;
   cJSON_ArrayForEach(r, rungs_of(res)) {
     if (!card_entry(r, 2)) continue;
@@ -478,15 +545,21 @@ static void plot_memory(const cJSON *res, const char *dir, FILE *md, const char 
     for (int i = 0; i < VL_MG_CARDS_N; i++) {
       const cJSON *e = card_entry(r, vl_mg_cards[i]);
       double pk = vl_rep_num(e, "peak_bytes"), ms = vl_rep_num(e, "model_state_bytes");
-      if (!isnan(pk) && !isnan(ms)) fprintf(d.f, "%d %.4f %.4f\n", vl_mg_cards[i], pk / G, ms / G);
+      if (isnan(pk) || isnan(ms)) continue;
+      fprintf(d.f, "%d %.4f %.4f\n", vl_mg_cards[i], pk / G, ms / G);
+      if (isnan(lo) || pk / G < lo) lo = pk / G;
+      if (isnan(hi) || pk / G > hi) hi = pk / G;
     }
     fprintf(d.f, "\n\n");
-    char one[500];
-    snprintf(one, sizeof one,
-             "%s'mem_per_card.dat' index %d using 1:2 with linespoints lw 2 pt 7 title 'peak: %s (%s)', "
-             "'' index %d using 1:3 with linespoints lw 1 dt 2 pt 6 title 'weights+grads+optimizer: %s'",
-             blocks ? ", " : "", blocks, nm, mode_of(r), blocks, nm);
-    strncat(plot, one, sizeof plot - strlen(plot) - 1);
+    char one[400];
+    /* earlier lines wider: rungs with equal memory (dp and ddp) stay visible under each other */
+    double lw = blocks < 3 ? 6 - 1.5 * blocks : 2;
+    snprintf(one, sizeof one, "%s'mem_per_card.dat' index %d using 1:2 with linespoints lw %.1f pt %d title '%s (%s)'",
+             blocks ? ", " : "", blocks, lw, 5 + 2 * (blocks % 5), nm, mode_of(r));
+    strncat(pk_plot, one, sizeof pk_plot - strlen(pk_plot) - 1);
+    snprintf(one, sizeof one, "%s'mem_per_card.dat' index %d using 1:3 with linespoints lw %.1f pt %d title '%s (%s)'",
+             blocks ? ", " : "", blocks, lw, 5 + 2 * (blocks % 5), nm, mode_of(r));
+    strncat(ms_plot, one, sizeof ms_plot - strlen(ms_plot) - 1);
     blocks++;
   }
   if (vl_rep_dat_commit(&d, dir, "mem_per_card.dat", &why)) {
@@ -494,11 +567,17 @@ static void plot_memory(const cJSON *res, const char *dir, FILE *md, const char 
     return;
   }
   if (!blocks) { vl_rep_plot_missing(md, dir, "mem_per_card", "the results hold no per-card plans"); return; }
+  double pad = 0.1 * (hi - lo) + 0.05, y0 = floor(10 * (lo - pad)) / 10, y1 = ceil(10 * (hi + pad)) / 10;
   snprintf(s, sizeof s,
-           "set terminal png size 1000,600 noenhanced\nset output vl_png\n"
-           "set title 'Memory per card vs cards (planned, 512x512): DDP keeps a full copy, ZeRO-1 shards the optimizer'\n"
-           "set xlabel 'cards'\nset ylabel 'GB per card'\nset grid\nset key at graph 0.98, graph 0.75 right\n"
-           "set logscale x 2\nset xrange [0.9:9]\nset xtics (1, 2, 4, 8)\nset yrange [0:*]\nplot %s\n", plot);
+           "set terminal png size 1400,600 noenhanced\nset output vl_png\n"
+           "set multiplot layout 1,2 title 'Memory per card vs cards (planned, 512x512, batch 8 per card): DDP keeps a "
+           "full copy, ZeRO-1 shards the optimizer'\n"
+           "set xlabel 'cards'\nset grid\nset logscale x 2\nset xrange [0.9:9]\nset xtics (1, 2, 4, 8)\n"
+           "set title 'peak per card (axis from %.1f GB, not 0)'\nset ylabel 'GB per card'\nset yrange [%.1f:%.1f]\n"
+           "set key left bottom\nplot %s\n"
+           "set title 'weights + gradients + optimizer state per card (axis from 0)'\nset yrange [0:*]\n"
+           "set key left bottom\nplot %s\nunset multiplot\n",
+           y0, y0, y1, pk_plot, ms_plot);
   vl_rep_plot(md, dir, case_id, gnuplot, "mem_per_card", "memory per card vs cards", s);
 }
 
@@ -570,7 +649,6 @@ static void plot_loss(const cJSON *res, const char *dir, FILE *md, const char *c
 }
 
 void vl_mg_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
-  (void)appendix; /* engine validation: not yet moved */
   per_card(res, md);
   planned_ladder(res, md);
   if (any_run(res, "step_time")) {
@@ -582,12 +660,10 @@ void vl_mg_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const c
     fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   }
   bucket_sweep(res, md);
-  collectives(res, md);
   modeled_section(res, md);
   fprintf(md, "## Plots\n\n");
   plot_speedup(res, dir, md, case_id, gnuplot);
   plot_memory(res, dir, md, case_id, gnuplot);
-  plot_busbw(res, dir, md, case_id, gnuplot);
   plot_loss(res, dir, md, case_id, gnuplot);
   char s[4096];
   vl_err why;
@@ -596,4 +672,8 @@ void vl_mg_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const c
     vl_rep_plot_missing(md, dir, "mem_by_category", why.msg);
   else
     vl_rep_plot(md, dir, case_id, gnuplot, "mem_by_category", "memory by category", s);
+  /* the engine's own validation: planned = measured per rank, the collectives' bandwidth */
+  if (any_run(res, "step_time")) per_rank_memory(res, appendix);
+  collectives(res, appendix);
+  plot_busbw(res, dir, appendix, case_id, gnuplot);
 }
