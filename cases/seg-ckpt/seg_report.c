@@ -63,13 +63,32 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
   }
   int nr = 0;
   char plot[4096] = "plot ";
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+  const cJSON *rungs = cJSON_GetObjectItem(res, "rungs");
+  cJSON_ArrayForEach(r, rungs) {
     const cJSON *acc = cJSON_GetObjectItem(vl_rep_run0(r), "pixel_accuracy_per_epoch"), *e;
     if (!cJSON_IsArray(acc)) continue;
     int valid = 0; /* a line without one point is a gnuplot error: leave such a rung out */
     cJSON_ArrayForEach(e, acc) valid += !isnan(vl_rep_numv(e));
     if (!valid) continue;
+    /* rungs that trained the same numbers (before, ckpt and relu_off; amp and loader) would
+     * hide each other: a line is as much wider as later rungs repeat it, and its key names
+     * the earlier rung it repeats */
+    int later = 0;
+    const cJSON *same = NULL, *o;
+    bool after = false;
+    cJSON_ArrayForEach(o, rungs) {
+      if (o == r) { after = true; continue; }
+      const cJSON *oa = cJSON_GetObjectItem(vl_rep_run0(o), "pixel_accuracy_per_epoch");
+      if (!cJSON_IsArray(oa) || !cJSON_Compare(oa, acc, true)) continue;
+      if (after) later++;
+      else if (!same) same = o;
+    }
     vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(r, "name")), false, name, sizeof name);
+    char title[2 * VL_REP_GP_MAX + 16], sn[VL_REP_GP_MAX + 1];
+    if (same)
+      snprintf(title, sizeof title, "%s (= %s)", name,
+               vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(same, "name")), false, sn, sizeof sn));
+    else snprintf(title, sizeof title, "%s", name);
     fprintf(d.f, "# %s\n", name);
     int ep = 0;
     cJSON_ArrayForEach(e, acc) {
@@ -77,12 +96,10 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
       if (!isnan(vl_rep_numv(e))) fprintf(d.f, "%d %.5f\n", ep, vl_rep_numv(e));
     }
     fprintf(d.f, "\n\n");
-    char one[300];
-    /* rungs with the same numbers (before, ckpt and relu_off train the same bits) would hide
-     * each other: each line its own dash, point and size, the first drawn widest */
+    char one[400];
     snprintf(one, sizeof one,
              "%s'accuracy.dat' index %d using 1:2 with linespoints lw %d dt %d pt %d ps %.1f title '%s'",
-             nr ? ", " : "", nr, nr < 3 ? 6 - 2 * nr : 2, nr % 5 + 1, nr + 4, nr < 3 ? 2.4 - 0.6 * nr : 1.2, name);
+             nr ? ", " : "", nr, 2 + 4 * later, nr % 5 + 1, nr % 12 + 4, 1.2 + 0.9 * later, title);
     strncat(plot, one, sizeof plot - strlen(plot) - 1);
     nr++;
   }
@@ -90,11 +107,10 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     vl_rep_plot_missing(md, dir, "accuracy", why.msg);
   } else if (nr) {
     snprintf(s, sizeof s,
-             "set terminal png size 900,480 noenhanced\nset output vl_png\n"
-             "set title 'Held-out pixel accuracy per epoch (run scale, one seed; before, ckpt and relu_off "
-             "give the same numbers: wide, middle, thin lines)'\n"
+             "set terminal png size 1000,480 noenhanced\nset output vl_png\n"
+             "set title 'Held-out pixel accuracy per epoch (run scale, one seed)'\n"
              "set xlabel 'epoch'\nset ylabel 'pixel accuracy'\nset xtics 1\nset mxtics 1\nset grid\n"
-             "set key right bottom\n%s\n", plot);
+             "set key outside right top\n%s\n", plot);
     vl_rep_plot(md, dir, case_id, gnuplot, "accuracy", "accuracy per epoch", s);
   }
 }
