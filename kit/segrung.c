@@ -11,6 +11,8 @@
 
 const vl_knob_decl vl_segrung_knobs[] = {
     VL_SEGRUNG_MODEL_KNOBS,
+    {"encoder", "resnet101", "encoder depth: resnet101 (3,4,23,3) or resnet50 (3,4,6,3); a blocks setting wins",
+     VL_KNOB_RUNG},
     {"accum", "1", "gradient accumulation micro-batches per step", VL_KNOB_RUNG},
     {"batch", "8", "micro-batch (>= 2, batch norm), or max (the largest under the cap at full scale)",
      VL_KNOB_RUNG},
@@ -28,11 +30,16 @@ const vl_knob_decl vl_segrung_knobs[] = {
 /* The model's sizes: the scale's preset, then image, width_div and blocks when given (not
  * "preset"). Dividing the full widths by d gives every preset (small d = 4, tiny d = 16:
  * decoder widths floor(w / d), at least 2). */
-static vl_status parse_model(vl_case_env *env, const char *scale, vl_resunet_cfg *mc) {
+static vl_status parse_model(vl_case_env *env, const char *scale, const vl_knobs *k, vl_resunet_cfg *mc) {
   if (vl_resunet_preset(scale, mc))
     return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
   const vl_knobs *s = env->setting;
   long v;
+  /* the encoder's depth (000 §1.1 compares ResNet-101 with ResNet-50); widths stay the scale's */
+  const char *enc = vl_knob_str(k, "encoder", vl_segrung_knobs);
+  if (!strcasecmp(enc, "resnet50")) mc->blocks[2] = 6;
+  else if (strcasecmp(enc, "resnet101"))
+    return vl_case_fail(env, VL_ERR_INVALID, "encoder = '%s': expected resnet101 or resnet50", enc);
   if (strcasecmp(vl_knob_str(s, "image", vl_segrung_knobs), "preset")) {
     VL_TRY(vl_knob_int(s, "image", vl_segrung_knobs, 32, VL_SEGSET_SIZE_MAX, &v, &env->err));
     if (v % 32) return vl_case_fail(env, VL_ERR_INVALID, "image = %ld: expected a multiple of 32 (the encoder's stride)", v);
@@ -63,7 +70,7 @@ vl_status vl_segrung_parse(vl_case_env *env, const char *scale, const vl_knobs *
   memset(r, 0, sizeof *r);
   vl_resunet_cfg *mc = &r->model.mc;
   vl_seg_train_cfg *tc = &r->model.tc;
-  VL_TRY(parse_model(env, scale, mc));
+  VL_TRY(parse_model(env, scale, k, mc));
   vl_seg_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long v;

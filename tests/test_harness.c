@@ -370,7 +370,28 @@ static void test_seg_plan_fields(void **state) {
   vl_knob_set(&bad, "batch", "1");
   assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
   assert_non_null(strstr(env.err.msg, "batch"));
+  /* #19: the encoder knob (000 §1.1's ResNet-101 against ResNet-50): torchvision's ResNet-50
+   * without fc, fewer activations, the same decoder; an unknown depth is refused */
+  bad = L.rungs[b].knobs;
+  vl_knob_set(&bad, "encoder", "resnet18");
+  assert_int_equal(c->plan(&env, "full", &bad, o), VL_ERR_INVALID);
+  assert_non_null(strstr(env.err.msg, "encoder = 'resnet18'"));
   cJSON_Delete(o);
+  vl_knobs r50 = L.rungs[b].knobs;
+  vl_knob_set(&r50, "encoder", "resnet50");
+  cJSON *o50 = cJSON_CreateObject(), *o101 = cJSON_CreateObject();
+  assert_int_equal(c->plan(&env, "full", &r50, o50), 0);
+  assert_int_equal(c->plan(&env, "full", &L.rungs[b].knobs, o101), 0);
+  const cJSON *pm50 = cJSON_GetObjectItem(o50, "params_by_module"), *pm101 = cJSON_GetObjectItem(o101, "params_by_module");
+  assert_true(cJSON_GetObjectItem(pm50, "encoder")->valuedouble == 23508032.0);
+  assert_true(cJSON_GetObjectItem(pm50, "decoder")->valuedouble == cJSON_GetObjectItem(pm101, "decoder")->valuedouble);
+  double a50 = cJSON_GetObjectItem(o50, "acts_bytes")->valuedouble, a101 = cJSON_GetObjectItem(o101, "acts_bytes")->valuedouble;
+  assert_true(a50 < a101);
+  /* the activation share of the peak, a fraction (000 §2.2's "40%+") */
+  double sh = cJSON_GetObjectItem(o101, "acts_share")->valuedouble;
+  assert_true(sh > 0.4 && sh < 1.0);
+  cJSON_Delete(o50);
+  cJSON_Delete(o101);
 }
 
 /* #9 item 6, the cases' one error convention: vl_case_fail keeps the message in the env and
@@ -1248,6 +1269,22 @@ static void test_host_bytes_bound_plan_equals_run(void **state) {
     cJSON_Delete(p);
     cJSON_Delete(r);
   }
+  /* #19: a rung's batch (a claim's side plan) wins over the setting's: the bound scales */
+  vl_knobs k1 = {0}, k4 = {0};
+  assert_int_equal(vl_knobs_apply_list(&k1, "workers=2,prefetch=2", &err), 0);
+  assert_int_equal(vl_knobs_apply_list(&k4, "workers=2,prefetch=2,batch=8", &err), 0);
+  cJSON *p1 = cJSON_CreateObject(), *p4 = cJSON_CreateObject();
+  env.scale = "small";
+  assert_int_equal(c->plan(&env, "small", &k1, p1), 0);
+  assert_int_equal(c->plan(&env, "small", &k4, p4), 0);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(p1, "batch")) == 2);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(p4, "batch")) == 8);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(p4, "batch_bytes")) ==
+              4 * cJSON_GetNumberValue(cJSON_GetObjectItem(p1, "batch_bytes")));
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(p4, "host_bytes_bound")) >
+              cJSON_GetNumberValue(cJSON_GetObjectItem(p1, "host_bytes_bound")));
+  cJSON_Delete(p1);
+  cJSON_Delete(p4);
 }
 
 int main(void) {

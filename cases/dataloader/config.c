@@ -21,7 +21,8 @@ const vl_knob_decl vl_dl_knobs[] = {
     {"images", "384", "synthetic JPEGs in the set (at most 48 at tiny scale)", VL_KNOB_SETTING},
     {"data_seed", "7", "seed of the synthetic set", VL_KNOB_SETTING},
     {"data_dir", "data/jpegset", "where the set is made and read (in n<images>-s<seed>/)", VL_KNOB_SETTING},
-    {"batch", "32", "samples per batch (at most 8 at tiny scale)", VL_KNOB_SETTING},
+    {"batch", "32", "samples per batch (at most 8 at tiny scale); a rung's own value (a side plan's) wins",
+     VL_KNOB_SETTING | VL_KNOB_RUNG},
     {"crop", "224", "side of the random-resized crop", VL_KNOB_SETTING},
     {"epochs", "2", "epochs per rung and repetition (the last is reported)", VL_KNOB_SETTING},
     {"seed", "1", "seed of the loader's order and transforms", VL_KNOB_SETTING},
@@ -52,7 +53,8 @@ vl_status vl_dl_parse(vl_case_env *env, const char *scale, const vl_knobs *k, vl
   else if (strcasecmp(scale, "small") && strcasecmp(scale, "full"))
     return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
   VL_TRY(vl_knob_int(s, "data_seed", vl_dl_knobs, 0, 1L << 40, &d->data_seed, &env->err));
-  VL_TRY(vl_knob_int(s, "batch", vl_dl_knobs, 1, 65536, &v, &env->err));
+  /* a rung's batch (a claim's side plan: 003's 500 MB batches) over the setting's */
+  VL_TRY(vl_knob_int(vl_knob_get(k, "batch") ? k : s, "batch", vl_dl_knobs, 1, 65536, &v, &env->err));
   d->lc.batch = v;
   if (!strcasecmp(scale, "tiny") && d->lc.batch > 8) d->lc.batch = 8;
   VL_TRY(vl_knob_int(s, "crop", vl_dl_knobs, 8, 4096, &v, &env->err));

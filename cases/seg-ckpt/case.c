@@ -70,6 +70,9 @@ static vl_status seg_plan(vl_case_env *env, const char *scale, const vl_knobs *k
   double model = (double)(ms->at_peak[VL_MEM_PARAMS] + ms->at_peak[VL_MEM_FROZEN] +
                           ms->at_peak[VL_MEM_GRADS] + ms->at_peak[VL_MEM_OPTIM]);
   cJSON_AddNumberToObject(out, "model_bytes", model);
+  /* the activation category's peak over the step's peak (000 §2.2: "40%+" in deep models) */
+  cJSON_AddNumberToObject(out, "acts_share",
+                          ms->peak_total ? (double)ms->at_peak[VL_MEM_ACTS] / (double)ms->peak_total : 0);
   cJSON_AddNumberToObject(out, "fragmentation_at_end", ms->fragmentation);
   /* allocator extent beyond the live peak: what fragmentation costs this step */
   cJSON_AddNumberToObject(out, "extent_overhead",
@@ -89,7 +92,7 @@ static vl_status seg_check(vl_case_env *env, const vl_knobs *k) {
 /* What plan, run and extra write at the top level of a rung's plan or run. */
 static const char *const metrics[] = {
     "image", "params_total", "params_trainable", "batch", "accum", "effective_batch", "peak_bytes", "acts_bytes",
-    "model_bytes", "weight_bytes", "fragmentation_at_end", "reserved_bytes", "extent_overhead", "flops_per_step",
+    "model_bytes", "acts_share", "weight_bytes", "fragmentation_at_end", "reserved_bytes", "extent_overhead", "flops_per_step",
     "flops_recompute", "recompute_share", "card_bytes", "cap_bytes", "cuda_context_bytes", "fits", "max_batch",
     "max_effective_batch", "max_batch_at_search_limit", "plan_seconds", "max_batch_search_seconds",
     "fit_base_bytes", "fit_per_sample_bytes", "fit_r2", "fit_predicted_max_batch", "exact_vs_linear", "oom",
