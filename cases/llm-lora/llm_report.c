@@ -61,7 +61,7 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     if (isfinite(cap)) snprintf(capline, sizeof capline, ", %g with lines lw 2 lc rgb 'red' title 'cap'", cap / 1e9);
     if (isfinite(mb) && mb > 0)
       snprintf(mbline, sizeof mbline, "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'black' dt 2\n"
-                                      "set label 'max batch %g' at %g, graph 0.95 right offset -0.5,0\n",
+                                      "set label 'max batch %g' at %g, graph 0.05 right offset -0.5,0\n",
                mb, mb, mb, mb);
     if (have_live)
       snprintf(liveline, sizeof liveline, ", 'batch_live.dat' using 1:2 with lines lw 1 dt 3 lc rgb '#777777' "
@@ -69,9 +69,8 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
     snprintf(s, sizeof s,
              "set terminal png size 900,480 noenhanced\nset output vl_png\n"
              "set title 'Memory vs micro-batch at sequence %s (rung %s, planned, full scale)'\n"
-             "set xlabel 'micro-batch'\nset ylabel 'GB'\nset grid\nset key top left\n%s"
-             "plot 'batch.dat' using 1:2 with linespoints lw 2 title 'reserved extent (what the fit test "
-             "compares with the cap)'%s%s\n",
+             "set xlabel 'micro-batch'\nset ylabel 'GB'\nset grid\nset key below\n%s"
+             "plot 'batch.dat' using 1:2 with linespoints lw 2 title 'reserved extent (live bytes and holes: what the cap bounds), uncapped'%s%s\n",
              gp_num(vl_rep_num(lp, "seq"), nb, sizeof nb), name, mbline, liveline, capline);
     vl_rep_plot(md, dir, case_id, gnuplot, "batch", "batch vs memory", s);
   }
