@@ -679,6 +679,84 @@ static void test_cli_model_config(void **state) {
   }
 }
 
+/* ---- the claims' metrics (#19) ------------------------------------------------------------ */
+/* The batch plot draws the arena's reserved extent, which the cap bounds: under the cap at the
+ * largest batch and never below the live peak; the live peak (all the old plot drew) is still
+ * under the cap one batch past the largest (it crosses near batch 81 for a max of 75), and
+ * the uncapped extent stays under it for a batch or two more too, because under a cap the
+ * best fit places blocks differently once the free tail is smaller than the holes: the plot
+ * marks the max batch, which is the fit test itself.
+ * frozen_fraction is 1 - trainable/total; the 13B-on-48-GB batch equals the same rung planned
+ * through the size knobs on a 48 GiB card at a 0.92 cap, and is planned at full scale only. */
+static void test_llm_claim_metrics(void **state) {
+  (void)state;
+  const vl_case *c = vl_case_find("llm-lora");
+  assert_non_null(c);
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
+  vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
+  cJSON *o = cJSON_CreateObject();
+  int a = vl_ladder_find(L, "after");
+  if (c->plan(&env, "full", &L->rungs[a].knobs, o)) fail_msg("%s", env.err.msg);
+  double cap = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "cap_bytes"));
+  double mb = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch"));
+  assert_true(mb > 1);
+  double at_mb = NAN, past = NAN, live_past = NAN;
+  const cJSON *pt;
+  cJSON_ArrayForEach(pt, cJSON_GetObjectItem(o, "batch_curve")) {
+    double b = cJSON_GetNumberValue(cJSON_GetArrayItem(pt, 0)), y = cJSON_GetNumberValue(cJSON_GetArrayItem(pt, 1));
+    if (b == mb) at_mb = y;
+    if (b == mb + 1) past = y;
+  }
+  cJSON_ArrayForEach(pt, cJSON_GetObjectItem(o, "batch_curve_live"))
+    if (cJSON_GetNumberValue(cJSON_GetArrayItem(pt, 0)) == mb + 1) live_past = cJSON_GetNumberValue(cJSON_GetArrayItem(pt, 1));
+  assert_true(at_mb <= cap);
+  assert_true(past > at_mb);
+  assert_true(live_past < cap);
+  const cJSON *lv = cJSON_GetObjectItem(o, "batch_curve_live");
+  int i = 0;
+  assert_int_equal(cJSON_GetArraySize(lv), cJSON_GetArraySize(cJSON_GetObjectItem(o, "batch_curve")));
+  cJSON_ArrayForEach(pt, cJSON_GetObjectItem(o, "batch_curve"))
+    assert_true(cJSON_GetNumberValue(cJSON_GetArrayItem(pt, 1)) >=
+                cJSON_GetNumberValue(cJSON_GetArrayItem(cJSON_GetArrayItem(lv, i++), 1)));
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "frozen_fraction")) == 1.0 - 6815744.0 / 7248547840.0);
+  cJSON_Delete(o);
+
+  int q = vl_ladder_find(L, "qlora");
+  o = cJSON_CreateObject();
+  if (c->plan(&env, "full", &L->rungs[q].knobs, o)) fail_msg("%s", env.err.msg);
+  double m13 = cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch_13b_48gb"));
+  cJSON_Delete(o);
+  vl_knobs *s13 = malloc(sizeof *s13), *k13 = malloc(sizeof *k13);
+  assert_non_null(s13);
+  assert_non_null(k13);
+  *s13 = L->setting;
+  *k13 = L->rungs[q].knobs;
+  const char *kv[][2] = {{"layers", "40"}, {"dim", "5120"}, {"ffn", "13824"}, {"heads", "40"},
+                         {"kv_heads", "40"}, {"vocab", "32000"}, {"card", "48GiB"}};
+  for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) assert_int_equal(vl_knob_set(s13, kv[i][0], kv[i][1]), 0);
+  assert_int_equal(vl_knob_set(k13, "cap_fraction", "0.92"), 0);
+  vl_case_env e13 = {.scale = "full", .device = VL_DEV_PLAN, .setting = s13, .quiet = 1};
+  o = cJSON_CreateObject();
+  if (c->plan(&e13, "full", k13, o)) fail_msg("%s", e13.err.msg);
+  /* LLaMA-2-13B: 13,015,864,320 parameters, and LoRA r=8 on q,k,v,o of 40 layers */
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "params_total")) == 13015864320.0 + 40.0 * 4 * 8 * (5120 + 5120));
+  assert_true(m13 > 0);
+  assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch")) == m13);
+  print_message("  13B on 48 GB, qlora rung: max batch %.0f\n", m13);
+  cJSON_Delete(o);
+  env.scale = "tiny";
+  o = cJSON_CreateObject();
+  if (c->plan(&env, "tiny", &L->rungs[q].knobs, o)) fail_msg("%s", env.err.msg);
+  assert_null(cJSON_GetObjectItem(o, "max_batch_13b_48gb"));
+  cJSON_Delete(o);
+  free(s13);
+  free(k13);
+  free(L);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parser_errors),
@@ -692,6 +770,7 @@ int main(void) {
       cmocka_unit_test(test_seg_size_knobs),
       cmocka_unit_test(test_run_seq),
       cmocka_unit_test(test_cli_model_config),
+      cmocka_unit_test(test_llm_claim_metrics),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,6 +6,7 @@
  * in config.c. This file holds the plan, the check and the case itself. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "llm.h"
 #include "llm_torch.h"
@@ -43,6 +44,25 @@ static void oom_rate_json(const vl_llm_rung *r, int64_t B, cJSON *out) {
   cJSON_AddNumberToObject(out, "oom_batches", (double)r->oom_batches);
 }
 
+/* LLaMA-2-13B (000 §1.3's 48 GB row): Meta's config (40 layers, hidden 5120, SwiGLU 13824,
+ * 40 heads without GQA, vocabulary 32000) at the rung's sequence length. */
+static vl_mistral_cfg llama2_13b(int64_t seq) {
+  return (vl_mistral_cfg){.vocab = 32000, .dim = 5120, .n_layers = 40, .n_heads = 40, .n_kv_heads = 40,
+                          .head_dim = 128, .ffn = 13824, .seq = seq, .rope_theta = 10000.0f, .norm_eps = 1e-5f};
+}
+
+/* The largest batch of the rung's training setup on LLaMA-2-13B under 92% of a 48 GiB card
+ * (RTX A6000; the same CUDA context outside the cap): 000 §1.3 and §2.1's 13B on 48 GB. */
+static int64_t max_batch_13b_48gb(const vl_llm_rung *r) {
+  vl_llm_rung q = *r;
+  q.model.mc = llama2_13b(r->model.mc.seq);
+  q.card.card = (size_t)48 << 30;
+  q.card.cap_fraction = 0.92;
+  q.card.cap = (size_t)((double)q.card.card * 0.92);
+  if (q.card.cap > q.card.card - q.card.context) q.card.cap = q.card.card - q.card.context;
+  return vl_llm_max_batch(&q);
+}
+
 static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out) {
   vl_llm_rung r;
   VL_TRY(vl_llm_parse_rung(env, scale, k, &r));
@@ -70,6 +90,10 @@ static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k
                           p.params.trainable ? (double)at[VL_MEM_OPTIM] / (4.0 * (double)p.params.trainable) : 0);
   cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes_moved);
   cJSON_AddNumberToObject(out, "usable_fraction", (double)r.card.cap / (double)r.card.card);
+  cJSON_AddNumberToObject(out, "frozen_fraction",
+                          p.params.total ? 1.0 - (double)p.params.trainable / (double)p.params.total : 0);
+  /* a full-size model at every scale: planned only where the plan is the article's */
+  if (!strcmp(scale, "full")) cJSON_AddNumberToObject(out, "max_batch_13b_48gb", (double)max_batch_13b_48gb(&r));
   vl_case_fit_json(out, &r.card, vl_run_fits(&spec, r.card.cap), mb, t_plan, t_search);
   oom_rate_json(&r, B, out);
   cJSON *timeline = cJSON_AddArrayToObject(out, "timeline");
@@ -78,15 +102,22 @@ static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k
     cJSON_AddItemToArray(timeline, cJSON_CreateDoubleArray(pt, 2));
   }
   vl_plan_result_free(&p);
-  /* peak vs batch at the worst-case length, for the batch plot */
+  /* The batch plot at the worst-case length, planned uncapped: batch_curve is the arena's
+   * reserved extent (live bytes plus the holes below the high-water mark), what the cap
+   * bounds; batch_curve_live the live bytes at the peak, which stay under the cap several
+   * batches longer. Under the cap the best fit places blocks differently once the free tail
+   * is smaller than the holes, so the fit test (max_batch, marked on the plot) can fail a
+   * batch whose uncapped extent is still just under it. Every batch near max, else every few. */
   cJSON *curve = cJSON_AddArrayToObject(out, "batch_curve");
+  cJSON *live = cJSON_AddArrayToObject(out, "batch_curve_live");
   int64_t top = mb + mb / 4 + 2 > 8 ? mb + mb / 4 + 2 : 8; /* past the cap crossing */
-  for (int64_t b = 1; b <= top; b += top / 64 + 1) {
+  for (int64_t b = 1; b <= top; b += (b + 1 >= mb - 2 && b < mb + 2) ? 1 : top / 64 + 1) {
     vl_plan_result q;
     vl_step_spec s = vl_llm_step_spec(&r, b, T);
     if (vl_run_plan(&s, VL_NO_CAP, VL_DEV_CUDA, false, &q) != VL_OK) break; /* uncapped: a host failure */
-    double pt[2] = {(double)b, (double)q.mem.peak_total};
+    double pt[2] = {(double)b, (double)q.mem.reserved}, pl[2] = {(double)b, (double)q.mem.peak_total};
     cJSON_AddItemToArray(curve, cJSON_CreateDoubleArray(pt, 2));
+    cJSON_AddItemToArray(live, cJSON_CreateDoubleArray(pl, 2));
   }
   return VL_OK;
 }
@@ -101,7 +132,7 @@ static vl_status llm_check(vl_case_env *env, const vl_knobs *k) {
 static const char *const metrics[] = {
     "params_total", "params_trainable", "batch", "accum", "effective_batch", "seq", "peak_bytes", "reserved_bytes",
     "weight_bytes", "optim_bytes", "grads_bytes", "acts_bytes", "optim_per_param", "flops_per_step",
-    "flops_recompute", "bytes_moved_per_step", "card_bytes", "cap_bytes", "usable_fraction", "fits", "max_batch",
+    "flops_recompute", "bytes_moved_per_step", "card_bytes", "cap_bytes", "usable_fraction", "frozen_fraction", "fits", "max_batch", "max_batch_13b_48gb",
     "max_batch_at_search_limit", "cuda_context_bytes", "plan_seconds", "max_batch_search_seconds", "oom_rate",
     "max_len_fit", "oom_batches", "oom", "tokens_per_s", "sec_per_token", "model_flops_per_step", "flops_per_s",
     "skipped_steps", "loss_scale_end", "measured_peak_bytes", "planned_peak_bytes", "plan_matches_measured",

@@ -7,6 +7,7 @@
  * vl_rep_num (NaN when absent or not a number), strings through vl_rep_str / vl_rep_gp_str. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kit/rep.h"
@@ -52,12 +53,26 @@ static void planned_ladder(const cJSON *res, FILE *md) {
           vl_rep_fmt("%.2f", gb(vl_rep_num(p0, "cuda_context_bytes"))));
 }
 
+/* "`small` scale: U-Net channels 64/128/256/256, ..." of a scale's preset, or "" */
+static const char *scale_dims(const char *scale) {
+  static char b[320];
+  vl_sd_cfg c;
+  if (!scale || vl_sd_preset(scale, &c)) return "";
+  snprintf(b, sizeof b, "`%s` scale: SD 1.5's structure with U-Net channels %lld/%lld/%lld/%lld, %lldx%lld latents "
+                        "(%lld px images), a text context of %lld tokens x %lld.", scale, (long long)c.unet.ch[0],
+           (long long)c.unet.ch[1], (long long)c.unet.ch[2], (long long)c.unet.ch[3], (long long)c.unet.sample,
+           (long long)c.unet.sample, (long long)vl_sd_image_side(&c), (long long)c.unet.ctx_len,
+           (long long)c.unet.ctx_dim);
+  return b;
+}
+
 static void measured_ladder(const cJSON *res, FILE *md) {
-  fprintf(md, "## Ladder at `%s` scale (measured on %s)\n\n"
+  fprintf(md, "## Ladder at `%s` scale (measured on %s)\n\n%s\n\n"
               "| step | consumer | cache | workers | batch | load s/batch | producer s/batch | inputs s/batch "
               "(this CPU) | step s | data wait | accel. util | images/s | epoch s | host MB | cache MB disk / RAM | "
               "payoff epochs |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-          vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"));
+          vl_rep_str(res, "run_scale"), vl_rep_str(cJSON_GetObjectItem(res, "env"), "device"),
+          scale_dims(cJSON_GetStringValue(cJSON_GetObjectItem(res, "run_scale"))));
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
     const cJSON *r0 = vl_rep_run0(r);
@@ -171,16 +186,17 @@ static void loss_section(const cJSON *res, FILE *md) {
   const cJSON *cm = cJSON_GetObjectItem(res, "case_metrics");
   const cJSON *lu = cJSON_GetObjectItem(cm, "loss_uncached"), *lm = cJSON_GetObjectItem(cm, "loss_cached_moments"),
               *ls = cJSON_GetObjectItem(cm, "loss_cached_sample");
-  fprintf(md, "## Loss with and without the cache\n\n");
+  fprintf(md, "### sd-lora: the loss with and without the cache\n\n");
   if (!cJSON_IsArray(lu) || !cJSON_IsArray(lm) || !cJSON_IsArray(ls)) {
     fprintf(md, "Not measured in this run (`loss_steps = 0`, or no cached rung).\n\n");
     return;
   }
   fprintf(md, "Real U-Net LoRA steps at `%s` scale (`loss_scale`; batch %s), the same model seed, the same "
               "images in the same order, the same U-Net noise and timesteps; without the cache the VAE and text "
-              "encoder run in the step with the same eps the cached moments are sampled with.\n\n"
+              "encoder run in the step with the same eps the cached moments are sampled with. %s\n\n"
               "| step | without cache | cached moments | cached sample |\n|---|---|---|---|\n",
-          vl_rep_str(cm, "loss_scale"), vl_rep_fmt("%g", vl_rep_num(cm, "loss_batch")));
+          vl_rep_str(cm, "loss_scale"), vl_rep_fmt("%g", vl_rep_num(cm, "loss_batch")),
+          scale_dims(cJSON_GetStringValue(cJSON_GetObjectItem(cm, "loss_scale"))));
   int n = cJSON_GetArraySize(lu);
   for (int i = 0; i < n && i < 64; i++)
     fprintf(md, "| %d | %s | %s | %s |\n", i + 1, vl_rep_fmt("%.6f", vl_rep_numv(cJSON_GetArrayItem(lu, i))),
@@ -259,6 +275,14 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
     fputc('\n', d.f);
   }
   if (vl_rep_dat_commit(&d, dir, "payoff.dat", &why)) { vl_rep_plot_missing(md, dir, "payoff", why.msg); return; }
+  /* the epochs the run measured: the lines past them are the same sums, extrapolated */
+  const char *es = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "setting"), "epochs"));
+  double run_epochs = es ? strtod(es, NULL) : NAN;
+  char mark[192] = "";
+  if (isfinite(run_epochs) && run_epochs > 0 && run_epochs < top)
+    snprintf(mark, sizeof mark, "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'black' dt 3\n"
+                                "set label ' extrapolated from here' at %g, graph 0.97 left\n",
+             run_epochs, run_epochs, run_epochs);
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(u, "name")), false, nu, sizeof nu);
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(c, "name")), false, nc, sizeof nc);
   vl_rep_gp_str(cJSON_GetStringValue(cJSON_GetObjectItem(a, "name")), false, na, sizeof na);
@@ -266,10 +290,11 @@ static void plot_payoff(const cJSON *res, const char *dir, FILE *md, const char 
            "set terminal png size 900,480 noenhanced\nset output vl_png\n"
            "set title 'Cumulative wall time: no cache vs the one-time build (its encoders on the consumer) + "
            "cached epochs'\n"
-           "set xlabel 'epochs'\nset ylabel 'seconds'\nset grid\nset key left top\nset xrange [0:*]\n"
+           "set xlabel 'epochs (lines: build + n x the measured epoch time, extrapolated past epoch %s)'\n"
+           "set ylabel 'seconds'\nset grid\nset key below\nset xrange [0:*]\nset yrange [0:*]\n%s"
            "plot 'payoff.dat' using 1:2 with linespoints lw 2 pt 7 title '%s (no cache)', "
            "'' using 1:3 with linespoints lw 2 pt 5 title '%s (build + epochs)'%s%s%s%s%s%s\n",
-           nu, nc, ea > 0 ? ", '' using 1:4 with linespoints lw 2 pt 9 title '" : "", ea > 0 ? na : "",
+           vl_rep_fmt("%g", run_epochs), mark, nu, nc, ea > 0 ? ", '' using 1:4 with linespoints lw 2 pt 9 title '" : "", ea > 0 ? na : "",
            ea > 0 ? " (build + epochs)'" : "", cpu >= 0 ? ", '' using 1:5 with lines lw 2 dt 2 title '" : "",
            cpu >= 0 ? nc : "", cpu >= 0 ? " (the build as timed on this CPU + epochs)'" : "");
   vl_rep_plot(md, dir, case_id, gnuplot, "payoff", "cumulative wall time against epochs", s);
@@ -329,7 +354,6 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
 }
 
 void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
-  (void)appendix; /* engine validation: not yet moved */
   planned_ladder(res, md);
   bool ran = false;
   const cJSON *r;
@@ -338,7 +362,7 @@ void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, co
   else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   if (cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "cache_sizes_50k")))
     cache_section(res, md);
-  if (ran) loss_section(res, md);
+  if (ran) loss_section(res, appendix);
   fprintf(md, "## Plots\n\n");
   plots(res, dir, md, case_id, gnuplot);
 }
