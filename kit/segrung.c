@@ -69,9 +69,9 @@ static vl_status parse_model(vl_case_env *env, const char *scale, const vl_knobs
 vl_status vl_segrung_parse(vl_case_env *env, const char *scale, const vl_knobs *k, vl_segrung *r) {
   memset(r, 0, sizeof *r);
   vl_resunet_cfg *mc = &r->model.mc;
-  vl_seg_train_cfg *tc = &r->model.tc;
+  vl_resunet_train_cfg *tc = &r->model.tc;
   VL_TRY(parse_model(env, scale, k, mc));
-  vl_seg_train_cfg_default(tc);
+  vl_resunet_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   long v;
   VL_TRY(vl_knob_int(s, "classes", vl_segrung_knobs, 2, VL_SEGSET_CLASSES_MAX, &v, &env->err));

@@ -357,7 +357,7 @@ static void test_dp_equals_ddp(void **state) {
 static void test_unet_batch_norm(void **state) {
   vl_resunet_model_cfg k;
   assert_int_equal(vl_resunet_preset("tiny", &k.mc), 0);
-  vl_seg_train_cfg_default(&k.tc);
+  vl_resunet_train_cfg_default(&k.tc);
   job j = {&vl_model_resunet, &k, true, 2, 3, true};
   result ref, ddp;
   run(&j, NULL, 3, &ref);

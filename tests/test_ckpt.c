@@ -427,7 +427,7 @@ static void test_damaged_and_mismatched(void **state) {
     if (mism[i].what == 5) {
       vl_resunet_model_cfg u;
       assert_int_equal(vl_resunet_preset("tiny", &u.mc), 0);
-      vl_seg_train_cfg_default(&u.tc);
+      vl_resunet_train_cfg_default(&u.tc);
       assert_int_equal(vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP), VL_OK);
       assert_int_equal(vl_model_create(c, &vl_model_resunet, &u, 1, &m), VL_OK);
     } else {
@@ -791,7 +791,7 @@ static void test_seg_resume_through_case(void **state) {
     vl_model *m;
     vl_resunet_model_cfg u;
     assert_int_equal(vl_resunet_preset("tiny", &u.mc), 0);
-    vl_seg_train_cfg_default(&u.tc);
+    vl_resunet_train_cfg_default(&u.tc);
     assert_int_equal(vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP), VL_OK);
     assert_int_equal(vl_model_create(c, &vl_model_resunet, &u, 1, &m), VL_OK);
     vl_train_state ts;

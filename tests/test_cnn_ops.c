@@ -1,4 +1,5 @@
-/* CPU backend, CNN element/plane ops (engine/kernels/cnn.h through cpu_cnn.c): batch norm
+/* CPU backend, CNN element/plane ops (engine/kernels/{norm,act,pool,loss}.h through
+ * cpu_norm.c, cpu_act.c, cpu_pool.c, cpu_loss.c): batch norm
  * (training, evaluation, backward), ReLU, max pooling, bilinear 2x upsampling, channel copy
  * and per-pixel cross-entropy.
  *
@@ -25,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cnn.h"
+#include "kernels/loss.h"
+#include "kernels/norm.h"
+#include "kernels/pool.h"
 #include "vramlab/backend.h"
 
 #define FD_EPS 1e-3f

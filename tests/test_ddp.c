@@ -31,7 +31,7 @@ static vl_mistral_model_cfg mistral_cfg(const char *scale) {
 static vl_resunet_model_cfg resunet_cfg(const char *scale) {
   vl_resunet_model_cfg k;
   assert_int_equal(vl_resunet_preset(scale, &k.mc), 0);
-  vl_seg_train_cfg_default(&k.tc);
+  vl_resunet_train_cfg_default(&k.tc);
   return k;
 }
 

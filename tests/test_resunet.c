@@ -43,9 +43,9 @@ static hbatch mkbatch(const vl_resunet_cfg *mc, int64_t B, uint64_t seed) {
   return b;
 }
 static void freebatch(hbatch *b) { free(b->x); free(b->y); }
-static vl_seg_batch sb(const hbatch *b) { return (vl_seg_batch){b->B, b->x, b->y}; }
+static vl_resunet_batch sb(const hbatch *b) { return (vl_resunet_batch){b->B, b->x, b->y}; }
 
-static vl_resunet *make(vl_ctx **c, const vl_seg_train_cfg *tc, size_t cap, vl_device dev) {
+static vl_resunet *make(vl_ctx **c, const vl_resunet_train_cfg *tc, size_t cap, vl_device dev) {
   vl_resunet_cfg mc;
   assert_int_equal(vl_resunet_preset("tiny", &mc), 0);
   if (dev == VL_DEV_PLAN) OK(vl_ctx_create_ex(c, VL_DEV_PLAN, cap, VL_DEV_CPU));
@@ -83,8 +83,8 @@ static void test_params(void **state) {
   assert_int_equal(vl_resunet_preset("full", &mc), 0);
   vl_ctx *p;
   OK(vl_ctx_create(&p, VL_DEV_PLAN, VL_NO_CAP));
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   vl_resunet *m;
   OK(vl_resunet_create(p, &mc, &tc, 1, &m));
   /* torchvision.models.resnet101() without fc: 42,500,160 (tests/torch/resunet_params.py) */
@@ -103,12 +103,13 @@ static void test_params(void **state) {
 }
 
 /* One fwd_bwd of `tc` on the batches; returns the loss, gradients and running stats. */
-static float *run_grads(const vl_seg_train_cfg *tc, hbatch *b, int nb, double *loss, int64_t *n) {
+static float *run_grads(const vl_resunet_train_cfg *tc, hbatch *b, int nb, double *loss,
+                        int64_t *n) {
   vl_ctx *c;
   vl_resunet *m = make(&c, tc, VL_NO_CAP, VL_DEV_CPU);
-  vl_seg_batch mb[4];
+  vl_resunet_batch mb[4];
   for (int i = 0; i < nb; i++) mb[i] = sb(&b[i]);
-  vl_seg_step_info info;
+  vl_resunet_step_info info;
   OK(vl_resunet_fwd_bwd(m, mb, nb, &info));
   *loss = info.loss;
   float *g = grads(c, m, n);
@@ -122,8 +123,8 @@ static void test_equivalences(void **state) {
   vl_resunet_cfg mc;
   vl_resunet_preset("tiny", &mc);
   hbatch b = mkbatch(&mc, 2, 3);
-  vl_seg_train_cfg base, ck, oop;
-  vl_seg_train_cfg_default(&base);
+  vl_resunet_train_cfg base, ck, oop;
+  vl_resunet_train_cfg_default(&base);
   ck = base;
   ck.checkpoint = true;
   oop = base;
@@ -152,8 +153,8 @@ static void test_accumulation(void **state) {
   vl_resunet_cfg mc;
   vl_resunet_preset("tiny", &mc);
   hbatch b[2] = {mkbatch(&mc, 2, 10), mkbatch(&mc, 2, 11)};
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   double la, l0, l1, lbig;
   int64_t n;
   float *ga = run_grads(&tc, b, 2, &la, &n);
@@ -199,8 +200,8 @@ static void test_fd(void **state) {
   vl_resunet_preset("tiny", &mc);
   mc.image = 64;
   for (int i = 0; i < 4; i++) mc.blocks[i] = 1;
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   vl_ctx *c;
   OK(vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP));
   vl_resunet *m;
@@ -209,8 +210,8 @@ static void test_fd(void **state) {
   vl_rng rx; /* unstructured images: no flat regions, so no max-pool ties */
   vl_rng_seed(&rx, 1);
   for (int64_t i = 0; i < 2 * 3 * 64 * 64; i++) b.x[i] = vl_rng_normal(&rx);
-  vl_seg_batch mb = sb(&b);
-  vl_seg_step_info info;
+  vl_resunet_batch mb = sb(&b);
+  vl_resunet_step_info info;
   OK(vl_resunet_fwd_bwd(m, &mb, 1, &info));
   int n;
   vl_param *p = vl_resunet_params(m, &n);
@@ -270,15 +271,15 @@ static void test_plan_equals_measured(void **state) {
       {VL_F32, true, false, 2}, {VL_F16, true, false, 2}, {VL_BF16, false, true, 1}};
   hbatch b[2] = {mkbatch(&mc, 2, 30), mkbatch(&mc, 2, 31)};
   for (size_t r = 0; r < sizeof cfgs / sizeof *cfgs; r++) {
-    vl_seg_train_cfg tc;
-    vl_seg_train_cfg_default(&tc);
+    vl_resunet_train_cfg tc;
+    vl_resunet_train_cfg_default(&tc);
     tc.compute = cfgs[r].dt;
     tc.checkpoint = cfgs[r].ck;
     tc.relu_inplace = cfgs[r].inplace;
     vl_ctx *c, *p;
     vl_resunet *m = make(&c, &tc, VL_NO_CAP, VL_DEV_CPU), *pm = make(&p, &tc, VL_NO_CAP, VL_DEV_PLAN);
-    vl_seg_batch mb[2] = {sb(&b[0]), sb(&b[1])}, pb[2] = {{2, NULL, NULL}, {2, NULL, NULL}};
-    vl_seg_step_info info;
+    vl_resunet_batch mb[2] = {sb(&b[0]), sb(&b[1])}, pb[2] = {{2, NULL, NULL}, {2, NULL, NULL}};
+    vl_resunet_step_info info;
     OK(vl_resunet_step(m, mb, cfgs[r].accum, &info));
     OK(vl_resunet_step(pm, pb, cfgs[r].accum, &info));
     vl_mem_stats sm, sp;
@@ -308,8 +309,8 @@ static void test_profile(void **state) {
   (void)state;
   vl_resunet_cfg mc;
   vl_resunet_preset("tiny", &mc);
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   tc.compute = VL_BF16;
   tc.checkpoint = true;
   tc.relu_inplace = false;
@@ -322,8 +323,8 @@ static void test_profile(void **state) {
     vl_ctx_profile_reset(both[i]);
     both[i]->profile = true;
   }
-  vl_seg_batch mb[2] = {sb(&b[0]), sb(&b[1])}, pb[2] = {{2, NULL, NULL}, {2, NULL, NULL}};
-  vl_seg_step_info info;
+  vl_resunet_batch mb[2] = {sb(&b[0]), sb(&b[1])}, pb[2] = {{2, NULL, NULL}, {2, NULL, NULL}};
+  vl_resunet_step_info info;
   OK(vl_resunet_step(m, mb, 2, &info));
   OK(vl_resunet_step(pm, pb, 2, &info));
   const vl_op must[] = {VL_OP_CONV_FWD, VL_OP_CONV_BWD_DATA, VL_OP_CONV_BWD_WEIGHT,
@@ -340,13 +341,13 @@ static void test_profile(void **state) {
 }
 
 /* One planned step of batch B (CPU workspace rules): arena stats before and after it. */
-static void plan_step_stats(const vl_seg_train_cfg *tc, int64_t B, vl_mem_stats *before,
+static void plan_step_stats(const vl_resunet_train_cfg *tc, int64_t B, vl_mem_stats *before,
                             vl_mem_stats *after) {
   vl_ctx *p;
   vl_resunet *pm = make(&p, tc, VL_NO_CAP, VL_DEV_PLAN);
   vl_arena_stats(p->arena, before);
-  vl_seg_batch pb = {B, NULL, NULL};
-  vl_seg_step_info info;
+  vl_resunet_batch pb = {B, NULL, NULL};
+  vl_resunet_step_info info;
   OK(vl_resunet_step(pm, &pb, 1, &info));
   vl_arena_stats(p->arena, after);
   drop(p, pm);
@@ -361,8 +362,8 @@ static void test_memory_effects(void **state) {
   size_t acts[3], peak[3];
   uint64_t nalloc[3];
   for (int k = 0; k < 3; k++) {
-    vl_seg_train_cfg tc;
-    vl_seg_train_cfg_default(&tc);
+    vl_resunet_train_cfg tc;
+    vl_resunet_train_cfg_default(&tc);
     tc.checkpoint = k == 1;
     tc.relu_inplace = k < 2;
     vl_mem_stats s0, sp;
@@ -384,11 +385,11 @@ static void test_memory_effects(void **state) {
 /* OOM mid-step is a status; everything the step took is returned; the model still works. */
 static void test_oom(void **state) {
   (void)state;
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   vl_mem_stats s0, s1;
   plan_step_stats(&tc, 2, &s0, &s1);
-  vl_seg_step_info info;
+  vl_resunet_step_info info;
   /* a cap between the model state and the step's peak */
   size_t cap = (s0.cur_total + s1.peak_total) / 2;
   vl_ctx *c;
@@ -396,7 +397,7 @@ static void test_oom(void **state) {
   vl_resunet_cfg mc;
   vl_resunet_preset("tiny", &mc);
   hbatch b = mkbatch(&mc, 2, 40);
-  vl_seg_batch mb = sb(&b);
+  vl_resunet_batch mb = sb(&b);
   assert_int_equal(vl_resunet_step(m, &mb, 1, &info), VL_ERR_OOM);
   vl_mem_stats s2;
   vl_arena_stats(c->arena, &s2);
@@ -435,13 +436,13 @@ static void test_learns(void **state) {
   vl_resunet_cfg mc;
   vl_resunet_preset("tiny", &mc);
   hbatch b = mkbatch(&mc, 4, 50);
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   tc.optim.hp.lr = 3e-3f;
   vl_ctx *c;
   vl_resunet *m = make(&c, &tc, VL_NO_CAP, VL_DEV_CPU);
-  vl_seg_batch mb = sb(&b);
-  vl_seg_step_info info;
+  vl_resunet_batch mb = sb(&b);
+  vl_resunet_step_info info;
   double first = 0, acc0 = accuracy(m, &b, 1024);
   for (int i = 0; i < 100; i++) {
     OK(vl_resunet_step(m, &mb, 1, &info));
@@ -495,8 +496,8 @@ static void test_parity(void **state) {
   int32_t *y = malloc((size_t)(B * HW) * 4);
   rdn(&r, x, (size_t)(B * mc.in_ch * HW) * 4);
   rdn(&r, y, (size_t)(B * HW) * 4);
-  vl_seg_train_cfg tc;
-  vl_seg_train_cfg_default(&tc);
+  vl_resunet_train_cfg tc;
+  vl_resunet_train_cfg_default(&tc);
   vl_ctx *c;
   OK(vl_ctx_create(&c, VL_DEV_CPU, VL_NO_CAP));
   vl_resunet *m;
@@ -520,8 +521,8 @@ static void test_parity(void **state) {
     OK(vl_param_load(c, &p[i], w));
     free(w);
   }
-  vl_seg_batch mb = {B, x, y};
-  vl_seg_step_info info;
+  vl_resunet_batch mb = {B, x, y};
+  vl_resunet_step_info info;
   OK(vl_resunet_fwd_bwd(m, &mb, 1, &info));
   uint32_t nbn;
   rdn(&r, &nbn, 4);

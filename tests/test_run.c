@@ -148,7 +148,7 @@ static void test_resunet_model(void **state) {
   (void)state;
   vl_resunet_model_cfg k;
   assert_int_equal(vl_resunet_preset("tiny", &k.mc), 0);
-  vl_seg_train_cfg_default(&k.tc);
+  vl_resunet_train_cfg_default(&k.tc);
   vl_step_spec s = {.type = &vl_model_resunet, .cfg = &k, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&s, 2);
   assert_int_equal(s.batch.n, 2);
@@ -197,7 +197,7 @@ static void test_plan_micro_extrapolation(void **state) {
   expect_extrapolation_exact(&s);
   vl_resunet_model_cfg r;
   assert_int_equal(vl_resunet_preset("tiny", &r.mc), 0);
-  vl_seg_train_cfg_default(&r.tc);
+  vl_resunet_train_cfg_default(&r.tc);
   vl_step_spec u = {.type = &vl_model_resunet, .cfg = &r, .seed = 1, .batch = {0}, .accum = 1};
   vl_step_spec_set_batch(&u, 2);
   expect_extrapolation_exact(&u);

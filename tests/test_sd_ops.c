@@ -1,6 +1,7 @@
-/* CPU backend, Stable Diffusion's ops (engine/kernels/sd.h through cpu_sd.c): GroupNorm,
- * LayerNorm, SiLU / GELU / quick-GELU, GEGLU, bias, zero padding, timestep embedding, fused
- * MSE, the VAE's Gaussian sample, and the nearest mode of 2x upsampling (cnn.h).
+/* CPU backend, Stable Diffusion's ops (engine/kernels/{norm,act,pool,embed,loss}.h through
+ * cpu_norm.c, cpu_act.c, ...): GroupNorm, LayerNorm, SiLU / GELU / quick-GELU, GEGLU, bias,
+ * zero padding, timestep embedding, fused MSE, the VAE's Gaussian sample, and the nearest
+ * mode of 2x upsampling.
  *
  * Forward values are checked against double-precision references written here from the
  * PyTorch / diffusers definitions, with hand values chosen so that a convention slip fails
@@ -23,7 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/sd.h"
+#include "kernels/act.h"
+#include "kernels/embed.h"
+#include "kernels/loss.h"
+#include "kernels/norm.h"
+#include "kernels/pool.h"
 #include "vramlab/backend.h"
 
 #define FD_EPS 1e-3f

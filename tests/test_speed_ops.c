@@ -23,10 +23,11 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_internal.h"
-#include "kernels/cnn.h"
-#include "kernels/elem.h"
+#include "kernels/attn.h"
+#include "kernels/embed.h"
+#include "kernels/norm.h"
 #include "kernels/optim.h"
-#include "kernels/rows.h"
+#include "kernels/pool.h"
 
 #define OK(expr) assert_int_equal((expr), VL_OK)
 #define cx tu_cpu

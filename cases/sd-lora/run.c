@@ -13,7 +13,9 @@
 #include "sdl.h"
 
 /* ---- the modeled accelerator ------------------------------------------------------------ */
-static vl_status mod_create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
+static vl_status mod_create(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                            void **state) {
+  (void)o;
   (void)seed;
   double *s = malloc(sizeof *s);
   if (!s) return vl_fail(c, VL_ERR_OOM, "host memory");

@@ -113,7 +113,7 @@ static vl_status seg_restore(seg_run *R, const void *blob, size_t len, const cha
  * reps, --save-every, --keep-last, --out, --quiet, --profile and the thread count. */
 static vl_status seg_settings(vl_case_env *env, const vl_segrung *r, char *buf, size_t n) {
   const vl_resunet_cfg *mc = &r->model.mc;
-  const vl_seg_train_cfg *tc = &r->model.tc;
+  const vl_resunet_train_cfg *tc = &r->model.tc;
   buf[0] = 0;
   int e = vl_ckpt_setting(buf, n, "image", "%lld", (long long)mc->image);
   e |= vl_ckpt_setting(buf, n, "in_ch", "%lld", (long long)mc->in_ch);

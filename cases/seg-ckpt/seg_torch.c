@@ -31,7 +31,7 @@ static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hell
 
 static cJSON *setup_json(const vl_segrung *r, vl_device dev, int threads, int64_t B) {
   const vl_resunet_cfg *mc = &r->model.mc;
-  const vl_seg_train_cfg *tc = &r->model.tc;
+  const vl_resunet_train_cfg *tc = &r->model.tc;
   cJSON *s = cJSON_CreateObject();
   cJSON_AddStringToObject(s, "device", dev == VL_DEV_CUDA ? "cuda" : "cpu");
   cJSON_AddNumberToObject(s, "threads", threads);

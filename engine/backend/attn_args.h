@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "vramlab/backend.h"
+#include "args.h"
 #include "../kernels/attn.h"
 
 /* *x = a*b; false when a factor is negative or the product overflows int64. */
@@ -49,22 +50,6 @@ static inline vl_status vl_attn_check_dims(vl_ctx *c, const char *op, int64_t B,
   return VL_OK;
 }
 
-/* t exists, is fp32/fp16/bf16 (fp32 only when f32), holds >= n elements and has storage
- * (a plan context's tensors have none). */
-static inline vl_status vl_attn_tensor(vl_ctx *c, const char *op, const char *name,
-                                       const vl_tensor *t, int64_t n, bool f32) {
-  if (!t) return vl_fail(c, VL_ERR_INVALID, "%s: %s is NULL", op, name);
-  if (t->dtype != VL_F32 && (f32 || (t->dtype != VL_F16 && t->dtype != VL_BF16)))
-    return vl_fail(c, VL_ERR_INVALID, "%s: %s is %s, %s expected", op, name,
-                   vl_dtype_name(t->dtype), f32 ? "fp32" : "fp32, fp16 or bf16");
-  if (t->n < n)
-    return vl_fail(c, VL_ERR_INVALID, "%s: %s holds %lld elements, the sizes need %lld", op, name,
-                   (long long)t->n, (long long)n);
-  if (!t->data && t->device != VL_DEV_PLAN)
-    return vl_fail(c, VL_ERR_INVALID, "%s: %s has no storage", op, name);
-  return VL_OK;
-}
-
 /* An output's first n elements must not overlap an input's (other rows read it while the
  * output is written). */
 static inline vl_status vl_attn_disjoint(vl_ctx *c, const char *op, const vl_tensor *out,
@@ -81,10 +66,10 @@ static inline vl_status vl_attn_disjoint(vl_ctx *c, const char *op, const vl_ten
 static inline vl_status vl_attn_check_io(vl_ctx *c, const char *op, const vl_tensor *o,
                                          const vl_tensor *q, const vl_tensor *k, const vl_tensor *v,
                                          int64_t nq, int64_t nk) {
-  VL_TRY(vl_attn_tensor(c, op, "q", q, nq, false));
-  VL_TRY(vl_attn_tensor(c, op, "k", k, nk, false));
-  VL_TRY(vl_attn_tensor(c, op, "v", v, nk, false));
-  VL_TRY(vl_attn_tensor(c, op, "o", o, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "q", q, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "k", k, nk, false));
+  VL_TRY(vl_arg_tensor(c, op, "v", v, nk, false));
+  VL_TRY(vl_arg_tensor(c, op, "o", o, nq, false));
   return VL_OK;
 }
 
@@ -95,14 +80,14 @@ static inline vl_status vl_attn_check_grads(vl_ctx *c, const char *op, const vl_
                                             const vl_tensor *dout, const vl_tensor *o,
                                             const vl_tensor *q, const vl_tensor *k,
                                             const vl_tensor *v, int64_t nq, int64_t nk) {
-  VL_TRY(vl_attn_tensor(c, op, "q", q, nq, false));
-  VL_TRY(vl_attn_tensor(c, op, "k", k, nk, false));
-  VL_TRY(vl_attn_tensor(c, op, "v", v, nk, false));
-  if (o) VL_TRY(vl_attn_tensor(c, op, "o", o, nq, false));
-  VL_TRY(vl_attn_tensor(c, op, "dout", dout, nq, false));
-  VL_TRY(vl_attn_tensor(c, op, "dq", dq, nq, false));
-  VL_TRY(vl_attn_tensor(c, op, "dk", dk, nk, false));
-  VL_TRY(vl_attn_tensor(c, op, "dv", dv, nk, false));
+  VL_TRY(vl_arg_tensor(c, op, "q", q, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "k", k, nk, false));
+  VL_TRY(vl_arg_tensor(c, op, "v", v, nk, false));
+  if (o) VL_TRY(vl_arg_tensor(c, op, "o", o, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "dout", dout, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "dq", dq, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "dk", dk, nk, false));
+  VL_TRY(vl_arg_tensor(c, op, "dv", dv, nk, false));
   const vl_tensor *out[3] = {dq, dk, dv}, *in[5] = {q, k, v, o, dout};
   const char *on[3] = {"dq", "dk", "dv"}, *inn[5] = {"q", "k", "v", "o", "dout"};
   int64_t onn[3] = {nq, nk, nk}, inl[5] = {nq, nk, nk, nq, nq};
@@ -121,7 +106,7 @@ static inline vl_status vl_attn_check_fwd(vl_ctx *c, const vl_attn_fwd_args *a, 
   VL_TRY(
       vl_attn_check_dims(c, op, a->B, a->H, a->Tq, a->Tk, a->D, a->scale, a->causal, &nq, &nk, nr));
   VL_TRY(vl_attn_check_io(c, op, a->o, a->q, a->k, a->v, nq, nk));
-  VL_TRY(vl_attn_tensor(c, op, "lse", a->lse, *nr, true));
+  VL_TRY(vl_arg_tensor(c, op, "lse", a->lse, *nr, true));
   const vl_tensor *in[3] = {a->q, a->k, a->v};
   const char *inn[3] = {"q", "k", "v"};
   int64_t inl[3] = {nq, nk, nk};
@@ -137,9 +122,9 @@ static inline vl_status vl_attn_check_bwd(vl_ctx *c, const vl_attn_bwd_args *a, 
   int64_t nq = 0, nk = 0;
   VL_TRY(
       vl_attn_check_dims(c, op, a->B, a->H, a->Tq, a->Tk, a->D, a->scale, a->causal, &nq, &nk, nr));
-  VL_TRY(vl_attn_tensor(c, op, "o", a->o, nq, false));
+  VL_TRY(vl_arg_tensor(c, op, "o", a->o, nq, false));
   VL_TRY(vl_attn_check_grads(c, op, a->dq, a->dk, a->dv, a->dout, a->o, a->q, a->k, a->v, nq, nk));
-  VL_TRY(vl_attn_tensor(c, op, "lse", a->lse, *nr, true));
+  VL_TRY(vl_arg_tensor(c, op, "lse", a->lse, *nr, true));
   const vl_tensor *out[3] = {a->dq, a->dk, a->dv};
   const char *on[3] = {"dq", "dk", "dv"};
   int64_t onn[3] = {nq, nk, nk};

@@ -14,8 +14,12 @@
 #include <strings.h>
 
 #include "vramlab/backend.h"
+#include "act_args.h"
 #include "attn_args.h"
-#include "sd_args.h"
+#include "embed_args.h"
+#include "loss_args.h"
+#include "norm_args.h"
+#include "pool_args.h"
 
 /* A missing tensor or a negative size counts nothing (an op with a check never gets here with
  * one). */
@@ -345,9 +349,10 @@ static size_t w_attn_bwd(const void *p, vl_device t) {
  * One per operation that has any, run by vl_op_run before the operation is counted or
  * dispatched, on every backend, the plan backend included, so a plan refuses what a run
  * refuses with the same status and message. They look at shapes, dtypes, sizes and aliasing
- * (the shared checkers of cnn_args.h, sd_args.h, attn_args.h); what only a backend knows (its
- * workspace layout, cuBLAS's operand mapping, ids out of range in device memory) the backend
- * still checks. A plan's tensors have no storage, which the checkers allow. */
+ * (the shared checkers of args.h and the family headers norm_args.h, act_args.h, ...); what
+ * only a backend knows (its workspace layout, cuBLAS's operand mapping, ids out of range in
+ * device memory) the backend still checks. A plan's tensors have no storage, which the
+ * checkers allow. */
 
 /* ---- Mistral's ops with token ids or targets ---------------------------------------------- */
 
@@ -369,62 +374,62 @@ static vl_status ck_xent_fused(vl_ctx *c, const void *args) {
 static vl_status ck_bn_fwd_train(vl_ctx *c, const void *args) {
   const vl_bn_fwd_train_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_bn_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma,
+  return vl_check_bn_train(c, a->y, a->mean, a->rstd, a->rmean, a->rvar, a->x, a->gamma,
                                a->beta, a->N, a->C, a->HW, a->eps, a->momentum, &n);
 }
 static vl_status ck_bn_fwd_eval(vl_ctx *c, const void *args) {
   const vl_bn_fwd_eval_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_bn_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C,
+  return vl_check_bn_eval(c, a->y, a->x, a->gamma, a->beta, a->rmean, a->rvar, a->N, a->C,
                               a->HW, a->eps, &n);
 }
 static vl_status ck_bn_bwd(vl_ctx *c, const void *args) {
   const vl_bn_bwd_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean,
+  return vl_check_bn_bwd(c, a->dx, a->dgamma, a->dbeta, a->dy, a->x, a->gamma, a->mean,
                              a->rstd, a->N, a->C, a->HW, &n);
 }
 static vl_status ck_relu_fwd(vl_ctx *c, const void *args) {
   const vl_relu_fwd_args *a = args;
-  return vl_cnn_check_relu(c, "relu_fwd", false, a->y, a->x, NULL, a->n);
+  return vl_check_relu(c, "relu_fwd", false, a->y, a->x, NULL, a->n);
 }
 static vl_status ck_relu_bwd(vl_ctx *c, const void *args) {
   const vl_relu_bwd_args *a = args;
-  return vl_cnn_check_relu(c, "relu_bwd", true, a->dx, a->dy, a->y, a->n);
+  return vl_check_relu(c, "relu_bwd", true, a->dx, a->dy, a->y, a->n);
 }
 static vl_status ck_maxpool_fwd(vl_ctx *c, const void *args) {
   const vl_maxpool_fwd_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
+  return vl_check_maxpool_fwd(c, a->y, a->x, a->planes, a->H, a->W, a->k, a->stride, a->pad,
                                   a->P, a->Q, &n);
 }
 static vl_status ck_maxpool_bwd(vl_ctx *c, const void *args) {
   const vl_maxpool_bwd_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride,
+  return vl_check_maxpool_bwd(c, a->dx, a->dy, a->x, a->planes, a->H, a->W, a->k, a->stride,
                                   a->pad, a->P, a->Q, &n);
 }
 static vl_status ck_upsample2x_fwd(vl_ctx *c, const void *args) {
   const vl_upsample2x_fwd_args *a = args;
   int64_t lo = 0, hi = 0;
-  return vl_cnn_check_up2(c, "upsample2x_fwd", a->x, a->y, a->planes, a->H, a->W, true, &lo, &hi);
+  return vl_check_up2(c, "upsample2x_fwd", a->x, a->y, a->planes, a->H, a->W, true, &lo, &hi);
 }
 static vl_status ck_upsample2x_bwd(vl_ctx *c, const void *args) {
   const vl_upsample2x_bwd_args *a = args;
   int64_t lo = 0, hi = 0;
-  return vl_cnn_check_up2(c, "upsample2x_bwd", a->dx, a->dy, a->planes, a->H, a->W, false, &lo,
+  return vl_check_up2(c, "upsample2x_bwd", a->dx, a->dy, a->planes, a->H, a->W, false, &lo,
                           &hi);
 }
 static vl_status ck_chan_copy(vl_ctx *c, const void *args) {
   const vl_chan_copy_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
+  return vl_check_chan_copy(c, a->y, a->yC, a->y_c0, a->x, a->xC, a->x_c0, a->nc, a->N, a->HW,
                                 &n);
 }
 static vl_status ck_xent_pix(vl_ctx *c, const void *args) {
   const vl_xent_pix_args *a = args;
   int64_t n = 0;
-  return vl_cnn_check_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale,
+  return vl_check_xent_pix(c, a->logits, a->loss, a->tgt, a->N, a->K, a->HW, a->dloss_scale,
                                &n);
 }
 
@@ -432,61 +437,61 @@ static vl_status ck_xent_pix(vl_ctx *c, const void *args) {
 
 static vl_status ck_groupnorm_fwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_groupnorm_fwd(c, args, &n);
+  return vl_check_groupnorm_fwd(c, args, &n);
 }
 static vl_status ck_groupnorm_bwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_groupnorm_bwd(c, args, &n);
+  return vl_check_groupnorm_bwd(c, args, &n);
 }
 static vl_status ck_layernorm_fwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_layernorm_fwd(c, args, &n);
+  return vl_check_layernorm_fwd(c, args, &n);
 }
 static vl_status ck_layernorm_bwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_layernorm_bwd(c, args, &n);
+  return vl_check_layernorm_bwd(c, args, &n);
 }
-static vl_status ck_act_fwd(vl_ctx *c, const void *args) { return vl_sd_check_act_fwd(c, args); }
-static vl_status ck_act_bwd(vl_ctx *c, const void *args) { return vl_sd_check_act_bwd(c, args); }
+static vl_status ck_act_fwd(vl_ctx *c, const void *args) { return vl_check_act_fwd(c, args); }
+static vl_status ck_act_bwd(vl_ctx *c, const void *args) { return vl_check_act_bwd(c, args); }
 static vl_status ck_geglu_fwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_geglu_fwd(c, args, &n);
+  return vl_check_geglu_fwd(c, args, &n);
 }
 static vl_status ck_geglu_bwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_geglu_bwd(c, args, &n);
+  return vl_check_geglu_bwd(c, args, &n);
 }
 static vl_status ck_bias_fwd(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_bias_fwd(c, args, &n);
+  return vl_check_bias_fwd(c, args, &n);
 }
 static vl_status ck_bias_bwd(vl_ctx *c, const void *args) {
   int64_t n = 0, nb = 0;
-  return vl_sd_check_bias_bwd(c, args, &n, &nb);
+  return vl_check_bias_bwd(c, args, &n, &nb);
 }
 static vl_status ck_pad2d_fwd(vl_ctx *c, const void *args) {
   const vl_pad2d_fwd_args *a = args;
   int64_t nin = 0, nout = 0;
-  return vl_sd_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
+  return vl_check_pad(c, "pad2d_fwd", a->x, a->y, a->planes, a->H, a->W, a->top, a->bottom,
                          a->left, a->right, true, &nin, &nout);
 }
 static vl_status ck_pad2d_bwd(vl_ctx *c, const void *args) {
   const vl_pad2d_bwd_args *a = args;
   int64_t nin = 0, nout = 0;
-  return vl_sd_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
+  return vl_check_pad(c, "pad2d_bwd", a->dx, a->dy, a->planes, a->H, a->W, a->top, a->bottom,
                          a->left, a->right, false, &nin, &nout);
 }
 static vl_status ck_timestep_embed(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_timestep(c, args, &n);
+  return vl_check_timestep(c, args, &n);
 }
 static vl_status ck_mse_fused(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_mse(c, args, &n);
+  return vl_check_mse(c, args, &n);
 }
 static vl_status ck_gauss_sample(vl_ctx *c, const void *args) {
   int64_t n = 0;
-  return vl_sd_check_gauss(c, args, &n);
+  return vl_check_gauss(c, args, &n);
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */

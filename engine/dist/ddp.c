@@ -129,7 +129,8 @@ vl_status vl_dist_sync_buffers(vl_dist *d) {
 
 static void dist_destroy(void *state);
 
-static vl_status dist_create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
+static vl_status dist_create(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                             void **state) {
   const vl_dist_cfg *k = cfg;
   *state = NULL;
   VL_TRY(check_cfg(c, k));
@@ -142,11 +143,9 @@ static vl_status dist_create(vl_ctx *c, const void *cfg, uint64_t seed, void **s
   d->comm = c->plan ? NULL : k->comm;
   d->talk = d->comm && d->world > 1 && k->mode != VL_DIST_SINGLE;
   /* ZeRO-1 allocates its optimizer shard itself; DP's replicas never update (rank 0 does) */
-  bool defer = k->mode == VL_DIST_ZERO1 || (k->mode == VL_DIST_DP && k->rank != 0);
-  bool was = c->optim_deferred;
-  c->optim_deferred = was || defer;
-  vl_status s = vl_model_create(c, k->inner, k->inner_cfg, seed, &d->inner);
-  c->optim_deferred = was;
+  vl_model_opts io = *o;
+  io.optim_state_elsewhere |= k->mode == VL_DIST_ZERO1 || (k->mode == VL_DIST_DP && k->rank != 0);
+  vl_status s = vl_model_create_ex(c, k->inner, k->inner_cfg, &io, seed, &d->inner);
   if (s == VL_OK && k->mode != VL_DIST_SINGLE) s = vl_model_train_state(d->inner, &d->ts);
   if (s == VL_OK && k->mode != VL_DIST_SINGLE) s = make_slots(d);
   if (s == VL_OK && (k->mode == VL_DIST_DDP || k->mode == VL_DIST_DP)) s = vl_dist_make_buckets(d);

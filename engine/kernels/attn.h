@@ -1,5 +1,7 @@
-/* Memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): the single-source bodies the
- * CPU backend loops over (cpu_attn.c) and the CUDA backend launches (cuda_attn.cu).
+/* Attention kernels: memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD), and at the
+ * end the pieces around the materialised form (softmax of a score matrix, rotary embedding,
+ * the (B,T,H,D) <-> (B,H,T,D) head permutes): the single-source bodies the CPU backend loops
+ * over (cpu_attn.c) and the CUDA backend launches (cuda_attn.cu).
  *
  * Layout (vramlab/ops.h): q, o, dout, dq (B, Tq, H*D); k, v, dk, dv (B, Tk, H*D), head h in
  * columns [h*D, (h+1)*D); lse and delta (B, H, Tq) fp32. A query row is r = (b*H + h)*Tq + i
@@ -219,6 +221,92 @@ vl_k_attn_dkdv_row(void *dk, int dkdt, void *dv, int dvdt, const void *dout, int
     vl_st(dk, dkdt, ko + d, s.scale * gk[d * ws]);
     vl_st(dv, dvdt, ko + d, gv[d * ws]);
   }
+}
+
+/* ---- around the attention: softmax of a score matrix, rotary embedding, head permutes --- */
+
+/* Softmax of scale*S over row r of T columns; causal: query position r % T sees columns
+ * 0..r % T and the masked ones get 0. */
+VL_HD static inline void vl_k_softmax_row(void *P, int pdt, const void *S, int sdt, int64_t T,
+                                          float scale, int causal, int64_t r) {
+  int64_t q = causal ? r % T : T - 1, base = r * T;
+  float mx = -INFINITY;
+  for (int64_t c = 0; c <= q; c++) { float v = scale * vl_ld(S, sdt, base + c); mx = v > mx ? v : mx; }
+  /* An fp32 P keeps each exp where its probability goes (exact: the same value the last
+   * pass would recompute; S[c] is not read again if P is S): one exp per score, not two. */
+  float sum = 0.0f;
+  for (int64_t c = 0; c <= q; c++) {
+    float e = expf(scale * vl_ld(S, sdt, base + c) - mx);
+    sum += e;
+    if (pdt == VL_K_F32) ((float *)P)[base + c] = e;
+  }
+  float inv = 1.0f / sum;
+  for (int64_t c = 0; c <= q; c++) {
+    float e = pdt == VL_K_F32 ? ((float *)P)[base + c] : expf(scale * vl_ld(S, sdt, base + c) - mx);
+    vl_st(P, pdt, base + c, e * inv);
+  }
+  for (int64_t c = q + 1; c < T; c++) vl_st(P, pdt, base + c, 0.0f);
+}
+
+VL_HD static inline void vl_k_softmax_bwd_row(void *dS, int ddt, const void *dP, int dpdt,
+                                              const void *P, int pdt, int64_t T, float scale,
+                                              int causal, int64_t r) {
+  int64_t q = causal ? r % T : T - 1, base = r * T;
+  float dot = 0.0f;
+  for (int64_t c = 0; c <= q; c++) dot += vl_ld(P, pdt, base + c) * vl_ld(dP, dpdt, base + c);
+  for (int64_t c = 0; c <= q; c++) {
+    float p = vl_ld(P, pdt, base + c);
+    vl_st(dS, ddt, base + c, scale * p * (vl_ld(dP, dpdt, base + c) - dot));
+  }
+  for (int64_t c = q + 1; c < T; c++) vl_st(dS, ddt, base + c, 0.0f);
+}
+
+/* Source row (of D elements) of destination row r for (B,T,H,D) <-> (B,H,T,D). */
+VL_HD static inline int64_t vl_k_permute_src_row(int64_t T, int64_t H, int back, int64_t r) {
+  if (!back) { /* y is (B,H,T,D): r = (b*H + h)*T + t */
+    int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
+    return (b * T + t) * H + h;
+  }
+  /* y is (B,T,H,D): r = (b*T + t)*H + h */
+  int64_t h = r % H, t = (r / H) % T, b = r / (T * H);
+  return (b * H + h) * T + t;
+}
+
+/* (B,T,H,D) <-> (B,H,T,D); i indexes the destination. */
+VL_HD static inline void vl_k_permute(void *y, const void *x, int dt, int64_t T, int64_t H,
+                                      int64_t D, int back, int64_t i) {
+  int64_t src = vl_k_permute_src_row(T, H, back, i / D) * D + i % D;
+  vl_st(y, dt, i, vl_ld(x, dt, src));
+}
+
+/* Rotary embedding, HF "rotate_half" layout: pairs (d, d + D/2). The angle of pair d at
+ * position t, as its cosine and sine (the sine negated for the inverse rotation). */
+VL_HD static inline void vl_k_rope_angle(int64_t t, int64_t d, int64_t D, float theta, int inverse,
+                                         float *cs, float *sn) {
+  float inv_freq = 1.0f / powf(theta, (float)(2 * d) / (float)D);
+  float ang = (float)t * inv_freq;
+  *cs = cosf(ang);
+  *sn = inverse ? -sinf(ang) : sinf(ang);
+}
+
+/* Rotates the pair (d, d + half) of the row of D = 2*half elements starting at base. */
+VL_HD static inline void vl_k_rope_pair(void *x, int dt, int64_t base, int64_t d, int64_t half,
+                                        float cs, float sn) {
+  float x1 = vl_ld(x, dt, base + d), x2 = vl_ld(x, dt, base + d + half);
+  vl_st(x, dt, base + d, x1 * cs - x2 * sn);
+  vl_st(x, dt, base + d + half, x2 * cs + x1 * sn);
+}
+
+/* One pair; i indexes (B,T,H,D/2). (The CPU computes each (t, d) angle once and rotates
+ * every (b, h) row with it: the same values.) */
+VL_HD static inline void vl_k_rope(void *x, int dt, int64_t T, int64_t H, int64_t D,
+                                   float theta, int inverse, int64_t i) {
+  int64_t half = D / 2;
+  int64_t d = i % half, r = i / half; /* r = (b*T + t)*H + h */
+  int64_t t = (r / H) % T;
+  float cs, sn;
+  vl_k_rope_angle(t, d, D, theta, inverse, &cs, &sn);
+  vl_k_rope_pair(x, dt, r * D, d, half, cs, sn);
 }
 
 #endif

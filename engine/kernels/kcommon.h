@@ -118,4 +118,31 @@ VL_HD static inline float vl_round_to(int dt, float x) {
   return x;
 }
 
+/* ---- walking one channel of (N, C, HW) ----------------------------------------------- */
+
+/* Position j = n*HW + i of a channel, advanced by a fixed step without a division per
+ * element (64-bit division is slow on GPUs; a CUDA thread steps by the block size). */
+typedef struct { int64_t n, i, dn, di; } vl_k_cpos;
+
+VL_HD static inline vl_k_cpos vl_k_cpos_at(int64_t HW, int64_t j, int64_t step) {
+  vl_k_cpos p;
+  p.n = j / HW; p.i = j - p.n * HW;
+  p.dn = step / HW; p.di = step - p.dn * HW;
+  return p;
+}
+VL_HD static inline int64_t vl_k_cpos_off(const vl_k_cpos *p, int64_t C, int64_t HW, int64_t c) {
+  return (p->n * C + c) * HW + p->i;
+}
+VL_HD static inline void vl_k_cpos_next(vl_k_cpos *p, int64_t HW) {
+  p->n += p->dn; p->i += p->di;
+  if (p->i >= HW) { p->i -= HW; p->n++; }
+}
+
+/* The CPU's vectorised double sums (norm.h, act.h): reductions into locals named a1 and a2. */
+#if defined(_OPENMP) && !defined(__CUDACC__)
+#define VL_K_SIMD_A12 _Pragma("omp simd reduction(+ : a1, a2)")
+#else
+#define VL_K_SIMD_A12
+#endif
+
 #endif

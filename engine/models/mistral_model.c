@@ -5,10 +5,13 @@
 
 #include "vramlab/mistral.h"
 
-static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
+static vl_status create(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                        void **state) {
   const vl_mistral_model_cfg *k = cfg;
+  vl_train_cfg tc = k->tc;
+  tc.optim.state_elsewhere = o->optim_state_elsewhere;
   vl_mistral *m = NULL;
-  vl_status s = vl_mistral_create(c, &k->mc, &k->tc, seed, &m);
+  vl_status s = vl_mistral_create(c, &k->mc, &tc, seed, &m);
   *state = m;
   return s;
 }

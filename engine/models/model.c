@@ -44,12 +44,17 @@ int64_t vl_batch_samples(const vl_batch *b) { return b->n ? b->t[0].shape[0] : 0
 
 vl_status vl_model_create(vl_ctx *c, const vl_model_type *type, const void *cfg, uint64_t seed,
                           vl_model **out) {
+  return vl_model_create_ex(c, type, cfg, &(vl_model_opts){0}, seed, out);
+}
+
+vl_status vl_model_create_ex(vl_ctx *c, const vl_model_type *type, const void *cfg,
+                             const vl_model_opts *o, uint64_t seed, vl_model **out) {
   *out = NULL;
   vl_model *m = calloc(1, sizeof *m);
   if (!m) return vl_fail(c, VL_ERR_OOM, "host memory for a %s model", type->name);
   m->type = type;
   m->c = c;
-  vl_status s = type->create(c, cfg, seed, &m->state);
+  vl_status s = type->create(c, cfg, o, seed, &m->state);
   if (s != VL_OK) {
     free(m);
     return s;

@@ -48,7 +48,7 @@ typedef struct {
 struct vl_resunet {
   vl_ctx *c;
   vl_resunet_cfg mc;
-  vl_seg_train_cfg tc;
+  vl_resunet_train_cfg tc;
   vl_param *params;
   int n_params, cap_params;
   int p_dec0, p_head;      /* first decoder param, the head conv */
@@ -103,7 +103,7 @@ int vl_resunet_preset(const char *scale, vl_resunet_cfg *o) {
   return -1;
 }
 
-void vl_seg_train_cfg_default(vl_seg_train_cfg *t) {
+void vl_resunet_train_cfg_default(vl_resunet_train_cfg *t) {
   memset(t, 0, sizeof *t);
   t->compute = VL_F32;
   t->relu_inplace = true;
@@ -267,7 +267,7 @@ static vl_status init_running(vl_resunet *m, unit *u) {
   return s;
 }
 
-vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_seg_train_cfg *tc,
+vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_resunet_train_cfg *tc,
                             uint64_t seed, vl_resunet **out) {
   *out = NULL;
   if (mc->image < 32 || mc->image % 32 || mc->in_ch < 1 || mc->width < 1 || mc->classes < 2)
@@ -735,7 +735,7 @@ static vl_status backward(vl_resunet *m, double *loss_sum, float dscale) {
   return VL_OK;
 }
 
-static vl_status upload_batch(vl_resunet *m, const vl_seg_batch *b, bool targets) {
+static vl_status upload_batch(vl_resunet *m, const vl_resunet_batch *b, bool targets) {
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &m->mc;
   int64_t HW = mc->image * mc->image, nx = b->B * mc->in_ch * HW;
@@ -752,7 +752,7 @@ static vl_status upload_batch(vl_resunet *m, const vl_seg_batch *b, bool targets
   return VL_OK;
 }
 
-static int64_t count_pixels(const vl_resunet *m, const vl_seg_batch *b, vl_status *bad) {
+static int64_t count_pixels(const vl_resunet *m, const vl_resunet_batch *b, vl_status *bad) {
   int64_t HW = m->mc.image * m->mc.image, n = 0;
   *bad = VL_OK;
   if (!b->y) return b->B * HW;
@@ -763,8 +763,8 @@ static int64_t count_pixels(const vl_resunet *m, const vl_seg_batch *b, vl_statu
   return n;
 }
 
-vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
-                             vl_seg_step_info *info) {
+vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_resunet_batch *mb, int n_micro,
+                             vl_resunet_step_info *info) {
   vl_ctx *c = m->c;
   memset(info, 0, sizeof *info);
   if (n_micro < 1) return vl_fail(c, VL_ERR_INVALID, "need at least one micro-batch");
@@ -815,15 +815,15 @@ void vl_resunet_step_end(vl_resunet *m) {
   memset(m->grad_live, 0, (size_t)m->n_params * sizeof *m->grad_live);
 }
 
-vl_status vl_resunet_apply(vl_resunet *m, vl_seg_step_info *info) {
+vl_status vl_resunet_apply(vl_resunet *m, vl_resunet_step_info *info) {
   info->loss_scale = m->sc.scale;
   vl_resunet_step_end(m);
   return vl_params_apply(m->c, m->params, m->n_params, &m->tc.optim, m->tc.clip, &m->sc,
                          &info->skipped, &info->grad_norm);
 }
 
-vl_status vl_resunet_step(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
-                          vl_seg_step_info *info) {
+vl_status vl_resunet_step(vl_resunet *m, const vl_resunet_batch *mb, int n_micro,
+                          vl_resunet_step_info *info) {
   VL_TRY(vl_resunet_fwd_bwd(m, mb, n_micro, info));
   if (info->skipped) return VL_OK;
   return vl_resunet_apply(m, info);
@@ -833,7 +833,7 @@ vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *
   vl_ctx *c = m->c;
   const vl_resunet_cfg *mc = &m->mc;
   if (B < 1 || !x || !pred) return vl_fail(c, VL_ERR_INVALID, "predict: batch %lld", (long long)B);
-  vl_seg_batch b = {.B = B, .x = x, .y = NULL};
+  vl_resunet_batch b = {.B = B, .x = x, .y = NULL};
   m->B = B;
   vl_status s = upload_batch(m, &b, false);
   if (s == VL_OK) s = forward(m, 0);

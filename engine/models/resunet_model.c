@@ -1,4 +1,4 @@
-/* The ResNet-101 U-Net as a vl_model: named batch tensors -> vl_seg_batch micro-batches.
+/* The ResNet-101 U-Net as a vl_model: named batch tensors -> vl_resunet_batch micro-batches.
  * The model allocates its data block (images, then masks) exactly as vl_resunet_fwd_bwd
  * always has. */
 #include <stdlib.h>
@@ -6,10 +6,13 @@
 
 #include "vramlab/resunet.h"
 
-static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
+static vl_status create(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                        void **state) {
   const vl_resunet_model_cfg *k = cfg;
+  vl_resunet_train_cfg tc = k->tc;
+  tc.optim.state_elsewhere = o->optim_state_elsewhere;
   vl_resunet *m = NULL;
-  vl_status s = vl_resunet_create(c, &k->mc, &k->tc, seed, &m);
+  vl_status s = vl_resunet_create(c, &k->mc, &tc, seed, &m);
   *state = m;
   return s;
 }
@@ -41,7 +44,8 @@ static void plan_batch(const void *cfg, int64_t B, vl_batch *out) {
 }
 
 /* images (B, 3, H, W) and, for training, masks (B, H, W) of the model's image size. */
-static vl_status to_micro(vl_resunet *m, const vl_batch *b, int i, bool masks, vl_seg_batch *out) {
+static vl_status to_micro(vl_resunet *m, const vl_batch *b, int i, bool masks,
+                          vl_resunet_batch *out) {
   vl_ctx *c = vl_resunet_ctx(m);
   const vl_resunet_cfg *mc = vl_resunet_config(m);
   vl_status s;
@@ -51,7 +55,7 @@ static vl_status to_micro(vl_resunet *m, const vl_batch *b, int i, bool masks, v
     return vl_fail(c, VL_ERR_INVALID, "micro-batch %d: images (%lld, %lld, %lld) for a %lldx%lld model", i,
                    (long long)x->shape[1], (long long)x->shape[2], (long long)x->shape[3],
                    (long long)mc->image, (long long)mc->image);
-  *out = (vl_seg_batch){x->shape[0], x->data, NULL};
+  *out = (vl_resunet_batch){x->shape[0], x->data, NULL};
   if (!masks) return VL_OK;
   const vl_batch_tensor *y = vl_batch_want(c, b, "masks", VL_I32, 3, &s);
   if (!y) return s;
@@ -66,11 +70,11 @@ static vl_status fwd_bwd(void *state, const vl_batch *mb, int n, vl_step_info *i
   vl_ctx *c = vl_resunet_ctx(m);
   memset(info, 0, sizeof *info);
   if (n < 1) return vl_fail(c, VL_ERR_INVALID, "need at least one micro-batch");
-  vl_seg_batch *b = malloc((size_t)n * sizeof *b);
+  vl_resunet_batch *b = malloc((size_t)n * sizeof *b);
   if (!b) return vl_fail(c, VL_ERR_OOM, "host memory for %d micro-batches", n);
   vl_status s = VL_OK;
   for (int i = 0; s == VL_OK && i < n; i++) s = to_micro(m, &mb[i], i, true, &b[i]);
-  vl_seg_step_info si = {0};
+  vl_resunet_step_info si = {0};
   if (s == VL_OK) s = vl_resunet_fwd_bwd(m, b, n, &si);
   free(b);
   *info = (vl_step_info){si.loss, si.n_pixels, si.skipped, si.loss_scale, si.grad_norm};
@@ -78,7 +82,7 @@ static vl_status fwd_bwd(void *state, const vl_batch *mb, int n, vl_step_info *i
 }
 
 static vl_status apply(void *state, vl_step_info *info) {
-  vl_seg_step_info si = {.loss = info->loss, .n_pixels = info->n_targets};
+  vl_resunet_step_info si = {.loss = info->loss, .n_pixels = info->n_targets};
   vl_status s = vl_resunet_apply(state, &si);
   info->skipped = si.skipped;
   info->loss_scale = si.loss_scale;
@@ -87,7 +91,7 @@ static vl_status apply(void *state, vl_step_info *info) {
 }
 
 static vl_status predict(void *state, const vl_batch *b, int32_t *pred) {
-  vl_seg_batch x = {0};
+  vl_resunet_batch x = {0};
   VL_TRY(to_micro(state, b, 0, false, &x));
   return vl_resunet_predict(state, x.x, x.B, pred);
 }

@@ -106,14 +106,16 @@ static vl_status count_encoders(sd_state *s) {
   return st;
 }
 
-static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, uint64_t seed);
+static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, const vl_model_opts *o,
+                       uint64_t seed);
 
 /* vl_model_create keeps nothing of a failed create: everything made is freed here. */
-static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state) {
+static vl_status create(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                        void **state) {
   sd_state *s = calloc(1, sizeof *s);
   *state = NULL;
   if (!s) return vl_fail(c, VL_ERR_OOM, "sd: host memory for the model");
-  vl_status st = build(s, c, cfg, seed);
+  vl_status st = build(s, c, cfg, o, seed);
   if (st != VL_OK) {
     destroy(s);
     return st;
@@ -122,9 +124,11 @@ static vl_status create(vl_ctx *c, const void *cfg, uint64_t seed, void **state)
   return VL_OK;
 }
 
-static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, uint64_t seed) {
+static vl_status build(sd_state *s, vl_ctx *c, const void *cfg, const vl_model_opts *o,
+                       uint64_t seed) {
   s->c = c;
   s->cfg = *(const vl_sd_cfg *)cfg;
+  s->cfg.optim.state_elsewhere = o->optim_state_elsewhere;
   vl_ddpm_alphas_cumprod(VL_DDPM_STEPS, 0.00085, 0.012, s->abar);
   vl_scaler_init(&s->sc, s->cfg.unet.acts == VL_F16, s->cfg.loss_scale, s->cfg.loss_scale_window);
   s->train_text = s->cfg.clip.lora_rank > 0;

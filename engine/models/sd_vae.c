@@ -19,7 +19,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../kernels/sd.h"
+#include "../kernels/act.h"
 
 /* One ResnetBlock2D (temb_channels None): parameter indices of norm1, conv1, norm2, conv2
  * (weight; the bias follows it) and conv_shortcut (-1 when cin == cout). */

@@ -52,7 +52,7 @@ size_t vl_optim_state_bytes(const vl_optim_cfg *oc, int64_t rows, int64_t cols) 
 }
 
 vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc) {
-  if (!p->trainable || c->optim_deferred) return VL_OK;
+  if (!p->trainable || oc->state_elsewhere) return VL_OK;
   int64_t r = p->rows, k = p->cols;
   switch (oc->opt) {
     case VL_OPT_ADAMW:

@@ -7,6 +7,7 @@
 void vl_optim_cfg_default(vl_optim_cfg *o, float lr) {
   o->opt = VL_OPT_ADAMW;
   o->adafactor_beta1 = false;
+  o->state_elsewhere = false;
   o->hp = (vl_optim_hp){.lr = lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                         .weight_decay = 0.0f, .eps2 = 1e-3f, .clip_thr = 1.0f,
                         .decay_pow = 0.8f, .momentum = 0.9f, .grad_scale = 1.0f};

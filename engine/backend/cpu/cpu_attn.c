@@ -1,4 +1,5 @@
-/* CPU backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): OpenMP loops over
+/* CPU backend, attention: softmax, rotary embedding and head permutes (at the end), and
+ * memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): OpenMP loops over
  * the single-source bodies of engine/kernels/attn.h, one call per query row (forward,
  * delta); the backward's dq and dk, dv run here per block of BLK query (key) rows of one
  * (batch, head), the same arithmetic as the bodies vl_k_attn_dq_row / vl_k_attn_dkdv_row,
@@ -15,6 +16,8 @@
  *
  * Determinism: each output row is written by one task and every sum is taken in a fixed
  * order, so results do not depend on the thread count or the (dynamic) schedule. */
+#include <string.h>
+
 #include "cpu_internal.h"
 #include "../attn_args.h"
 #include "../../kernels/attn.h"
@@ -22,7 +25,6 @@
 #define SCRATCH VL_K_ATTN_WS(VL_K_ATTN_DMAX)
 /* The loops hand a thread 8 rows at a time: causal rows differ in length, so the schedule
  * is dynamic (it changes who computes a row, never how). */
-
 
 /* The dtype every tensor shares, or -1 when they differ. */
 static int common_dt(const vl_tensor *const *ts, int n) {
@@ -289,7 +291,102 @@ static vl_status vl_cpu_attn_bwd(vl_ctx *c, const void *args) {
   return VL_OK;
 }
 
+/* ---- softmax, rotary embedding, head permutes ------------------------------------------ */
+
+/* Each (t, d) angle once (T*D/2 sines and cosines, not B*T*H*D/2), then every (b, h) row at
+ * position t rotated with it; per element the same values as vl_k_rope. */
+#define ROPE_MAX_HALF 256
+#define ROPE(XD)                                                                           \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t t = 0; t < T; t++) { \
+    float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];                                            \
+    for (int64_t d = 0; d < half; d++)                                                     \
+      vl_k_rope_angle(t, d, D, theta, inverse, &cs[d], &sn[d]);                            \
+    for (int64_t b = 0; b < B; b++)                                                        \
+      for (int64_t h = 0; h < H; h++) {                                                    \
+        int64_t base = ((b * T + t) * H + h) * D;                                          \
+        for (int64_t d = 0; d < half; d++) vl_k_rope_pair(px, XD, base, d, half, cs[d], sn[d]); \
+      }                                                                                    \
+  }
+static vl_status cpu_rope(vl_ctx *c, const void *p) {
+  const vl_rope_args *a = p;
+  void *px = a->x->data;
+  int64_t B = a->B, T = a->T, H = a->H, D = a->D, half = D / 2, n = B * T * H * half;
+  float theta = a->theta;
+  int inverse = a->inverse;
+  (void)c;
+  if (half > ROPE_MAX_HALF) { /* wider heads than the angle table: angle per element */
+    int nt = vl_cpu_threads((double)n * NS_TRIG);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < n; i++) vl_k_rope(px, dt(a->x), T, H, D, theta, inverse, i);
+    return VL_OK;
+  }
+  int nt = vl_cpu_threads((double)n * NS_MEM * 2 + (double)(T * half) * NS_TRIG);
+  if (a->x->dtype == VL_F32) ROPE(F32)
+  else ROPE(dt(a->x))
+  return VL_OK;
+}
+
+static vl_status cpu_permute(vl_ctx *c, const void *p) {
+  const vl_permute_args *a = p;
+  vl_tensor *y = a->y;
+  const vl_tensor *x = a->x;
+  int64_t T = a->T, H = a->H, D = a->D, n = a->B * T * H * D, rows = a->B * T * H;
+  int back = a->back;
+  if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
+  /* whole rows of D contiguous elements: one copy per row, same index map as the kernel */
+  size_t rb = vl_dtype_bytes(y->dtype, D);
+  int nt = vl_cpu_threads((double)n * NS_MEM);
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t r = 0; r < rows; r++)
+    memcpy((char *)y->data + r * rb,
+           (const char *)x->data + vl_k_permute_src_row(T, H, back, r) * rb, rb);
+  return VL_OK;
+}
+
+#define SOFTMAX_FWD(PD, SD)                                                                \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t r = 0; r < rows; r++) \
+      vl_k_softmax_row(pP, PD, pS, SD, T, scale, causal, r)
+static vl_status cpu_softmax_fwd(vl_ctx *c, const void *p) {
+  const vl_softmax_fwd_args *a = p;
+  void *pP = a->P->data;
+  const void *pS = a->S->data;
+  int64_t rows = a->rows, T = a->T;
+  float scale = a->scale;
+  int causal = a->causal;
+  int nt = vl_cpu_threads((double)(rows * T) * (causal ? 0.5 : 1.0) * NS_EXP);
+  (void)c;
+  if (a->P->dtype == VL_F32 && a->S->dtype == VL_F32) SOFTMAX_FWD(F32, F32);
+  else SOFTMAX_FWD(dt(a->P), dt(a->S));
+  return VL_OK;
+}
+
+#define SOFTMAX_BWD(DD, PD)                                                                \
+  _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t r = 0; r < rows; r++) \
+      vl_k_softmax_bwd_row(pdS, DD, pdP, DD, pP, PD, T, scale, causal, r)
+static vl_status cpu_softmax_bwd(vl_ctx *c, const void *p) {
+  const vl_softmax_bwd_args *a = p;
+  void *pdS = a->dS->data;
+  const void *pdP = a->dP->data, *pP = a->P->data;
+  int64_t rows = a->rows, T = a->T;
+  float scale = a->scale;
+  int causal = a->causal;
+  int nt = vl_cpu_threads((double)(rows * T) * NS_ROW);
+  (void)c;
+  if (all_f32(a->dS, a->dP, a->P)) {
+    SOFTMAX_BWD(F32, F32);
+  } else {
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < rows; r++)
+      vl_k_softmax_bwd_row(pdS, dt(a->dS), pdP, dt(a->dP), pP, dt(a->P), T, scale, causal, r);
+  }
+  return VL_OK;
+}
+
 void vl_cpu_attn_ops(vl_backend *b) {
   b->ops[VL_OP_ATTN_FWD] = vl_cpu_attn_fwd;
   b->ops[VL_OP_ATTN_BWD] = vl_cpu_attn_bwd;
+  b->ops[VL_OP_ROPE] = cpu_rope;
+  b->ops[VL_OP_PERMUTE] = cpu_permute;
+  b->ops[VL_OP_SOFTMAX_FWD] = cpu_softmax_fwd;
+  b->ops[VL_OP_SOFTMAX_BWD] = cpu_softmax_bwd;
 }

@@ -1,7 +1,8 @@
-/* The CPU backend's ops that live outside cpu_backend.c: cpu_gemm.c (OpenBLAS sgemm),
- * cpu_conv.c (oneDNN convolutions), cpu_cnn.c (loops over engine/kernels/cnn.h), cpu_sd.c
- * and cpu_attn.c. Each kernel takes its op's argument struct (vramlab/ops.h); each file
- * registers its kernels in the table of vl_backend_cpu(). */
+/* What the CPU backend's files share. cpu_backend.c holds the backend itself (memory, timers,
+ * the op table); the operations live one family per file: cpu_gemm.c (OpenBLAS sgemm),
+ * cpu_conv.c (oneDNN convolutions), and cpu_<family>.c looping over the single-source bodies
+ * of engine/kernels/<family>.h. Each kernel takes its op's argument struct (vramlab/ops.h);
+ * each file registers its kernels in the table of vl_backend_cpu(). */
 #ifndef VRAMLAB_CPU_INTERNAL_H
 #define VRAMLAB_CPU_INTERNAL_H
 #include "vramlab/backend.h"
@@ -33,12 +34,52 @@ void vl_cpu_par_warm(void);
 /* Tests: every later decision is min(n, team) threads; 0 restores the measured policy. */
 void vl_cpu_threads_force(int n);
 
+/* ---- what the kernel files share ----------------------------------------------------------- */
+
+#define F32 VL_K_F32
+#define INLINE static inline __attribute__((always_inline))
+#define COLS 16 /* columns per column block (norms, bias, embedding dw): a cache line of fp32 */
+
+static inline bool all_f32(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
+  return a->dtype == VL_F32 && b->dtype == VL_F32 && (!c || c->dtype == VL_F32);
+}
+
+/* The dtype a, b and c (c may be NULL) share, or -1. */
+static inline int same_dt(const vl_tensor *a, const vl_tensor *b, const vl_tensor *c) {
+  return a->dtype == b->dtype && (!c || c->dtype == a->dtype) ? dt(a) : -1;
+}
+
+/* LOOP(A, B, C) with the dtypes of three tensors (the third may be NULL: C is then A):
+ * compile-time constants when they share fp32, fp16 or bf16, else their runtime values. Each
+ * op names its loop after itself (GN_FWD_LOOP, DB_COLS_LOOP, ...) and parallelises it with
+ * PAR_FOR, over a count named n. */
+#define PAR_FOR _Pragma("omp parallel for num_threads(vl_cpu_threads((double)n * NS_ROW))")
+#define DISPATCH(ta, tb, tc, LOOP)                                                         \
+  do {                                                                                     \
+    switch (same_dt((ta), (tb), (tc))) {                                                   \
+    case VL_K_F32: LOOP(VL_K_F32, VL_K_F32, VL_K_F32); break;                              \
+    case VL_K_F16: LOOP(VL_K_F16, VL_K_F16, VL_K_F16); break;                              \
+    case VL_K_BF16: LOOP(VL_K_BF16, VL_K_BF16, VL_K_BF16); break;                          \
+    default: LOOP(dt(ta), dt(tb), ((tc) ? dt(tc) : dt(ta))); break;                        \
+    }                                                                                      \
+  } while (0)
+
+/* An op table entry that hands its argument struct (vramlab/ops.h) to cpu_<name>. */
+#define CPU_ENTRY(name, type)                                                              \
+  static vl_status vl_cpu_##name(vl_ctx *c, const void *p) {                               \
+    return cpu_##name(c, (const type *)p);                                                 \
+  }
+
 /* ---- the kernels ---------------------------------------------------------------------------
  * Each file puts its kernels in the backend's table itself, b->ops[VL_OP_...] = kernel, as
  * the CUDA backend's files do; vl_backend_cpu() (cpu_backend.c) builds the table once. */
-void vl_cpu_gemm_ops(vl_backend *b); /* cpu_gemm.c: GEMM (OpenBLAS) */
-void vl_cpu_conv_ops(vl_backend *b); /* cpu_conv.c: convolutions (oneDNN) */
-void vl_cpu_cnn_ops(vl_backend *b);  /* cpu_cnn.c: batch norm, ReLU, pooling, upsampling, ... */
-void vl_cpu_sd_ops(vl_backend *b);   /* cpu_sd.c: norms, activations, bias, padding, ... */
-void vl_cpu_attn_ops(vl_backend *b); /* cpu_attn.c: memory-efficient attention */
+void vl_cpu_gemm_ops(vl_backend *b);  /* cpu_gemm.c: GEMM (OpenBLAS) */
+void vl_cpu_conv_ops(vl_backend *b);  /* cpu_conv.c: convolutions (oneDNN) */
+void vl_cpu_norm_ops(vl_backend *b);  /* cpu_norm.c: RMSNorm, LayerNorm, GroupNorm, batch norm */
+void vl_cpu_act_ops(vl_backend *b);   /* cpu_act.c: copies, axpby, activations, bias, ... */
+void vl_cpu_attn_ops(vl_backend *b);  /* cpu_attn.c: attention, softmax, RoPE, permutes */
+void vl_cpu_pool_ops(vl_backend *b);  /* cpu_pool.c: pooling, upsampling, padding, concat */
+void vl_cpu_loss_ops(vl_backend *b);  /* cpu_loss.c: cross-entropies, MSE */
+void vl_cpu_embed_ops(vl_backend *b); /* cpu_embed.c: token and timestep embeddings */
+void vl_cpu_optim_ops(vl_backend *b); /* cpu_optim.c: optimizers, sum of squares */
 #endif

@@ -1,4 +1,5 @@
-/* CUDA backend, memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): grid-stride
+/* CUDA backend, attention: softmax, rotary embedding and head permutes (at the end), and
+ * memory-efficient attention (VL_OP_ATTN_FWD / VL_OP_ATTN_BWD): grid-stride
  * kernels over the single-source bodies of engine/kernels/attn.h, the bodies the CPU backend
  * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU").
  * Arguments are checked by the operation's descriptor (engine/backend/ops.c) before a kernel
@@ -112,7 +113,80 @@ static vl_status op_attn_bwd(vl_ctx *c, const void *p) {
   return VL_OK;
 }
 
+/* ---- softmax, rotary embedding, head permutes ------------------------------------------ */
+
+__global__ void k_rope(void *x, int xdt, int64_t T, int64_t H, int64_t D, float theta,
+                       int inverse, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_rope(x, xdt, T, H, D, theta, inverse, i);
+}
+__global__ void k_permute(void *y, const void *x, int xdt, int64_t T, int64_t H, int64_t D,
+                          int back, int64_t n) {
+  GRID_STRIDE(i, n) vl_k_permute(y, x, xdt, T, H, D, back, i);
+}
+__global__ void k_softmax_fwd(void *P, int pdt, const void *S, int sdt, int64_t T, float scale,
+                              int causal, int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_row(P, pdt, S, sdt, T, scale, causal, r);
+}
+__global__ void k_softmax_bwd(void *dS, int ddt, const void *dP, int dpdt, const void *P, int pdt,
+                              int64_t T, float scale, int causal, int64_t rows) {
+  GRID_STRIDE(r, rows) vl_k_softmax_bwd_row(dS, ddt, dP, dpdt, P, pdt, T, scale, causal, r);
+}
+
+static vl_status cu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                         float theta, bool inverse) {
+  int64_t n = B * T * H * (D / 2);
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_rope, x->data, dt(x), T, H, D, theta, inverse ? 1 : 0, n);
+  return VL_OK;
+}
+
+static vl_status cu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
+                            int64_t H, int64_t D, bool back) {
+  if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
+  int64_t n = B * T * H * D;
+  if (n > 0)
+    LAUNCH(c, st(c), n, VL_THREADS, k_permute, y->data, x->data, dt(x), T, H, D, back ? 1 : 0, n);
+  return VL_OK;
+}
+
+static vl_status cu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
+                                int64_t T, float scale, bool causal) {
+  if (rows > 0)
+    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_fwd, P->data, dt(P), S->data, dt(S), T,
+           scale, causal ? 1 : 0, rows);
+  return VL_OK;
+}
+
+static vl_status cu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
+                                int64_t rows, int64_t T, float scale, bool causal) {
+  if (rows > 0)
+    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_bwd, dS->data, dt(dS), dP->data, dt(dP),
+           P->data, dt(P), T, scale, causal ? 1 : 0, rows);
+  return VL_OK;
+}
+
+static vl_status op_rope(vl_ctx *c, const void *p) {
+  ARGS(vl_rope_args);
+  return cu_rope(c, a->x, a->B, a->T, a->H, a->D, a->theta, a->inverse);
+}
+static vl_status op_permute(vl_ctx *c, const void *p) {
+  ARGS(vl_permute_args);
+  return cu_permute(c, a->y, a->x, a->B, a->T, a->H, a->D, a->back);
+}
+static vl_status op_softmax_fwd(vl_ctx *c, const void *p) {
+  ARGS(vl_softmax_fwd_args);
+  return cu_softmax_fwd(c, a->P, a->S, a->rows, a->T, a->scale, a->causal);
+}
+static vl_status op_softmax_bwd(vl_ctx *c, const void *p) {
+  ARGS(vl_softmax_bwd_args);
+  return cu_softmax_bwd(c, a->dS, a->dP, a->P, a->rows, a->T, a->scale, a->causal);
+}
+
 void vl_cuda_attn_ops(vl_backend *b) {
   b->ops[VL_OP_ATTN_FWD] = op_attn_fwd;
   b->ops[VL_OP_ATTN_BWD] = op_attn_bwd;
+  b->ops[VL_OP_ROPE] = op_rope;
+  b->ops[VL_OP_PERMUTE] = op_permute;
+  b->ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
+  b->ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
 }

@@ -1,8 +1,8 @@
-/* CUDA backend: cuBLAS for GEMM, and every element-wise / row-wise op a grid-stride kernel
- * whose body is the same single-source vl_k_* function the CPU backend loops over
- * (docs/architecture.md "The CUDA backend must be verifiable without a GPU"). All argument logic
- * (GEMM mapping, dtype choice, launch geometry, arena size) lives in cuda_host.c and is
- * unit-tested on the CPU; this file only executes it.
+/* CUDA backend: cuBLAS for GEMM, and every element-wise / row-wise op (cuda_<family>.cu) a
+ * grid-stride kernel whose body is the same single-source vl_k_* function the CPU backend
+ * loops over (docs/architecture.md "The CUDA backend must be verifiable without a GPU"). All
+ * argument logic (GEMM mapping, dtype choice, launch geometry, arena size) lives in
+ * cuda_host.c and is unit-tested on the CPU; this file only executes it.
  *
  * Device memory: the arena is ONE cudaMalloc of the cap, taken in init; the cuBLAS
  * workspace is its first block (VL_MEM_WORKSPACE), so it is counted. Outside the arena,
@@ -24,90 +24,10 @@
 #include "cuda_host.h"
 #include "cuda_internal.h"
 #include "cuda_gemm_k.h"
-#include "../../kernels/elem.h"
 #include "../../kernels/nf4.h"
-#include "../../kernels/optim.h"
-#include "../../kernels/rows.h"
 
-/* The operations are reached through the op table at the end (make_backend), whose entries
- * unpack each op's argument struct (vramlab/ops.h) into the cu_* functions below. */
-
-
-
-/* ---- kernels: thin grid-stride wrappers over the single-source bodies -------------------- */
-
-__global__ void k_convert(void *y, int ydt, const void *x, int xdt, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_convert(y, ydt, x, xdt, i);
-}
-__global__ void k_axpby(void *y, int ydt, float a, const void *x, int xdt, float b, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_axpby(y, ydt, a, x, xdt, b, i);
-}
-__global__ void k_embed_fwd(void *out, int odt, const void *wte, int wdt, const int32_t *tok,
-                            int64_t C, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_embed_fwd(out, odt, wte, wdt, tok, C, i);
-}
-__global__ void k_embed_bwd(void *dw, int wdt, const void *dout, int odt, const int32_t *tok,
-                            int64_t R, int64_t C) {
-  GRID_STRIDE(k, C) vl_k_embed_bwd_col(dw, wdt, dout, odt, tok, R, C, k);
-}
-__global__ void k_rmsnorm_fwd(void *out, int odt, float *rstd, const void *x, int xdt,
-                              const void *w, int wdt, int64_t R, int64_t C, float eps) {
-  GRID_STRIDE(r, R) vl_k_rmsnorm_fwd_row(out, odt, rstd, x, xdt, w, wdt, C, eps, r);
-}
-__global__ void k_rmsnorm_bwd(void *dx, int dxdt, const void *dy, int dydt, const void *x,
-                              int xdt, const void *w, int wdt, const float *rstd, int64_t R,
-                              int64_t C) {
-  GRID_STRIDE(r, R) vl_k_rmsnorm_bwd_row(dx, dxdt, dy, dydt, x, xdt, w, wdt, rstd, C, r);
-}
-__global__ void k_rmsnorm_dw(void *dw, int dwdt, const void *dy, int dydt, const void *x,
-                             int xdt, const float *rstd, int64_t R, int64_t C) {
-  GRID_STRIDE(k, C) vl_k_rmsnorm_dw_col(dw, dwdt, dy, dydt, x, xdt, rstd, R, C, k);
-}
-__global__ void k_rope(void *x, int xdt, int64_t T, int64_t H, int64_t D, float theta,
-                       int inverse, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_rope(x, xdt, T, H, D, theta, inverse, i);
-}
-__global__ void k_permute(void *y, const void *x, int xdt, int64_t T, int64_t H, int64_t D,
-                          int back, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_permute(y, x, xdt, T, H, D, back, i);
-}
-__global__ void k_softmax_fwd(void *P, int pdt, const void *S, int sdt, int64_t T, float scale,
-                              int causal, int64_t rows) {
-  GRID_STRIDE(r, rows) vl_k_softmax_row(P, pdt, S, sdt, T, scale, causal, r);
-}
-__global__ void k_softmax_bwd(void *dS, int ddt, const void *dP, int dpdt, const void *P, int pdt,
-                              int64_t T, float scale, int causal, int64_t rows) {
-  GRID_STRIDE(r, rows) vl_k_softmax_bwd_row(dS, ddt, dP, dpdt, P, pdt, T, scale, causal, r);
-}
-__global__ void k_swiglu_fwd(void *out, int odt, const void *g, const void *u, int gdt,
-                             int64_t n) {
-  GRID_STRIDE(i, n) vl_k_swiglu_fwd(out, odt, g, u, gdt, i);
-}
-__global__ void k_swiglu_bwd(void *dg, void *du, int ddt, const void *dout, int odt,
-                             const void *g, const void *u, int gdt, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_swiglu_bwd(dg, du, ddt, dout, odt, g, u, gdt, i);
-}
-__global__ void k_xent(void *logits, int ldt, float *loss, const int32_t *tgt, int64_t V,
-                       float s, int64_t R) {
-  GRID_STRIDE(r, R) vl_k_xent_row(logits, ldt, loss, tgt, V, s, r);
-}
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, float lr, float b1,
-                        float b2, float eps, float wd, float bc1, float bc2, float gscale,
-                        int64_t n) {
-  GRID_STRIDE(i, n) vl_k_adamw(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, gscale, i);
-}
-__global__ void k_sgd(float *p, const float *g, float *mom, float lr, float mu, float wd,
-                      float gscale, int64_t n) {
-  GRID_STRIDE(i, n) vl_k_sgd(p, g, mom, lr, mu, wd, gscale, i);
-}
-__global__ void k_adafactor_row(float *vr, const float *g, int64_t R, int64_t C, float b2t,
-                                float eps1, float gscale) {
-  GRID_STRIDE(r, R) vl_k_adafactor_row(vr, g, C, b2t, eps1, gscale, r);
-}
-__global__ void k_adafactor_col(float *vc, const float *g, int64_t R, int64_t C, float b2t,
-                                float eps1, float gscale) {
-  GRID_STRIDE(k, C) vl_k_adafactor_col(vc, g, R, C, b2t, eps1, gscale, k);
-}
+/* The operations live one family per file (cuda_norm.cu, cuda_act.cu, ...; cuda_internal.h);
+ * this file keeps the backend itself and GEMM, and fills the op table (make_backend). */
 
 /* GEMM helpers (cuda_gemm_k.h): operand packing, NF4 dequantisation, and the generic
  * column-major GEMM for C types cuBLAS cannot produce from the operand type. */
@@ -121,90 +41,6 @@ __global__ void k_gemm_nf4(void *dst, int ddt, const uint8_t *q, int64_t n) {
 __global__ void k_gemm_generic(vl_cublas_args a, const void *F, int fdt, const void *S, int sdt,
                                void *C, int cdt, float alpha, float beta, int64_t total) {
   GRID_STRIDE(i, total) vl_kg_colmajor(&a, F, fdt, S, sdt, C, cdt, alpha, beta, i);
-}
-
-/* ---- reductions: per-block partial sums in double, summed on the host in block order
- * (deterministic for a given grid). The block size must be VL_THREADS. */
-
-__device__ static double block_sum(double v, double *sh) {
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (int k = VL_THREADS / 2; k > 0; k >>= 1) {
-    if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-    __syncthreads();
-  }
-  return sh[0];
-}
-
-/* sum of x^2 over finite x, and whether a NaN/Inf was seen (as cpu_sumsq) */
-__global__ void k_sumsq(const void *x, int xdt, int64_t n, double *part, int *bad) {
-  __shared__ double sh[VL_THREADS];
-  __shared__ int sbad;
-  if (threadIdx.x == 0) sbad = 0;
-  __syncthreads();
-  double acc = 0.0;
-  int b = 0;
-  GRID_STRIDE(i, n) {
-    float v = vl_ld(x, xdt, i);
-    if (!isfinite(v)) b = 1;
-    else acc += (double)v * v;
-  }
-  if (b) atomicOr(&sbad, 1); /* an OR: order-independent */
-  double s = block_sum(acc, sh);
-  if (threadIdx.x == 0) { part[blockIdx.x] = s; bad[blockIdx.x] = sbad; }
-}
-
-__global__ void k_sum_f32(const float *x, int64_t n, double *part) {
-  __shared__ double sh[VL_THREADS];
-  double acc = 0.0;
-  GRID_STRIDE(i, n) acc += x[i];
-  double s = block_sum(acc, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-/* Partial sums of the squared unscaled Adafactor update (its RMS clips it). */
-__global__ void k_adafactor_ss(const float *g, const float *vr, const float *vc, float vr_mean,
-                               int64_t R, int64_t C, float gscale, double *part) {
-  __shared__ double sh[VL_THREADS];
-  double acc = 0.0;
-  GRID_STRIDE(i, R * C) {
-    float ui = vl_k_adafactor_u(g, vr, vc, vr_mean, R, C, gscale, i);
-    acc += (double)ui * ui;
-  }
-  double s = block_sum(acc, sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-/* The final Adafactor pass: the same single-source body as the CPU backend. */
-__global__ void k_adafactor_apply(float *p, float *m, const float *g, const float *vr,
-                                  const float *vc, float vr_mean, int64_t R, int64_t C,
-                                  float gscale, float div, float lr, float b1, float wd) {
-  GRID_STRIDE(i, R * C) vl_k_adafactor_apply(p, m, g, vr, vc, vr_mean, R, C, gscale, div, lr, b1, wd, i);
-}
-
-/* Copy `blocks` partial sums to the host and add them in block order. */
-static vl_status reduce_finish(vl_ctx *c, cu_state *s, int blocks, double *sum, int *bad) {
-  CU_CHECK(c, cudaMemcpyAsync(s->red_host, s->red_dev, sizeof(double) * blocks,
-                              cudaMemcpyDeviceToHost, s->stream));
-  if (bad)
-    CU_CHECK(c, cudaMemcpyAsync(s->bad_host, s->bad_dev, sizeof(int) * blocks,
-                                cudaMemcpyDeviceToHost, s->stream));
-  CU_CHECK(c, cudaStreamSynchronize(s->stream));
-  double acc = 0.0;
-  int b = 0;
-  for (int i = 0; i < blocks; i++) {
-    acc += s->red_host[i];
-    if (bad) b |= s->bad_host[i];
-  }
-  *sum = acc;
-  if (bad) *bad = b;
-  return VL_OK;
-}
-
-static int red_blocks(int64_t n) {
-  int b;
-  vl_cuda_grid(n, VL_THREADS, VL_RED_BLOCKS, &b);
-  return b;
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------ */
@@ -500,293 +336,12 @@ static vl_status cu_download(vl_ctx *c, void *dst, const vl_tensor *src, size_t 
   return VL_OK;
 }
 
-/* ---- element-wise and row-wise ops ------------------------------------------------------ */
-
-static vl_status cu_zero(vl_ctx *c, vl_tensor *y) {
-  CU_CHECK(c, cudaMemsetAsync(y->data, 0, y->bytes, st(c)->stream));
-  return VL_OK;
-}
-
-static vl_status cu_convert(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t n) {
-  if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_convert, y->data, dt(y), x->data, dt(x), n);
-  return VL_OK;
-}
-
-static vl_status cu_axpby(vl_ctx *c, vl_tensor *y, float a, const vl_tensor *x, float b,
-                          int64_t n) {
-  if (n > 0) LAUNCH(c, st(c), n, VL_THREADS, k_axpby, y->data, dt(y), a, x->data, dt(x), b, n);
-  return VL_OK;
-}
-
-static vl_status cu_embed_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *wte, const vl_tensor *ids,
-                              int64_t R, int64_t C) {
-  if (R <= 0 || C <= 0) return VL_OK;
-  /* ids: device memory (the step's VL_MEM_DATA tensor) */
-  const int32_t *tok = (const int32_t *)ids->data;
-  LAUNCH(c, st(c), R * C, VL_THREADS, k_embed_fwd, out->data, dt(out), wte->data, dt(wte), tok, C,
-         R * C);
-  return VL_OK;
-}
-
-static vl_status cu_embed_bwd(vl_ctx *c, vl_tensor *dw, const vl_tensor *dout, const vl_tensor *ids,
-                              int64_t R, int64_t C) {
-  if (R <= 0 || C <= 0) return VL_OK;
-  const int32_t *tok = (const int32_t *)ids->data;
-  /* one thread per column, rows in order: deterministic without atomics (as on CPU) */
-  LAUNCH(c, st(c), C, VL_ROW_THREADS, k_embed_bwd, dw->data, dt(dw), dout->data, dt(dout), tok, R,
-         C);
-  return VL_OK;
-}
-
-static vl_status cu_rmsnorm_fwd(vl_ctx *c, vl_tensor *out, vl_tensor *rstd, const vl_tensor *x,
-                                const vl_tensor *w, int64_t R, int64_t C, float eps) {
-  if (R > 0)
-    LAUNCH(c, st(c), R, VL_ROW_THREADS, k_rmsnorm_fwd, out->data, dt(out), (float *)rstd->data,
-           x->data, dt(x), w->data, dt(w), R, C, eps);
-  return VL_OK;
-}
-
-static vl_status cu_rmsnorm_bwd(vl_ctx *c, vl_tensor *dx, vl_tensor *dw, const vl_tensor *dout,
-                                const vl_tensor *x, const vl_tensor *w, const vl_tensor *rstd,
-                                int64_t R, int64_t C) {
-  if (R <= 0 || C <= 0) return VL_OK;
-  cu_state *s = st(c);
-  LAUNCH(c, s, R, VL_ROW_THREADS, k_rmsnorm_bwd, dx->data, dt(dx), dout->data, dt(dout), x->data,
-         dt(x), w->data, dt(w), (const float *)rstd->data, R, C);
-  if (dw)
-    LAUNCH(c, s, C, VL_ROW_THREADS, k_rmsnorm_dw, dw->data, dt(dw), dout->data, dt(dout), x->data,
-           dt(x), (const float *)rstd->data, R, C);
-  return VL_OK;
-}
-
-static vl_status cu_rope(vl_ctx *c, vl_tensor *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                         float theta, bool inverse) {
-  int64_t n = B * T * H * (D / 2);
-  if (n > 0)
-    LAUNCH(c, st(c), n, VL_THREADS, k_rope, x->data, dt(x), T, H, D, theta, inverse ? 1 : 0, n);
-  return VL_OK;
-}
-
-static vl_status cu_permute(vl_ctx *c, vl_tensor *y, const vl_tensor *x, int64_t B, int64_t T,
-                            int64_t H, int64_t D, bool back) {
-  if (y->dtype != x->dtype) return vl_fail(c, VL_ERR_INVALID, "permute: dtypes differ");
-  int64_t n = B * T * H * D;
-  if (n > 0)
-    LAUNCH(c, st(c), n, VL_THREADS, k_permute, y->data, x->data, dt(x), T, H, D, back ? 1 : 0, n);
-  return VL_OK;
-}
-
-static vl_status cu_softmax_fwd(vl_ctx *c, vl_tensor *P, const vl_tensor *S, int64_t rows,
-                                int64_t T, float scale, bool causal) {
-  if (rows > 0)
-    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_fwd, P->data, dt(P), S->data, dt(S), T,
-           scale, causal ? 1 : 0, rows);
-  return VL_OK;
-}
-
-static vl_status cu_softmax_bwd(vl_ctx *c, vl_tensor *dS, const vl_tensor *dP, const vl_tensor *P,
-                                int64_t rows, int64_t T, float scale, bool causal) {
-  if (rows > 0)
-    LAUNCH(c, st(c), rows, VL_ROW_THREADS, k_softmax_bwd, dS->data, dt(dS), dP->data, dt(dP),
-           P->data, dt(P), T, scale, causal ? 1 : 0, rows);
-  return VL_OK;
-}
-
-static vl_status cu_swiglu_fwd(vl_ctx *c, vl_tensor *out, const vl_tensor *g, const vl_tensor *u,
-                               int64_t n) {
-  if (n > 0)
-    LAUNCH(c, st(c), n, VL_THREADS, k_swiglu_fwd, out->data, dt(out), g->data, u->data, dt(g), n);
-  return VL_OK;
-}
-
-static vl_status cu_swiglu_bwd(vl_ctx *c, vl_tensor *dg, vl_tensor *du, const vl_tensor *dout,
-                               const vl_tensor *g, const vl_tensor *u, int64_t n) {
-  if (n > 0)
-    LAUNCH(c, st(c), n, VL_THREADS, k_swiglu_bwd, dg->data, du->data, dt(dg), dout->data,
-           dt(dout), g->data, u->data, dt(g), n);
-  return VL_OK;
-}
-
-static vl_status cu_xent(vl_ctx *c, vl_tensor *logits, vl_tensor *loss, const vl_tensor *ids,
-                         int64_t R, int64_t V, float scale) {
-  if (R <= 0) return VL_OK;
-  const int32_t *tgt = (const int32_t *)ids->data;
-  LAUNCH(c, st(c), R, VL_ROW_THREADS, k_xent, logits->data, dt(logits), (float *)loss->data, tgt,
-         V, scale, R);
-  return VL_OK;
-}
-
-static vl_status cu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out, bool *nonfinite) {
-  *out = 0.0;
-  *nonfinite = false;
-  if (n <= 0) return VL_OK;
-  cu_state *s = st(c);
-  int blocks = red_blocks(n);
-  k_sumsq<<<blocks, VL_THREADS, 0, s->stream>>>(x->data, dt(x), n, s->red_dev, s->bad_dev);
-  CU_CHECK(c, cudaGetLastError());
-  int bad = 0;
-  vl_status r = reduce_finish(c, s, blocks, out, &bad);
-  *nonfinite = bad != 0;
-  return r;
-}
-
-/* ---- optimizers ----------------------------------------------------------------------- */
-
-static vl_status cu_adamw(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *m, vl_tensor *v,
-                          int64_t n, const vl_optim_hp *h) {
-  if (n <= 0) return VL_OK;
-  /* bias corrections on the host, in float, exactly as cpu_adamw */
-  float bc1 = 1.0f - powf(h->beta1, (float)h->t), bc2 = 1.0f - powf(h->beta2, (float)h->t);
-  LAUNCH(c, st(c), n, VL_THREADS, k_adamw, (float *)p->data, (const float *)g->data,
-         (float *)m->data, (float *)v->data, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
-         bc1, bc2, h->grad_scale, n);
-  return VL_OK;
-}
-
-static vl_status cu_sgd(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *mom, int64_t n,
-                        const vl_optim_hp *h) {
-  if (n > 0)
-    LAUNCH(c, st(c), n, VL_THREADS, k_sgd, (float *)p->data, (const float *)g->data,
-           (float *)mom->data, h->lr, h->momentum, h->weight_decay, h->grad_scale, n);
-  return VL_OK;
-}
-
-/* Four passes, as cpu_adafactor: row moments and their mean (R > 1), column moments, the
- * RMS of the update (two-pass reduction through the host), then the clipped update. */
-static vl_status cu_adafactor(vl_ctx *c, vl_tensor *p, const vl_tensor *g, vl_tensor *vr,
-                              vl_tensor *vc, vl_tensor *m, int64_t R, int64_t C,
-                              const vl_optim_hp *h) {
-  int64_t n = R * C;
-  if (n <= 0) return VL_OK;
-  cu_state *s = st(c);
-  float b2t = 1.0f - powf((float)h->t, -h->decay_pow);
-  const float eps1 = 1e-30f;
-  float *gp = (float *)g->data, *vrp = (float *)vr->data, *vcp = (float *)vc->data;
-  float *mp = m ? (float *)m->data : NULL;
-  float vr_mean = 0.0f;
-  vl_status r;
-  if (R > 1) {
-    LAUNCH(c, s, R, VL_ROW_THREADS, k_adafactor_row, vrp, gp, R, C, b2t, eps1, h->grad_scale);
-    int blocks = red_blocks(R);
-    k_sum_f32<<<blocks, VL_THREADS, 0, s->stream>>>(vrp, R, s->red_dev);
-    CU_CHECK(c, cudaGetLastError());
-    double sum = 0.0;
-    if ((r = reduce_finish(c, s, blocks, &sum, NULL)) != VL_OK) return r;
-    vr_mean = (float)(sum / (double)R);
-  }
-  LAUNCH(c, s, C, VL_ROW_THREADS, k_adafactor_col, vcp, gp, R, C, b2t, eps1, h->grad_scale);
-  int blocks = red_blocks(n);
-  k_adafactor_ss<<<blocks, VL_THREADS, 0, s->stream>>>(gp, vrp, vcp, vr_mean, R, C,
-                                                        h->grad_scale, s->red_dev);
-  CU_CHECK(c, cudaGetLastError());
-  double ss = 0.0;
-  if ((r = reduce_finish(c, s, blocks, &ss, NULL)) != VL_OK) return r;
-  float rms = (float)sqrt(ss / (double)n);
-  float div = rms / h->clip_thr > 1.0f ? rms / h->clip_thr : 1.0f;
-  LAUNCH(c, s, n, VL_THREADS, k_adafactor_apply, (float *)p->data, mp, gp, vrp, vcp, vr_mean, R,
-         C, h->grad_scale, div, h->lr, h->beta1, h->weight_decay);
-  return VL_OK;
-}
-
-/* ---- the op table's entries: unpack the argument structs (vramlab/ops.h) ------------------ */
-
-#define ARGS(type) const type *a = (const type *)p
-static vl_status op_zero(vl_ctx *c, const void *p) { ARGS(vl_zero_args); return cu_zero(c, a->y); }
-static vl_status op_convert(vl_ctx *c, const void *p) {
-  ARGS(vl_convert_args);
-  return cu_convert(c, a->y, a->x, a->n);
-}
-static vl_status op_axpby(vl_ctx *c, const void *p) {
-  ARGS(vl_axpby_args);
-  return cu_axpby(c, a->y, a->a, a->x, a->b, a->n);
-}
-static vl_status op_embed_fwd(vl_ctx *c, const void *p) {
-  ARGS(vl_embed_fwd_args);
-  return cu_embed_fwd(c, a->out, a->wte, a->tok, a->R, a->C);
-}
-static vl_status op_embed_bwd(vl_ctx *c, const void *p) {
-  ARGS(vl_embed_bwd_args);
-  return cu_embed_bwd(c, a->dwte, a->dout, a->tok, a->R, a->C);
-}
-static vl_status op_rmsnorm_fwd(vl_ctx *c, const void *p) {
-  ARGS(vl_rmsnorm_fwd_args);
-  return cu_rmsnorm_fwd(c, a->out, a->rstd, a->x, a->w, a->R, a->C, a->eps);
-}
-static vl_status op_rmsnorm_bwd(vl_ctx *c, const void *p) {
-  ARGS(vl_rmsnorm_bwd_args);
-  return cu_rmsnorm_bwd(c, a->dx, a->dw, a->dout, a->x, a->w, a->rstd, a->R, a->C);
-}
-static vl_status op_rope(vl_ctx *c, const void *p) {
-  ARGS(vl_rope_args);
-  return cu_rope(c, a->x, a->B, a->T, a->H, a->D, a->theta, a->inverse);
-}
-static vl_status op_permute(vl_ctx *c, const void *p) {
-  ARGS(vl_permute_args);
-  return cu_permute(c, a->y, a->x, a->B, a->T, a->H, a->D, a->back);
-}
-static vl_status op_softmax_fwd(vl_ctx *c, const void *p) {
-  ARGS(vl_softmax_fwd_args);
-  return cu_softmax_fwd(c, a->P, a->S, a->rows, a->T, a->scale, a->causal);
-}
-static vl_status op_softmax_bwd(vl_ctx *c, const void *p) {
-  ARGS(vl_softmax_bwd_args);
-  return cu_softmax_bwd(c, a->dS, a->dP, a->P, a->rows, a->T, a->scale, a->causal);
-}
-static vl_status op_swiglu_fwd(vl_ctx *c, const void *p) {
-  ARGS(vl_swiglu_fwd_args);
-  return cu_swiglu_fwd(c, a->out, a->g, a->u, a->n);
-}
-static vl_status op_swiglu_bwd(vl_ctx *c, const void *p) {
-  ARGS(vl_swiglu_bwd_args);
-  return cu_swiglu_bwd(c, a->dg, a->du, a->dout, a->g, a->u, a->n);
-}
-static vl_status op_xent(vl_ctx *c, const void *p) {
-  ARGS(vl_xent_fused_args);
-  return cu_xent(c, a->logits, a->loss, a->tgt, a->R, a->V, a->dloss_scale);
-}
-static vl_status op_sumsq(vl_ctx *c, const void *p) {
-  ARGS(vl_sumsq_args);
-  return cu_sumsq(c, a->x, a->n, a->out, a->nonfinite);
-}
-static vl_status op_adamw(vl_ctx *c, const void *p) {
-  ARGS(vl_adamw_args);
-  return cu_adamw(c, a->p, a->g, a->m, a->v, a->n, a->hp);
-}
-static vl_status op_sgd(vl_ctx *c, const void *p) {
-  ARGS(vl_sgd_args);
-  return cu_sgd(c, a->p, a->g, a->mom, a->n, a->hp);
-}
-static vl_status op_adafactor(vl_ctx *c, const void *p) {
-  ARGS(vl_adafactor_args);
-  return cu_adafactor(c, a->p, a->g, a->vr, a->vc, a->m, a->R, a->C, a->hp);
-}
-
-/* ---- the backend ---------------------------------------------------------------------- */
-
-/* This file's kernels: GEMM, the LLM ops, copies and the optimizers. */
-static void core_ops(vl_backend *b) {
+/* GEMM is this file's one operation. */
+void vl_cuda_gemm_ops(vl_backend *b) {
   b->ops[VL_OP_GEMM] = cu_gemm;
-  b->ops[VL_OP_ZERO] = op_zero;
-  b->ops[VL_OP_CONVERT] = op_convert;
-  b->ops[VL_OP_AXPBY] = op_axpby;
-  b->ops[VL_OP_EMBED_FWD] = op_embed_fwd;
-  b->ops[VL_OP_EMBED_BWD] = op_embed_bwd;
-  b->ops[VL_OP_RMSNORM_FWD] = op_rmsnorm_fwd;
-  b->ops[VL_OP_RMSNORM_BWD] = op_rmsnorm_bwd;
-  b->ops[VL_OP_ROPE] = op_rope;
-  b->ops[VL_OP_PERMUTE] = op_permute;
-  b->ops[VL_OP_SOFTMAX_FWD] = op_softmax_fwd;
-  b->ops[VL_OP_SOFTMAX_BWD] = op_softmax_bwd;
-  b->ops[VL_OP_SWIGLU_FWD] = op_swiglu_fwd;
-  b->ops[VL_OP_SWIGLU_BWD] = op_swiglu_bwd;
-  b->ops[VL_OP_XENT_FUSED] = op_xent;
-  b->ops[VL_OP_SUMSQ] = op_sumsq;
-  b->ops[VL_OP_ADAMW] = op_adamw;
-  b->ops[VL_OP_SGD] = op_sgd;
-  b->ops[VL_OP_ADAFACTOR] = op_adafactor;
 }
 
-/* The table, filled once at load time: this file's kernels, then each kernel file's
+/* The table, filled once at load time: GEMM, then each kernel file's operations
  * (cuda_internal.h), the way the CPU backend fills its own. */
 static vl_backend make_backend(void) {
   vl_backend b;
@@ -807,11 +362,15 @@ static vl_backend make_backend(void) {
   b.fixed_ws_bytes = cu_fixed_ws;
   b.upload = cu_upload;
   b.download = cu_download;
-  core_ops(&b);
-  vl_cuda_cnn_ops(&b);
+  vl_cuda_gemm_ops(&b);
   vl_cuda_conv_ops(&b);
-  vl_cuda_sd_ops(&b);
+  vl_cuda_norm_ops(&b);
+  vl_cuda_act_ops(&b);
   vl_cuda_attn_ops(&b);
+  vl_cuda_pool_ops(&b);
+  vl_cuda_loss_ops(&b);
+  vl_cuda_embed_ops(&b);
+  vl_cuda_optim_ops(&b);
   return b;
 }
 

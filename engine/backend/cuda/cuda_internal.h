@@ -1,6 +1,6 @@
-/* State and launch helpers shared by the CUDA backend's translation units
- * (cuda_backend.cu: GEMM, LLM and optimizer ops; cuda_cnn.cu: CNN element/plane ops;
- * cuda_conv.cu: cuDNN convolutions). Included by .cu files only. */
+/* State and launch helpers shared by the CUDA backend's translation units (cuda_backend.cu:
+ * the backend itself and GEMM; cuda_conv.cu: cuDNN convolutions; cuda_<family>.cu: the
+ * grid-stride kernels over engine/kernels/<family>.h). Included by .cu files only. */
 #ifndef VRAMLAB_CUDA_INTERNAL_H
 #define VRAMLAB_CUDA_INTERNAL_H
 #include <cuda_runtime.h>
@@ -69,11 +69,19 @@ typedef struct {
 
 static inline cu_state *st(vl_ctx *c) { return (cu_state *)c->be_state; }
 
-/* Each unit fills its ops into the table (called once, by make_backend). */
-void vl_cuda_cnn_ops(vl_backend *b);
-void vl_cuda_conv_ops(vl_backend *b);
-void vl_cuda_sd_ops(vl_backend *b);   /* cuda_sd.cu */
-void vl_cuda_attn_ops(vl_backend *b); /* cuda_attn.cu */
+/* An op table entry's argument struct (vramlab/ops.h). */
+#define ARGS(type) const type *a = (const type *)p
+
+/* Each file fills its ops into the table (called once, by make_backend in cuda_backend.cu). */
+void vl_cuda_gemm_ops(vl_backend *b);  /* cuda_backend.cu: GEMM (cuBLAS) */
+void vl_cuda_conv_ops(vl_backend *b);  /* cuda_conv.cu: convolutions (cuDNN) */
+void vl_cuda_norm_ops(vl_backend *b);  /* cuda_norm.cu */
+void vl_cuda_act_ops(vl_backend *b);   /* cuda_act.cu */
+void vl_cuda_attn_ops(vl_backend *b);  /* cuda_attn.cu */
+void vl_cuda_pool_ops(vl_backend *b);  /* cuda_pool.cu */
+void vl_cuda_loss_ops(vl_backend *b);  /* cuda_loss.cu */
+void vl_cuda_embed_ops(vl_backend *b); /* cuda_embed.cu */
+void vl_cuda_optim_ops(vl_backend *b); /* cuda_optim.cu */
 /* Releases the cuDNN handle, if one was made (cu_fini). */
 void vl_cuda_conv_fini(cu_state *s);
 

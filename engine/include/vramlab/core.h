@@ -189,12 +189,9 @@ typedef struct vl_ctx {
   struct vl_op_profile *prof; /* VL_OP_COUNT entries, made with the context */
   /* Data parallelism (vramlab/ddp.h). grad_hook: called by vl_grad_ready (nn.h) each time a
    * model has finished writing a parameter's gradient for one micro-batch, so a reducer
-   * can start that bucket's allreduce while backward goes on; NULL: nobody listens.
-   * optim_deferred: vl_param_alloc_optim allocates nothing (ZeRO-1 allocates the shard of
-   * the optimizer state that this rank owns itself, after the model is made). */
+   * can start that bucket's allreduce while backward goes on; NULL: nobody listens. */
   void (*grad_hook)(void *user, const struct vl_param *p);
   void *grad_hook_user;
-  bool optim_deferred;
   /* Set (SIGTERM) while a step runs: vl_op_run refuses the next operation with
    * VL_ERR_INTERRUPTED, so a step of minutes stops within one operation (the step in flight
    * is lost; vl_run_loop sets it for the step only). NULL: never. */

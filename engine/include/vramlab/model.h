@@ -81,12 +81,22 @@ typedef struct {
   int n_buffers;
 } vl_train_state;
 
+/* How a model is made, besides its own config (vl_model_create: all false). */
+typedef struct {
+  /* Someone else owns the optimizer state: the model allocates none (its optimizer config
+   * gets state_elsewhere, vramlab/nn.h). The data-parallel wrapper sets it for ZeRO-1, which
+   * allocates the shard its rank updates, and for a DataParallel replica, which never
+   * updates. */
+  bool optim_state_elsewhere;
+} vl_model_opts;
+
 /* ---- the interface ---------------------------------------------------------------------- */
 typedef struct vl_model_type {
   const char *name;
-  /* Make the model (parameters, optimizer state) in c's arena from cfg (the model's own
-   * config struct), seeded. */
-  vl_status (*create)(vl_ctx *c, const void *cfg, uint64_t seed, void **state);
+  /* Make the model (parameters, optimizer state unless o says otherwise) in c's arena from
+   * cfg (the model's own config struct), seeded. */
+  vl_status (*create)(vl_ctx *c, const void *cfg, const vl_model_opts *o, uint64_t seed,
+                      void **state);
   void (*destroy)(void *state);
   void (*params)(const void *state, vl_param_counts *out);
   /* The planned batch of B samples at the config's full size: shapes, data NULL. */
@@ -116,6 +126,8 @@ typedef struct vl_model {
 
 vl_status vl_model_create(vl_ctx *c, const vl_model_type *type, const void *cfg, uint64_t seed,
                           vl_model **out);
+vl_status vl_model_create_ex(vl_ctx *c, const vl_model_type *type, const void *cfg,
+                             const vl_model_opts *o, uint64_t seed, vl_model **out);
 void vl_model_destroy(vl_model *m); /* NULL is fine */
 void vl_model_params(const vl_model *m, vl_param_counts *out);
 vl_status vl_model_fwd_bwd(vl_model *m, const vl_batch *mb, int n, vl_step_info *info);

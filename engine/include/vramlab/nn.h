@@ -41,6 +41,10 @@ typedef struct {
   vl_optimizer opt;
   vl_optim_hp hp;    /* lr, betas, eps, wd, Adafactor and SGD knobs */
   bool adafactor_beta1; /* Adafactor keeps a first moment */
+  /* The state is not allocated with the parameters (vl_param_alloc_optim allocates nothing):
+   * its owner does (ZeRO-1's wrapper, the shard its rank updates), or nobody (a DataParallel
+   * replica, which never updates). Set through vl_model_opts (vramlab/model.h). */
+  bool state_elsewhere;
 } vl_optim_cfg;
 
 /* AdamW with betas (0.9, 0.999), eps 1e-8, no weight decay, at learning rate lr; the
@@ -59,7 +63,7 @@ static inline void vl_grad_ready(vl_ctx *c, const vl_param *p) {
   if (c->grad_hook) c->grad_hook(c->grad_hook_user, p);
 }
 /* Allocate optimizer state for a trainable parameter (zeroed); nothing when
- * c->optim_deferred (ZeRO-1 allocates its shard itself). */
+ * oc->state_elsewhere (ZeRO-1 allocates its shard itself). */
 vl_status vl_param_alloc_optim(vl_ctx *c, vl_param *p, const vl_optim_cfg *oc);
 /* Set values from host fp32 (quantising/converting into w, copying into master). */
 vl_status vl_param_load(vl_ctx *c, vl_param *p, const float *host);

@@ -45,11 +45,11 @@ typedef struct {
   float clip;                /* global-norm clip; 0 = off */
   float loss_scale;          /* fp16: initial dynamic loss scale */
   int loss_scale_window;
-} vl_seg_train_cfg;
+} vl_resunet_train_cfg;
 
 /* fp32, no checkpointing, in-place ReLU, AdamW lr 1e-3 betas (0.9, 0.999), no weight
  * decay, no clipping, loss scale 65536 / window 2000. */
-void vl_seg_train_cfg_default(vl_seg_train_cfg *t);
+void vl_resunet_train_cfg_default(vl_resunet_train_cfg *t);
 
 /* One micro-batch: images x (B, 3, image, image) fp32 normalised and targets y (B, image,
  * image) class ids (-1 ignored), host memory; both may be NULL on the plan device. */
@@ -57,7 +57,7 @@ typedef struct {
   int64_t B;
   const float *x;   // (B, in_ch, image, image) normalised images
   const int32_t *y; // (B, image, image) class ids, -1 ignored
-} vl_seg_batch;
+} vl_resunet_batch;
 
 typedef struct {
   double loss;          /* mean per-pixel cross-entropy of the step */
@@ -65,23 +65,23 @@ typedef struct {
   bool skipped;         /* fp16 overflow: step skipped, scale halved */
   float loss_scale;
   double grad_norm;
-} vl_seg_step_info;
+} vl_resunet_step_info;
 
 typedef struct vl_resunet vl_resunet;
 
-vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_seg_train_cfg *tc,
+vl_status vl_resunet_create(vl_ctx *c, const vl_resunet_cfg *mc, const vl_resunet_train_cfg *tc,
                             uint64_t seed, vl_resunet **out);
 void vl_resunet_destroy(vl_resunet *m);
 /* Forward + backward over n_micro micro-batches, gradients summed; each micro-batch's loss
  * is normalised by the pixels of all of them (so the gradient is that of the mean over the
  * whole step). Batch norm uses each micro-batch's own statistics, so 4 x b equals one 4b
  * batch only without batch norm (tests check both facts). */
-vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
-                             vl_seg_step_info *info);
+vl_status vl_resunet_fwd_bwd(vl_resunet *m, const vl_resunet_batch *mb, int n_micro,
+                             vl_resunet_step_info *info);
 /* Unscale, overflow check, clip, update, zero gradients. */
-vl_status vl_resunet_apply(vl_resunet *m, vl_seg_step_info *info);
-vl_status vl_resunet_step(vl_resunet *m, const vl_seg_batch *mb, int n_micro,
-                          vl_seg_step_info *info);
+vl_status vl_resunet_apply(vl_resunet *m, vl_resunet_step_info *info);
+vl_status vl_resunet_step(vl_resunet *m, const vl_resunet_batch *mb, int n_micro,
+                          vl_resunet_step_info *info);
 /* Evaluation forward (BN running statistics, nothing kept): per-pixel argmax classes
  * into pred (B * image * image, host). */
 vl_status vl_resunet_predict(vl_resunet *m, const float *x, int64_t B, int32_t *pred);
@@ -104,7 +104,7 @@ vl_ctx *vl_resunet_ctx(const vl_resunet *m);
  * and writes per-pixel classes (B, H, W). Parameters by module: encoder, decoder, head. */
 typedef struct {
   vl_resunet_cfg mc;
-  vl_seg_train_cfg tc;
+  vl_resunet_train_cfg tc;
 } vl_resunet_model_cfg;
 
 extern const vl_model_type vl_model_resunet;

@@ -1,206 +1,11 @@
-/* Convolutional-network kernels (batch norm, ReLU, max pooling, bilinear and nearest 2x
- * upsampling, channel copy, per-pixel cross-entropy): single-source bodies, one per element,
- * channel, plane or pixel. The CPU backend loops over them with OpenMP (cpu_cnn.c), the CUDA
- * backend wraps them in grid-stride kernels (cuda_cnn.cu). Layout NCHW, row-major.
- *
- * Per-channel batch-norm sums run over N*HW elements, which can be millions: they are
- * accumulated in double. Two forms of each sum exist: over a contiguous run of one plane
- * (the CPU walks a channel plane by plane) and over a strided subset j0, j0+step, ... of
- * the channel's N*HW positions (a CUDA block sums one channel, one thread per stride);
- * both add the same per-element terms, and test_cnn_ops checks they agree. */
-#ifndef VRAMLAB_K_CNN_H
-#define VRAMLAB_K_CNN_H
+/* Spatial kernels beside the convolutions (max pooling, bilinear and nearest 2x upsampling,
+ * zero padding, channel copy for concatenation): single-source bodies, one per element, row
+ * or plane, layout NCHW. The CPU backend loops over them with OpenMP (cpu_pool.c), the CUDA
+ * backend wraps them in grid-stride kernels (cuda_pool.cu). Convolutions themselves are
+ * library calls (cpu_conv.c: oneDNN, cuda_conv.cu: cuDNN). */
+#ifndef VRAMLAB_K_POOL_H
+#define VRAMLAB_K_POOL_H
 #include "kcommon.h"
-
-/* ---- walking one channel of (N, C, HW) ----------------------------------------------- */
-
-/* Position j = n*HW + i of a channel, advanced by a fixed step without a division per
- * element (64-bit division is slow on GPUs; a CUDA thread steps by the block size). */
-typedef struct { int64_t n, i, dn, di; } vl_k_cpos;
-
-VL_HD static inline vl_k_cpos vl_k_cpos_at(int64_t HW, int64_t j, int64_t step) {
-  vl_k_cpos p;
-  p.n = j / HW; p.i = j - p.n * HW;
-  p.dn = step / HW; p.di = step - p.dn * HW;
-  return p;
-}
-VL_HD static inline int64_t vl_k_cpos_off(const vl_k_cpos *p, int64_t C, int64_t HW, int64_t c) {
-  return (p->n * C + c) * HW + p->i;
-}
-VL_HD static inline void vl_k_cpos_next(vl_k_cpos *p, int64_t HW) {
-  p->n += p->dn; p->i += p->di;
-  if (p->i >= HW) { p->i -= HW; p->n++; }
-}
-
-/* ---- batch norm ------------------------------------------------------------------------ */
-
-/* The shift of channel c's sums: its first element. Sums of (x - K) and (x - K)^2 give the
- * variance without the cancellation of E[x^2] - E[x]^2 when |mean| >> std. */
-VL_HD static inline float vl_k_bn_shift(const void *x, int xdt, int64_t HW, int64_t c) {
-  return vl_ld(x, xdt, c * HW);
-}
-
-/* Sums of d = x - K and d^2 over the contiguous run x[o, o+len). */
-VL_HD static inline void vl_k_bn_sums_run(const void *x, int xdt, int64_t o, int64_t len, float K,
-                                          double *s1, double *s2) {
-  double a1 = 0.0, a2 = 0.0;
-#if defined(_OPENMP) && !defined(__CUDACC__)
-#pragma omp simd reduction(+ : a1, a2)
-#endif
-  for (int64_t j = 0; j < len; j++) {
-    double d = (double)vl_ld(x, xdt, o + j) - (double)K;
-    a1 += d;
-    a2 += d * d;
-  }
-  *s1 += a1;
-  *s2 += a2;
-}
-
-/* The same sums over positions j0, j0+step, ... < N*HW of channel c. */
-VL_HD static inline void vl_k_bn_sums_strided(const void *x, int xdt, int64_t C, int64_t HW,
-                                              int64_t M, int64_t c, float K, int64_t j0,
-                                              int64_t step, double *s1, double *s2) {
-  vl_k_cpos p = vl_k_cpos_at(HW, j0, step);
-  for (int64_t j = j0; j < M; j += step) {
-    double d = (double)vl_ld(x, xdt, vl_k_cpos_off(&p, C, HW, c)) - (double)K;
-    *s1 += d;
-    *s2 += d * d;
-    vl_k_cpos_next(&p, HW);
-  }
-}
-
-/* y = (x - mean) * scale + beta with scale = rstd * gamma: training and evaluation. */
-typedef struct { float mean, scale, beta; } vl_k_bn_affine;
-
-VL_HD static inline vl_k_bn_affine vl_k_bn_affine_of(float mean, float rstd, const void *gamma,
-                                                     int gdt, const void *beta, int bdt,
-                                                     int64_t c) {
-  vl_k_bn_affine a;
-  a.mean = mean;
-  a.scale = rstd * vl_ld(gamma, gdt, c);
-  a.beta = vl_ld(beta, bdt, c);
-  return a;
-}
-
-/* Channel c's batch statistics from its M = N*HW shifted sums: mean and rstd (biased
- * variance, as the normalisation uses) saved for backward; the running statistics updated
- * as PyTorch does, the variance unbiased (M/(M-1), M >= 2 checked by the caller). */
-VL_HD static inline vl_k_bn_affine vl_k_bn_train_finish(float *mean, float *rstd, float *rmean,
-                                                        float *rvar, const void *gamma, int gdt,
-                                                        const void *beta, int bdt, int64_t c,
-                                                        double s1, double s2, float K,
-                                                        int64_t M, float eps, float momentum) {
-  double md = s1 / (double)M;
-  double var = s2 / (double)M - md * md;
-  if (var < 0.0) var = 0.0; /* rounding: a constant channel */
-  float mu = (float)((double)K + md);
-  float rs = (float)(1.0 / sqrt(var + (double)eps));
-  mean[c] = mu;
-  rstd[c] = rs;
-  if (rmean) rmean[c] = (1.0f - momentum) * rmean[c] + momentum * mu;
-  if (rvar)
-    rvar[c] = (1.0f - momentum) * rvar[c] + momentum * (float)(var * (double)M / (double)(M - 1));
-  return vl_k_bn_affine_of(mu, rs, gamma, gdt, beta, bdt, c);
-}
-
-/* Evaluation mode: the running statistics of channel c. */
-VL_HD static inline vl_k_bn_affine vl_k_bn_eval_affine(const float *rmean, const float *rvar,
-                                                       const void *gamma, int gdt,
-                                                       const void *beta, int bdt, float eps,
-                                                       int64_t c) {
-  return vl_k_bn_affine_of(rmean[c], 1.0f / sqrtf(rvar[c] + eps), gamma, gdt, beta, bdt, c);
-}
-
-/* One element at offset o. */
-VL_HD static inline void vl_k_bn_apply(void *y, int ydt, const void *x, int xdt,
-                                       vl_k_bn_affine a, int64_t o) {
-  vl_st(y, ydt, o, (vl_ld(x, xdt, o) - a.mean) * a.scale + a.beta);
-}
-
-/* Evaluation mode, element i of (N, C, HW): the per-element form (CUDA). */
-VL_HD static inline void vl_k_bn_eval_elem(void *y, int ydt, const void *x, int xdt,
-                                           const float *rmean, const float *rvar,
-                                           const void *gamma, int gdt, const void *beta, int bdt,
-                                           int64_t C, int64_t HW, float eps, int64_t i) {
-  int64_t c = (i / HW) % C;
-  vl_k_bn_apply(y, ydt, x, xdt, vl_k_bn_eval_affine(rmean, rvar, gamma, gdt, beta, bdt, eps, c), i);
-}
-
-/* Backward sums of channel c: sum dy and sum dy*(x - mean), over a contiguous run ... */
-VL_HD static inline void vl_k_bn_bwd_sums_run(const void *dy, int dydt, const void *x, int xdt,
-                                              int64_t o, int64_t len, float mean, double *sg,
-                                              double *sgx) {
-  double a1 = 0.0, a2 = 0.0;
-#if defined(_OPENMP) && !defined(__CUDACC__)
-#pragma omp simd reduction(+ : a1, a2)
-#endif
-  for (int64_t j = 0; j < len; j++) {
-    double g = (double)vl_ld(dy, dydt, o + j);
-    a1 += g;
-    a2 += g * ((double)vl_ld(x, xdt, o + j) - (double)mean);
-  }
-  *sg += a1;
-  *sgx += a2;
-}
-
-/* ... and over positions j0, j0+step, ... < N*HW. */
-VL_HD static inline void vl_k_bn_bwd_sums_strided(const void *dy, int dydt, const void *x, int xdt,
-                                                  int64_t C, int64_t HW, int64_t M, int64_t c,
-                                                  float mean, int64_t j0, int64_t step,
-                                                  double *sg, double *sgx) {
-  vl_k_cpos p = vl_k_cpos_at(HW, j0, step);
-  for (int64_t j = j0; j < M; j += step) {
-    int64_t o = vl_k_cpos_off(&p, C, HW, c);
-    double g = (double)vl_ld(dy, dydt, o);
-    *sg += g;
-    *sgx += g * ((double)vl_ld(x, xdt, o) - (double)mean);
-    vl_k_cpos_next(&p, HW);
-  }
-}
-
-/* With xhat = (x - mean) rstd and the sums above:
- *   dgamma += rstd * sum(dy (x-mean)),  dbeta += sum(dy),
- *   dx = gamma rstd (dy - sum(dy)/M - xhat * dgamma_c/M)
- *      = a (dy - k1 - (x - mean) k2),  a = gamma rstd, k1 = sum(dy)/M,
- *                                      k2 = rstd^2 sum(dy (x-mean))/M. */
-typedef struct { float mean, a, k1, k2; } vl_k_bn_grad;
-
-VL_HD static inline vl_k_bn_grad vl_k_bn_bwd_finish(void *dgamma, int dgdt, void *dbeta, int dbdt,
-                                                    const void *gamma, int gdt, const float *mean,
-                                                    const float *rstd, int64_t c, double sg,
-                                                    double sgx, int64_t M) {
-  double rs = (double)rstd[c];
-  if (dgamma) vl_st(dgamma, dgdt, c, vl_ld(dgamma, dgdt, c) + (float)(rs * sgx));
-  if (dbeta) vl_st(dbeta, dbdt, c, vl_ld(dbeta, dbdt, c) + (float)sg);
-  vl_k_bn_grad k;
-  k.mean = mean[c];
-  k.a = (float)(rs * (double)vl_ld(gamma, gdt, c));
-  k.k1 = (float)(sg / (double)M);
-  k.k2 = (float)(rs * rs * sgx / (double)M);
-  return k;
-}
-
-/* dx at offset o; dx may alias dy (each element reads its own dy first). */
-VL_HD static inline void vl_k_bn_bwd_apply(void *dx, int dxdt, const void *dy, int dydt,
-                                           const void *x, int xdt, vl_k_bn_grad k, int64_t o) {
-  float g = vl_ld(dy, dydt, o);
-  vl_st(dx, dxdt, o, k.a * (g - k.k1 - (vl_ld(x, xdt, o) - k.mean) * k.k2));
-}
-
-/* ---- ReLU ----------------------------------------------------------------------------- */
-
-/* y = max(x, 0); a NaN stays NaN, as torch.relu. */
-VL_HD static inline void vl_k_relu_fwd(void *y, int ydt, const void *x, int xdt, int64_t i) {
-  float v = vl_ld(x, xdt, i);
-  vl_st(y, ydt, i, v < 0.0f ? 0.0f : v);
-}
-
-/* dx = dy where y > 0, else 0 (even when dy is NaN: the unit was off). */
-VL_HD static inline void vl_k_relu_bwd(void *dx, int dxdt, const void *dy, int dydt, const void *y,
-                                       int ydt, int64_t i) {
-  float g = vl_ld(dy, dydt, i);
-  vl_st(dx, dxdt, i, vl_ld(y, ydt, i) > 0.0f ? g : 0.0f);
-}
 
 /* ---- max pooling -------------------------------------------------------------------------- */
 
@@ -435,41 +240,34 @@ VL_HD static inline void vl_k_chan_copy(void *y, int ydt, int64_t yC, int64_t y_
   vl_k_chan_copy_at(y, ydt, (n * yC + y_c0) * HW + r, x, xdt, (n * xC + x_c0) * HW + r, acc);
 }
 
-/* ---- per-pixel cross-entropy ------------------------------------------------------------- */
+/* ---- zero padding --------------------------------------------------------------------- */
 
-/* Pixel p = n*HW + s of logits (N, K, HW), class k at (n*K + k)*HW + s: as vl_k_xent_row with
- * a class stride of HW. Ignored pixels (t < 0) get loss 0 and zero gradient; a target >= K
- * (a bad label the device cannot report) gets a NaN loss, so the step sees a non-finite
- * loss instead of a read out of bounds. */
-VL_HD static inline void vl_k_xent_pix(void *logits, int ldt, float *loss, const int32_t *tgt,
-                                       int64_t K, int64_t HW, float s, int64_t p) {
-  int64_t n = p / HW, base = n * K * HW + (p - n * HW);
-  int32_t t = tgt[p];
-  if (t < 0 || t >= K) {
-    loss[p] = t < 0 ? 0.0f : NAN;
-    for (int64_t k = 0; k < K; k++) vl_st(logits, ldt, base + k * HW, 0.0f);
-    return;
-  }
-  float mx = -INFINITY;
-  for (int64_t k = 0; k < K; k++) {
-    float v = vl_ld(logits, ldt, base + k * HW);
-    mx = v > mx ? v : mx;
-  }
-  /* fp32 logits keep each exp in place (exact), so the last pass does not recompute it;
-   * the target's logit is read first */
-  float lt = vl_ld(logits, ldt, base + (int64_t)t * HW), sum = 0.0f;
-  for (int64_t k = 0; k < K; k++) {
-    float e = expf(vl_ld(logits, ldt, base + k * HW) - mx);
-    sum += e;
-    if (ldt == VL_K_F32) ((float *)logits)[base + k * HW] = e;
-  }
-  loss[p] = logf(sum) + mx - lt;
-  float inv = 1.0f / sum;
-  for (int64_t k = 0; k < K; k++) {
-    float e = ldt == VL_K_F32 ? ((float *)logits)[base + k * HW]
-                              : expf(vl_ld(logits, ldt, base + k * HW) - mx);
-    vl_st(logits, ldt, base + k * HW, s * (e * inv - (k == t ? 1.0f : 0.0f)));
-  }
+/* Output (pl, oh, ow) of (planes, H+t+b, W+l+r): x[pl, oh-t, ow-l] inside, else 0. */
+typedef struct { int64_t H, W, OH, OW; int top, left; } vl_k_pad;
+
+VL_HD static inline void vl_k_pad_fwd_at(void *y, int ydt, const void *x, int xdt, vl_k_pad g,
+                                         int64_t pl, int64_t oh, int64_t ow) {
+  int64_t h = oh - g.top, w = ow - g.left;
+  float v = h >= 0 && h < g.H && w >= 0 && w < g.W ? vl_ld(x, xdt, (pl * g.H + h) * g.W + w) : 0.0f;
+  vl_st(y, ydt, (pl * g.OH + oh) * g.OW + ow, v);
+}
+
+/* Backward (the crop): dx[pl, h, w] = dy[pl, h+t, w+l]. */
+VL_HD static inline void vl_k_pad_bwd_at(void *dx, int dxdt, const void *dy, int dydt, vl_k_pad g,
+                                         int64_t pl, int64_t h, int64_t w) {
+  vl_st(dx, dxdt, (pl * g.H + h) * g.W + w,
+        vl_ld(dy, dydt, (pl * g.OH + h + g.top) * g.OW + w + g.left));
+}
+
+VL_HD static inline void vl_k_pad_fwd(void *y, int ydt, const void *x, int xdt, vl_k_pad g,
+                                      int64_t i) {
+  int64_t pl = i / (g.OH * g.OW), r = i - pl * (g.OH * g.OW), oh = r / g.OW;
+  vl_k_pad_fwd_at(y, ydt, x, xdt, g, pl, oh, r - oh * g.OW);
+}
+VL_HD static inline void vl_k_pad_bwd(void *dx, int dxdt, const void *dy, int dydt, vl_k_pad g,
+                                      int64_t i) {
+  int64_t pl = i / (g.H * g.W), r = i - pl * (g.H * g.W), h = r / g.W;
+  vl_k_pad_bwd_at(dx, dxdt, dy, dydt, g, pl, h, r - h * g.W);
 }
 
 #endif
