@@ -86,7 +86,9 @@ static double claimed(const vl_claim *c, double b, bool *lin) {
 
 vl_judgement vl_judge_ev(const vl_claim *c, const vl_evidence *ev) {
   double b = ev->before, a = ev->after;
-  bool other = !strcmp(c->kind, "range") && !c->before[0];
+  /* judged on its "after" alone: a range, or a value without the article's "before", with no
+   * "before" rung */
+  bool other = !c->before[0] && (!strcmp(c->kind, "range") || (!strcmp(c->kind, "value") && isnan(c->article_before)));
   if (!strcmp(c->kind, "none")) return (vl_judgement){VL_NOT_MEASURABLE, ""};
   if (isnan(a) || (!other && isnan(b)) || (!strcmp(c->kind, "ratio_range") && b == 0) ||
       (!strcmp(c->kind, "ratio") && (b == 0 || c->article_before == 0)))
@@ -251,7 +253,8 @@ static void spread(const vl_claim *cl, end_val *e) {
 static const char *fmt_val(double v, const char *unit, char *b, size_t n) {
   if (!isfinite(v)) snprintf(b, n, "—");
   else if (!strcmp(unit, "bytes")) snprintf(b, n, "%.2f GB", v / 1e9);
-  else if (!strcmp(unit, "share")) snprintf(b, n, "%.0f%%", 100 * v);
+  else if (!strcmp(unit, "share")) /* 99.91% is not 100% */
+    snprintf(b, n, fabs(100 * v - round(100 * v)) < 0.05 || v < 0.1 ? "%.0f%%" : "%.1f%%", 100 * v);
   else if (!strcmp(unit, "count")) snprintf(b, n, "%.0f", v);
   else snprintf(b, n, "%.3g", v);
   return b;
@@ -287,6 +290,7 @@ static const vfield stats_fields[] = {
     {"cv", V_NUM, NULL, R_GE0}, {"n", V_NUM, NULL, R_WHOLE}, {NULL, 0, NULL, R_ANY}};
 static const vfield plan_fields[] = {
     {"timeline", V_PAIRS, NULL, R_ANY}, {"batch_curve", V_PAIRS, NULL, R_ANY},
+    {"batch_curve_live", V_PAIRS, NULL, R_ANY},
     {"by_category", V_NUMOBJ, NULL, R_WHOLE}, {"peak_by_category", V_NUMOBJ, NULL, R_WHOLE},
     {"params_by_module", V_NUMOBJ, NULL, R_WHOLE}, {"scale", V_STR, NULL, R_ANY}, {"fits", V_BOOL, NULL, R_ANY},
     {"max_batch_at_search_limit", V_BOOL, NULL, R_ANY}, {"batch", V_NUM, NULL, R_WHOLE1},
@@ -749,7 +753,8 @@ static void suite_cell(FILE *md, const vl_claim *cl, const judged *r) {
 static void article_cell(FILE *md, const vl_claim *cl) {
   char x1[32], x2[32];
   if (!strcmp(cl->kind, "none")) fprintf(md, "—");
-  else if (!strcmp(cl->kind, "range")) fprintf(md, "%g–%g", cl->lo, cl->hi);
+  else if (!strcmp(cl->kind, "range"))
+    fprintf(md, "%s–%s", fmt_val(cl->lo, cl->unit, x1, sizeof x1), fmt_val(cl->hi, cl->unit, x2, sizeof x2));
   else if (!strcmp(cl->kind, "ratio_range")) fprintf(md, "×%g–%g", cl->lo, cl->hi);
   else if (!strcmp(cl->kind, "ratio"))
     fprintf(md, "%s", fmt_ratio(cl->article_after / cl->article_before, x1, sizeof x1));
@@ -770,7 +775,7 @@ static void tol_cell(FILE *md, const vl_claim *cl) {
 
 static void basis_cell(FILE *md, const vl_claim *cl) {
   fprintf(md, "%s", vl_basis_name(cl->basis));
-  if (cl->qualifier[0]) fprintf(md, " (stand-in: %s)", cl->qualifier);
+  if (cl->qualifier[0]) fprintf(md, " (stand-in)");
 }
 
 /* One row; the claims shown with it (shown_with) add their numbers to its suite cell. */

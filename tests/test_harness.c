@@ -204,6 +204,12 @@ static void test_verdict_equal_ends(void **state) {
   assert_int_equal(vl_judge(&c, 0.0, 0.32), VL_HOLDS);
   c = claim_of("value", NAN, 0.771, 0.05, NAN, NAN);
   assert_int_equal(vl_judge(&c, 0.988, 0.988), VL_DOES_NOT_HOLD);
+  /* a value with no "before" rung is judged on its "after" alone */
+  snprintf(c.before, sizeof c.before, "%s", "");
+  assert_int_equal(vl_judge(&c, NAN, 0.77), VL_HOLDS);
+  assert_int_equal(vl_judge(&c, NAN, 0.5), VL_DOES_NOT_HOLD);
+  snprintf(c.before, sizeof c.before, "before");
+  assert_int_equal(vl_judge(&c, NAN, 0.77), VL_NOT_MEASURABLE);
   c = claim_of("ratio", 1, 0.771, 0.05, NAN, NAN);
   assert_int_equal(vl_judge(&c, 0.988, 0.988), VL_DOES_NOT_HOLD);
 }
