@@ -99,7 +99,7 @@ static void cases_table(FILE *md, case_res *cr, int n) {
     const cJSON *env = cJSON_GetObjectItem(cr[i].res, "env");
     char date[16], holds[48];
     snprintf(date, sizeof date, "%.10s", vl_rep_str(env, "time"));
-    if (t.holds_modeled) snprintf(holds, sizeof holds, "%d (with direction: %d on a model)", k[VL_HOLDS], t.holds_modeled);
+    if (t.on_model[VL_HOLDS]) snprintf(holds, sizeof holds, "%d (%d on a model or stand-in)", k[VL_HOLDS], t.on_model[VL_HOLDS]);
     else snprintf(holds, sizeof holds, "%d", k[VL_HOLDS]);
     const char *st = staleness(cr[i].c->id, cJSON_GetStringValue(cJSON_GetObjectItem(env, "git_commit")));
     fprintf(md, "| %s | %s | %s | %s | %s%s%s | %s | %d | %d | %d | %d | %d | [%s.md](%s.md)%s |\n", cr[i].c->id,

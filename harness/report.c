@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "report.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -691,7 +692,7 @@ static void tally_add(vl_tally *t, const vl_claim *cl, vl_verdict v) {
     return;
   }
   t->article[v]++;
-  if ((v == VL_HOLDS || v == VL_DIRECTION_HOLDS) && rests_on_model(cl)) t->holds_modeled++;
+  if (rests_on_model(cl)) t->on_model[v]++;
 }
 
 void vl_report_verdicts(const vl_case *c, const vl_ladder *L, cJSON *res, vl_tally *t) {
@@ -845,12 +846,15 @@ static void article_counts(FILE *md, const vl_ladder *L, const vl_tally *t) {
   (void)total;
 }
 
-static void tally_line(FILE *md, const int *k, int holds_modeled) {
+/* "5 hold (2 on a model or a stand-in), 4 direction holds, ..." */
+static void tally_line(FILE *md, const int *k, const int *on_model) {
   fprintf(md, "%d hold", k[VL_HOLDS]);
-  if (holds_modeled) fprintf(md, " (%d of these or of the next on a model or a stand-in)", holds_modeled);
-  fprintf(md, ", %d direction holds, %d inconclusive (within noise), %d do not hold, %d by construction, "
-              "%d not measurable here",
-          k[VL_DIRECTION_HOLDS], k[VL_INCONCLUSIVE], k[VL_DOES_NOT_HOLD], k[VL_BY_CONSTRUCTION], k[VL_NOT_MEASURABLE]);
+  if (on_model && on_model[VL_HOLDS]) fprintf(md, " (%d on a model or a stand-in)", on_model[VL_HOLDS]);
+  fprintf(md, ", %d direction holds", k[VL_DIRECTION_HOLDS]);
+  if (on_model && on_model[VL_DIRECTION_HOLDS])
+    fprintf(md, " (%d on a model or a stand-in)", on_model[VL_DIRECTION_HOLDS]);
+  fprintf(md, ", %d inconclusive (within noise), %d do not hold, %d by construction, %d not measurable here",
+          k[VL_INCONCLUSIVE], k[VL_DOES_NOT_HOLD], k[VL_BY_CONSTRUCTION], k[VL_NOT_MEASURABLE]);
 }
 
 static const char *const LEGEND =
@@ -864,9 +868,11 @@ static const char *const LEGEND =
  * and the legend. */
 static void first_screen(FILE *md, const vl_case *c, const vl_ladder *L, cJSON *res, const cJSON *env) {
   const char *dev = vl_rep_str(env, "device");
-  fprintf(md, "**Where it ran:** %s (%s, %s cores), run scale `%s`. %s\n\n", dev, vl_rep_str(env, "cpu"),
-          vl_rep_fmt("%g", vl_rep_num(env, "cores")), vl_rep_str(res, "run_scale"),
-          L->where[0] ? L->where : "");
+  char where[sizeof L->where];
+  snprintf(where, sizeof where, "%s", L->where[0] ? L->where : dev);
+  where[0] = (char)toupper((unsigned char)where[0]);
+  fprintf(md, "**Where it ran:** %s (this machine: %s, %s cores, device `%s`; run scale `%s`).\n\n", where,
+          vl_rep_str(env, "cpu"), vl_rep_fmt("%g", vl_rep_num(env, "cores")), dev, vl_rep_str(res, "run_scale"));
   int order[VL_MAX_CLAIMS], n = 0;
   for (int rank = 1; rank <= 99 && n < 5; rank++)
     for (int i = 0; i < L->n_claims && n < 5; i++)
@@ -888,7 +894,7 @@ static void first_screen(FILE *md, const vl_case *c, const vl_ladder *L, cJSON *
   vl_tally t;
   vl_report_verdicts(c, L, res, &t);
   fprintf(md, "%s**Article claims:** ", n ? "\n" : "");
-  tally_line(md, t.article, t.holds_modeled);
+  tally_line(md, t.article, t.on_model);
   fprintf(md, ".  \n%s\n\n", LEGEND);
 }
 
@@ -961,7 +967,7 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
   for (int i = 0; i < L->n_claims; i++)
     if (!L->claims[i].suite && !L->claims[i].shown_with[0]) claim_row(md, c, L, res, i, interrupted, &t, missf, &n_missing);
   fprintf(md, "\n");
-  tally_line(md, t.article, t.holds_modeled);
+  tally_line(md, t.article, t.on_model);
   fprintf(md, ".\n\n");
   article_counts(md, L, &t);
   int n_suite = 0;
@@ -972,7 +978,7 @@ vl_status vl_report_write(const vl_case *c, const vl_ladder *L, const char *resu
     for (int i = 0; i < L->n_claims; i++)
       if (L->claims[i].suite && !L->claims[i].shown_with[0]) claim_row(md, c, L, res, i, interrupted, &t, missf, &n_missing);
     fprintf(md, "\n");
-    tally_line(md, t.suite, 0);
+    tally_line(md, t.suite, NULL);
     fprintf(md, ".\n\n");
   }
   if (missf) fclose(missf);

@@ -49,7 +49,7 @@ vl_verdict vl_judge(const vl_claim *c, double before, double after);
  * checks apart. */
 typedef struct {
   int article[VL_N_VERDICTS];
-  int holds_modeled;   /* of article[VL_HOLDS] and [VL_DIRECTION_HOLDS]: modeled or stand-in */
+  int on_model[VL_N_VERDICTS]; /* of article[v]: resting on a model or a named stand-in */
   int suite[VL_N_VERDICTS];
 } vl_tally;
 
