@@ -330,18 +330,25 @@ static char *plan_text(cJSON *o) {
   return s;
 }
 
+/* llm-lora's case and its ladder as committed (the caller frees the ladder). */
+static vl_ladder *llm_ladder(const vl_case **c) {
+  *c = vl_case_find("llm-lora");
+  assert_non_null(*c);
+  vl_ladder *L = malloc(sizeof *L);
+  assert_non_null(L);
+  vl_err err = {0};
+  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
+  return L;
+}
+
 /* Every rung of the ladder planned at full scale with model_config = mistral-7b.json gives
  * exactly the plan of the built-in preset: parameters, peak, every category, FLOPs, fits,
  * max batch, OOM rate, the timeline and the batch curve. And at tiny scale too: the config
  * is the model at every scale. */
 static void test_mistral_config_plans_as_the_preset(void **state) {
   (void)state;
-  const vl_case *c = vl_case_find("llm-lora");
-  assert_non_null(c);
-  vl_ladder *L = malloc(sizeof *L);
-  assert_non_null(L);
-  vl_err err = {0};
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
+  const vl_case *c;
+  vl_ladder *L = llm_ladder(&c);
   vl_knobs *with = malloc(sizeof *with);
   assert_non_null(with);
   *with = L->setting;
@@ -690,12 +697,8 @@ static void test_cli_model_config(void **state) {
  * through the size knobs on a 48 GiB card at a 0.92 cap, and is planned at full scale only. */
 static void test_llm_claim_metrics(void **state) {
   (void)state;
-  const vl_case *c = vl_case_find("llm-lora");
-  assert_non_null(c);
-  vl_ladder *L = malloc(sizeof *L);
-  assert_non_null(L);
-  vl_err err = {0};
-  if (vl_ladder_load(L, VRAMLAB_SOURCE_DIR, "llm-lora", &err)) fail_msg("%s", err.msg);
+  const vl_case *c;
+  vl_ladder *L = llm_ladder(&c);
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .setting = &L->setting, .quiet = 1};
   cJSON *o = cJSON_CreateObject();
   int a = vl_ladder_find(L, "after");
