@@ -39,7 +39,9 @@ def mistral_config(m, seq):
     return MistralConfig(**kw)
 
 
-def build(torch, mem, cfg):
+def make(torch, mem, cfg):
+    """The step of cfg, built on cfg's device (model, optimizer, batch; st.micro the loss of
+    one micro-batch), nothing run: build() and tools/peers/memtracker_peer.py share it."""
     from transformers import MistralForCausalLM
     t = cfg["train"]
     if t["frozen"] == "nf4":
@@ -70,8 +72,13 @@ def build(torch, mem, cfg):
     x = torch.randint(0, cfg["model"]["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(dev)
     st.micro = lambda: model(input_ids=x, labels=x).loss
     st.model = model
-    ready = st.ready(model)
-    ready["tokens_per_step"] = cfg["batch"] * cfg["seq"] * t["accum"]
+    return st
+
+
+def build(torch, mem, cfg):
+    st = make(torch, mem, cfg)
+    ready = st.ready(st.model)
+    ready["tokens_per_step"] = cfg["batch"] * cfg["seq"] * cfg["train"]["accum"]
     return st, ready
 
 
