@@ -92,7 +92,7 @@ static fixture *fixture_load(char *err, size_t errn) {
     snprintf(err, errn, "%s: B=%lld T=%lld out of range", FIXTURE, (long long)bt[0], (long long)bt[1]);
     goto fail;
   }
-  f->mc = (vl_mistral_cfg){cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], rf[0], rf[1]};
+  f->mc = (vl_mistral_cfg){cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], rf[0], rf[1], 0, 0};
   f->B = bt[0];
   f->T = bt[1];
   int64_t R = f->B * f->T;
