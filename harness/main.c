@@ -71,8 +71,9 @@ static void usage(FILE *f) {
           "  --set key=value | rung.key=value   override the ladder (repeatable)\n"
           "  --vram SIZE                        card memory for plan (e.g. 24GiB)\n"
           "  --model-config FILE                llm-lora: the model of a Hugging Face config.json\n"
-          "                                     (Llama/Mistral family) at every scale (plan, run,\n"
-          "                                     bench; = --set model_config=FILE)\n"
+          "                                     (Mistral, Llama incl. 3.2's tied head, Qwen2/2.5)\n"
+          "                                     at every scale (plan, run, bench, peer-config;\n"
+          "                                     = --set model_config=FILE)\n"
           "  --json                             machine-readable output (plan, list)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
@@ -574,8 +575,9 @@ int main(int argc, char **argv) {
             a.resume ? "--resume" : a.save_every ? "--save-every" : "--keep-last");
     return 2;
   }
-  if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
-    fprintf(stderr, "vramlab: --model-config applies to plan, run and bench only\n");
+  if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench") &&
+      strcmp(a.cmd, "peer-config")) {
+    fprintf(stderr, "vramlab: --model-config applies to plan, run, bench and peer-config only\n");
     return 2;
   }
   if (a.device_given && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {

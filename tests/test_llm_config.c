@@ -735,7 +735,7 @@ static void test_cli_model_config(void **state) {
       {"plan llm-lora --model-config", "--model-config needs a value"},
       {"plan llm-lora --model-config ''", "--model-config needs a value"},
       {"plan seg-ckpt --model-config cases/llm-lora/configs/mistral-7b.json", "seg-ckpt takes no model config"},
-      {"list --model-config cases/llm-lora/configs/mistral-7b.json", "applies to plan, run and bench only"},
+      {"list --model-config cases/llm-lora/configs/mistral-7b.json", "applies to plan, run, bench and peer-config only"},
       {"plan llm-lora --model-config cases/llm-lora/ladder.ini", "not valid JSON at line 1"},
       {"plan llm-lora --set seq=40000 --model-config cases/llm-lora/configs/mistral-7b.json",
        "exceeds max_position_embeddings 32768"},
