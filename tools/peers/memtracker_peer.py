@@ -83,6 +83,25 @@ def fake_to(self, *args, **kwargs):
     return self
 
 
+def frozen_hooks_skipped(torch):
+    """MemTracker installs gradient hooks on every parameter, and a frozen one (LoRA's base)
+    refuses them ("cannot register a hook on a tensor that doesn't require gradient"): on a
+    tensor without requires_grad, whose gradient is never computed, the hook is a no-op
+    handle instead."""
+    from torch.utils.hooks import RemovableHandle
+
+    class Hooks(dict):  # RemovableHandle keeps a weak reference to its dict (a plain one has none)
+        pass
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapped(self, hook, _orig=orig):
+            if not self.requires_grad:
+                return RemovableHandle(Hooks())
+            return _orig(self, hook)
+        setattr(torch.Tensor, name, wrapped)
+
+
 def trace(torch, make, cfg, steps):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -90,6 +109,7 @@ def trace(torch, make, cfg, steps):
     if cfg.get("device", "cpu") != "cpu":
         raise ValueError("this peer traces on a fake CPU device only (config device: %s)" % cfg["device"])
     torch.nn.Module.to = fake_to
+    frozen_hooks_skipped(torch)
     t0 = time.perf_counter()
     with FakeTensorMode():
         st = make(torch, NoMemory(), cfg)
