@@ -13,7 +13,9 @@ fresh process (a peer that ran an earlier rung reads low on the next):
     preloaded: PyTorch's real CPU peak (live heap bytes above those when the setup began, the
     highest over --steps timed steps after --warmup), as the side by side measures it.
 A rung no CPU peer runs (an NF4 base, batch = max) is recorded with its reason; a run that
-fails or runs past --timeout records its error. The fixture (stable key order, two-space
+fails or runs past --timeout records its error; a rung whose setup is an earlier rung's (a
+knob PyTorch's CPU step has no part in: llm-lora's cap, seg-ckpt's loader) gets that rung's
+results and "same_config_as". The fixture (stable key order, two-space
 indent):
   {"case", "scale", "generator", "versions": {torch, transformers, peft, torchvision},
    "rungs": {RUNG: {"script", "config", "memtracker": {peak_bytes, categories,
@@ -90,7 +92,8 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="MemTracker: traced steps (default 2)")
     ap.add_argument("--real-warmup", type=int, default=1)
     ap.add_argument("--real-steps", type=int, default=2)
-    ap.add_argument("--no-real", action="store_true", help="MemTracker only")
+    ap.add_argument("--no-real", action="store_true", help="MemTracker only (with --update: the real peaks kept)")
+    ap.add_argument("--update", help="RUNG[,RUNG...]: run these again, the fixture's other rungs kept")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per process")
     a = ap.parse_args()
     argv = [os.path.join(a.build, "vramlab"), "peer-config", a.case, "--scale", a.scale]
@@ -103,16 +106,38 @@ def main():
     pc = json.loads(p.stdout)
     out = {"case": a.case, "scale": a.scale, "generator": "tools/peers/memtracker_all.py", "versions": {},
            "rungs": {}}
+    path = a.out or os.path.join(ROOT, "tests", "fixtures", "memtracker", f"{a.case}.json")
+    again = set(a.update.split(",")) if a.update else None
+    seen = {}  # a peer setup -> the first rung that has it
+    if again:
+        with open(path) as f:
+            old = json.load(f)
+        out["versions"] = old["versions"]
     for name, r in pc["rungs"].items():
+        if again and name not in again:
+            out["rungs"][name] = old["rungs"][name]
+            if "error" not in old["rungs"][name].get("memtracker", {"error": 1}):
+                seen.setdefault(json.dumps(old["rungs"][name]["config"], sort_keys=True), name)
+            continue
         o = {"script": r["script"]}
+        key = json.dumps(r.get("config"), sort_keys=True)
         if "not_measured" in r:
             o["not_measured"] = r["not_measured"]
+        elif key in seen:  # a rung whose peer setup is an earlier rung's (llm-lora's cap: a cap
+            # PyTorch's CPU step has no part in) runs the same processes: its results are that rung's
+            first = out["rungs"][seen[key]]
+            o.update(config=r["config"], same_config_as=seen[key], memtracker=first["memtracker"])
+            if "real_cpu" in first:
+                o["real_cpu"] = first["real_cpu"]
         else:
+            seen[key] = name
             o["config"] = r["config"]
             print(f"{a.case} {name}: MemTracker", file=sys.stderr, flush=True)
             o["memtracker"], vers = memtracker(r["script"], r["config"], a.steps, a.timeout)
             out["versions"].update(vers)
-            if not a.no_real:
+            if a.no_real and again and "real_cpu" in old["rungs"].get(name, {}):
+                o["real_cpu"] = old["rungs"][name]["real_cpu"]  # --update --no-real: kept
+            elif not a.no_real:
                 print(f"{a.case} {name}: real CPU peak", file=sys.stderr, flush=True)
                 o["real_cpu"] = real_cpu(r["script"], r["config"], a.build, a.real_warmup, a.real_steps, a.timeout)
         out["rungs"][name] = o
@@ -122,7 +147,6 @@ def main():
     if a.step:
         sys.stdout.write(text)
         return 0
-    path = a.out or os.path.join(ROOT, "tests", "fixtures", "memtracker", f"{a.case}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         f.write(text)

@@ -117,10 +117,9 @@ def trace(torch, make, cfg, steps):
         mt = MemTracker()
         mt.track_external(st.model, st.opt)
         with mt:
-            for i in range(steps):
-                if i:  # per-module statistics are per iteration; the peak is kept across
-                    mt.reset_mod_stats()
-                st.one_step(fake=True)
+            for _ in range(steps):  # per-module statistics are per forward (a micro-batch of an
+                # accumulated step is one); the peak is kept across
+                st.one_step(fake=True, each_micro=mt.reset_mod_stats)
         t2 = time.perf_counter()
         snap = mt.get_tracker_snapshot("peak")
     dev = torch.device("cpu")

@@ -144,14 +144,17 @@ class Stepper:
                              warmup_init=False)
         raise ValueError(f"optimizer {name}: the peer knows adamw, sgd and adafactor")
 
-    def one_step(self, fake=False):
+    def one_step(self, fake=False, each_micro=None):
         """accum micro-batches, unscale, clip, update, grads set to None (PyTorch's default).
         fake: on fake tensors (tools/peers/memtracker_peer.py), where no value can be read:
         the loss is not summed (0 returned) and GradScaler's overflow check and scale update
-        are left out (the optimizer steps as after a step without overflow)."""
+        are left out (the optimizer steps as after a step without overflow). each_micro: called
+        before each micro-batch (MemTracker's per-iteration module statistics)."""
         torch, accum = self.torch, self.cfg["train"]["accum"]
         loss_sum = 0.0
         for _ in range(accum):
+            if each_micro:
+                each_micro()
             if self.autocast:
                 with self.autocast():
                     loss = self.micro() / accum
