@@ -1,5 +1,6 @@
-/* vramlab: list | plan | run | report | bench */
+/* vramlab: list | plan | run | report | bench | peer-config | ... */
 #include <limits.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -17,6 +18,7 @@
 #include "datagen.h"
 #include "kit/interrupt.h"
 #include "list.h"
+#include "peercfg.h"
 #include "kit/parse.h"
 #include "datasets/jpegset.h"
 #include "datasets/segset.h"
@@ -41,6 +43,10 @@ static void usage(FILE *f) {
           "  run CASE [--step RUNG]             run the ladder (plan at full scale + timed run)\n"
           "  report CASE [--results FILE]       write reports/CASE.md and plots from results\n"
           "  bench CASE                         run + report\n"
+          "  peer-config CASE [--step RUNG]     each rung's PyTorch peer setup (JSON) without\n"
+          "                                     running it, at --scale (default small, the\n"
+          "                                     CPU's run scale); a rung no CPU peer runs says\n"
+          "                                     why (llm-lora, seg-ckpt; the MemTracker fixtures)\n"
           "  bench gemm [--n N]                 this machine's sgemm FLOP/s\n"
           "  bench allreduce|reduce_scatter|allgather [--ranks N] [--min-bytes B] [--max-bytes B]\n"
           "                                     collective bandwidth over N ranks (the\n"
@@ -65,8 +71,9 @@ static void usage(FILE *f) {
           "  --set key=value | rung.key=value   override the ladder (repeatable)\n"
           "  --vram SIZE                        card memory for plan (e.g. 24GiB)\n"
           "  --model-config FILE                llm-lora: the model of a Hugging Face config.json\n"
-          "                                     (Llama/Mistral family) at every scale (plan, run,\n"
-          "                                     bench; = --set model_config=FILE)\n"
+          "                                     (Mistral, Llama incl. 3.2's tied head, Qwen2/2.5)\n"
+          "                                     at every scale (plan, run, bench, peer-config;\n"
+          "                                     = --set model_config=FILE)\n"
           "  --json                             machine-readable output (plan, list)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
@@ -289,6 +296,23 @@ static int cmd_plan(const args *a) {
   }
   cJSON_Delete(all);
   return rc;
+}
+
+static int cmd_peer_config(const args *a) {
+  vl_ladder L;
+  const vl_case *c = load_case(a, &L);
+  if (!c) return 2;
+  vl_err err;
+  cJSON *o = vl_peer_configs(c, &L, a->scale ? a->scale : "small", a->step, omp_get_max_threads(), &err);
+  if (!o) {
+    fprintf(stderr, "vramlab: peer-config: %s\n", err.msg);
+    return 1;
+  }
+  char *txt = cJSON_Print(o);
+  printf("%s\n", txt);
+  free(txt);
+  cJSON_Delete(o);
+  return 0;
 }
 
 /* snprintf for a path, which must never be cut (a cut path writes somewhere else): 0, or
@@ -551,8 +575,9 @@ int main(int argc, char **argv) {
             a.resume ? "--resume" : a.save_every ? "--save-every" : "--keep-last");
     return 2;
   }
-  if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
-    fprintf(stderr, "vramlab: --model-config applies to plan, run and bench only\n");
+  if (a.model_config && strcmp(a.cmd, "plan") && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench") &&
+      strcmp(a.cmd, "peer-config")) {
+    fprintf(stderr, "vramlab: --model-config applies to plan, run, bench and peer-config only\n");
     return 2;
   }
   if (a.device_given && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
@@ -564,6 +589,7 @@ int main(int argc, char **argv) {
   char results[PATH_MAX] = "";
   if (!strcmp(a.cmd, "list")) return vl_cmd_list(a.case_id, a.json);
   if (!strcmp(a.cmd, "plan")) return cmd_plan(&a);
+  if (!strcmp(a.cmd, "peer-config")) return cmd_peer_config(&a);
   if (!strcmp(a.cmd, "run")) return cmd_run(&a, results, sizeof results);
   if (!strcmp(a.cmd, "report")) return cmd_report(&a, a.results);
   if (!strcmp(a.cmd, "data")) {

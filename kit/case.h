@@ -74,6 +74,11 @@ typedef struct vl_case {
   /* Optional: case-wide measurements after the ladder's runs (a sweep, a ceiling), stored
    * in res (e.g. res.sweep, res.case_metrics). */
   vl_status (*extra)(vl_case_env *env, cJSON *res);
+  /* Optional: the rung's PyTorch peer at env->scale without running anything (`vramlab
+   * peer-config`, the MemTracker fixtures): out gets "script" (under tools/peers/) and
+   * "config" (the setup JSON the extra hook sends it, at `threads` threads on env->device),
+   * or "not_measured" with the reason a peer cannot run the rung. */
+  vl_status (*peer_config)(vl_case_env *env, const vl_knobs *knobs, int threads, cJSON *out);
   /* How the case measures, one paragraph of markdown for the report's setting. */
   const char *method;
   /* The case's own report sections after the claims (tables, plots into dir). */

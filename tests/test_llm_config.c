@@ -114,13 +114,13 @@ static void test_parser_errors(void **state) {
   expect_field_error("num_key_value_heads", "5", "does not divide num_attention_heads 32");
   expect_field_error("head_dim", "127", "odd");
   /* what the engine's Mistral does not have is refused, never ignored */
-  expect_field_error("tie_word_embeddings", "true", "untied");
   expect_field_error("tie_word_embeddings", "1", "expected true or false");
-  expect_field_error("attention_bias", "true", "biases");
-  expect_field_error("mlp_bias", "true", "biases");
+  expect_field_error("attention_bias", "true", "q, k and v only");
+  expect_field_error("mlp_bias", "true", "no biases");
   expect_field_error("hidden_act", "\"gelu\"", "silu");
   expect_field_error("attention_dropout", "0.1", "dropout");
-  expect_field_error("model_type", "\"qwen2\"", "llama or mistral");
+  expect_field_error("model_type", "\"qwen3\"", "llama, mistral or qwen2");
+  expect_field_error("model_type", "\"gemma\"", "llama, mistral or qwen2");
   /* the text itself */
   expect_error("{\n  \"hidden_size\": 4096,\n  \"vocab_size\": ,\n}", (const char *const[]){"line 3", "not valid JSON", NULL});
   expect_error("[1, 2]", (const char *const[]){"expected a JSON object, got an array", NULL});
@@ -158,6 +158,15 @@ static void test_parser_errors(void **state) {
   opt = mistral_with("head_dim", "96");
   assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
   assert_int_equal(mc.head_dim, 96);
+  free(opt);
+  /* the families: a tied head (Llama 3.2, small Qwen2.5), Qwen2's q/k/v biases */
+  opt = mistral_with("tie_word_embeddings", "true");
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_true(mc.tie_embed && !mc.qkv_bias);
+  free(opt);
+  opt = mistral_with("model_type", "\"qwen2\"");
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_true(!mc.tie_embed && mc.qkv_bias);
   free(opt);
   /* the unchanged text parses: the failures above are the changes' */
   assert_int_equal(vl_llm_hf_config_parse(&env, t, n, "x.json", &mc, &pos), VL_OK);
@@ -383,6 +392,65 @@ static void test_mistral_config_plans_as_the_preset(void **state) {
   free(L);
 }
 
+/* ---- the families users bring: counts against the transformers classes ------------------- */
+/* The engine's parameter counts of configs/<name>.json at full size, planned (no memory):
+ * a full fine-tune, or the lora rung's r = 8 on q, k, v, o over an fp16 base. */
+static void engine_counts(const char *name, bool lora, vl_param_counts *pc) {
+  char path[256];
+  snprintf(path, sizeof path, VRAMLAB_SOURCE_DIR "/cases/llm-lora/configs/%s.json", name);
+  const char *kv[] = {"model_config", path, NULL};
+  vl_llm_rung r;
+  vl_case_env env;
+  static vl_knobs setting, k;
+  memset(&setting, 0, sizeof setting);
+  memset(&k, 0, sizeof k);
+  assert_int_equal(vl_knob_set(&setting, kv[0], kv[1]), 0);
+  if (lora) {
+    assert_int_equal(vl_knob_set(&k, "lora_rank", "8"), 0);
+    assert_int_equal(vl_knob_set(&k, "frozen", "fp16"), 0);
+    assert_int_equal(vl_knob_set(&k, "compute", "fp16"), 0);
+  }
+  env = (vl_case_env){.scale = "full", .device = VL_DEV_PLAN, .setting = &setting, .quiet = 1};
+  if (vl_llm_parse_rung(&env, "full", &k, &r)) fail_msg("%s: %s", name, env.err.msg);
+  vl_ctx *c;
+  assert_int_equal(vl_ctx_create(&c, VL_DEV_PLAN, VL_NO_CAP), VL_OK);
+  vl_model *m = NULL;
+  if (vl_model_create(c, &vl_model_mistral, &r.model, 1, &m)) fail_msg("%s: %s", name, c->err);
+  vl_model_params(m, pc);
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+}
+
+/* tests/fixtures/llm_param_counts.json (tests/torch/llm_param_counts.py: the real classes on
+ * the meta device): every config's total, and PEFT LoRA's total and trainable, equal. */
+static void test_family_param_counts(void **state) {
+  (void)state;
+  char *t = slurp_text(VRAMLAB_SOURCE_DIR "/tests/fixtures/llm_param_counts.json");
+  cJSON *fx = cJSON_Parse(t);
+  free(t);
+  assert_non_null(fx);
+  const cJSON *cfg, *cfgs = cJSON_GetObjectItem(fx, "configs");
+  int n = 0, tied = 0;
+  cJSON_ArrayForEach(cfg, cfgs) {
+    vl_param_counts full, lora;
+    engine_counts(cfg->string, false, &full);
+    engine_counts(cfg->string, true, &lora);
+    double want = cJSON_GetNumberValue(cJSON_GetObjectItem(cfg, "params_total"));
+    double lt = cJSON_GetNumberValue(cJSON_GetObjectItem(cfg, "lora_params_total"));
+    double ltr = cJSON_GetNumberValue(cJSON_GetObjectItem(cfg, "lora_params_trainable"));
+    if ((double)full.total != want || (double)full.trainable != want || (double)lora.total != lt ||
+        (double)lora.trainable != ltr)
+      fail_msg("%s: engine %lld (%lld trainable), LoRA %lld / %lld; transformers %.0f, LoRA %.0f / %.0f", cfg->string,
+               (long long)full.total, (long long)full.trainable, (long long)lora.total, (long long)lora.trainable, want,
+               lt, ltr);
+    tied += cJSON_IsTrue(cJSON_GetObjectItem(cfg, "tied"));
+    n++;
+  }
+  assert_int_equal(n, 6);
+  assert_int_equal(tied, 3); /* Llama 3.2 1B and 3B, Qwen2.5-0.5B */
+  cJSON_Delete(fx);
+}
+
 /* ---- Llama-3-8B at sequence 2048 on 24 GB ------------------------------------------------ */
 
 static void test_llama3_8b_at_2048(void **state) {
@@ -489,7 +557,7 @@ static void test_llm_size_knobs(void **state) {
   const char *kv[] = {"layers", "3", "dim", "96", "ffn", "200", "heads", "6", "kv_heads", "3", "vocab", "1000",
                       "seq", "48", NULL};
   if (llm_rung("tiny", kv, &a, &env)) fail_msg("%s", env.err.msg);
-  vl_mistral_cfg w = {1000, 96, 3, 6, 3, 16, 200, 48, 10000.0f, 1e-5f};
+  vl_mistral_cfg w = {1000, 96, 3, 6, 3, 16, 200, 48, 10000.0f, 1e-5f, 0, 0};
   assert_memory_equal(&a.model.mc, &w, sizeof w);
   /* seq applies at every scale now (it applied at full only) */
   if (llm_rung("small", (const char *const[]){"seq", "64", NULL}, &a, &env)) fail_msg("%s", env.err.msg);
@@ -674,7 +742,7 @@ static void test_cli_model_config(void **state) {
       {"plan llm-lora --model-config", "--model-config needs a value"},
       {"plan llm-lora --model-config ''", "--model-config needs a value"},
       {"plan seg-ckpt --model-config cases/llm-lora/configs/mistral-7b.json", "seg-ckpt takes no model config"},
-      {"list --model-config cases/llm-lora/configs/mistral-7b.json", "applies to plan, run and bench only"},
+      {"list --model-config cases/llm-lora/configs/mistral-7b.json", "applies to plan, run, bench and peer-config only"},
       {"plan llm-lora --model-config cases/llm-lora/ladder.ini", "not valid JSON at line 1"},
       {"plan llm-lora --set seq=40000 --model-config cases/llm-lora/configs/mistral-7b.json",
        "exceeds max_position_embeddings 32768"},
@@ -772,7 +840,7 @@ int main(void) {
       cmocka_unit_test(test_llm_size_knobs),
       cmocka_unit_test(test_seg_size_knobs),
       cmocka_unit_test(test_run_seq),
-      cmocka_unit_test(test_cli_model_config),
+      cmocka_unit_test(test_cli_model_config), cmocka_unit_test(test_family_param_counts),
       cmocka_unit_test(test_llm_claim_metrics),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

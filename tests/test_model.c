@@ -10,7 +10,7 @@
 
 /* A very small config so finite differences over many elements stay fast. */
 static vl_mistral_cfg micro_cfg(void) {
-  vl_mistral_cfg c = {48, 16, 2, 4, 2, 4, 24, 8, 10000.0f, 1e-5f};
+  vl_mistral_cfg c = {48, 16, 2, 4, 2, 4, 24, 8, 10000.0f, 1e-5f, 0, 0};
   return c;
 }
 

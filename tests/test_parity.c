@@ -18,7 +18,12 @@
  *    1e-4 relative covers the larger entries; a wrong RoPE pairing, head mapping, softmax
  *    scale or norm moves gradients by percents.
  * test_parity_can_fail shows that a 1e-2 change to one weight of a k projection (3% of
- * that matrix's std) is caught by the loss check and by the gradient check. */
+ * that matrix's std) is caught by the loss check and by the gradient check.
+ *
+ * The families --model-config reads beyond Mistral and Llama 3 (version 2 of the format,
+ * make_parity_fixture.py --family): llama32_parity.bin from transformers' LlamaForCausalLM
+ * with a tied head (the embedding's gradient the sum of both uses), qwen2_parity.bin from
+ * Qwen2ForCausalLM with q/k/v biases and a tied head; the same tolerances. */
 #include "testutil.h"
 
 #include <math.h>
@@ -28,7 +33,11 @@
 
 #include "vramlab/mistral.h"
 
-#define FIXTURE "tests/fixtures/mistral_parity.bin"
+#define MISTRAL_FIXTURE "tests/fixtures/mistral_parity.bin"
+/* the families (make_parity_fixture.py --family, version 2): through transformers' own classes */
+#define LLAMA32_FIXTURE "tests/fixtures/llama32_parity.bin" /* tied head */
+#define QWEN2_FIXTURE "tests/fixtures/qwen2_parity.bin"     /* tied head, q/k/v biases */
+static const char *FIXTURE = MISTRAL_FIXTURE;            /* the one being read, for messages */
 #define NAME_LEN 48
 #define LOSS_RTOL 1e-5
 #define GRAD_ATOL 1e-6
@@ -66,7 +75,8 @@ static int rd(FILE *fp, void *dst, size_t n, const char *what, char *err, size_t
 }
 
 /* Load the fixture; on any problem returns NULL with a message in err (never crashes). */
-static fixture *fixture_load(char *err, size_t errn) {
+static fixture *fixture_load(const char *path, char *err, size_t errn) {
+  FIXTURE = path;
   FILE *fp = fopen(FIXTURE, "rb");
   if (!fp) {
     snprintf(err, errn, "%s: cannot open (run the test from the repo root; regenerate with "
@@ -82,9 +92,11 @@ static fixture *fixture_load(char *err, size_t errn) {
   if (rd(fp, magic, 8, "magic", err, errn)) goto fail;
   if (memcmp(magic, "VLPARITY", 8)) { snprintf(err, errn, "%s: bad magic", FIXTURE); goto fail; }
   if (rd(fp, ver_n, sizeof ver_n, "version", err, errn)) goto fail;
-  if (ver_n[0] != 1) { snprintf(err, errn, "%s: version %u, want 1", FIXTURE, ver_n[0]); goto fail; }
+  if (ver_n[0] != 1 && ver_n[0] != 2) { snprintf(err, errn, "%s: version %u, want 1 or 2", FIXTURE, ver_n[0]); goto fail; }
   if (rd(fp, cfg, sizeof cfg, "config", err, errn)) goto fail;
   if (rd(fp, rf, sizeof rf, "rope_theta/norm_eps", err, errn)) goto fail;
+  int32_t flags[2] = {0, 0}; /* version 2: tie_embed, qkv_bias */
+  if (ver_n[0] == 2 && rd(fp, flags, sizeof flags, "tie_embed/qkv_bias", err, errn)) goto fail;
   if (rd(fp, bt, sizeof bt, "B/T", err, errn)) goto fail;
   for (int i = 0; i < 8; i++)
     if (cfg[i] < 1 || cfg[i] > 4096) { snprintf(err, errn, "%s: config value %d = %lld out of range", FIXTURE, i, (long long)cfg[i]); goto fail; }
@@ -92,11 +104,11 @@ static fixture *fixture_load(char *err, size_t errn) {
     snprintf(err, errn, "%s: B=%lld T=%lld out of range", FIXTURE, (long long)bt[0], (long long)bt[1]);
     goto fail;
   }
-  f->mc = (vl_mistral_cfg){cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], rf[0], rf[1]};
+  f->mc = (vl_mistral_cfg){cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], rf[0], rf[1], flags[0] != 0, flags[1] != 0};
   f->B = bt[0];
   f->T = bt[1];
   int64_t R = f->B * f->T;
-  int64_t want_n = 3 + 9 * f->mc.n_layers;
+  int64_t want_n = 3 + 9 * f->mc.n_layers - (f->mc.tie_embed ? 1 : 0) + (f->mc.qkv_bias ? 3 * f->mc.n_layers : 0);
   if ((int64_t)ver_n[1] != want_n) {
     snprintf(err, errn, "%s: %u parameter records, want %lld", FIXTURE, ver_n[1], (long long)want_n);
     goto fail;
@@ -138,9 +150,9 @@ fail:
   return NULL;
 }
 
-static fixture *load_or_fail(void) {
+static fixture *load_or_fail(const char *path) {
   char err[512] = "";
-  fixture *f = fixture_load(err, sizeof err);
+  fixture *f = fixture_load(path, err, sizeof err);
   if (!f) fail_msg("parity fixture: %s", err);
   return f;
 }
@@ -262,8 +274,8 @@ static void check_grads(const fixture *f, vl_ctx *c, vl_mistral *m) {
   fail_msg("gradient of %s: err/tol %.3f > 1", name, worst);
 }
 
-static void parity(bool checkpoint) {
-  fixture *f = load_or_fail();
+static void parity(const char *path, bool checkpoint) {
+  fixture *f = load_or_fail(path);
   vl_ctx *c;
   vl_mistral *m;
   model_create(f, checkpoint, &c, &m);
@@ -276,12 +288,27 @@ static void parity(bool checkpoint) {
 
 static void test_parity_full(void **state) {
   (void)state;
-  parity(false);
+  parity(MISTRAL_FIXTURE, false);
 }
 
 static void test_parity_checkpoint(void **state) {
   (void)state;
-  parity(true);
+  parity(MISTRAL_FIXTURE, true);
+}
+
+/* Llama 3.2's tied head: one parameter, its gradient the sum of the embedding's and the
+ * head's; LlamaForCausalLM's own forward and backward. */
+static void test_parity_llama32(void **state) {
+  (void)state;
+  parity(LLAMA32_FIXTURE, false);
+  parity(LLAMA32_FIXTURE, true);
+}
+
+/* Qwen2's q/k/v biases (and a tied head, as the small Qwen2.5): Qwen2ForCausalLM's. */
+static void test_parity_qwen2(void **state) {
+  (void)state;
+  parity(QWEN2_FIXTURE, false);
+  parity(QWEN2_FIXTURE, true);
 }
 
 /* The checks have teeth: a 1e-2 change to one weight of layer 0's k projection (a kv head
@@ -289,7 +316,7 @@ static void test_parity_checkpoint(void **state) {
  * check. */
 static void test_parity_can_fail(void **state) {
   (void)state;
-  fixture *f = load_or_fail();
+  fixture *f = load_or_fail(MISTRAL_FIXTURE);
   vl_ctx *c;
   vl_mistral *m;
   model_create(f, false, &c, &m);
@@ -332,6 +359,8 @@ int main(void) {
       cmocka_unit_test(test_parity_full),
       cmocka_unit_test(test_parity_checkpoint),
       cmocka_unit_test(test_parity_can_fail),
+      cmocka_unit_test(test_parity_llama32),
+      cmocka_unit_test(test_parity_qwen2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

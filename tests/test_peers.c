@@ -3,7 +3,9 @@
  * one that prints garbage, one that dies, one that stalls, one that answers an error), the
  * llm-lora extra hook with a missing, a broken and a fake interpreter (never a failure of
  * the bench: "not measured here" with the reason), the report's side-by-side section, the
- * dataloader's two PyTorch references without PyTorch; and,
+ * dataloader's two PyTorch references without PyTorch; the committed MemTracker fixtures
+ * (tests/fixtures/memtracker/: well-formed, and each rung's peer setup still the one
+ * `vramlab peer-config` makes, so a changed rung fails here until they are made again); and,
  * when PyTorch is importable, the real peers at tiny scale (seconds), else skipped. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "harness/ladder.h"
+#include "harness/peercfg.h"
 #include "harness/registry.h"
 #include "kit/interrupt.h"
 #include "cases/dataloader/dl.h"
@@ -23,6 +26,7 @@
 #include "harness/report.h"
 #include "cases/seg-ckpt/seg_torch.h"
 #include "testutil.h"
+#include "vramlab/fileio.h"
 
 static char tmpdir[128];
 
@@ -414,6 +418,108 @@ static void test_real_seg_peer(void **state) {
   cJSON_Delete(res);
 }
 
+/* ---- the MemTracker fixtures (tools/peers/memtracker_all.py) ------------------------------- */
+/* A measurement of a rung: {"error": why}, or the keys with positive numbers. */
+static void check_measured(const char *rung, const char *what, const cJSON *m) {
+  if (!cJSON_IsObject(m)) fail_msg("%s: %s is missing", rung, what);
+  if (cJSON_IsString(cJSON_GetObjectItem(m, "error"))) return;
+  double pk = vl_rep_num(m, "peak_bytes");
+  if (!(pk > 0)) fail_msg("%s: %s has no positive peak_bytes", rung, what);
+}
+
+/* MemTracker's categories: each a number >= 0, adding up to its peak. */
+static int memtracker_ok(const char *rung, const cJSON *mt) {
+  check_measured(rung, "memtracker", mt);
+  if (cJSON_GetObjectItem(mt, "error")) return 0;
+  const cJSON *cats = cJSON_GetObjectItem(mt, "categories"), *e;
+  static const char *const need[] = {"PARAM", "GRAD", "ACT", "TEMP", "OPT", "BUFFER"};
+  for (size_t i = 0; i < sizeof need / sizeof *need; i++)
+    if (!cJSON_IsNumber(cJSON_GetObjectItem(cats, need[i]))) fail_msg("%s: memtracker has no %s", rung, need[i]);
+  double sum = 0;
+  cJSON_ArrayForEach(e, cats) {
+    if (!cJSON_IsNumber(e) || e->valuedouble < 0) fail_msg("%s: memtracker category %s is not bytes", rung, e->string);
+    sum += e->valuedouble;
+  }
+  if (sum != vl_rep_num(mt, "peak_bytes")) fail_msg("%s: memtracker categories add to %.0f, peak %.0f", rung, sum,
+                                                    vl_rep_num(mt, "peak_bytes"));
+  if (!(vl_rep_num(mt, "trace_seconds") > 0)) fail_msg("%s: memtracker has no trace_seconds", rung);
+  return 1;
+}
+
+/* tests/fixtures/memtracker/<case>.json: well-formed, every rung of the ladder in it, and
+ * each rung's peer setup the one `vramlab peer-config` makes now (a rung changed since the
+ * fixture was made fails here: run tools/peers/memtracker_all.py again). */
+static void check_memtracker_fixture(const char *case_id) {
+  char path[256];
+  snprintf(path, sizeof path, "tests/fixtures/memtracker/%s.json", case_id);
+  char *text = NULL;
+  size_t n = 0;
+  vl_err err;
+  if (vl_file_read_text(path, 1u << 22, "4 MiB", &text, &n, &err)) fail_msg("%s", err.msg);
+  cJSON *fx = cJSON_Parse(text);
+  free(text);
+  if (!fx) fail_msg("%s is not JSON", path);
+  assert_string_equal(vl_rep_str(fx, "case"), case_id);
+  const char *scale = vl_rep_str(fx, "scale");
+  const cJSON *ver = cJSON_GetObjectItem(fx, "versions");
+  assert_true(cJSON_IsString(cJSON_GetObjectItem(ver, "torch")));
+  static vl_ladder L;
+  assert_int_equal(vl_ladder_load(&L, ".", case_id, &err), VL_OK);
+  const vl_case *c = vl_case_find(case_id);
+  assert_non_null(c);
+  const cJSON *rungs = cJSON_GetObjectItem(fx, "rungs"), *r;
+  assert_int_equal(cJSON_GetArraySize(rungs), L.n_rungs);
+  int traced = 0;
+  cJSON_ArrayForEach(r, rungs) {
+    const cJSON *cfg = cJSON_GetObjectItem(r, "config");
+    int threads = cfg ? (int)vl_rep_num(cfg, "threads") : 1;
+    cJSON *now = vl_peer_configs(c, &L, scale, r->string, threads, &err);
+    if (!now) fail_msg("%s: %s", r->string, err.msg);
+    const cJSON *mine = cJSON_GetObjectItem(cJSON_GetObjectItem(now, "rungs"), r->string);
+    if (!mine) fail_msg("%s: the fixture's rung is not in the ladder", r->string);
+    assert_string_equal(vl_rep_str(r, "script"), vl_rep_str(mine, "script"));
+    const char *why = cJSON_GetStringValue(cJSON_GetObjectItem(mine, "not_measured"));
+    if (why) {
+      if (!cJSON_GetObjectItem(r, "not_measured") || strcmp(vl_rep_str(r, "not_measured"), why))
+        fail_msg("%s: the rung is not measured now (%s); the fixture says otherwise: run "
+                 "tools/peers/memtracker_all.py --case %s", r->string, why, case_id);
+    } else {
+      if (!cfg || !cJSON_Compare(cfg, cJSON_GetObjectItem(mine, "config"), true))
+        fail_msg("%s: the fixture's peer config is stale (the rung changed): run tools/peers/memtracker_all.py "
+                 "--case %s", r->string, case_id);
+      traced += memtracker_ok(r->string, cJSON_GetObjectItem(r, "memtracker"));
+      check_measured(r->string, "real_cpu", cJSON_GetObjectItem(r, "real_cpu"));
+    }
+    cJSON_Delete(now);
+  }
+  assert_true(traced > 0);
+  cJSON_Delete(fx);
+}
+
+static void test_memtracker_fixtures(void **state) {
+  (void)state;
+  check_memtracker_fixture("llm-lora");
+  check_memtracker_fixture("seg-ckpt");
+}
+
+/* A changed rung makes its fixture stale: the same check fails. */
+static void test_memtracker_fixture_stale(void **state) {
+  (void)state;
+  static vl_ladder L;
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, ".", "llm-lora", &err), VL_OK);
+  cJSON *a = vl_peer_configs(vl_case_find("llm-lora"), &L, "small", "baseline", 2, &err);
+  assert_int_equal(vl_ladder_set(&L, "baseline.lr=2e-4", &err), VL_OK);
+  cJSON *b = vl_peer_configs(vl_case_find("llm-lora"), &L, "small", "baseline", 2, &err);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_false(cJSON_Compare(a, b, true));
+  cJSON_Delete(a);
+  cJSON_Delete(b);
+  assert_null(vl_peer_configs(vl_case_find("dataloader"), &L, "small", NULL, 2, &err));
+  assert_non_null(strstr(err.msg, "no PyTorch peer"));
+}
+
 static int setup(void **state) {
   (void)state;
   snprintf(tmpdir, sizeof tmpdir, "/tmp/vramlab-test-peers-%d", (int)getpid());
@@ -434,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_extra_without_pytorch), cmocka_unit_test(test_extra_with_broken_peers),
       cmocka_unit_test(test_extra_with_fake_peer),  cmocka_unit_test(test_dataloader_references_without_pytorch),
       cmocka_unit_test(test_real_llm_peer),         cmocka_unit_test(test_real_seg_peer),
+      cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

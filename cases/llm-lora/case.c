@@ -152,6 +152,7 @@ const vl_case vl_case_llm_lora = {
     .run = vl_llm_run,
     .resumable = true, /* --save-every / --resume (run.c) */
     .extra = vl_llm_peers,
+    .peer_config = vl_llm_peer_config,
     .method = "Memory, FLOPs, fit, largest batch and OOM rate are **planned at full scale** (the "
               "article's Mistral-7B and sequence length) by the plan backend, which runs the exact "
               "allocation sequence of a training step through the same arena algorithm as a real "

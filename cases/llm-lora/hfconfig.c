@@ -7,15 +7,21 @@
  * head_dim (absent: hidden_size / num_attention_heads, which must divide), rope_theta
  * (absent: 10000), rms_norm_eps (absent: 1e-6, transformers' default) and
  * max_position_embeddings (the longest seq the model takes; seq itself stays a training
- * setting). model_type must be llama or mistral.
- * Refused, since the engine's Mistral has none of them: tie_word_embeddings true (its LM
- * head is untied), attention_bias / mlp_bias true, hidden_act other than silu, a non-zero
- * attention_dropout.
+ * setting), tie_word_embeddings -> tie_embed (absent: false, transformers' default for all
+ * three families: the LM head then reads the embedding matrix, Llama 3.2 1B/3B and the
+ * small Qwen2.5). model_type must be llama, mistral or qwen2; qwen2 -> qkv_bias (Qwen2's
+ * q, k and v projections always have biases, its o and MLP projections never:
+ * transformers' Qwen2Attention and Qwen2MLP, which read neither attention_bias nor
+ * mlp_bias, so a qwen2 config's are not read either).
+ * Refused, since the engine's Mistral has none of them: for llama and mistral,
+ * attention_bias true (Llama's puts a bias on o too) and mlp_bias true; hidden_act other
+ * than silu, a non-zero attention_dropout.
  * Ignored (neither memory nor FLOPs of the step depend on them): rope_scaling (only the
- * RoPE frequencies), sliding_window (the engine attends over the whole causal window: the
- * same at seq <= sliding_window), torch_dtype (the rung's compute/frozen knobs say the
- * dtypes), quantization_config, token ids, initializer_range, use_cache, pretraining_tp,
- * architectures, transformers_version and every other key. */
+ * RoPE frequencies), sliding_window, use_sliding_window, max_window_layers and layer_types
+ * (the engine attends over the whole causal window: the same at seq <= sliding_window),
+ * torch_dtype (the rung's compute/frozen knobs say the dtypes), quantization_config, token
+ * ids, initializer_range, use_cache, use_mrope, pretraining_tp, architectures,
+ * transformers_version and every other key. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -97,6 +103,15 @@ static vl_status hf_flag(const hf_reader *h, const char *field, bool want, const
   return VL_OK;
 }
 
+/* An optional boolean: *out when present, untouched when absent. */
+static vl_status hf_bool(const hf_reader *h, const char *field, bool *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
+  if (!v) return VL_OK;
+  if (!cJSON_IsBool(v)) return hf_fail(h, field, "expected true or false, got %s", type_name(v));
+  *out = cJSON_IsTrue(v);
+  return VL_OK;
+}
+
 /* An optional string that must be one of the NULL-terminated list. */
 static vl_status hf_str(const hf_reader *h, const char *field, bool required, const char *const *ok, const char *why) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(h->root, field);
@@ -147,9 +162,10 @@ static vl_status hf_no_duplicates(const hf_reader *h) {
 
 static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
   const vl_llm_dim_limits *X = &vl_llm_dim_max;
-  static const char *const families[] = {"llama", "mistral", NULL};
+  static const char *const families[] = {"llama", "mistral", "qwen2", NULL};
   static const char *const acts[] = {"silu", NULL};
-  VL_TRY(hf_str(h, "model_type", true, families, "the Llama/Mistral family: llama or mistral"));
+  VL_TRY(hf_str(h, "model_type", true, families, "the Llama/Mistral family: llama, mistral or qwen2"));
+  bool qwen2 = !strcmp(cJSON_GetObjectItemCaseSensitive(h->root, "model_type")->valuestring, "qwen2");
   int64_t dim = 0, ffn = 0, layers = 0, heads = 1, kv = 1, vocab = 0, pos = 0, hd = 0;
   bool has_kv, has_hd;
   VL_TRY(hf_int(h, "hidden_size", true, 2, X->dim, &dim, NULL));
@@ -175,9 +191,13 @@ static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
   float theta = 10000.0f, eps = 1e-6f; /* transformers' defaults for both families */
   VL_TRY(hf_pos(h, "rope_theta", 1e12, &theta));
   VL_TRY(hf_pos(h, "rms_norm_eps", 1, &eps));
-  VL_TRY(hf_flag(h, "tie_word_embeddings", false, "the engine's LM head is its own matrix (untied)"));
-  VL_TRY(hf_flag(h, "attention_bias", false, "the engine's linears have no biases"));
-  VL_TRY(hf_flag(h, "mlp_bias", false, "the engine's linears have no biases"));
+  bool tie = false;
+  VL_TRY(hf_bool(h, "tie_word_embeddings", &tie));
+  if (!qwen2) {
+    VL_TRY(hf_flag(h, "attention_bias", false, "the engine's attention has biases on q, k and v only (Qwen2's), "
+                                               "and Llama's attention_bias puts one on o too"));
+    VL_TRY(hf_flag(h, "mlp_bias", false, "the engine's MLP linears have no biases"));
+  }
   VL_TRY(hf_str(h, "hidden_act", false, acts, "the engine's MLP is SwiGLU: silu"));
   const cJSON *drop = cJSON_GetObjectItemCaseSensitive(h->root, "attention_dropout");
   if (drop && !cJSON_IsNumber(drop)) return hf_fail(h, "attention_dropout", "expected a number, got %s", type_name(drop));
@@ -192,6 +212,8 @@ static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
   mc->ffn = ffn;
   mc->rope_theta = theta;
   mc->norm_eps = eps;
+  mc->tie_embed = tie;
+  mc->qkv_bias = qwen2;
   *max_pos = pos;
   return VL_OK;
 }

@@ -51,6 +51,9 @@ static cJSON *setup_json(const vl_llm_rung *r, vl_device dev, int threads, int64
   cJSON_AddNumberToObject(m, "ffn", (double)mc->ffn);
   cJSON_AddNumberToObject(m, "rope_theta", mc->rope_theta);
   cJSON_AddNumberToObject(m, "norm_eps", mc->norm_eps);
+  /* the families of --model-config, named only when set (a Mistral's setup stays as it was) */
+  if (mc->tie_embed) cJSON_AddBoolToObject(m, "tie_embed", true);
+  if (mc->qkv_bias) cJSON_AddBoolToObject(m, "qkv_bias", true);
   cJSON *t = vl_peer_train_json(&tc->optim, tc->clip, r->accum, tc->compute);
   cJSON_AddStringToObject(t, "frozen", vl_dtype_name(tc->frozen));
   cJSON_AddNumberToObject(t, "lora_rank", tc->lora_rank);
@@ -71,6 +74,31 @@ static void fill_tokens(int32_t *tok, int32_t *tgt, int64_t B, int64_t T, int64_
     for (int64_t t = 0; t < T; t++) tgt[b * T + t] = t + 1 < T ? tok[b * T + t + 1] : -1;
 }
 
+/* The rung as the peer runs it (k parsed at env->scale, one fixed batch and length: a fixed
+ * length above the limit raises it, as the run does); *skip: NULL, or why no CPU peer runs it. */
+static vl_status peer_rung(vl_case_env *env, const vl_knobs *k, vl_llm_rung *r, int64_t *B, int64_t *T,
+                           const char **skip) {
+  VL_TRY(vl_llm_parse_rung(env, env->scale, k, r));
+  *skip = r->model.tc.frozen == VL_NF4 ? "an NF4 base (QLoRA) needs bitsandbytes on a GPU"
+          : r->batch == 0             ? "batch = max is compared only at a fixed batch"
+                                      : NULL;
+  *B = r->batch;
+  *T = r->run_seq > 0 ? r->run_seq : r->model.mc.seq;
+  if (*T > r->model.mc.seq) r->model.mc.seq = *T;
+  return VL_OK;
+}
+
+vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, cJSON *out) {
+  vl_llm_rung r;
+  int64_t B, T;
+  const char *skip;
+  VL_TRY(peer_rung(env, k, &r, &B, &T, &skip));
+  cJSON_AddStringToObject(out, "script", kind.script);
+  if (skip) cJSON_AddStringToObject(out, "not_measured", skip);
+  else cJSON_AddItemToObject(out, "config", setup_json(&r, env->device, threads, B, T));
+  return VL_OK;
+}
+
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
                               cJSON *o) {
   const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(rung, "name"));
@@ -80,17 +108,14 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   const char *variant = half_variant(env, &k, hello, &s);
   VL_TRY(s);
   vl_llm_rung r;
-  VL_TRY(vl_llm_parse_rung(env, env->scale, &k, &r));
-  const char *skip = r.model.tc.frozen == VL_NF4 ? "an NF4 base (QLoRA) needs bitsandbytes on a GPU"
-                     : r.batch == 0            ? "batch = max is compared only at a fixed batch"
-                                               : NULL;
+  int64_t B, T;
+  const char *skip;
+  VL_TRY(peer_rung(env, &k, &r, &B, &T, &skip));
   if (skip) {
     cJSON_AddStringToObject(o, "rung", name);
     cJSON_AddStringToObject(o, "not_measured", skip);
     return VL_OK;
   }
-  int64_t B = r.batch, T = r.run_seq > 0 ? r.run_seq : r.model.mc.seq;
-  if (T > r.model.mc.seq) r.model.mc.seq = T; /* as the run: a fixed length above the limit raises it */
   vl_step_spec spec = vl_llm_step_spec(&r, B, T);
   vl_ctx *c;
   s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));

@@ -9,6 +9,9 @@
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
  * when PyTorch is not there or fails (VL_OK: never a failure of the bench). */
 vl_status vl_llm_peers(vl_case_env *env, cJSON *res);
+/* The case's peer_config hook (kit/case.h): the rung's setup for tools/peers/llm_lora_peer.py,
+ * or why no CPU peer runs it (an NF4 base, batch = max). */
+vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, cJSON *out);
 /* "## PyTorch side by side" of the report. */
 void vl_llm_peers_report(const cJSON *res, FILE *md);
 

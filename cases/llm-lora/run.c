@@ -107,6 +107,9 @@ static vl_status llm_settings(vl_case_env *env, const vl_llm_rung *r, char *buf,
   e |= vl_ckpt_setting(buf, n, "seq", "%lld", (long long)mc->seq);
   e |= vl_ckpt_setting_f32(buf, n, "rope_theta", mc->rope_theta);
   e |= vl_ckpt_setting_f32(buf, n, "rms_norm_eps", mc->norm_eps);
+  /* recorded when set only: the checkpoints of the families before them stay readable */
+  if (mc->tie_embed) e |= vl_ckpt_setting(buf, n, "tie_word_embeddings", "%s", "true");
+  if (mc->qkv_bias) e |= vl_ckpt_setting(buf, n, "qkv_bias", "%s", "true");
   e |= vl_ckpt_setting(buf, n, "compute", "%s", vl_dtype_name(tc->compute));
   e |= vl_ckpt_setting(buf, n, "frozen", "%s", vl_dtype_name(tc->frozen));
   e |= vl_ckpt_setting(buf, n, "lora_rank", "%d", tc->lora_rank);

@@ -123,6 +123,7 @@ const vl_case vl_case_seg_ckpt = {
     .run = vl_segcase_run,
     .resumable = true, /* --save-every / --resume (run.c) */
     .extra = seg_extra,
+    .peer_config = vl_segcase_peer_config,
     .method = "Memory, FLOPs, fit, largest batch and the memory-vs-batch line are **planned at full "
               "scale** (512x512 images, torchvision-exact ResNet-101 encoder, U-Net decoder) by the "
               "plan backend, which runs a training step's exact allocation sequence through the "

@@ -54,6 +54,17 @@ static cJSON *setup_json(const vl_segrung *r, vl_device dev, int threads, int64_
   return s;
 }
 
+static const char fixed_only[] = "batch = max is compared only at a fixed batch";
+
+vl_status vl_segcase_peer_config(vl_case_env *env, const vl_knobs *k, int threads, cJSON *out) {
+  vl_segrung r;
+  VL_TRY(vl_segrung_parse(env, env->scale, k, &r));
+  cJSON_AddStringToObject(out, "script", kind.script);
+  if (r.batch == 0) cJSON_AddStringToObject(out, "not_measured", fixed_only);
+  else cJSON_AddItemToObject(out, "config", setup_json(&r, env->device, threads, r.batch));
+  return VL_OK;
+}
+
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
                               cJSON *o) {
   const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(rung, "name"));
@@ -66,7 +77,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   VL_TRY(vl_segrung_parse(env, env->scale, &k, &r));
   if (r.batch == 0) {
     cJSON_AddStringToObject(o, "rung", name);
-    cJSON_AddStringToObject(o, "not_measured", "batch = max is compared only at a fixed batch");
+    cJSON_AddStringToObject(o, "not_measured", fixed_only);
     return VL_OK;
   }
   const vl_resunet_cfg *mc = &r.model.mc;

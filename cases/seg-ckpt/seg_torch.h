@@ -9,6 +9,9 @@
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
  * when PyTorch is not there or fails (VL_OK: never a failure of the bench). */
 vl_status vl_segcase_peers(vl_case_env *env, cJSON *res);
+/* The case's peer_config hook (kit/case.h): the rung's setup for tools/peers/seg_peer.py, or
+ * why no peer runs it (batch = max). */
+vl_status vl_segcase_peer_config(vl_case_env *env, const vl_knobs *k, int threads, cJSON *out);
 /* "## PyTorch side by side" of the report. */
 void vl_segcase_peers_report(const cJSON *res, FILE *md);
 

@@ -54,6 +54,7 @@ struct vl_mistral {
   vl_train_cfg tc;
   vl_param *params; int n_params;
   int p_embed, p_normf, p_head, p_layer0;
+  int p_bias0;        // qkv_bias: layer l's q, k, v biases at p_bias0 + 3 l + {0, 1, 2}
   vl_tensor *res;     // L+1 tensors (R, C): the residual stream, res[l] is layer l's input
   layer_acts *acts;   // L: each layer's activations
   step_tensors step;  // the micro-batch's own tensors
@@ -67,11 +68,11 @@ int vl_mistral_preset(const char *scale, vl_mistral_cfg *o) {
   o->rope_theta = 10000.0f;
   o->norm_eps = 1e-5f;
   if (!strcasecmp(scale, "full")) {
-    *o = (vl_mistral_cfg){32000, 4096, 32, 32, 8, 128, 14336, 512, 10000.0f, 1e-5f};
+    *o = (vl_mistral_cfg){32000, 4096, 32, 32, 8, 128, 14336, 512, 10000.0f, 1e-5f, 0, 0};
   } else if (!strcasecmp(scale, "small")) {
-    *o = (vl_mistral_cfg){4096, 256, 4, 8, 2, 32, 896, 128, 10000.0f, 1e-5f};
+    *o = (vl_mistral_cfg){4096, 256, 4, 8, 2, 32, 896, 128, 10000.0f, 1e-5f, 0, 0};
   } else if (!strcasecmp(scale, "tiny")) {
-    *o = (vl_mistral_cfg){256, 64, 2, 4, 2, 16, 128, 32, 10000.0f, 1e-5f};
+    *o = (vl_mistral_cfg){256, 64, 2, 4, 2, 16, 128, 32, 10000.0f, 1e-5f, 0, 0};
   } else {
     return -1;
   }
@@ -98,6 +99,12 @@ static vl_param *layer_param(vl_mistral *m, int64_t l, int slot) {
  * (out, r). */
 static vl_param *linear_param(vl_mistral *m, int64_t l, int lin, int which) {
   return layer_param(m, l, P_LIN0 + lin * 3 + which);
+}
+
+/* The bias of linear `lin` of layer l: q, k and v under qkv_bias; NULL otherwise. */
+static vl_param *bias_param(vl_mistral *m, int64_t l, int lin) {
+  if (!m->mc.qkv_bias || lin > LV) return NULL;
+  return &m->params[m->p_bias0 + l * 3 + lin];
 }
 
 static bool lora_on(const vl_mistral *m, int lin) {
@@ -168,7 +175,7 @@ static vl_status build_params(vl_mistral *m, uint64_t seed) {
    * fine-tune; frozen under LoRA, in the base dtype (or compute dtype when it is nf4). */
   vl_dtype other = full ? tc->compute : (tc->frozen == VL_NF4 ? tc->compute : tc->frozen);
   vl_dtype base = full ? tc->compute : tc->frozen;
-  m->n_params = 3 + (int)mc->n_layers * PER_LAYER;
+  m->n_params = 3 + (int)mc->n_layers * (PER_LAYER + (mc->qkv_bias ? 3 : 0));
   m->params = calloc((size_t)m->n_params, sizeof(vl_param));
   if (!m->params) return vl_fail(c, VL_ERR_OOM, "param table");
   vl_rng rng;
@@ -177,6 +184,7 @@ static vl_status build_params(vl_mistral *m, uint64_t seed) {
   m->p_layer0 = 1;
   m->p_normf = 1 + (int)mc->n_layers * PER_LAYER;
   m->p_head = m->p_normf + 1;
+  m->p_bias0 = m->p_head + 1;
   VL_TRY(vl_param_alloc(c, &m->params[m->p_embed], "embed", mc->vocab, mc->dim, other, full));
   VL_TRY(init_param(m, &m->params[m->p_embed], 0, &rng));
   char nm[48];
@@ -192,6 +200,12 @@ static vl_status build_params(vl_mistral *m, uint64_t seed) {
       snprintf(nm, sizeof nm, "l%lld.%s", (long long)l, lin_name[lin]);
       VL_TRY(vl_param_alloc(c, linear_param(m, l, lin, 0), nm, o, i, base, full));
       VL_TRY(init_param(m, linear_param(m, l, lin, 0), 0, &rng));
+      vl_param *b = bias_param(m, l, lin);
+      if (b) { /* as the weight: trainable in a full fine-tune, else frozen (PEFT's bias="none") */
+        snprintf(nm, sizeof nm, "l%lld.%s.bias", (long long)l, lin_name[lin]);
+        VL_TRY(vl_param_alloc(c, b, nm, 1, o, other, full));
+        VL_TRY(init_param(m, b, 3, &rng)); /* zero, as transformers initialises a Linear's bias */
+      }
       if (lora_on(m, lin)) {
         int64_t r = tc->lora_rank;
         snprintf(nm, sizeof nm, "l%lld.%s.lora_A", (long long)l, lin_name[lin]);
@@ -205,8 +219,10 @@ static vl_status build_params(vl_mistral *m, uint64_t seed) {
   }
   VL_TRY(vl_param_alloc(c, &m->params[m->p_normf], "norm", 1, mc->dim, other, full));
   VL_TRY(init_param(m, &m->params[m->p_normf], 1, &rng));
-  VL_TRY(vl_param_alloc(c, &m->params[m->p_head], "lm_head", mc->vocab, mc->dim, other, full));
-  VL_TRY(init_param(m, &m->params[m->p_head], 0, &rng));
+  if (!mc->tie_embed) { /* tied: the slot stays empty and the head reads the embedding */
+    VL_TRY(vl_param_alloc(c, &m->params[m->p_head], "lm_head", mc->vocab, mc->dim, other, full));
+    VL_TRY(init_param(m, &m->params[m->p_head], 0, &rng));
+  }
   for (int i = 0; i < m->n_params; i++)
     if (m->params[i].trainable) VL_TRY(vl_param_alloc_optim(c, &m->params[i], &tc->optim));
   return VL_OK;
@@ -271,6 +287,9 @@ static vl_status lin_fwd(vl_mistral *m, int64_t l, int lin, vl_tensor *y, const 
   int64_t N, K;
   lin_shape(&m->mc, lin, &N, &K);
   VL_TRY(vl_linear_fwd(m->c, y, x, &linear_param(m, l, lin, 0)->w, R, K, N, beta));
+  const vl_param *b = bias_param(m, l, lin);
+  if (b)
+    VL_TRY(vl_bias_fwd_run(m->c, &(vl_bias_fwd_args){.y = y, .b = &b->w, .outer = R, .C = N, .inner = 1}));
   if (!lora_on(m, lin)) return VL_OK;
   int64_t r = m->tc.lora_rank;
   float lora_scale = m->tc.lora_alpha / (float)r;
@@ -291,6 +310,12 @@ static vl_status lin_bwd(vl_mistral *m, int64_t l, int lin, vl_tensor *dx, const
   if (W->trainable) {
     VL_TRY(vl_linear_bwd_w(m->c, &W->grad, dy, x, R, K, N, 1.0f));
     vl_grad_ready(m->c, W);
+  }
+  vl_param *b = bias_param(m, l, lin);
+  if (b && b->trainable) {
+    VL_TRY(vl_bias_bwd_run(m->c, &(vl_bias_bwd_args){.db = &b->grad, .dy = dy, .outer = R, .C = N, .inner = 1,
+                                                     .accumulate = true}));
+    vl_grad_ready(m->c, b);
   }
   VL_TRY(vl_linear_bwd_x(m->c, dx, dy, &W->w, R, K, N, beta));
   if (!lora_on(m, lin)) return VL_OK;
@@ -535,7 +560,7 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   /* head: final norm, logits, fused cross-entropy (logits become dlogits in place) */
   VL_TRY(alloc2(m, &step->lnf, VL_MEM_ACTS, R, C));
   VL_TRY(alloc_f32(m, &step->rstdf, VL_MEM_ACTS, R));
-  vl_param *NF = &m->params[m->p_normf], *HW = &m->params[m->p_head];
+  vl_param *NF = &m->params[m->p_normf], *HW = mc->tie_embed ? E : &m->params[m->p_head];
   VL_TRY(vl_rmsnorm_fwd_run(c, &(vl_rmsnorm_fwd_args){.out = &step->lnf, .rstd = &step->rstdf,
                                                      .x = &m->res[L], .w = &NF->w, .R = R, .C = C,
                                                      .eps = mc->norm_eps}));
@@ -555,9 +580,9 @@ static vl_status micro_fwd_bwd(vl_mistral *m, const vl_mistral_batch *b, float d
   }
   tensor_free(m, &step->loss);
   VL_TRY(alloc2(m, &step->dlnf, VL_MEM_TEMP, R, C));
-  if (HW->trainable) {
+  if (HW->trainable) { /* tied: the head's share of the embedding's gradient, ready after the embedding's */
     VL_TRY(vl_linear_bwd_w(c, &HW->grad, &step->logits, &step->lnf, R, C, V, 1.0f));
-    vl_grad_ready(c, HW);
+    if (!mc->tie_embed) vl_grad_ready(c, HW);
   }
   VL_TRY(vl_linear_bwd_x(c, &step->dlnf, &step->logits, &HW->w, R, C, V, 0.0f));
   tensor_free(m, &step->logits);

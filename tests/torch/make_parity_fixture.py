@@ -43,7 +43,20 @@ Binary format (little-endian throughout), version 1:
   float64   loss
   char[8]   end marker "VLPAREND"
 
-Usage: python3 tests/torch/make_parity_fixture.py [output path]
+Families (--family; version 2 of the format): the same weights, batch and checks through
+the real transformers class instead of the reference above, in float64, attention "eager",
+logits from the model and the same mean cross-entropy over targets != -1:
+  llama32  LlamaForCausalLM, tie_word_embeddings true (Llama 3.2 1B/3B): no lm_head record;
+           the embedding (drawn at the head's std, 0.15) is the head, its gradient the sum
+           of its two uses
+           -> tests/fixtures/llama32_parity.bin
+  qwen2    Qwen2ForCausalLM, tied as the small Qwen2.5 and with its q/k/v biases (drawn
+           N(0, 0.1), so a missing bias moves the loss) -> tests/fixtures/qwen2_parity.bin
+Version 2 adds, after norm_eps: int32 tie_embed, int32 qkv_bias; the records are the C
+model's table order: as version 1 without lm_head when tied, then per layer
+l{l}.q.bias, l{l}.k.bias, l{l}.v.bias (1, out) when qkv_bias.
+
+Usage: python3 tests/torch/make_parity_fixture.py [--family llama32|qwen2] [output path]
 Deterministic: the same torch version writes the same bytes. Before writing, the script
 checks that deliberately wrong conventions (interleaved RoPE pairs, reversed rotation,
 theta^(i/D) frequencies, no RoPE, tiled GQA head mapping, 1/D attention scale, RMSNorm
@@ -187,6 +200,70 @@ def forward(P, tokens, targets, variant=None):
                            ignore_index=-1, reduction="mean")
 
 
+FAMILIES = {"llama32": dict(tie=True, bias=False, out="llama32_parity.bin"),
+            "qwen2": dict(tie=True, bias=True, out="qwen2_parity.bin")}
+
+
+def family_model(family, params):
+    """The transformers class of `family` at CFG's sizes in float64, holding params (the C
+    model's names) and, for qwen2, random q/k/v biases (added to params)."""
+    import inspect
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    c, fam = CFG, FAMILIES[family]
+    Config, Model = (Qwen2Config, Qwen2ForCausalLM) if fam["bias"] else (LlamaConfig, LlamaForCausalLM)
+    kw = dict(vocab_size=c["vocab"], hidden_size=c["dim"], intermediate_size=c["ffn"], num_hidden_layers=c["n_layers"],
+              num_attention_heads=c["n_heads"], num_key_value_heads=c["n_kv_heads"], head_dim=c["head_dim"],
+              hidden_act="silu", max_position_embeddings=c["seq"], rms_norm_eps=NORM_EPS,
+              tie_word_embeddings=fam["tie"], use_cache=False, attention_dropout=0.0)
+    if "rope_parameters" in inspect.signature(Config.__init__).parameters:  # transformers >= 5
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": ROPE_THETA}
+    else:
+        kw["rope_theta"] = ROPE_THETA
+    model = Model._from_config(Config(**kw), attn_implementation="eager", dtype=torch.float64)
+    hf = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}
+    sub = {"norm1": "input_layernorm.weight", "norm2": "post_attention_layernorm.weight",
+           "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+           "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+           "down": "mlp.down_proj.weight", "q.bias": "self_attn.q_proj.bias", "k.bias": "self_attn.k_proj.bias",
+           "v.bias": "self_attn.v_proj.bias"}
+    if fam["tie"]:  # the embedding is the head too: at the head's scale (std 0.15), not 1
+        params = [(n, f32(w * 0.15) if n == "embed" else w) for n, w in params if n != "lm_head"]
+    if fam["bias"]:
+        gen = torch.Generator().manual_seed(SEED + 1)
+        H, KVH, D = c["n_heads"], c["n_kv_heads"], c["head_dim"]
+        for l in range(c["n_layers"]):
+            for n, out in (("q", H * D), ("k", KVH * D), ("v", KVH * D)):
+                params.append((f"l{l}.{n}.bias", f32(0.1 * torch.randn(1, out, generator=gen, dtype=torch.float64))))
+    sd, keys = model.state_dict(), []
+    for n, w in params:
+        layer, _, rest = n[1:].partition(".")
+        key = hf[n] if n in hf else f"model.layers.{layer}.{sub[rest]}"
+        assert sd[key].numel() == w.numel(), (n, key)
+        sd[key] = w.reshape(sd[key].shape)
+        keys.append((n, key))
+    model.load_state_dict(sd)
+    if fam["tie"]:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model, keys
+
+
+def family_loss(model, tokens, targets, drop_bias=False):
+    F = torch.nn.functional
+    if drop_bias:  # the discrimination check: the same model without its q/k/v biases
+        saved = {}
+        for n, p in model.named_parameters():
+            if n.endswith("_proj.bias"):
+                saved[n] = p.detach().clone()
+                p.data.zero_()
+    logits = model(input_ids=tokens.long()).logits
+    loss = F.cross_entropy(logits.reshape(-1, CFG["vocab"]), targets.reshape(-1).long(), ignore_index=-1)
+    if drop_bias:
+        for n, p in model.named_parameters():
+            if n in saved:
+                p.data.copy_(saved[n])
+    return loss
+
+
 def pack_f32(t):
     flat = t.detach().to(torch.float32).reshape(-1).tolist()
     return struct.pack(f"<{len(flat)}f", *flat)
@@ -194,33 +271,59 @@ def pack_f32(t):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests", "fixtures",
-                                                             "mistral_parity.bin")
+    argv = sys.argv[1:]
+    family = None
+    if argv[:1] == ["--family"]:
+        family, argv = argv[1], argv[2:]
+        assert family in FAMILIES, f"--family: one of {sorted(FAMILIES)}"
+    out = argv[0] if argv else os.path.join(root, "tests", "fixtures",
+                                            FAMILIES[family]["out"] if family else "mistral_parity.bin")
     torch.use_deterministic_algorithms(True)
     gen = torch.Generator().manual_seed(SEED)
     params = make_params(gen)
     tokens, targets = make_batch(gen)
-    for _, w in params:
-        w.requires_grad_(True)
-    loss = forward(dict(params), tokens, targets)
-    loss.backward()
+    if family:
+        model, keys = family_model(family, params)
+        with torch.no_grad():  # the family's mark: its loss moves without it
+            base = family_loss(model, tokens, targets).item()
+            if FAMILIES[family]["bias"]:
+                rel = abs(family_loss(model, tokens, targets, drop_bias=True).item() - base) / base
+                print(f"  without the q/k/v biases: loss rel diff {rel:.3e}")
+                assert rel > 1e-3
+        loss = family_loss(model, tokens, targets)
+        loss.backward()
+        params = []
+        for n, key in keys:  # each record: the model's own parameter and its gradient, (rows, cols)
+            p = model.get_parameter(key)
+            w = p.detach().clone().reshape(1, -1) if p.dim() == 1 else p.detach().clone()
+            w.grad = p.grad.reshape(w.shape)
+            params.append((n, w))
+        version, flags = 2, (int(FAMILIES[family]["tie"]), int(FAMILIES[family]["bias"]))
+    else:
+        for _, w in params:
+            w.requires_grad_(True)
+        loss = forward(dict(params), tokens, targets)
+        loss.backward()
+        version, flags = 1, None
 
     # The fixture must discriminate: every plausible convention mistake has to move the loss
     # far beyond the C test's tolerance (rel 1e-5 on the loss).
     P = {n: w.detach() for n, w in params}
     with torch.no_grad():
-        for v in WRONG_VARIANTS:
+        for v in WRONG_VARIANTS if not family else []:
             rel = abs(forward(P, tokens, targets, v).item() - loss.item()) / loss.item()
             print(f"  wrong variant {v:18s}: loss rel diff {rel:.3e}")
             assert rel > 1e-3, f"the fixture cannot tell the {v} variant from the real model"
 
     buf = bytearray()
     buf += b"VLPARITY"
-    buf += struct.pack("<II", 1, len(params))
+    buf += struct.pack("<II", version, len(params))
     c = CFG
     buf += struct.pack("<8q", c["vocab"], c["dim"], c["n_layers"], c["n_heads"], c["n_kv_heads"],
                        c["head_dim"], c["ffn"], c["seq"])
     buf += struct.pack("<ff", ROPE_THETA, NORM_EPS)
+    if flags:
+        buf += struct.pack("<ii", *flags)
     buf += struct.pack("<qq", B, T)
     buf += struct.pack(f"<{B * T}i", *tokens.reshape(-1).tolist())
     buf += struct.pack(f"<{B * T}i", *targets.reshape(-1).tolist())

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch peer of the llm-lora step: Hugging Face's MistralForCausalLM with the engine's
 dimensions (the case passes them: vocab, dim, layers, heads, kv_heads, head_dim, ffn,
-rope_theta, norm_eps), SDPA attention, no sliding window (the engine attends over the whole
-causal window), untied head, no biases; the rung's dtypes (fp32; fp16/bf16 as autocast with
+rope_theta, norm_eps; tie_embed and qkv_bias for the families of --model-config: a tied
+head, and Qwen2ForCausalLM for q/k/v biases), SDPA attention, no sliding window (the engine
+attends over the whole causal window); the rung's dtypes (fp32; fp16/bf16 as autocast with
 fp32 master weights, GradScaler for fp16; a LoRA base stored in the frozen dtype), PEFT LoRA
 on the same linears with the same rank and alpha (no dropout), per-layer gradient
 checkpointing when the rung has it, the rung's optimizer (AdamW, SGD, Adafactor) with the
@@ -26,21 +27,30 @@ TARGETS = {"qkvo": ["q_proj", "k_proj", "v_proj", "o_proj"],
 
 
 def mistral_config(m, seq):
-    from transformers import MistralConfig
+    """The model's transformers config: Mistral's (Llama's is the same network without a
+    sliding window); Qwen2's when the case says qkv_bias (q/k/v biases); tie_embed: the
+    head is the embedding (Llama 3.2, the small Qwen2.5)."""
+    from transformers import MistralConfig, Qwen2Config
+    qwen2 = bool(m.get("qkv_bias"))
+    Config = Qwen2Config if qwen2 else MistralConfig
     kw = dict(vocab_size=m["vocab"], hidden_size=m["dim"], intermediate_size=m["ffn"],
               num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
               num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"], hidden_act="silu",
               max_position_embeddings=max(seq, 32), rms_norm_eps=m["norm_eps"], sliding_window=None,
-              tie_word_embeddings=False, use_cache=False, attention_dropout=0.0)
-    if "rope_parameters" in inspect.signature(MistralConfig.__init__).parameters:  # transformers >= 5
+              tie_word_embeddings=bool(m.get("tie_embed")), use_cache=False, attention_dropout=0.0)
+    if qwen2:
+        kw["use_sliding_window"] = False
+    if "rope_parameters" in inspect.signature(Config.__init__).parameters:  # transformers >= 5
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": m["rope_theta"]}
     else:
         kw["rope_theta"] = m["rope_theta"]
-    return MistralConfig(**kw)
+    return Config(**kw)
 
 
-def build(torch, mem, cfg):
-    from transformers import MistralForCausalLM
+def make(torch, mem, cfg):
+    """The step of cfg, built on cfg's device (model, optimizer, batch; st.micro the loss of
+    one micro-batch), nothing run: build() and tools/peers/memtracker_peer.py share it."""
+    from transformers import MistralForCausalLM, Qwen2ForCausalLM
     t = cfg["train"]
     if t["frozen"] == "nf4":
         raise ValueError("unsupported: an NF4 base (QLoRA) needs bitsandbytes on a GPU")
@@ -51,7 +61,8 @@ def build(torch, mem, cfg):
     st = peer_common.Stepper(torch, mem, cfg)
     dev = st.device
     with torch.device(dev):  # built where it trains: a 7B model initialised on a GPU, not the host
-        model = MistralForCausalLM._from_config(mistral_config(cfg["model"], cfg["seq"]), attn_implementation="sdpa")
+        Model = Qwen2ForCausalLM if cfg["model"].get("qkv_bias") else MistralForCausalLM
+        model = Model._from_config(mistral_config(cfg["model"], cfg["seq"]), attn_implementation="sdpa")
     if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16"):
         model = model.to(torch.float16 if t["frozen"] == "fp16" else torch.bfloat16)
     model = model.to(dev)
@@ -70,8 +81,13 @@ def build(torch, mem, cfg):
     x = torch.randint(0, cfg["model"]["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(dev)
     st.micro = lambda: model(input_ids=x, labels=x).loss
     st.model = model
-    ready = st.ready(model)
-    ready["tokens_per_step"] = cfg["batch"] * cfg["seq"] * t["accum"]
+    return st
+
+
+def build(torch, mem, cfg):
+    st = make(torch, mem, cfg)
+    ready = st.ready(st.model)
+    ready["tokens_per_step"] = cfg["batch"] * cfg["seq"] * cfg["train"]["accum"]
     return st, ready
 
 

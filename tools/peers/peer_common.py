@@ -144,28 +144,39 @@ class Stepper:
                              warmup_init=False)
         raise ValueError(f"optimizer {name}: the peer knows adamw, sgd and adafactor")
 
-    def one_step(self):
-        """accum micro-batches, unscale, clip, update, grads set to None (PyTorch's default)."""
+    def one_step(self, fake=False, each_micro=None):
+        """accum micro-batches, unscale, clip, update, grads set to None (PyTorch's default).
+        fake: on fake tensors (tools/peers/memtracker_peer.py), where no value can be read:
+        the loss is not summed (0 returned) and GradScaler's overflow check and scale update
+        are left out (the optimizer steps as after a step without overflow). each_micro: called
+        before each micro-batch (MemTracker's per-iteration module statistics)."""
         torch, accum = self.torch, self.cfg["train"]["accum"]
         loss_sum = 0.0
         for _ in range(accum):
+            if each_micro:
+                each_micro()
             if self.autocast:
                 with self.autocast():
                     loss = self.micro() / accum
             else:
                 loss = self.micro() / accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
-            loss_sum += float(loss.detach())
+            if not fake:
+                loss_sum += float(loss.detach())
         if self.scaler:
             self.scaler.unscale_(self.opt)
         clip = self.cfg["train"]["clip"]
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(self.trainable, clip)
-        if self.scaler:
+        if self.scaler and not fake:
             self.scaler.step(self.opt)
             self.scaler.update()
         else:
             self.opt.step()
+            if self.scaler:  # what update() ends with: the next step may unscale again
+                import collections
+                from torch.amp.grad_scaler import _refresh_per_optimizer_state
+                self.scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
         self.opt.zero_grad(set_to_none=True)
         return loss_sum
 

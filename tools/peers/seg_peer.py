@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "torch"))
 import peer_common  # noqa: E402
 
 
-def build(torch, mem, cfg):
+def make(torch, mem, cfg):
+    """The step of cfg, built on cfg's device (model, optimizer, batch; st.micro the loss of
+    one micro-batch), nothing run: build() and tools/peers/memtracker_peer.py share it."""
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint
     import make_resunet_fixture as fx  # the engine-parity model, sized by its module constants
@@ -57,8 +59,13 @@ def build(torch, mem, cfg):
     y = torch.randint(0, m["classes"], (cfg["batch"], m["image"], m["image"]), generator=g).to(st.device)
     st.micro = lambda: F.cross_entropy(net(x).float(), y)
     st.model = net
-    ready = st.ready(net)
-    ready["images_per_step"] = cfg["batch"] * t["accum"]
+    return st
+
+
+def build(torch, mem, cfg):
+    st = make(torch, mem, cfg)
+    ready = st.ready(st.model)
+    ready["images_per_step"] = cfg["batch"] * cfg["train"]["accum"]
     return st, ready
 
 

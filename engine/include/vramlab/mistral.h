@@ -1,6 +1,7 @@
 /* Mistral decoder (token embedding, RMSNorm, RoPE, grouped-query causal attention, SwiGLU,
- * untied LM head, cross-entropy; no biases) with LoRA/QLoRA, AMP, per-layer checkpointing,
- * gradient accumulation and clipping. One explicit step: forward allocates activations,
+ * LM head, cross-entropy) with LoRA/QLoRA, AMP, per-layer checkpointing, gradient
+ * accumulation and clipping; the Llama 3.2 and Qwen2 variants by two flags: a head tied to
+ * the embedding, biases on q, k and v. One explicit step: forward allocates activations,
  * backward frees them as it consumes them. */
 #ifndef VRAMLAB_MISTRAL_H
 #define VRAMLAB_MISTRAL_H
@@ -14,6 +15,12 @@ extern "C" {
 typedef struct {
   int64_t vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn, seq;
   float rope_theta, norm_eps;
+  /* tie_embed: the LM head is the embedding matrix (one parameter, held once; its gradient
+   * the sum of both uses: Llama 3.2 1B/3B, the small Qwen2.5). qkv_bias: q, k and v have
+   * biases (Qwen2), trainable or frozen as their weights, stored after the table's lm_head
+   * slot. Both 0: Mistral, Llama 3. (ints, not bools: no padding, so two configs compare
+   * bytewise.) */
+  int32_t tie_embed, qkv_bias;
 } vl_mistral_cfg;
 
 /* Presets: "full" = Mistral-7B-v0.1; "small", "tiny" keep the structure (GQA included). */
