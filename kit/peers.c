@@ -642,7 +642,7 @@ static void report_difference(const cJSON *o, FILE *md) {
 }
 
 void vl_peer_report(const cJSON *res, FILE *md, const vl_peer_kind *k, const char *notes) {
-  fprintf(md, "## PyTorch side by side\n\n");
+  fprintf(md, "### PyTorch side by side\n\n");
   const cJSON *pe = cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "peers"), *o;
   if (!cJSON_IsObject(pe)) {
     fprintf(md, "Not measured in this run: the comparison runs after the ladder (`vramlab bench`, or `vramlab "
