@@ -4,7 +4,9 @@ set terminal png size 800,480 noenhanced
 set output vl_png
 set title 'Throughput vs workers (best prefetch) and the decode-only ceiling (2 cores)'
 set xlabel 'num_workers'
-set ylabel 'images/s'
+set ylabel 'images/s (measured on this CPU)'
+set xtics 1
+set mxtics 1
 set grid
 set key bottom right
 set yrange [0:*]
