@@ -949,8 +949,11 @@ static void test_cli_sigint_saves(void **state) {
   vl_err err;
   snprintf(cmd, sizeof cmd,
            "cd '%s' && (%s/vramlab run llm-lora --device cpu --scale tiny --step lora --set steps=100000 "
-           "--set reps=1 --save-every 100000 --out cli-int --quiet >int.log 2>&1 & pid=$!; "
-           "sleep 3; kill -INT $pid; wait $pid; echo $? > int.rc)",
+           "--set reps=1 --save-every 100000 --out cli-int >int.log 2>&1 & pid=$!; "
+           /* Ctrl-C once steps are running (a progress line every 5 steps), not after a fixed
+            * sleep: on a loaded machine the start-up alone can take seconds */
+           "for i in $(seq 1200); do grep -q '  step ' int.log && break; sleep 0.1; done; "
+           "kill -INT $pid; wait $pid; echo $? > int.rc)",
            tu_tmp, VRAMLAB_BINARY_DIR);
   assert_int_equal(system(cmd), 0);
   snprintf(p, sizeof p, "%s/int.rc", tu_tmp);
