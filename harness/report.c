@@ -59,6 +59,25 @@ static bool hold_test(const vl_claim *c, double b, double a) {
   return after_ok && before_ok;
 }
 
+static bool overlaps(double lo1, double hi1, double lo2, double hi2) { return lo1 <= hi2 && lo2 <= hi1; }
+
+/* Whether some pair inside the spread (before in [blo, bhi], after in [alo, ahi]) passes the
+ * claim's test: the claim is reachable within the noise. */
+static bool reachable(const vl_claim *c, double blo, double bhi, double alo, double ahi) {
+  if (!strcmp(c->kind, "range")) return overlaps(alo, ahi, c->lo, c->hi);
+  if (!strcmp(c->kind, "ratio_range") || !strcmp(c->kind, "ratio")) {
+    if (!(blo > 0)) /* a ratio over a spread that reaches 0: its corners only */
+      return hold_test(c, bhi, alo) || hold_test(c, blo, ahi) || hold_test(c, blo, alo) || hold_test(c, bhi, ahi);
+    double rl = (alo >= 0 ? alo / bhi : alo / blo), rh = (ahi >= 0 ? ahi / blo : ahi / bhi);
+    if (!strcmp(c->kind, "ratio_range")) return overlaps(rl, rh, c->lo, c->hi);
+    double ar = c->article_after / c->article_before, t = c->tol * fabs(ar);
+    return overlaps(rl, rh, ar - t, ar + t);
+  }
+  double aa = c->article_after, ab = c->article_before;
+  double ta = (aa != 0 ? c->tol * fabs(aa) : c->tol) + 1e-12, tb = (ab != 0 ? c->tol * fabs(ab) : c->tol) + 1e-12;
+  return overlaps(alo, ahi, aa - ta, aa + ta) && (isnan(ab) || overlaps(blo, bhi, ab - tb, ab + tb));
+}
+
 /* A change from x to y: log(y/x) when both are > 0, else y - x; *lin tells which. */
 static double change(double x, double y, bool *lin) {
   if (x > 0 && y > 0) return log(y / x);
@@ -116,8 +135,7 @@ vl_judgement vl_judge_ev(const vl_claim *c, const vl_evidence *ev) {
   if (j.v != VL_INCONCLUSIVE) {
     if (hold_test(c, b, a))
       j = (vl_judgement){VL_HOLDS, ""};
-    else if (noisy && (hold_test(c, bhi, alo) || hold_test(c, blo, ahi) || hold_test(c, blo, alo) ||
-                       hold_test(c, bhi, ahi)))
+    else if (noisy && reachable(c, blo, bhi, alo, ahi))
       j = (vl_judgement){VL_INCONCLUSIVE, "the claim is inside the spread of the runs"};
     else if (isnan(cl) || isnan(m))
       j = (vl_judgement){VL_DOES_NOT_HOLD, ""};
@@ -754,6 +772,7 @@ static void suite_cell(FILE *md, const vl_claim *cl, const judged *r) {
 static void article_cell(FILE *md, const vl_claim *cl) {
   char x1[32], x2[32];
   if (!strcmp(cl->kind, "none")) fprintf(md, "—");
+  else if (!strcmp(cl->kind, "range") && cl->lo == cl->hi) fprintf(md, "%s", fmt_val(cl->lo, cl->unit, x1, sizeof x1));
   else if (!strcmp(cl->kind, "range"))
     fprintf(md, "%s–%s", fmt_val(cl->lo, cl->unit, x1, sizeof x1), fmt_val(cl->hi, cl->unit, x2, sizeof x2));
   else if (!strcmp(cl->kind, "ratio_range")) fprintf(md, "×%g–%g", cl->lo, cl->hi);

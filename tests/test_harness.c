@@ -226,6 +226,14 @@ static void test_verdict_noise(void **state) {
   assert_int_equal(vl_judge(&c, 1.0, 0.989), VL_DOES_NOT_HOLD);
   /* a median outside the range whose spread reaches it */
   assert_int_equal(judge_spread(&c, 1.0, 0.99, 1.01, 0.75, 0.68, 0.8), VL_INCONCLUSIVE);
+  /* a spread that holds the whole claimed range inside it (not only at its ends): a measured
+   * 1.94x in 1.46-2.1 against "1.8-1.9x" */
+  c = claim_of("range", NAN, NAN, 0, 1.8, 1.9);
+  c.basis = VL_BASIS_MEASURED;
+  assert_int_equal(judge_spread(&c, NAN, NAN, NAN, 1.94, 1.46, 2.1), VL_INCONCLUSIVE);
+  assert_int_equal(judge_spread(&c, NAN, NAN, NAN, 1.94, 1.92, 1.96), VL_DOES_NOT_HOLD);
+  c = claim_of("ratio_range", NAN, NAN, 0, 1.8, 1.9);
+  assert_int_equal(judge_spread(&c, 1.0, 0.9, 1.1, 1.5, 1.45, 2.2), VL_INCONCLUSIVE);
   c = claim_of("ratio", 1, 0.5, 0.1, NAN, NAN);
   assert_int_equal(judge_spread(&c, 1.0, 0.9, 1.1, 0.994, 0.95, 1.05), VL_INCONCLUSIVE);
   vl_evidence ev = {1.0, 0.994, 0.9, 1.1, 0.95, 1.05};
