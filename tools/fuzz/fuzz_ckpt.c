@@ -24,7 +24,8 @@ static const char settings[] = "lora_alpha=16\nseed=1\n";
 /* 1 layer of width 8, LoRA r=2 on q, k, v, o, fp16 AMP, AdamW: every kind of tensor slot
  * (frozen fp16 weights, fp32 masters, optimizer state) in a few KiB. */
 static void init(void) {
-  vl_mistral_model_cfg k = {{16, 8, 1, 2, 1, 4, 8, 8, 10000.0f, 1e-5f}, {0}};
+  vl_mistral_model_cfg k = {.mc = {.vocab = 16, .dim = 8, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                                    .head_dim = 4, .ffn = 8, .seq = 8, .rope_theta = 10000.0f, .norm_eps = 1e-5f}};
   vl_train_cfg_default(&k.tc);
   k.tc.compute = VL_F16;
   k.tc.frozen = VL_F16;
