@@ -75,6 +75,9 @@ static void usage(FILE *f) {
           "                                     at every scale (plan, run, bench, peer-config;\n"
           "                                     = --set model_config=FILE)\n"
           "  --json                             machine-readable output (plan, list)\n"
+          "  --mimic pytorch                    plan: also PyTorch's own step on the card (the\n"
+          "                                     mimic of its code path: max_memory_allocated,\n"
+          "                                     max_memory_reserved, fits, max batch; llm-lora)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
           "                                     steps (a per-operation table in results+report)\n"
@@ -89,7 +92,7 @@ static void usage(FILE *f) {
 }
 
 typedef struct {
-  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config, *resume;
+  const char *cmd, *case_id, *device, *scale, *step, *vram, *results, *out, *kind, *model_config, *resume, *mimic;
   const char *sets[32];
   int nsets, json, n, quiet, quality, size, classes, profile;
   int64_t seed, save_every, keep_last;
@@ -128,7 +131,7 @@ static int parse_args(int argc, char **argv, args *a) {
     a->size_given |= !strcmp(s, "--size");
     a->classes_given |= !strcmp(s, "--classes");
     OPT("--device", device) OPT("--scale", scale) OPT("--step", step) OPT("--vram", vram)
-    OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config) OPT("--resume", resume)
+    OPT("--results", results) OPT("--kind", kind) OPT("--model-config", model_config) OPT("--resume", resume) OPT("--mimic", mimic)
     if (!strcmp(s, "--out")) {
       if (!next || !*next) { fprintf(stderr, "vramlab: --out needs a value\n"); return -1; }
       a->out = next; a->out_given = 1; i++; continue;
@@ -246,6 +249,12 @@ static const vl_case *load_case(const args *a, vl_ladder *L) {
   return c;
 }
 
+static void plan_header(bool mimic) {
+  printf("%-10s %6s %9s %9s %9s %10s %9s %8s %5s %9s %6s%s\n", "step", "batch", "params", "trainable", "peak GB",
+         "weights GB", "acts GB", "TFLOP", "fits", "max batch", "OOM%",
+         mimic ? "  PyTorch: alloc GB  reserved GB  fits  max batch" : "");
+}
+
 static int cmd_plan(const args *a) {
   vl_ladder L;
   const vl_case *c = load_case(a, &L);
@@ -253,8 +262,12 @@ static int cmd_plan(const args *a) {
   vl_case_env env = {.scale = a->scale ? a->scale : "full", .device = VL_DEV_PLAN, .setting = &L.setting};
   cJSON *all = cJSON_CreateObject();
   int rc = 0;
-  if (!a->json) printf("%-10s %6s %9s %9s %9s %10s %9s %8s %5s %9s %6s\n", "step", "batch", "params",
-                       "trainable", "peak GB", "weights GB", "acts GB", "TFLOP", "fits", "max batch", "OOM%");
+  if (a->mimic && strcmp(a->mimic, "pytorch")) {
+    fprintf(stderr, "vramlab: --mimic %s: the one framework mimicked is pytorch\n", a->mimic);
+    cJSON_Delete(all);
+    return 2;
+  }
+  bool header = false;
   for (int i = 0; i < L.n_rungs; i++) {
     if (a->step && strcmp(a->step, L.rungs[i].name)) continue;
     cJSON *o = cJSON_CreateObject();
@@ -264,6 +277,15 @@ static int cmd_plan(const args *a) {
       rc = 1;
       break;
     }
+    cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
+    if (a->mimic && !pt) {
+      fprintf(stderr, "vramlab: --mimic pytorch: %s has no PyTorch mimic (llm-lora has)\n", c->id);
+      cJSON_Delete(o);
+      rc = 2;
+      break;
+    }
+    if (!a->json && !header) plan_header(a->mimic != NULL);
+    header = true;
     if (!a->json) {
       /* one row per rung; a metric the case does not plan shows as "-" */
       const struct { const char *key; double div; int w, prec; const char *suffix; } col[] = {
@@ -280,9 +302,18 @@ static int cmd_plan(const args *a) {
       cJSON *oom = cJSON_GetObjectItem(o, "oom_rate");
       printf(" %5s %9.0f", cJSON_IsTrue(cJSON_GetObjectItem(o, "fits")) ? "yes" : "no",
              cJSON_GetNumberValue(cJSON_GetObjectItem(o, "max_batch")));
-      if (cJSON_IsNumber(oom)) printf(" %5.0f%%\n", 100 * oom->valuedouble);
-      else printf(" %6s\n", "-");
+      if (cJSON_IsNumber(oom)) printf(" %5.0f%%", 100 * oom->valuedouble);
+      else printf(" %6s", "-");
+      if (a->mimic && cJSON_GetObjectItem(pt, "not_mimicked"))
+        printf("  %s", cJSON_GetStringValue(cJSON_GetObjectItem(pt, "not_mimicked")));
+      else if (a->mimic)
+        printf("  %17.2f %12.2f %5s %10.0f", cJSON_GetNumberValue(cJSON_GetObjectItem(pt, "max_allocated_bytes")) / 1e9,
+               cJSON_GetNumberValue(cJSON_GetObjectItem(pt, "max_reserved_bytes")) / 1e9,
+               cJSON_IsTrue(cJSON_GetObjectItem(pt, "fits")) ? "yes" : "no",
+               cJSON_GetNumberValue(cJSON_GetObjectItem(pt, "max_batch")));
+      printf("\n");
     }
+    if (!a->mimic) cJSON_DeleteItemFromObject(o, "pytorch");
     cJSON_DeleteItemFromObject(o, "timeline");
     cJSON_DeleteItemFromObject(o, "batch_curve");
     cJSON_AddItemToObject(all, L.rungs[i].name, o);
@@ -568,6 +599,10 @@ int main(int argc, char **argv) {
   /* an option that would change nothing is refused, not ignored: the user expects a table */
   if (a.profile && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {
     fprintf(stderr, "vramlab: --profile applies to run and bench only\n");
+    return 2;
+  }
+  if (a.mimic && strcmp(a.cmd, "plan")) {
+    fprintf(stderr, "vramlab: --mimic applies to plan only (run and bench record it in the plan of each rung)\n");
     return 2;
   }
   if ((a.save_every || a.resume || a.keep_last_given) && strcmp(a.cmd, "run") && strcmp(a.cmd, "bench")) {

@@ -1,0 +1,89 @@
+/* A plan that mimics PyTorch: the allocations and frees PyTorch's own training step makes,
+ * replayed without running it (`vramlab plan CASE --mimic pytorch`).
+ *
+ * The engine's plan answers for the engine's step. PyTorch's step keeps other tensors:
+ * autograd's saved inputs as each ATen op saves them, gradients created in backward and set
+ * to None by zero_grad, optimizer state created on the first step, autocast's casts and its
+ * weight cache, Hugging Face's fp32 upcast of the logits, the caching allocator's 512-byte
+ * blocks and segments. A mimic walks the framework's code path op by op over a storage-level
+ * autograd model (engine/mimic/tape.c: each op's outputs, what its backward formula saves and
+ * allocates, the reference that keeps a storage alive) and reports:
+ *   - peak_bytes: the highest sum of live storage bytes (exact nbytes: what PyTorch's
+ *     MemTracker and a malloc count on the CPU see), with categories at that moment;
+ *   - max_allocated / max_reserved: what torch.cuda.max_memory_allocated() and
+ *     max_memory_reserved() would read (the same events through the caching allocator's
+ *     rules, vramlab/cachealloc.h) for the CUDA device's code path.
+ * Learned from PyTorch itself: tools/peers/torch_trace.py records every op's allocations on
+ * fake tensors; tests/test_mimic.c compares the mimic with the committed traces. */
+#ifndef VRAMLAB_MIMIC_H
+#define VRAMLAB_MIMIC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vramlab/core.h"
+#include "vramlab/mistral.h"
+
+/* MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType), OTH holding the
+ * batch. */
+typedef enum { VL_MC_PARAM, VL_MC_BUFFER, VL_MC_GRAD, VL_MC_ACT, VL_MC_TEMP, VL_MC_OPT, VL_MC_OTH, VL_MC_N } vl_mimic_cat;
+const char *vl_mimic_cat_name(int cat);
+
+typedef enum {
+  VL_MIMIC_CPU,  /* PyTorch's CPU code path (single-tensor optimizer, SDPA's CPU kernel) */
+  VL_MIMIC_CUDA, /* its CUDA code path (foreach optimizer and clip) + the caching allocator */
+} vl_mimic_device;
+
+/* One event of the replay: bytes > 0 an allocation, < 0 a free; phase 'f' forward, 'b'
+ * backward, 'o' clip/optimizer/zero_grad. */
+typedef struct {
+  const char *op; /* the ATen op that allocated it (for a free: the op it was allocated by) */
+  char phase;
+  int64_t bytes;
+} vl_mimic_event;
+typedef void (*vl_mimic_sink)(void *user, const vl_mimic_event *e);
+
+typedef struct {
+  int64_t peak_bytes;          /* highest live bytes, everything counted (batch included) */
+  int64_t cat[VL_MC_N];        /* categories at that peak */
+  char peak_phase;             /* 'f', 'b' or 'o' */
+  char peak_op[48];            /* the op whose allocation made the peak */
+  int peak_step;               /* which traced step (0-based) */
+  int64_t base_bytes;          /* live before the first step: parameters, buffers, batch */
+  int64_t end_forward_bytes;   /* live at the end of the last step's (last micro-batch's) forward */
+  int64_t max_allocated;       /* CUDA: caching allocator's peak allocated (512-byte blocks) */
+  int64_t max_reserved;        /* CUDA: its peak reserved (segments) */
+  bool oom;                    /* CUDA with a capacity: the caching allocator ran out (the
+                                  peaks are those reached before it did) */
+  int64_t n_events;
+  double seconds;              /* the mimic's own time */
+} vl_mimic_result;
+
+/* Hugging Face's MistralForCausalLM (LlamaForCausalLM when there is no sliding window in
+ * play, Qwen2ForCausalLM with qkv_bias), SDPA attention, use_cache off, PEFT LoRA on the
+ * targets (lora_dropout 0, adapters in fp32), autocast for fp16/bf16 compute with GradScaler
+ * for fp16, the clip by global norm, AdamW or SGD, zero_grad(set_to_none=True): the step
+ * tools/peers/llm_lora_peer.py runs. `steps` steps (2: the first creates the optimizer's
+ * state, the peak is over both). traced: mirror what PyTorch does on fake tensors (the
+ * transformers causal mask is built explicitly and SDPA gets it, as MemTracker and
+ * torch_trace.py see); off: the real run's path (no mask tensor, is_causal).
+ * VL_ERR_UNSUPPORTED with a message in *why for what it does not mimic (an NF4 base,
+ * Adafactor). */
+typedef struct {
+  vl_mistral_model_cfg model;
+  int64_t batch, seq, accum;
+  int steps;
+  vl_mimic_device device;
+  bool traced;
+  /* CUDA: the bytes the caching allocator may reserve (the card less the CUDA context, or
+   * a per-process fraction); 0 unlimited. Past it the allocator frees its cached segments
+   * and retries, as PyTorch does, then reports out of memory (oom). */
+  uint64_t capacity;
+} vl_mimic_llm_cfg;
+/* The largest micro-batch (1..limit) whose mimicked CUDA step fits under cfg->capacity
+ * (cfg->batch ignored); 0 when batch 1 does not fit. */
+int64_t vl_mimic_llm_max_batch(const vl_mimic_llm_cfg *cfg, int64_t limit);
+vl_status vl_mimic_llm(const vl_mimic_llm_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
+                       char *why, size_t whyn);
+
+#endif

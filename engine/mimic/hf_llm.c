@@ -1,0 +1,485 @@
+/* The mimic of Hugging Face's causal-LM training step (vramlab/mimic.h: vl_mimic_llm): the
+ * code path of transformers 5 MistralForCausalLM / Qwen2ForCausalLM with SDPA, PEFT LoRA,
+ * torch.autocast + GradScaler, clip_grad_norm_, AdamW / SGD and zero_grad(set_to_none=True),
+ * written op by op as those Python files run it (the function names say which), over the
+ * storage-level autograd model of tape.c. What each line allocates was read off
+ * tools/peers/torch_trace.py's traces of that code on fake tensors (tests/fixtures/trace/). */
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "tape.h"
+#include "vramlab/cachealloc.h"
+
+typedef struct {
+  mt_id w, bias, a, b; /* base weight, its bias; LoRA A (r x in) and B (out x r) */
+  int64_t in, out;
+} lin;
+
+typedef struct {
+  lin q, k, v, o, gate, up, down;
+  mt_id in_norm, post_norm;
+} layer;
+
+typedef struct {
+  const vl_mimic_llm_cfg *c;
+  mt_tape *t;
+  int64_t B, T, D, H, KV, hd, F, V, r;
+  int pesz, aesz; /* the stored parameters' dtype size, the autocast dtype's (0: no autocast) */
+  float lora_scale;
+  bool lora, cuda;
+  mt_id embed, norm, head, inv_freq, batch;
+  layer *L;
+  mt_id *train; /* the trainable parameters in model.parameters() order */
+  int ntrain;
+  mt_id *state; /* optimizer state: (m, v) or (momentum) per trainable parameter */
+  bool has_state;
+  int64_t end_fwd;
+} prog;
+
+static int esz_of(vl_dtype d) { return d == VL_F32 ? 4 : 2; }
+
+static mt_id param(prog *p, int64_t numel, bool trainable) {
+  int esz = trainable && p->lora ? 4 : p->pesz;
+  mt_id x = mt_leaf(p->t, "param", numel, esz, VL_MC_PARAM, trainable);
+  if (trainable) p->train[p->ntrain++] = x;
+  return x;
+}
+
+static bool targeted(const prog *p, const char *name) {
+  if (!p->lora) return false;
+  if (p->c->model.tc.lora_targets == VL_LORA_ALL) return true;
+  return name[0] == 'q' || name[0] == 'k' || name[0] == 'v' || name[0] == 'o';
+}
+
+static lin linear_params(prog *p, const char *name, int64_t in, int64_t out, bool bias) {
+  lin l = {.in = in, .out = out};
+  bool full = !p->lora;
+  l.w = param(p, in * out, full);
+  if (bias) l.bias = param(p, out, full);
+  if (targeted(p, name)) {
+    l.a = param(p, p->r * in, true);
+    l.b = param(p, out * p->r, true);
+  }
+  return l;
+}
+
+static void build(prog *p) {
+  const vl_mistral_cfg *m = &p->c->model.mc;
+  bool qb = m->qkv_bias != 0;
+  p->embed = param(p, p->V * p->D, !p->lora);
+  for (int64_t i = 0; i < m->n_layers; i++) {
+    layer *y = &p->L[i];
+    y->q = linear_params(p, "q", p->D, p->H * p->hd, qb);
+    y->k = linear_params(p, "k", p->D, p->KV * p->hd, qb);
+    y->v = linear_params(p, "v", p->D, p->KV * p->hd, qb);
+    y->o = linear_params(p, "o", p->H * p->hd, p->D, false);
+    y->gate = linear_params(p, "gate", p->D, p->F, false);
+    y->up = linear_params(p, "up", p->D, p->F, false);
+    y->down = linear_params(p, "down", p->F, p->D, false);
+    y->in_norm = param(p, p->D, !p->lora);
+    y->post_norm = param(p, p->D, !p->lora);
+  }
+  p->norm = param(p, p->D, !p->lora);
+  p->head = m->tie_embed ? p->embed : param(p, p->V * p->D, !p->lora);
+  /* inv_freq and original_inv_freq */
+  p->inv_freq = mt_leaf(p->t, "buffer", p->hd, p->pesz, VL_MC_BUFFER, false);
+  p->batch = mt_leaf(p->t, "input_ids", p->B * p->T, 8, VL_MC_OTH, false);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* a binary op with PyTorch's type promotion (fp32 wins) */
+static mt_id bin(prog *p, const char *op, mt_bw bw, mt_id a, mt_id b) {
+  int64_t n = mt_numel(p->t, a) > mt_numel(p->t, b) ? mt_numel(p->t, a) : mt_numel(p->t, b);
+  int e = mt_esz(p->t, a) > mt_esz(p->t, b) ? mt_esz(p->t, a) : mt_esz(p->t, b);
+  return mt_op(p->t, op, bw, n, e, a, b, 0);
+}
+
+static void drop2(prog *p, mt_id a, mt_id b) {
+  mt_drop(p->t, a);
+  mt_drop(p->t, b);
+}
+
+/* F.linear under autocast: x and the weight cast to the autocast dtype (a weight that requires
+ * grad through the cache), then mm / addmm. Returns a new tensor; x keeps its reference. */
+static mt_id f_linear(prog *p, mt_id x, mt_id w, mt_id bias, int64_t rows, int64_t out) {
+  mt_tape *t = p->t;
+  bool ac = p->aesz != 0;
+  mt_id wc = ac ? mt_cast(t, w, p->aesz, true) : (mt_ref(t, w), w); /* the weight's cast first (traced) */
+  mt_id xc = ac ? mt_cast(t, x, p->aesz, true) : (mt_ref(t, x), x);
+  mt_id bc = bias ? (ac ? mt_cast(t, bias, p->aesz, true) : (mt_ref(t, bias), bias)) : 0;
+  mt_id y = mt_op(t, bias ? "addmm" : "mm", MT_BW_MM, rows * out, mt_esz(t, xc), xc, wc, bc);
+  mt_drop(t, xc);
+  mt_drop(t, wc);
+  mt_drop(t, bc);
+  return y;
+}
+
+/* peft.tuners.lora.layer.Linear.forward: result = base_layer(x); x cast to lora_A's dtype;
+ * result = result + lora_B(lora_A(x)) * scaling */
+static mt_id lora_linear(prog *p, mt_id x, const lin *l) {
+  mt_tape *t = p->t;
+  int64_t rows = p->B * p->T;
+  mt_id y = f_linear(p, x, l->w, l->bias, rows, l->out);
+  if (!l->a) return y;
+  mt_id x32 = mt_cast(t, x, 4, false); /* _cast_input_dtype: x.to(lora_A.weight.dtype) */
+  mt_id ya = f_linear(p, x32, l->a, 0, rows, p->r);
+  mt_drop(t, x32);
+  mt_id yb = f_linear(p, ya, l->b, 0, rows, l->out);
+  mt_drop(t, ya);
+  mt_id ys = mt_op(t, "mul", MT_BW_MULS, rows * l->out, mt_esz(t, yb), yb, 0, 0);
+  mt_drop(t, yb);
+  mt_id sum = bin(p, "add", MT_BW_ADD, y, ys);
+  drop2(p, y, ys);
+  return sum;
+}
+
+/* MistralRMSNorm.forward: h.to(fp32); h * rsqrt(h.pow(2).mean(-1) + eps); weight * h.to(dtype) */
+static mt_id rmsnorm(prog *p, mt_id h, mt_id w) {
+  mt_tape *t = p->t;
+  int in_esz = mt_esz(t, h);
+  int64_t n = mt_numel(t, h), rows = n / p->D;
+  mt_id h32 = mt_cast(t, h, 4, false);
+  mt_id sq = mt_op(t, "pow", MT_BW_POW2, n, 4, h32, 0, 0);
+  mt_id var = mt_op(t, "mean", MT_BW_MEAN, rows, 4, sq, 0, 0);
+  mt_drop(t, sq);
+  mt_id ve = mt_op(t, "add", MT_BW_ADD, rows, 4, var, 0, 0);
+  mt_drop(t, var);
+  mt_id rs = mt_op(t, "rsqrt", MT_BW_RSQRT, rows, 4, ve, 0, 0);
+  mt_drop(t, ve);
+  mt_id hn = bin(p, "mul", MT_BW_MUL, h32, rs);
+  drop2(p, h32, rs);
+  mt_id hc = mt_cast(t, hn, in_esz, false);
+  mt_drop(t, hn);
+  mt_id y = bin(p, "mul", MT_BW_MUL, w, hc);
+  mt_drop(t, hc);
+  return y;
+}
+
+/* apply_rotary_pos_emb for one of q, k: (x * cos) + (rotate_half(x) * sin); x is dropped */
+static mt_id rope(prog *p, mt_id x, mt_id cos, mt_id sin) {
+  mt_tape *t = p->t;
+  int64_t n = mt_numel(t, x);
+  mt_id xc = bin(p, "mul", MT_BW_MUL, x, cos);
+  mt_id x1 = mt_slice(t, x, n / 2), x2 = mt_slice(t, x, n / 2);
+  mt_id nx2 = mt_op(t, "neg", MT_BW_NEG, n / 2, mt_esz(t, x), x2, 0, 0);
+  mt_drop(t, x2);
+  mt_id rh = mt_op(t, "cat", MT_BW_CAT, n, mt_esz(t, x), nx2, x1, 0);
+  drop2(p, nx2, x1);
+  mt_id rs = bin(p, "mul", MT_BW_MUL, rh, sin);
+  mt_drop(t, rh);
+  mt_id y = bin(p, "add", MT_BW_ADD, xc, rs);
+  drop2(p, xc, rs);
+  mt_drop(t, x);
+  return y;
+}
+
+/* MistralAttention.forward + sdpa_attention_forward; h keeps its reference */
+static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, mt_id mask) {
+  mt_tape *t = p->t;
+  mt_id q = lora_linear(p, h, &y->q);
+  mt_id k = lora_linear(p, h, &y->k);
+  mt_id v = lora_linear(p, h, &y->v);
+  mt_noncontig_grad(t, q); /* .view(hidden_shape).transpose(1, 2) */
+  mt_noncontig_grad(t, k);
+  mt_noncontig_grad(t, v);
+  q = rope(p, q, cos, sin);
+  k = rope(p, k, cos, sin);
+  int64_t rep = p->H / p->KV, n = p->B * p->T * p->H * p->hd;
+  /* repeat_kv unless torch >= 2.5 on CUDA with no mask passes enable_gqa to SDPA */
+  if (rep > 1 && !(p->cuda && !mask)) {
+    mt_id k2 = mt_op(t, "clone", MT_BW_EXPAND, n, mt_esz(t, k), k, 0, 0);
+    mt_drop(t, k);
+    mt_id v2 = mt_op(t, "clone", MT_BW_EXPAND, n, mt_esz(t, v), v, 0, 0);
+    mt_drop(t, v);
+    k = k2;
+    v = v2;
+  }
+  if (p->aesz) { /* SDPA is an autocast op */
+    mt_id q2 = mt_cast(t, q, p->aesz, true), k2 = mt_cast(t, k, p->aesz, true), v2 = mt_cast(t, v, p->aesz, true);
+    drop2(p, q, k);
+    mt_drop(t, v);
+    q = q2, k = k2, v = v2;
+  }
+  mt_id fmask = 0;
+  if (mask) /* SDPA's CPU path turns the boolean mask into an additive one of q's dtype */
+    fmask = mt_temp(t, "where", p->B * p->T * p->T, mt_esz(t, q));
+  mt_id o = mt_sdpa(t, p->cuda ? "_scaled_dot_product_flash_attention" : "_scaled_dot_product_flash_attention_for_cpu",
+                    q, k, v, fmask, p->B * p->H * p->T);
+  drop2(p, q, k);
+  drop2(p, v, fmask);
+  mt_id out = lora_linear(p, o, &y->o);
+  mt_drop(t, o);
+  return out;
+}
+
+/* MistralMLP.forward: down(silu(gate(x)) * up(x)) */
+static mt_id mlp(prog *p, mt_id x, const layer *y) {
+  mt_tape *t = p->t;
+  mt_id g = lora_linear(p, x, &y->gate);
+  mt_id a = mt_op(t, "silu", MT_BW_SILU, mt_numel(t, g), mt_esz(t, g), g, 0, 0);
+  mt_drop(t, g);
+  mt_id u = lora_linear(p, x, &y->up);
+  mt_id au = bin(p, "mul", MT_BW_MUL, a, u);
+  drop2(p, a, u);
+  mt_id d = lora_linear(p, au, &y->down);
+  mt_drop(t, au);
+  return d;
+}
+
+/* MistralDecoderLayer.forward; h is dropped */
+static mt_id decoder_layer(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, mt_id mask) {
+  mt_tape *t = p->t;
+  mt_id x = rmsnorm(p, h, y->in_norm);
+  mt_id a = attention(p, x, y, cos, sin, mask);
+  mt_drop(t, x);
+  mt_id h2 = bin(p, "add", MT_BW_ADD, h, a);
+  drop2(p, h, a);
+  x = rmsnorm(p, h2, y->post_norm);
+  mt_id m = mlp(p, x, y);
+  mt_drop(t, x);
+  mt_id h3 = bin(p, "add", MT_BW_ADD, h2, m);
+  drop2(p, h2, m);
+  return h3;
+}
+
+/* MistralForCausalLM.forward(input_ids, labels) / accum (and * GradScaler's scale) */
+static mt_id forward(prog *p) {
+  mt_tape *t = p->t;
+  const vl_mistral_cfg *m = &p->c->model.mc;
+  mt_id h = mt_op(t, "embedding", MT_BW_EMBED, p->B * p->T * p->D, mt_esz(t, p->embed), p->embed, p->batch, 0);
+  mt_id mask = p->c->traced ? mt_temp(t, "bitwise_and", p->B * p->T * p->T, 1) : 0; /* create_causal_mask */
+  /* MistralRotaryEmbedding.forward (one row of positions, fp32): freqs = inv_freq @ positions,
+   * emb = cat(freqs, freqs), cos = emb.cos() * scaling, sin likewise; then .to(x.dtype) */
+  int64_t cs = p->T * p->hd;
+  mt_id freqs = mt_temp(t, "mul", cs / 2, 4), emb = mt_temp(t, "cat", cs, 4);
+  mt_id c0 = mt_temp(t, "cos", cs, 4), cos = mt_temp(t, "mul", cs, 4);
+  mt_drop(t, c0);
+  mt_id s0 = mt_temp(t, "sin", cs, 4), sin = mt_temp(t, "mul", cs, 4);
+  mt_drop(t, s0);
+  drop2(p, freqs, emb);
+  int xe = mt_esz(t, h);
+  if (xe != 4) {
+    mt_id c2 = mt_cast(t, cos, xe, false), s2 = mt_cast(t, sin, xe, false);
+    drop2(p, cos, sin);
+    cos = c2, sin = s2;
+  }
+  for (int64_t i = 0; i < m->n_layers; i++) h = decoder_layer(p, h, &p->L[i], cos, sin, mask);
+  drop2(p, cos, sin);
+  mt_drop(t, mask);
+  mt_id x = rmsnorm(p, h, p->norm);
+  mt_drop(t, h);
+  int64_t bt = p->B * p->T;
+  mt_id logits = f_linear(p, x, p->head, 0, bt, p->V);
+  mt_drop(t, x);
+  /* ForCausalLMLoss: logits.float(), labels padded and shifted, cross_entropy (mean) */
+  mt_id lf = mt_cast(t, logits, 4, false);
+  mt_id pad = mt_temp(t, "constant_pad_nd", p->B * (p->T + 1), 8);
+  mt_id shift = mt_temp(t, "clone", bt, 8);
+  mt_drop(t, pad);
+  mt_id ls = mt_op(t, "_log_softmax", MT_BW_LOGSOFTMAX, bt * p->V, 4, lf, 0, 0);
+  mt_drop(t, lf);
+  mt_id loss = mt_op(t, "nll_loss_forward", MT_BW_NLL, 1, 4, ls, shift, 0);
+  mt_id tw = mt_temp(t, "nll_loss_forward", 1, 4); /* total_weight */
+  drop2(p, tw, shift);
+  mt_drop(t, ls);
+  mt_drop(t, logits); /* the output's logits, dropped with the output once .loss is read */
+  mt_id l2 = mt_op(t, "div", MT_BW_MULS, 1, 4, loss, 0, 0); /* / accum */
+  mt_drop(t, loss);
+  return l2;
+}
+
+/* ---- clip, optimizer, zero_grad ------------------------------------------------------------ */
+
+static void clip(prog *p) {
+  mt_tape *t = p->t;
+  /* clip_grad_norm_: a norm per gradient (torch._foreach_norm on CUDA, vector_norm each on
+   * the CPU), their stack and its norm, the clip coefficient; gradients scaled in place */
+  mt_id norms[4096];
+  int n = p->ntrain < 4096 ? p->ntrain : 4096;
+  for (int i = 0; i < n; i++) norms[i] = mt_temp(t, "linalg_vector_norm", 1, 4);
+  mt_id st = mt_temp(t, "stack", n, 4), tot = mt_temp(t, "linalg_vector_norm", 1, 4);
+  mt_drop(t, st);
+  for (int i = 0; i < n; i++) mt_drop(t, norms[i]);
+  mt_id c = mt_temp(t, "clamp", 1, 4);
+  drop2(p, tot, c);
+}
+
+static void optimizer_step(prog *p) {
+  mt_tape *t = p->t;
+  const vl_train_cfg *tc = &p->c->model.tc;
+  bool sgd = tc->optim.opt == VL_OPT_SGD;
+  int per = sgd ? 1 : 2;
+  if (!p->has_state) { /* _init_group: state created on the first step */
+    for (int i = 0; i < p->ntrain; i++) {
+      mt_id w = p->train[i];
+      int64_t n = mt_numel(t, w);
+      if (!sgd && !p->cuda) (void)mt_leaf(t, "lift_fresh", 1, 4, VL_MC_OPT, false); /* step (host on CUDA) */
+      for (int j = 0; j < per; j++)
+        p->state[per * i + j] = mt_leaf(t, sgd ? "clone" : "zeros_like", n, mt_esz(t, w), VL_MC_OPT, false);
+    }
+    p->has_state = true;
+  }
+  if (sgd) return; /* momentum and the update in place */
+  if (p->cuda) { /* _multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) */
+    mt_id *s = p->state + 0;
+    mt_id tmp[8192];
+    int n = p->ntrain < 8192 ? p->ntrain : 8192;
+    for (int i = 0; i < n; i++) tmp[i] = mt_temp(t, "_foreach_sqrt", mt_numel(t, s[2 * i + 1]), mt_esz(t, s[2 * i + 1]));
+    for (int i = 0; i < n; i++) mt_drop(t, tmp[i]);
+    return;
+  }
+  /* _single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); the
+   * previous parameter's denom is freed when the name is rebound */
+  mt_id prev = 0;
+  for (int i = 0; i < p->ntrain; i++) {
+    mt_id v = p->state[2 * i + 1];
+    mt_id sq = mt_temp(t, "sqrt", mt_numel(t, v), mt_esz(t, v));
+    mt_id dv = mt_temp(t, "div", mt_numel(t, v), mt_esz(t, v));
+    mt_drop(t, sq);
+    mt_drop(t, prev);
+    prev = dv;
+  }
+  mt_drop(t, prev);
+}
+
+static void one_step(prog *p) {
+  mt_tape *t = p->t;
+  int64_t accum = p->c->accum;
+  for (int64_t a = 0; a < accum; a++) {
+    mt_phase(t, 'f');
+    mt_id loss = forward(p);
+    if (p->aesz) mt_autocast_exit(t);
+    p->end_fwd = mt_live(t);
+    mt_id root = loss;
+    if (p->c->model.tc.compute == VL_F16) { /* GradScaler.scale(loss) */
+      root = mt_op(t, "mul", MT_BW_MULS, 1, 4, loss, 0, 0);
+      mt_drop(t, loss);
+    }
+    mt_phase(t, 'b');
+    mt_backward(t, root);
+    mt_drop(t, root);
+  }
+  mt_phase(t, 'o');
+  if (p->c->model.tc.clip > 0) clip(p);
+  optimizer_step(p);
+  for (int i = 0; i < p->ntrain; i++) mt_grad_none(t, p->train[i]);
+}
+
+/* ---- the caching allocator's replay --------------------------------------------------------- */
+
+static vl_status replay_cuda(const mt_tape *t, uint64_t capacity, vl_mimic_result *r, char *why, size_t whyn) {
+  int64_t n;
+  const mt_ev *ev = mt_events(t, &n);
+  int32_t maxid = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (ev[i].id > maxid) maxid = ev[i].id;
+  vl_cachealloc *ca = NULL;
+  uint64_t *h = calloc((size_t)maxid + 1, sizeof *h);
+  vl_status st = h ? vl_cachealloc_create(&ca, capacity) : VL_ERR_OOM;
+  for (int64_t i = 0; st == VL_OK && i < n; i++) {
+    if (ev[i].id > 0)
+      st = vl_cachealloc_malloc(ca, (uint64_t)ev[i].bytes, &h[ev[i].id]);
+    else
+      vl_cachealloc_free(ca, h[-ev[i].id]);
+  }
+  if (st == VL_ERR_OOM && ca) { /* out of device memory: a result, not a failure */
+    r->oom = true;
+    st = VL_OK;
+  }
+  if (st == VL_OK) {
+    vl_ca_stats cs;
+    vl_cachealloc_stats(ca, &cs);
+    r->max_allocated = (int64_t)cs.allocated_peak;
+    r->max_reserved = (int64_t)cs.reserved_peak;
+  } else {
+    snprintf(why, whyn, "the caching allocator's replay failed (%s)", vl_status_name(st));
+  }
+  vl_cachealloc_destroy(ca);
+  free(h);
+  return st;
+}
+
+/* ---- entry ---------------------------------------------------------------------------------- */
+
+vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic_sink sink, void *user, char *why,
+                       size_t whyn) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  memset(out, 0, sizeof *out);
+  const vl_mistral_cfg *m = &c->model.mc;
+  const vl_train_cfg *tc = &c->model.tc;
+  if (tc->frozen == VL_NF4 && tc->lora_rank > 0) {
+    snprintf(why, whyn, "not mimicked: an NF4 base (bitsandbytes' Linear4bit code path)");
+    return VL_ERR_UNSUPPORTED;
+  }
+  if (tc->optim.opt == VL_OPT_ADAFACTOR) {
+    snprintf(why, whyn, "not mimicked: transformers' Adafactor");
+    return VL_ERR_UNSUPPORTED;
+  }
+  if (tc->checkpoint) {
+    snprintf(why, whyn, "not mimicked: torch.utils.checkpoint's recomputation");
+    return VL_ERR_UNSUPPORTED;
+  }
+  if (c->batch < 1 || c->seq < 1 || c->accum < 1 || c->steps < 1 || m->n_layers < 1 || m->n_kv_heads < 1) {
+    snprintf(why, whyn, "batch, seq, accum, steps, layers and kv heads must be >= 1");
+    return VL_ERR_INVALID;
+  }
+  prog p = {.c = c, .B = c->batch, .T = c->seq, .D = m->dim, .H = m->n_heads, .KV = m->n_kv_heads,
+            .hd = m->head_dim, .F = m->ffn, .V = m->vocab, .r = tc->lora_rank, .lora = tc->lora_rank > 0,
+            .cuda = c->device == VL_MIMIC_CUDA};
+  p.pesz = p.lora ? esz_of(tc->frozen) : 4;
+  p.aesz = tc->compute == VL_F32 ? 0 : 2;
+  p.lora_scale = p.lora ? tc->lora_alpha / (float)tc->lora_rank : 1.f;
+  int64_t max_train = 2 + m->n_layers * 24;
+  p.t = mt_new(sink, user);
+  p.L = calloc((size_t)m->n_layers, sizeof *p.L);
+  p.train = calloc((size_t)max_train, sizeof *p.train);
+  p.state = calloc((size_t)max_train * 2, sizeof *p.state);
+  vl_status st = VL_OK;
+  if (!p.t || !p.L || !p.train || !p.state) {
+    snprintf(why, whyn, "out of host memory");
+    st = VL_ERR_OOM;
+    goto done;
+  }
+  build(&p);
+  mt_result(p.t, out);
+  int64_t base = mt_live(p.t);
+  for (int s = 0; s < c->steps; s++) {
+    mt_step(p.t, s);
+    one_step(&p);
+  }
+  mt_result(p.t, out);
+  out->base_bytes = base;
+  out->end_forward_bytes = p.end_fwd;
+  if (p.cuda) st = replay_cuda(p.t, c->capacity, out, why, whyn);
+done:
+  mt_free(p.t);
+  free(p.L);
+  free(p.train);
+  free(p.state);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  return st;
+}
+
+const char *vl_mimic_cat_name(int cat) {
+  static const char *n[] = {"PARAM", "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH"};
+  return cat >= 0 && cat < VL_MC_N ? n[cat] : "?";
+}
+
+int64_t vl_mimic_llm_max_batch(const vl_mimic_llm_cfg *cfg, int64_t limit) {
+  vl_mimic_llm_cfg c = *cfg;
+  vl_mimic_result r;
+  char why[160];
+  int64_t lo = 0, hi = limit + 1; /* lo fits (0: nothing), hi does not */
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    c.batch = mid;
+    if (vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why) == VL_OK && !r.oom) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}

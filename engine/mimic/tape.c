@@ -1,0 +1,446 @@
+/* The mimic's autograd model over storages (tape.h). */
+#include "tape.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  int64_t numel, bytes;
+  const char *op;
+  int32_t refs, node, pend, grad, cast, base; /* grad: a leaf's .grad; cast: its autocast copy;
+                                                base: the storage a view keeps alive */
+  int8_t esz, cat, rg, alive, leaf, nc; /* nc: its gradient arrives non-contiguous (a transposed view) */
+} mt_t;
+
+typedef struct {
+  mt_bw bw;
+  const char *op;
+  mt_id in[4], saved[6], out;
+  int nin, nsaved;
+} mt_node;
+
+struct mt_tape {
+  mt_t *t;
+  int32_t nt, ct;
+  mt_node *n;
+  int32_t nn, cn;
+  mt_ev *ev;
+  int64_t nev, cev;
+  mt_id *casts; /* the autocast weight cache */
+  int32_t ncast, ccast;
+  vl_mimic_sink sink;
+  void *user;
+  char phase;
+  int step;
+  int64_t live, cat[VL_MC_N];
+  vl_mimic_result best;
+};
+
+static void *grow(void *p, size_t n, size_t sz) {
+  void *q = realloc(p, n * sz);
+  if (!q) {
+    fprintf(stderr, "vramlab: mimic: out of host memory\n");
+    abort();
+  }
+  return q;
+}
+
+mt_tape *mt_new(vl_mimic_sink sink, void *user) {
+  mt_tape *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->sink = sink;
+  t->user = user;
+  t->phase = 'f';
+  t->nt = 1; /* id 0 is none */
+  t->ct = 1024;
+  t->t = grow(NULL, (size_t)t->ct, sizeof(mt_t));
+  memset(&t->t[0], 0, sizeof(mt_t));
+  t->nn = 1;
+  t->cn = 1024;
+  t->n = grow(NULL, (size_t)t->cn, sizeof(mt_node));
+  return t;
+}
+
+void mt_free(mt_tape *t) {
+  if (!t) return;
+  free(t->t);
+  free(t->n);
+  free(t->ev);
+  free(t->casts);
+  free(t);
+}
+
+void mt_phase(mt_tape *t, char phase) { t->phase = phase; }
+void mt_step(mt_tape *t, int step) { t->step = step; }
+
+static void event(mt_tape *t, mt_id id, int64_t bytes, const char *op) {
+  if (t->nev == t->cev) {
+    t->cev = t->cev ? 2 * t->cev : 4096;
+    t->ev = grow(t->ev, (size_t)t->cev, sizeof(mt_ev));
+  }
+  t->ev[t->nev++] = (mt_ev){bytes > 0 ? id : -id, bytes > 0 ? bytes : -bytes};
+  if (t->sink) {
+    vl_mimic_event e = {op, t->phase, bytes};
+    t->sink(t->user, &e);
+  }
+}
+
+static mt_id make_as(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool rg, bool view) {
+  if (t->nt == t->ct) {
+    t->ct *= 2;
+    t->t = grow(t->t, (size_t)t->ct, sizeof(mt_t));
+  }
+  mt_id id = t->nt++;
+  mt_t *x = &t->t[id];
+  memset(x, 0, sizeof *x);
+  x->numel = numel;
+  x->esz = (int8_t)esz;
+  x->bytes = view ? 0 : numel * esz;
+  x->op = op;
+  x->cat = (int8_t)cat;
+  x->rg = rg;
+  x->refs = 1;
+  x->alive = 1;
+  if (!x->bytes) return id; /* a view: no storage of its own */
+  t->live += x->bytes;
+  t->cat[cat] += x->bytes;
+  event(t, id, x->bytes, op);
+  if (t->live > t->best.peak_bytes) {
+    t->best.peak_bytes = t->live;
+    memcpy(t->best.cat, t->cat, sizeof t->cat);
+    t->best.peak_phase = t->phase;
+    snprintf(t->best.peak_op, sizeof t->best.peak_op, "%s", op);
+    t->best.peak_step = t->step;
+  }
+  return id;
+}
+
+static mt_id make(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool rg) {
+  return make_as(t, op, numel, esz, cat, rg, false);
+}
+
+void mt_ref(mt_tape *t, mt_id x) {
+  if (x) t->t[x].refs++;
+}
+
+void mt_drop(mt_tape *t, mt_id x) {
+  if (!x) return;
+  mt_t *s = &t->t[x];
+  if (--s->refs > 0) return;
+  s->alive = 0;
+  if (!s->bytes) {
+    mt_drop(t, s->base);
+    return;
+  }
+  t->live -= s->bytes;
+  t->cat[s->cat] -= s->bytes;
+  event(t, x, -s->bytes, s->op);
+}
+
+void mt_noncontig_grad(mt_tape *t, mt_id x) { t->t[x].nc = 1; }
+
+int mt_esz(const mt_tape *t, mt_id x) { return t->t[x].esz; }
+int64_t mt_numel(const mt_tape *t, mt_id x) { return t->t[x].numel; }
+bool mt_requires_grad(const mt_tape *t, mt_id x) { return x && t->t[x].rg; }
+void mt_set_cat(mt_tape *t, mt_id x, int cat) {
+  mt_t *s = &t->t[x];
+  t->cat[s->cat] -= s->bytes;
+  s->cat = (int8_t)cat;
+  t->cat[cat] += s->bytes;
+}
+
+mt_id mt_leaf(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool requires_grad) {
+  mt_id x = make(t, op, numel, esz, cat, requires_grad);
+  t->t[x].leaf = 1;
+  return x;
+}
+
+mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz) {
+  return make(t, op, numel, esz, t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP, false);
+}
+
+static mt_id node(mt_tape *t, mt_bw bw, const char *op, mt_id out, const mt_id *in, int nin) {
+  if (t->nn == t->cn) {
+    t->cn *= 2;
+    t->n = grow(t->n, (size_t)t->cn, sizeof(mt_node));
+  }
+  mt_node *n = &t->n[t->nn];
+  memset(n, 0, sizeof *n);
+  n->bw = bw;
+  n->op = op;
+  n->out = out;
+  n->nin = nin;
+  for (int i = 0; i < nin; i++) n->in[i] = in[i];
+  t->t[out].node = t->nn;
+  return t->nn++;
+}
+
+static void save(mt_tape *t, mt_node *n, mt_id x) {
+  if (!x) return;
+  mt_ref(t, x);
+  n->saved[n->nsaved++] = x;
+}
+
+mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id a, mt_id b, mt_id c) {
+  mt_id in[3] = {a, b, c};
+  int nin = c ? 3 : b ? 2 : 1;
+  bool rg = false;
+  for (int i = 0; i < nin; i++) rg |= mt_requires_grad(t, in[i]);
+  int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
+  mt_id out = make(t, op, numel, esz, cat, rg);
+  if (!rg) return out;
+  mt_node *n = &t->n[node(t, bw, op, out, in, nin)];
+  switch (bw) {
+  case MT_BW_MM:
+    if (mt_requires_grad(t, b)) save(t, n, a);
+    if (mt_requires_grad(t, a)) save(t, n, b);
+    break;
+  case MT_BW_MUL:
+    if (mt_requires_grad(t, a)) save(t, n, b);
+    if (mt_requires_grad(t, b)) save(t, n, a);
+    break;
+  case MT_BW_POW2:
+  case MT_BW_SILU:
+    save(t, n, a);
+    break;
+  case MT_BW_RSQRT:
+  case MT_BW_LOGSOFTMAX:
+    save(t, n, out);
+    break;
+  case MT_BW_EMBED:
+  case MT_BW_NLL:
+    save(t, n, b); /* the indices / the target */
+    break;
+  default:
+    break;
+  }
+  return out;
+}
+
+mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel) {
+  mt_id v = make_as(t, "slice", numel, t->t[x].esz, VL_MC_ACT, t->t[x].rg, true);
+  t->t[v].base = x;
+  mt_ref(t, x);
+  if (t->t[x].rg) node(t, MT_BW_SLICE, "slice", v, &x, 1);
+  return v;
+}
+
+mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel) {
+  int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
+  mt_id out = make(t, op, t->t[q].numel, t->t[q].esz, cat, true);
+  mt_id lse = make(t, op, lse_numel, 4, cat, false);
+  mt_id in[3] = {q, k, v};
+  mt_node *n = &t->n[node(t, MT_BW_SDPA, op, out, in, 3)];
+  save(t, n, q);
+  save(t, n, k);
+  save(t, n, v);
+  save(t, n, out);
+  save(t, n, lse);
+  save(t, n, mask);
+  mt_drop(t, lse); /* only the node keeps it */
+  return out;
+}
+
+mt_id mt_cast(mt_tape *t, mt_id x, int esz, bool autocast) {
+  mt_t *s = &t->t[x];
+  if (s->esz == esz) {
+    mt_ref(t, x);
+    return x;
+  }
+  bool cache = autocast && s->leaf && s->rg;
+  if (cache && s->cast) {
+    mt_ref(t, s->cast);
+    return s->cast;
+  }
+  mt_id y = mt_op(t, "_to_copy", MT_BW_CAST, s->numel, esz, x, 0, 0);
+  if (cache) {
+    t->t[x].cast = y;
+    mt_ref(t, y);
+    if (t->ncast == t->ccast) {
+      t->ccast = t->ccast ? 2 * t->ccast : 256;
+      t->casts = grow(t->casts, (size_t)t->ccast, sizeof(mt_id));
+    }
+    t->casts[t->ncast++] = x;
+  }
+  return y;
+}
+
+void mt_autocast_exit(mt_tape *t) {
+  for (int i = 0; i < t->ncast; i++) {
+    mt_id x = t->casts[i], y = t->t[x].cast;
+    t->t[x].cast = 0;
+    mt_drop(t, y);
+  }
+  t->ncast = 0;
+}
+
+mt_id mt_grad(const mt_tape *t, mt_id p) { return t->t[p].grad; }
+void mt_grad_none(mt_tape *t, mt_id p) {
+  mt_id g = t->t[p].grad;
+  t->t[p].grad = 0;
+  mt_drop(t, g);
+}
+
+/* hands gradient g (one reference, the caller's) to tensor x */
+static void give(mt_tape *t, mt_id x, mt_id g) {
+  mt_t *s = &t->t[x];
+  if (!s->rg) {
+    mt_drop(t, g);
+    return;
+  }
+  if (t->t[g].esz != s->esz) { /* validate_outputs: a gradient takes its input's dtype */
+    mt_id c = make(t, "_to_copy", s->numel, s->esz, VL_MC_TEMP, false);
+    mt_drop(t, g);
+    g = c;
+  }
+  if (s->leaf) { /* AccumulateGrad */
+    if (!s->grad) {
+      if (t->t[g].refs == 1 && t->t[g].esz == s->esz) { /* stolen */
+        s->grad = g;
+        mt_set_cat(t, g, VL_MC_GRAD);
+        return;
+      }
+      s->grad = make(t, "clone", s->numel, s->esz, VL_MC_GRAD, false);
+    }
+    mt_drop(t, g); /* added in place */
+    return;
+  }
+  if (!s->pend) {
+    s->pend = g;
+    return;
+  }
+  mt_id sum = make(t, "add", s->numel, t->t[s->pend].esz, VL_MC_TEMP, false);
+  mt_drop(t, s->pend);
+  mt_drop(t, g);
+  s->pend = sum;
+}
+
+static mt_id tmp(mt_tape *t, const char *op, int64_t numel, int esz) {
+  return make(t, op, numel, esz, VL_MC_TEMP, false);
+}
+
+static void run_node(mt_tape *t, mt_node *n) {
+  mt_t *o = &t->t[n->out];
+  mt_id g = o->pend;
+  o->pend = 0;
+  if (!g) goto release;
+  if (o->nc) { /* ViewBackward's reshape of a transposed gradient: a contiguous copy */
+    mt_id cg = tmp(t, "clone", t->t[g].numel, t->t[g].esz);
+    mt_drop(t, g);
+    g = cg;
+  }
+  mt_id a = n->in[0], b = n->nin > 1 ? n->in[1] : 0, c = n->nin > 2 ? n->in[2] : 0;
+  bool ra = mt_requires_grad(t, a), rb = mt_requires_grad(t, b), rc = mt_requires_grad(t, c);
+  int64_t on = o->numel;
+  switch (n->bw) {
+  case MT_BW_MM: {
+    /* the bias's, the weight's (mat2), then the input's (self), as the trace shows them */
+    mt_id gc = rc ? tmp(t, "sum", t->t[c].numel, t->t[c].esz) : 0;
+    mt_id gb = rb ? tmp(t, "mm", t->t[b].numel, t->t[g].esz) : 0;
+    mt_id ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
+    if (gc) give(t, c, gc);
+    if (gb) give(t, b, gb);
+    if (ga) give(t, a, ga);
+    break;
+  }
+  case MT_BW_MUL: {
+    /* both products first, then the sums to the smaller input (MulBackward0) */
+    mt_id fa = ra ? tmp(t, "mul", on, t->t[g].esz) : 0;
+    mt_id fb = rb ? tmp(t, "mul", on, t->t[g].esz) : 0;
+    if (fa && t->t[a].numel < on) {
+      mt_id s = tmp(t, "sum", t->t[a].numel, t->t[a].esz);
+      mt_drop(t, fa);
+      fa = s;
+    }
+    if (fb && t->t[b].numel < on) {
+      mt_id s = tmp(t, "sum", t->t[b].numel, t->t[b].esz);
+      mt_drop(t, fb);
+      fb = s;
+    }
+    if (fa) give(t, a, fa);
+    if (fb) give(t, b, fb);
+    break;
+  }
+  case MT_BW_MULS:
+  case MT_BW_NEG:
+  case MT_BW_SILU:
+  case MT_BW_LOGSOFTMAX:
+  case MT_BW_NLL:
+  case MT_BW_MEAN:
+  case MT_BW_SLICE:
+  case MT_BW_EMBED: {
+    static const char *name[] = {[MT_BW_MULS] = "mul", [MT_BW_NEG] = "neg", [MT_BW_SILU] = "silu_backward",
+                                 [MT_BW_LOGSOFTMAX] = "_log_softmax_backward_data",
+                                 [MT_BW_NLL] = "nll_loss_backward", [MT_BW_MEAN] = "div",
+                                 [MT_BW_SLICE] = "slice_backward", [MT_BW_EMBED] = "embedding_dense_backward"};
+    if (ra) give(t, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
+    break;
+  }
+  case MT_BW_CAST:
+    if (ra) give(t, a, tmp(t, "_to_copy", t->t[a].numel, t->t[a].esz));
+    break;
+  case MT_BW_POW2:
+  case MT_BW_RSQRT:
+    if (ra) {
+      int64_t m = t->t[a].numel;
+      mt_id p = tmp(t, "pow", m, t->t[a].esz), q = tmp(t, "mul", m, t->t[a].esz);
+      mt_id r = tmp(t, "mul", m, t->t[a].esz);
+      mt_drop(t, p);
+      mt_drop(t, q);
+      give(t, a, r);
+    }
+    break;
+  case MT_BW_ADD:
+  case MT_BW_CAT: /* views of g (CAT: slices; their own backward nodes copy them out) */
+    for (int i = 0; i < n->nin; i++) {
+      mt_id x = n->in[i];
+      if (!mt_requires_grad(t, x)) continue;
+      if (n->bw == MT_BW_ADD && t->t[x].numel < on) {
+        give(t, x, tmp(t, "sum", t->t[x].numel, t->t[x].esz));
+      } else {
+        mt_ref(t, g);
+        give(t, x, g);
+      }
+    }
+    break;
+  case MT_BW_EXPAND: /* CloneBackward passes g on, ExpandBackward sums it to a's size */
+    if (ra) give(t, a, tmp(t, "sum", t->t[a].numel, t->t[a].esz));
+    break;
+  case MT_BW_SDPA: {
+    /* the forward's op + "_backward" */
+    const char *bw = strstr(n->op, "for_cpu") ? "_scaled_dot_product_flash_attention_for_cpu_backward"
+                                              : "_scaled_dot_product_flash_attention_backward";
+    mt_id gq = ra ? tmp(t, bw, t->t[a].numel, t->t[a].esz) : 0;
+    mt_id gk = rb ? tmp(t, bw, t->t[b].numel, t->t[b].esz) : 0;
+    mt_id gv = rc ? tmp(t, bw, t->t[c].numel, t->t[c].esz) : 0;
+    if (gq) give(t, a, gq);
+    if (gk) give(t, b, gk);
+    if (gv) give(t, c, gv);
+    break;
+  }
+  }
+  mt_drop(t, g);
+release:
+  for (int i = 0; i < n->nsaved; i++) mt_drop(t, n->saved[i]);
+  n->nsaved = 0;
+}
+
+void mt_backward(mt_tape *t, mt_id loss) {
+  mt_t *l = &t->t[loss];
+  l->pend = tmp(t, "ones_like", 1, l->esz);
+  for (int32_t i = t->nn - 1; i >= 1; i--) run_node(t, &t->n[i]);
+  t->nn = 1; /* the graph is freed with the backward */
+}
+
+int64_t mt_live(const mt_tape *t) { return t->live; }
+
+void mt_result(const mt_tape *t, vl_mimic_result *r) {
+  *r = t->best;
+  r->n_events = t->nev;
+}
+
+const mt_ev *mt_events(const mt_tape *t, int64_t *n) {
+  *n = t->nev;
+  return t->ev;
+}

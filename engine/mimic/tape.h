@@ -1,0 +1,98 @@
+/* The mimic's storage-level model of PyTorch's autograd (engine/mimic only).
+ *
+ * A tensor here is a storage: its bytes, its dtype size, its category, a reference count
+ * (the Python names the program holds + autograd's saved references + pending gradients) and
+ * the node that made it. An op allocates its output (an allocation event), records a node
+ * when an input requires grad, with the inputs its derivative formula saves (a reference
+ * each, dropped after the node's backward runs). A storage is freed (a free event) when its
+ * last reference goes. Views are not tensors: an op that returns a view returns the same id
+ * with a new reference.
+ *
+ * Backward runs the nodes in reverse creation order (what autograd's ready queue does for a
+ * program that is one sequence of ops): each node's gradient formula allocates the input
+ * gradients its ATen derivative allocates (derivatives.yaml, in the order the generated
+ * code computes them), hands each to its input (a second gradient for the same tensor is an
+ * out-of-place add, as autograd's InputBuffer does on the CPU; a leaf parameter's first
+ * gradient is stolen into .grad, a later one added in place), then drops its saved
+ * references and its output's gradient. */
+#ifndef VRAMLAB_MIMIC_TAPE_H
+#define VRAMLAB_MIMIC_TAPE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vramlab/mimic.h"
+
+typedef int32_t mt_id; /* 0: none */
+
+/* The derivative formulas the programs need. */
+typedef enum {
+  MT_BW_MM,       /* linear / mm / addmm: in0 x, in1 W, in2 bias: saves x (if W needs grad) and
+                     W (if x does); grads: bias (sum), x (mm), W (mm) */
+  MT_BW_MUL,      /* a * b (broadcast): saves b if a needs grad, a if b does; grads a*b-size
+                     each, then a sum to a smaller input's size */
+  MT_BW_MULS,     /* a * scalar, a / scalar: no saves; grad: one of a's size */
+  MT_BW_ADD,      /* a + b, a + scalar: the gradient itself to each input (a sum for a smaller one) */
+  MT_BW_POW2,     /* x.pow(2): saves x; grad: pow, mul.Scalar, mul (3 allocations, 2 freed) */
+  MT_BW_RSQRT,    /* rsqrt: saves its result; grad as pow's */
+  MT_BW_MEAN,     /* mean over the last dim: no saves; grad: div of the input's size */
+  MT_BW_CAST,     /* _to_copy to another dtype: no saves; grad: a cast back */
+  MT_BW_SILU,     /* silu: saves x; grad: silu_backward */
+  MT_BW_NEG,      /* neg: no saves; grad: neg */
+  MT_BW_SLICE,    /* a slice (view) of in0 taken by an op: grad: slice_backward (in0's size) */
+  MT_BW_CAT,      /* cat: no saves; grads: views of the gradient */
+  MT_BW_EXPAND,   /* expand + reshape copy (repeat_kv's clone): grad: a sum to in0's size */
+  MT_BW_SDPA,     /* SDPA: saves q, k, v, out, logsumexp (+ mask); grads q, k, v */
+  MT_BW_EMBED,    /* embedding: saves the indices; grad: embedding_dense_backward (W's size) */
+  MT_BW_LOGSOFTMAX, /* saves its result; grad: one of the input's size */
+  MT_BW_NLL,      /* nll_loss: saves target; grad: one of the input's size */
+} mt_bw;
+
+typedef struct mt_tape mt_tape;
+
+mt_tape *mt_new(vl_mimic_sink sink, void *user);
+void mt_free(mt_tape *t);
+void mt_phase(mt_tape *t, char phase);
+void mt_step(mt_tape *t, int step);
+void mt_autocast_exit(mt_tape *t); /* drops the autocast weight cache */
+
+/* A leaf that exists before the step (parameter, buffer, batch) or optimizer state. */
+mt_id mt_leaf(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool requires_grad);
+/* A new tensor with no autograd history (masks, rotary tables, temporaries). */
+mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz);
+/* An op: out = numel x esz from inputs (0-terminated list of up to 4); saves per its formula;
+ * `extra`: a second output (SDPA's logsumexp: numel x 4 bytes), returned through *extra. */
+mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id a, mt_id b, mt_id c);
+/* a slice of x (a view: no bytes, keeps x alive; its backward is slice_backward) */
+mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
+mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);
+/* autocast's cast of x to esz: x itself if it already has it; a leaf that requires grad is
+ * cast once per autocast region (the weight cache) */
+mt_id mt_cast(mt_tape *t, mt_id x, int esz, bool autocast);
+/* x is viewed and transposed before use (q, k, v): its gradient comes back non-contiguous and
+ * its mm backward copies it first */
+void mt_noncontig_grad(mt_tape *t, mt_id x);
+void mt_ref(mt_tape *t, mt_id x);
+void mt_drop(mt_tape *t, mt_id x);
+int mt_esz(const mt_tape *t, mt_id x);
+int64_t mt_numel(const mt_tape *t, mt_id x);
+bool mt_requires_grad(const mt_tape *t, mt_id x);
+
+/* loss.backward() from the scalar x (ones_like, then every node in reverse order). */
+void mt_backward(mt_tape *t, mt_id loss);
+/* a parameter's .grad (0: None); setting it None drops it */
+mt_id mt_grad(const mt_tape *t, mt_id p);
+void mt_grad_none(mt_tape *t, mt_id p);
+void mt_set_cat(mt_tape *t, mt_id x, int cat);
+
+/* results: live bytes now, the peak and its categories, the events (for the caching
+ * allocator's replay: id > 0 allocation of bytes, id < 0 free of -id) */
+int64_t mt_live(const mt_tape *t);
+void mt_result(const mt_tape *t, vl_mimic_result *r);
+typedef struct {
+  int32_t id;
+  int64_t bytes;
+} mt_ev;
+const mt_ev *mt_events(const mt_tape *t, int64_t *n);
+
+#endif

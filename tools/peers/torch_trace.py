@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Every allocation and free of a PyTorch training step, op by op: a TorchDispatchMode over
+fake tensors (FakeTensorMode on the CPU device: the real ATen ops, their shapes and dtypes,
+no memory and no arithmetic) around the step a case's PyTorch peer runs
+(tools/peers/llm_lora_peer.py, seg_peer.py: their `make` builds it, imported).
+
+What `vramlab plan CASE --mimic pytorch` replays is learned from these traces, and
+tests/test_mimic.c compares the mimic with the committed ones (tests/fixtures/trace/).
+
+  python3 tools/peers/torch_trace.py --script llm_lora_peer.py --config '{...}' [--steps 2]
+
+--config is the peer's setup as `vramlab peer-config CASE --step RUNG` prints it. Prints one
+JSON object:
+  {"script", "steps", "config" (the --config given), "torch", "transformers", "peft",
+   "base_bytes": bytes of the storages alive when the trace began (parameters, buffers, the
+                 batch: what the step does not allocate),
+   "events": [[op, phase, bytes], ...]: bytes > 0 an allocation (a new storage an op made),
+             bytes < 0 a free (that storage's last reference gone, after the op named),
+             phase f (forward), b (backward), o (clip, optimizer, zero_grad), in step order,
+   "steps_at": index into events where each step begins,
+   "peak_bytes": the highest sum of live bytes (base included), "peak_at": its event index,
+   "peak_phase"}
+or {"error": ...} with exit status 1. A storage is counted once however many tensors view it;
+its bytes are its nbytes (no allocator rounding: the CPU's and MemTracker's view)."""
+import argparse
+import importlib
+import json
+import os
+import sys
+import weakref
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import memtracker_peer  # noqa: E402
+import peer_common  # noqa: E402
+
+
+def trace(torch, make, cfg, steps):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    torch.nn.Module.to = memtracker_peer.fake_to
+    state = {"phase": "f", "op": "init"}
+    events, live = [], [0]
+    seen = WeakIdKeyDictionary()
+    refs = []
+
+    def track(st, op):
+        if st in seen:
+            return False
+        n = st.nbytes()
+        seen[st] = n
+
+        def gone(_ref, n=n):
+            events.append([state["op"], state["phase"], -n])
+        refs.append(weakref.ref(st, gone))
+        return n
+
+    class Tracer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__
+            state["op"] = name
+            flat, _ = tree_flatten(out)
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    n = track(t.untyped_storage(), name)
+                    if n:
+                        events.append([name, state["phase"], n])
+            return out
+
+    with FakeTensorMode():
+        st = make(torch, memtracker_peer.NoMemory(), cfg)
+        base = 0
+        # what exists before the step: parameters, buffers, the batch (closures of st.micro)
+        pre = [t for t in st.model.parameters()] + [t for t in st.model.buffers()]
+        for cell in (st.micro.__closure__ or ()):
+            if isinstance(cell.cell_contents, torch.Tensor):
+                pre.append(cell.cell_contents)
+        for t in pre:
+            n = track(t.untyped_storage(), "init")
+            base += n or 0
+        orig_backward, orig_step = torch.Tensor.backward, st.opt.step
+
+        def backward(self, *a, **k):
+            state["phase"] = "b"
+            r = orig_backward(self, *a, **k)
+            state["phase"] = "o"  # what follows a micro-batch's backward until the next forward
+            return r
+
+        def ostep(*a, **k):
+            state["phase"] = "o"
+            return orig_step(*a, **k)
+        torch.Tensor.backward = backward
+        st.opt.step = ostep
+        steps_at = []
+
+        def micro_begins():
+            state["phase"] = "f"
+        with Tracer():
+            for _ in range(steps):
+                steps_at.append(len(events))
+                st.one_step(fake=True, each_micro=micro_begins)
+        torch.Tensor.backward = orig_backward
+    cur, peak, at = base, base, -1
+    for i, (_, _, n) in enumerate(events):
+        cur += n
+        if cur > peak:
+            peak, at = cur, i
+    return {"base_bytes": base, "steps_at": steps_at, "peak_bytes": peak, "peak_at": at,
+            "peak_phase": events[at][1] if at >= 0 else None, "events": events}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--script", required=True, choices=sorted(memtracker_peer.PEERS))
+    ap.add_argument("--config", required=True, help="the peer's setup (JSON)")
+    ap.add_argument("--steps", type=int, default=2, help="training steps traced (default 2)")
+    a = ap.parse_args()
+    peer_common._claim_stdout()
+    module, needs = memtracker_peer.PEERS[a.script]
+    for name in ("torch",) + needs:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            peer_common.emit({"error": f"cannot import {name}: {e}", "missing": name})
+            return 1
+    import torch
+    try:
+        cfg = json.loads(a.config)
+        out = {"script": a.script, "steps": a.steps, "config": cfg}
+        out.update(memtracker_peer.versions())
+        out.update(trace(torch, importlib.import_module(module).make, cfg, a.steps))
+    except Exception as e:  # every failure is a reply
+        peer_common.emit({"error": f"{type(e).__name__}: {e}"[:400]})
+        return 1
+    peer_common.emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
