@@ -8,8 +8,9 @@
 typedef struct {
   int64_t numel, bytes;
   const char *op;
-  int32_t refs, node, pend, grad, cast, base; /* grad: a leaf's .grad; cast: its autocast copy;
-                                                base: the storage a view keeps alive */
+  /* grad: a leaf's .grad; cast: its autocast copy; base: the storage a view keeps alive;
+   * grad_bw: the backward pass that set .grad */
+  int32_t refs, node, pend, grad, cast, base, grad_bw;
   int8_t esz, cat, rg, alive, leaf, nc; /* nc: its gradient arrives non-contiguous (a transposed view) */
 } mt_t;
 
@@ -33,6 +34,7 @@ struct mt_tape {
   void *user;
   char phase;
   int step;
+  int32_t nbw; /* backward passes so far */
   int64_t live, cat[VL_MC_N];
   vl_mimic_result best;
 };
@@ -291,19 +293,30 @@ static void give(mt_tape *t, mt_id x, mt_id g) {
   }
   if (t->t[g].esz != s->esz) { /* validate_outputs: a gradient takes its input's dtype */
     mt_id c = make(t, "_to_copy", s->numel, s->esz, VL_MC_TEMP, false);
+    s = &t->t[x]; /* make may move the table */
     mt_drop(t, g);
     g = c;
   }
   if (s->leaf) { /* AccumulateGrad */
     if (!s->grad) {
+      s->grad_bw = t->nbw;
       if (t->t[g].refs == 1 && t->t[g].esz == s->esz) { /* stolen */
         s->grad = g;
         mt_set_cat(t, g, VL_MC_GRAD);
         return;
       }
-      s->grad = make(t, "clone", s->numel, s->esz, VL_MC_GRAD, false);
+      mt_id cl = make(t, "clone", s->numel, s->esz, VL_MC_GRAD, false);
+      s = &t->t[x]; /* make may move the table */
+      s->grad = cl;
     }
-    mt_drop(t, g); /* added in place */
+    if (s->grad_bw == t->nbw) { /* a second gradient in the same backward (a tied weight): out of
+                                   place, variable.grad + new_grad (the trace shows it) */
+      mt_id sum = make(t, "add", s->numel, s->esz, VL_MC_GRAD, false);
+      mt_drop(t, s->grad);
+      s = &t->t[x];
+      s->grad = sum;
+    }
+    mt_drop(t, g); /* else added in place (a later micro-batch's) */
     return;
   }
   if (!s->pend) {
@@ -311,16 +324,30 @@ static void give(mt_tape *t, mt_id x, mt_id g) {
     return;
   }
   mt_id sum = make(t, "add", s->numel, t->t[s->pend].esz, VL_MC_TEMP, false);
+  s = &t->t[x]; /* make may move the table */
   mt_drop(t, s->pend);
   mt_drop(t, g);
-  s->pend = sum;
+  t->t[x].pend = sum;
 }
 
 static mt_id tmp(mt_tape *t, const char *op, int64_t numel, int esz) {
   return make(t, op, numel, esz, VL_MC_TEMP, false);
 }
 
+typedef struct {
+  mt_id x[8], g[8];
+  int n;
+} gives;
+
+static void defer(gives *q, mt_id x, mt_id g) {
+  q->x[q->n] = x;
+  q->g[q->n++] = g;
+}
+
+/* A node's backward: its formula's allocations, then its gradient and saved tensors let go,
+ * then each input gradient handed on (accumulated), in the order the traces show. */
 static void run_node(mt_tape *t, mt_node *n) {
+  gives out = {.n = 0};
   mt_t *o = &t->t[n->out];
   mt_id g = o->pend;
   o->pend = 0;
@@ -335,13 +362,15 @@ static void run_node(mt_tape *t, mt_node *n) {
   int64_t on = o->numel;
   switch (n->bw) {
   case MT_BW_MM: {
-    /* the bias's, the weight's (mat2), then the input's (self), as the trace shows them */
-    mt_id gc = rc ? tmp(t, "sum", t->t[c].numel, t->t[c].esz) : 0;
-    mt_id gb = rb ? tmp(t, "mm", t->t[b].numel, t->t[g].esz) : 0;
-    mt_id ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
-    if (gc) give(t, c, gc);
-    if (gb) give(t, b, gb);
-    if (ga) give(t, a, ga);
+    /* in the order the traces show */
+    mt_id gc = rc ? tmp(t, "sum", t->t[c].numel, t->t[c].esz) : 0, ga = 0, gb = 0;
+    if (c) /* AddmmBackward0: mat1's (the input's), then mat2's */
+      ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
+    gb = rb ? tmp(t, "mm", t->t[b].numel, t->t[g].esz) : 0; /* MmBackward0: mat2's first */
+    if (!c) ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
+    if (gc) defer(&out, c, gc);
+    if (gb) defer(&out, b, gb);
+    if (ga) defer(&out, a, ga);
     break;
   }
   case MT_BW_MUL: {
@@ -358,8 +387,8 @@ static void run_node(mt_tape *t, mt_node *n) {
       mt_drop(t, fb);
       fb = s;
     }
-    if (fa) give(t, a, fa);
-    if (fb) give(t, b, fb);
+    if (fa) defer(&out, a, fa);
+    if (fb) defer(&out, b, fb);
     break;
   }
   case MT_BW_MULS:
@@ -374,11 +403,11 @@ static void run_node(mt_tape *t, mt_node *n) {
                                  [MT_BW_LOGSOFTMAX] = "_log_softmax_backward_data",
                                  [MT_BW_NLL] = "nll_loss_backward", [MT_BW_MEAN] = "div",
                                  [MT_BW_SLICE] = "slice_backward", [MT_BW_EMBED] = "embedding_dense_backward"};
-    if (ra) give(t, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
+    if (ra) defer(&out, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
     break;
   }
   case MT_BW_CAST:
-    if (ra) give(t, a, tmp(t, "_to_copy", t->t[a].numel, t->t[a].esz));
+    if (ra) defer(&out, a, tmp(t, "_to_copy", t->t[a].numel, t->t[a].esz));
     break;
   case MT_BW_POW2:
   case MT_BW_RSQRT:
@@ -388,7 +417,7 @@ static void run_node(mt_tape *t, mt_node *n) {
       mt_id r = tmp(t, "mul", m, t->t[a].esz);
       mt_drop(t, p);
       mt_drop(t, q);
-      give(t, a, r);
+      defer(&out, a, r);
     }
     break;
   case MT_BW_ADD:
@@ -397,15 +426,15 @@ static void run_node(mt_tape *t, mt_node *n) {
       mt_id x = n->in[i];
       if (!mt_requires_grad(t, x)) continue;
       if (n->bw == MT_BW_ADD && t->t[x].numel < on) {
-        give(t, x, tmp(t, "sum", t->t[x].numel, t->t[x].esz));
+        defer(&out, x, tmp(t, "sum", t->t[x].numel, t->t[x].esz));
       } else {
         mt_ref(t, g);
-        give(t, x, g);
+        defer(&out, x, g);
       }
     }
     break;
   case MT_BW_EXPAND: /* CloneBackward passes g on, ExpandBackward sums it to a's size */
-    if (ra) give(t, a, tmp(t, "sum", t->t[a].numel, t->t[a].esz));
+    if (ra) defer(&out, a, tmp(t, "sum", t->t[a].numel, t->t[a].esz));
     break;
   case MT_BW_SDPA: {
     /* the forward's op + "_backward" */
@@ -414,9 +443,9 @@ static void run_node(mt_tape *t, mt_node *n) {
     mt_id gq = ra ? tmp(t, bw, t->t[a].numel, t->t[a].esz) : 0;
     mt_id gk = rb ? tmp(t, bw, t->t[b].numel, t->t[b].esz) : 0;
     mt_id gv = rc ? tmp(t, bw, t->t[c].numel, t->t[c].esz) : 0;
-    if (gq) give(t, a, gq);
-    if (gk) give(t, b, gk);
-    if (gv) give(t, c, gv);
+    if (gq) defer(&out, a, gq);
+    if (gk) defer(&out, b, gk);
+    if (gv) defer(&out, c, gv);
     break;
   }
   }
@@ -424,9 +453,11 @@ static void run_node(mt_tape *t, mt_node *n) {
 release:
   for (int i = 0; i < n->nsaved; i++) mt_drop(t, n->saved[i]);
   n->nsaved = 0;
+  for (int i = 0; i < out.n; i++) give(t, out.x[i], out.g[i]);
 }
 
 void mt_backward(mt_tape *t, mt_id loss) {
+  t->nbw++;
   mt_t *l = &t->t[loss];
   l->pend = tmp(t, "ones_like", 1, l->esz);
   for (int32_t i = t->nn - 1; i >= 1; i--) run_node(t, &t->n[i]);

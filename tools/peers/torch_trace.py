@@ -104,13 +104,15 @@ def trace(torch, make, cfg, steps):
                 steps_at.append(len(events))
                 st.one_step(fake=True, each_micro=micro_begins)
         torch.Tensor.backward = orig_backward
+    done = list(events)  # what the steps did: frees after this (the model's, when trace
+    # returns) are not the step's
     cur, peak, at = base, base, -1
-    for i, (_, _, n) in enumerate(events):
+    for i, (_, _, n) in enumerate(done):
         cur += n
         if cur > peak:
             peak, at = cur, i
     return {"base_bytes": base, "steps_at": steps_at, "peak_bytes": peak, "peak_at": at,
-            "peak_phase": events[at][1] if at >= 0 else None, "events": events}
+            "peak_phase": done[at][1] if at >= 0 else None, "events": done}
 
 
 def main():

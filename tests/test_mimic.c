@@ -1,0 +1,370 @@
+/* The PyTorch mimic (vramlab/mimic.h) against PyTorch itself: the committed traces of
+ * tools/peers/torch_trace.py (tests/fixtures/trace/: every allocation and free of Hugging
+ * Face's step on fake tensors, op by op) and MemTracker's peaks (tests/fixtures/memtracker/);
+ * the CUDA code path's rules; what it refuses. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "cJSON.h"
+#include "kit/rep.h"
+#include "vramlab/fileio.h"
+#include "vramlab/mimic.h"
+
+/* ---- a peer config (llm_lora_peer.py's JSON) as the mimic's config ------------------------- */
+
+static vl_mimic_llm_cfg cfg_of(const cJSON *c) {
+  vl_mimic_llm_cfg m;
+  memset(&m, 0, sizeof m);
+  const cJSON *md = cJSON_GetObjectItem(c, "model"), *t = cJSON_GetObjectItem(c, "train");
+  vl_mistral_cfg *mc = &m.model.mc;
+  vl_train_cfg *tc = &m.model.tc;
+  vl_train_cfg_default(tc);
+  mc->vocab = (int64_t)vl_rep_num(md, "vocab");
+  mc->dim = (int64_t)vl_rep_num(md, "dim");
+  mc->n_layers = (int64_t)vl_rep_num(md, "layers");
+  mc->n_heads = (int64_t)vl_rep_num(md, "heads");
+  mc->n_kv_heads = (int64_t)vl_rep_num(md, "kv_heads");
+  mc->head_dim = (int64_t)vl_rep_num(md, "head_dim");
+  mc->ffn = (int64_t)vl_rep_num(md, "ffn");
+  mc->tie_embed = cJSON_IsTrue(cJSON_GetObjectItem(md, "tie_embed"));
+  mc->qkv_bias = cJSON_IsTrue(cJSON_GetObjectItem(md, "qkv_bias"));
+  m.batch = (int64_t)vl_rep_num(c, "batch");
+  m.seq = mc->seq = (int64_t)vl_rep_num(c, "seq");
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "compute"), &tc->compute), 0);
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "frozen"), &tc->frozen), 0);
+  assert_int_equal(vl_optimizer_parse(vl_rep_str(t, "optimizer"), &tc->optim.opt), 0);
+  tc->lora_rank = (int)vl_rep_num(t, "lora_rank");
+  tc->lora_alpha = (float)vl_rep_num(t, "lora_alpha");
+  tc->lora_targets = !strcmp(vl_rep_str(t, "lora_targets"), "all") ? VL_LORA_ALL : VL_LORA_QKVO;
+  tc->checkpoint = cJSON_IsTrue(cJSON_GetObjectItem(t, "checkpoint"));
+  tc->clip = (float)vl_rep_num(t, "clip");
+  m.accum = (int64_t)vl_rep_num(t, "accum");
+  m.steps = 2;
+  m.device = VL_MIMIC_CPU;
+  m.traced = true;
+  return m;
+}
+
+static cJSON *load(const char *path) {
+  char *text = NULL;
+  size_t n = 0;
+  vl_err err;
+  if (vl_file_read_text(path, 1u << 24, "16 MiB", &text, &n, &err)) fail_msg("%s", err.msg);
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  if (!j) fail_msg("%s is not JSON", path);
+  return j;
+}
+
+/* ---- the mimic's events ------------------------------------------------------------------- */
+
+typedef struct {
+  char op[64];
+  char phase;
+  int64_t bytes;
+} ev;
+
+typedef struct {
+  ev *e;
+  int64_t n, cap;
+} evs;
+
+static void sink(void *user, const vl_mimic_event *e) {
+  evs *v = user;
+  if (v->n == v->cap) {
+    v->cap = v->cap ? 2 * v->cap : 4096;
+    v->e = realloc(v->e, (size_t)v->cap * sizeof *v->e);
+    assert_non_null(v->e);
+  }
+  ev *x = &v->e[v->n++];
+  snprintf(x->op, sizeof x->op, "%s", e->op);
+  x->phase = e->phase;
+  x->bytes = e->bytes;
+}
+
+/* "mm.default" -> "mm": the overload is not the op */
+static void base_name(char *dst, size_t n, const char *op) {
+  snprintf(dst, n, "%s", op);
+  char *dot = strchr(dst, '.');
+  if (dot) *dot = 0;
+}
+
+/* Allocations of at least `min` bytes, the leaves before the step left out: (op, phase, bytes). */
+static int64_t big_allocs(const evs *v, int64_t min, ev *out) {
+  int64_t k = 0;
+  for (int64_t i = 0; i < v->n; i++) {
+    const ev *e = &v->e[i];
+    if (e->bytes < min || !strcmp(e->op, "param") || !strcmp(e->op, "buffer") || !strcmp(e->op, "input_ids")) continue;
+    out[k] = *e;
+    base_name(out[k].op, sizeof out[k].op, e->op);
+    k++;
+  }
+  return k;
+}
+
+static bool same(const ev *a, const ev *b) { return a->bytes == b->bytes && a->phase == b->phase && !strcmp(a->op, b->op); }
+
+/* Longest common subsequence of the two allocation sequences (op by op, in order). */
+static int64_t lcs(const ev *a, int64_t na, const ev *b, int64_t nb) {
+  int64_t *prev = calloc((size_t)nb + 1, sizeof *prev), *cur = calloc((size_t)nb + 1, sizeof *cur);
+  assert_non_null(prev);
+  assert_non_null(cur);
+  for (int64_t i = 1; i <= na; i++) {
+    for (int64_t j = 1; j <= nb; j++)
+      cur[j] = same(&a[i - 1], &b[j - 1]) ? prev[j - 1] + 1 : (prev[j] > cur[j - 1] ? prev[j] : cur[j - 1]);
+    int64_t *t = prev;
+    prev = cur;
+    cur = t;
+  }
+  int64_t r = prev[nb];
+  free(prev);
+  free(cur);
+  return r;
+}
+
+/* Live bytes at the end of each phase run and the highest inside it: phases in order. */
+typedef struct {
+  char phase;
+  int64_t max, end;
+} seg;
+
+static int segments(int64_t base, const ev *e, int64_t n, bool skip_leaves, seg *out, int cap) {
+  int k = -1;
+  int64_t cur = base;
+  for (int64_t i = 0; i < n; i++) {
+    if (skip_leaves && (!strcmp(e[i].op, "param") || !strcmp(e[i].op, "buffer") || !strcmp(e[i].op, "input_ids")))
+      continue;
+    if (k < 0 || out[k].phase != e[i].phase) {
+      if (k + 1 >= cap) break;
+      out[++k] = (seg){e[i].phase, cur, cur};
+    }
+    cur += e[i].bytes;
+    if (cur > out[k].max) out[k].max = cur;
+    out[k].end = cur;
+  }
+  return k + 1;
+}
+
+/* How far the mimic is from a trace: returns the number of checks that fail (printing each),
+ * so a planted difference can be shown to fail. */
+static int compare_trace(const char *path, const vl_mimic_llm_cfg *cfg_in, bool quiet) {
+  cJSON *fx = load(path);
+  vl_mimic_llm_cfg cfg = cfg_in ? *cfg_in : cfg_of(cJSON_GetObjectItem(fx, "config"));
+  evs v = {0};
+  vl_mimic_result r;
+  char why[200];
+  assert_int_equal(vl_mimic_llm(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  const char *dump = getenv("VL_MIMIC_DUMP"); /* the mimic's events, to read beside the trace */
+  FILE *df = dump && !quiet ? fopen(dump, "w") : NULL;
+  for (int64_t k = 0; df && k < v.n; k++) fprintf(df, "%s %c %lld\n", v.e[k].op, v.e[k].phase, (long long)v.e[k].bytes);
+  if (df) fclose(df);
+  int bad = 0;
+#define CHECK(cond, ...)                                                                                       \
+  do {                                                                                                         \
+    if (!(cond)) {                                                                                             \
+      bad++;                                                                                                   \
+      if (!quiet) print_message(__VA_ARGS__);                                                                  \
+    }                                                                                                          \
+  } while (0)
+  /* the trace's events */
+  const cJSON *te = cJSON_GetObjectItem(fx, "events"), *x;
+  int64_t nt = cJSON_GetArraySize(te);
+  ev *t = calloc((size_t)nt, sizeof *t);
+  assert_non_null(t);
+  int64_t i = 0;
+  cJSON_ArrayForEach(x, te) {
+    snprintf(t[i].op, sizeof t[i].op, "%s", cJSON_GetStringValue(cJSON_GetArrayItem(x, 0)));
+    t[i].phase = cJSON_GetStringValue(cJSON_GetArrayItem(x, 1))[0];
+    t[i].bytes = (int64_t)cJSON_GetNumberValue(cJSON_GetArrayItem(x, 2));
+    i++;
+  }
+  int64_t base = (int64_t)vl_rep_num(fx, "base_bytes"), peak = (int64_t)vl_rep_num(fx, "peak_bytes");
+  /* 1. what exists before the step: parameters, buffers, the batch, exactly */
+  CHECK(r.base_bytes == base, "%s: before the step %lld bytes, PyTorch %lld\n", path, (long long)r.base_bytes,
+        (long long)base);
+  /* 2. the peak, within 0.1% */
+  CHECK(fabs((double)(r.peak_bytes - peak)) <= 1e-3 * (double)peak, "%s: peak %lld, PyTorch %lld\n", path,
+        (long long)r.peak_bytes, (long long)peak);
+  /* 3. every forward, backward and optimizer phase of both steps: live bytes at its end within
+   *    0.1%, its highest within 1% */
+  seg ts[64], ms[64];
+  int nts = segments(base, t, nt, false, ts, 64), nms = segments(r.base_bytes, v.e, v.n, true, ms, 64);
+  CHECK(nts == nms, "%s: %d phases, PyTorch %d\n", path, nms, nts);
+  for (int k = 0; k < nts && k < nms; k++) {
+    CHECK(ts[k].phase == ms[k].phase, "%s: phase %d is %c, PyTorch's %c\n", path, k, ms[k].phase, ts[k].phase);
+    CHECK(fabs((double)(ms[k].end - ts[k].end)) <= 1e-3 * (double)ts[k].end,
+          "%s: phase %d (%c) ends with %lld live bytes, PyTorch %lld\n", path, k, ts[k].phase, (long long)ms[k].end,
+          (long long)ts[k].end);
+    CHECK(fabs((double)(ms[k].max - ts[k].max)) <= 1e-2 * (double)ts[k].max,
+          "%s: phase %d (%c) reaches %lld bytes, PyTorch %lld\n", path, k, ts[k].phase, (long long)ms[k].max,
+          (long long)ts[k].max);
+  }
+  /* 4. op by op: every allocation of 1 KiB or more, its op, phase and size, in order */
+  ev *ta = calloc((size_t)nt, sizeof *ta), *ma = calloc((size_t)v.n, sizeof *ma);
+  assert_non_null(ta);
+  assert_non_null(ma);
+  int64_t nta = big_allocs(&(evs){t, nt, nt}, 1024, ta), nma = big_allocs(&v, 1024, ma);
+  int64_t common = lcs(ta, nta, ma, nma);
+  CHECK(common == nta && common == nma,
+        "%s: %lld of PyTorch's %lld allocations >= 1 KiB matched in order (the mimic made %lld)\n", path,
+        (long long)common, (long long)nta, (long long)nma);
+  if (!quiet && (common != nta || common != nma)) { /* the first difference, to start from */
+    int64_t k = 0;
+    while (k < nta && k < nma && same(&ta[k], &ma[k])) k++;
+    if (k < nta && k < nma)
+      print_message("  first difference at allocation %lld: PyTorch %s/%c/%lld, mimic %s/%c/%lld\n", (long long)k,
+                    ta[k].op, ta[k].phase, (long long)ta[k].bytes, ma[k].op, ma[k].phase, (long long)ma[k].bytes);
+  }
+#undef CHECK
+  free(ta);
+  free(ma);
+  free(t);
+  free(v.e);
+  cJSON_Delete(fx);
+  return bad;
+}
+
+static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen"};
+
+static void test_traces(void **state) {
+  (void)state;
+  int bad = 0;
+  for (size_t i = 0; i < sizeof traces / sizeof *traces; i++) {
+    char path[128];
+    snprintf(path, sizeof path, "tests/fixtures/trace/%s.json", traces[i]);
+    bad += compare_trace(path, NULL, false);
+  }
+  assert_int_equal(bad, 0);
+}
+
+/* The comparison fails when the mimic's step is not PyTorch's: another LoRA rank, an fp32
+ * step against an autocast trace, no clipping. */
+static void test_traces_planted(void **state) {
+  (void)state;
+  cJSON *fx = load("tests/fixtures/trace/llm-lora.json");
+  vl_mimic_llm_cfg c = cfg_of(cJSON_GetObjectItem(fx, "config"));
+  cJSON_Delete(fx);
+  vl_mimic_llm_cfg r4 = c;
+  r4.model.tc.lora_rank = 4;
+  assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &r4, true) > 0);
+  vl_mimic_llm_cfg f32 = c;
+  f32.model.tc.compute = VL_F32;
+  f32.model.tc.frozen = VL_F32;
+  assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &f32, true) > 0);
+  vl_mimic_llm_cfg real = c;
+  real.traced = false; /* no causal-mask tensor: PyTorch's real run, not its fake-tensor trace */
+  assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &real, true) > 0);
+  assert_int_equal(compare_trace("tests/fixtures/trace/llm-lora.json", &c, true), 0);
+}
+
+/* MemTracker's peak of each rung of the llm-lora fixture (small scale), to 0.1%: the mimic's
+ * peak less the batch (MemTracker does not count the input, created before it tracks) */
+static void test_memtracker(void **state) {
+  (void)state;
+  cJSON *fx = load("tests/fixtures/memtracker/llm-lora.json");
+  const cJSON *r;
+  int n = 0;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(fx, "rungs")) {
+    const cJSON *cfg = cJSON_GetObjectItem(r, "config"), *mt = cJSON_GetObjectItem(r, "memtracker");
+    if (!cfg || !cJSON_IsNumber(cJSON_GetObjectItem(mt, "peak_bytes"))) continue;
+    vl_mimic_llm_cfg c = cfg_of(cfg);
+    vl_mimic_result m;
+    char why[200];
+    assert_int_equal(vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
+    double want = vl_rep_num(mt, "peak_bytes"), got = (double)(m.peak_bytes - m.cat[VL_MC_OTH]);
+    if (fabs(got - want) > 1e-3 * want)
+      fail_msg("%s: mimic %.0f bytes, MemTracker %.0f (%+.3f%%)", r->string, got, want, 100 * (got / want - 1));
+    /* parameters and optimizer state are the same tensors on both sides */
+    const cJSON *cats = cJSON_GetObjectItem(mt, "categories");
+    assert_int_equal(m.cat[VL_MC_PARAM], (int64_t)vl_rep_num(cats, "PARAM"));
+    assert_true(fabs((double)m.cat[VL_MC_OPT] - vl_rep_num(cats, "OPT")) <= 1e-3 * vl_rep_num(cats, "OPT") + 4096);
+    n++;
+  }
+  assert_true(n >= 3);
+  cJSON_Delete(fx);
+}
+
+static vl_mimic_llm_cfg small_cfg(void) {
+  vl_mimic_llm_cfg c;
+  memset(&c, 0, sizeof c);
+  vl_mistral_cfg *m = &c.model.mc;
+  *m = (vl_mistral_cfg){.vocab = 4096, .dim = 256, .n_layers = 4, .n_heads = 8, .n_kv_heads = 2, .head_dim = 32,
+                        .ffn = 896, .seq = 128, .rope_theta = 1e4f, .norm_eps = 1e-5f};
+  vl_train_cfg_default(&c.model.tc);
+  c.model.tc.compute = VL_F32;
+  c.model.tc.frozen = VL_F32;
+  c.model.tc.lora_rank = 0;
+  c.model.tc.optim.opt = VL_OPT_ADAMW;
+  c.model.tc.clip = 1;
+  c.batch = 2;
+  c.seq = 128;
+  c.accum = 1;
+  c.steps = 2;
+  c.device = VL_MIMIC_CUDA;
+  return c;
+}
+
+/* The CUDA code path: the foreach AdamW's sqrt of every exp_avg_sq at once, SDPA's enable_gqa
+ * (no repeat_kv copies), the caching allocator's 512-byte blocks and segments. */
+static void test_cuda_path(void **state) {
+  (void)state;
+  vl_mimic_llm_cfg g = small_cfg(), c = small_cfg();
+  c.device = VL_MIMIC_CPU;
+  vl_mimic_result rg, rc;
+  char why[200];
+  assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_int_equal(vl_mimic_llm(&c, &rc, NULL, NULL, why, sizeof why), VL_OK);
+  int64_t params = rg.cat[VL_MC_PARAM];
+  /* full fine-tune: the first step's peak is in the optimizer, with params, grads, 2x state and
+   * the foreach temporaries (one more parameter-sized set) */
+  assert_int_equal(rg.peak_phase, 'o');
+  assert_true(rg.peak_bytes >= 5 * params);
+  assert_true(rc.peak_bytes < rg.peak_bytes);
+  assert_true(rg.max_allocated >= rg.peak_bytes);
+  assert_true(rg.max_allocated <= rg.peak_bytes + 512 * rg.n_events);
+  assert_true(rg.max_reserved >= rg.max_allocated);
+  assert_int_equal(rg.max_reserved % (2 << 20), 0);
+  assert_int_equal(rc.max_allocated, 0); /* no allocator replay on the CPU */
+  /* the largest batch under a capacity: it fits, one more does not */
+  g.capacity = (uint64_t)rg.max_reserved * 3;
+  int64_t mb = vl_mimic_llm_max_batch(&g, 256);
+  assert_true(mb > 2);
+  g.batch = mb;
+  assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_false(rg.oom);
+  g.batch = mb + 1;
+  assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_true(rg.oom);
+  g.capacity = 1 << 20;
+  assert_int_equal(vl_mimic_llm_max_batch(&g, 256), 0);
+}
+
+/* What it does not mimic is said, not guessed. */
+static void test_refused(void **state) {
+  (void)state;
+  vl_mimic_llm_cfg c = small_cfg();
+  vl_mimic_result r;
+  char why[200];
+  c.model.tc.lora_rank = 8;
+  c.model.tc.frozen = VL_NF4;
+  assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "NF4"));
+  c = small_cfg();
+  c.model.tc.optim.opt = VL_OPT_ADAFACTOR;
+  assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "Adafactor"));
+  c = small_cfg();
+  c.batch = 0;
+  assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_INVALID);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_traces),   cmocka_unit_test(test_traces_planted), cmocka_unit_test(test_memtracker),
+      cmocka_unit_test(test_cuda_path), cmocka_unit_test(test_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
