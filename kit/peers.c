@@ -2,6 +2,7 @@
  * the interleaved comparison of one rung, and the report's side-by-side section. */
 #define _GNU_SOURCE
 #include "peers.h"
+#include "proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -350,6 +351,7 @@ cJSON *vl_peer_open(vl_peer *p, const vl_peer_kind *k, vl_device device, int thr
   env[ne] = NULL;
   char *argv[] = {(char *)vl_peer_python(), script, NULL};
   cJSON *hello = vl_peer_start(p, argv, env, 300);
+  snprintf(p->script, sizeof p->script, "%s", k->script);
   char why[VL_PEER_WHY_LEN];
   if (vl_peer_hello_why(hello, p->why, k->install, why, sizeof why)) {
     snprintf(p->why, sizeof p->why, "%s", why);
@@ -447,8 +449,12 @@ static void engine_memory(vl_case_env *env, const vl_peer_cmp *cmp, cJSON *o) {
   cJSON_AddNumberToObject(o, "engine_measured_peak_bytes", (double)ms.peak_total);
   cJSON_AddItemToObject(o, "engine_by_category", vl_case_cats_json(ms.at_peak));
   vl_plan_result pr;
+  double t0 = vl_now();
   vl_run_plan(cmp->spec, VL_NO_CAP, env->device == VL_DEV_CUDA ? VL_DEV_CUDA : VL_DEV_CPU, false, &pr);
-  if (pr.status == VL_OK) cJSON_AddNumberToObject(o, "engine_planned_peak_bytes", (double)pr.mem.peak_total);
+  if (pr.status == VL_OK) {
+    cJSON_AddNumberToObject(o, "engine_planned_peak_bytes", (double)pr.mem.peak_total);
+    cJSON_AddNumberToObject(o, "engine_plan_seconds", vl_now() - t0);
+  }
   vl_plan_result_free(&pr);
 }
 
@@ -479,6 +485,48 @@ static void summarise(const vl_peer_cmp *cmp, const vl_loop_result *lr, double *
   cJSON_AddNumberToObject(o, "model_flops_per_step", flops);
   cJSON_AddNumberToObject(o, "engine_flops_per_s", flops / me);
   cJSON_AddNumberToObject(o, "peer_flops_per_s", flops / mp);
+}
+
+/* PyTorch's own estimate of the same step: tools/peers/memtracker_peer.py (MemTracker on fake
+ * tensors) in a fresh process, its peak, categories and seconds into o ("memtracker_*"), or
+ * why not ("memtracker_why"). */
+static void memtracker(vl_case_env *env, const vl_peer *p, const cJSON *setup, cJSON *o) {
+  char script[PATH_MAX];
+  snprintf(script, sizeof script, "%s/tools/peers/memtracker_peer.py", VRAMLAB_SOURCE_DIR);
+  char *js = cJSON_PrintUnformatted(setup);
+  char *out = malloc(1 << 16);
+  if (!js || !out) {
+    free(js);
+    free(out);
+    cJSON_AddStringToObject(o, "memtracker_why", "no host memory");
+    return;
+  }
+  if (!env->quiet) vl_progress("  MemTracker (PyTorch's estimator, fake tensors): %s", vl_rep_str(o, "rung"));
+  char *argv[] = {(char *)vl_peer_python(), script, "--script", (char *)p->script, "--config", js, NULL};
+  double t0 = vl_now();
+  int rc = vl_run_capture(argv, out, 1 << 16);
+  double secs = vl_now() - t0;
+  char head[120];
+  snprintf(head, sizeof head, "%s", out);
+  char *line = NULL, *save = NULL; /* its reply: the last line that is a JSON object */
+  for (char *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+    if (*l == '{') line = l;
+  char why[VL_PEER_WHY_LEN];
+  cJSON *r = line ? vl_peer_parse_reply(line, why, sizeof why) : NULL;
+  if (!r) {
+    if (!line) snprintf(why, sizeof why, "%s (exit status %d%s%.100s)", rc < 0 ? "it could not run" : "no reply", rc,
+                        *head ? ", printed: " : "", head);
+    cJSON_AddStringToObject(o, "memtracker_why", why);
+  } else {
+    cJSON_AddNumberToObject(o, "memtracker_peak_bytes", vl_rep_num(r, "peak_bytes"));
+    cJSON_AddNumberToObject(o, "memtracker_seconds", vl_rep_num(r, "trace_seconds"));
+    cJSON_AddNumberToObject(o, "memtracker_process_seconds", secs);
+    cJSON *c = cJSON_DetachItemFromObject(r, "categories");
+    if (c) cJSON_AddItemToObject(o, "memtracker_categories", c);
+  }
+  cJSON_Delete(r);
+  free(js);
+  free(out);
 }
 
 vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, const vl_peer_rounds *R, cJSON *o) {
@@ -535,6 +583,7 @@ vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, 
     const char *ok[] = {"peer_peak_bytes", "peer_step_extra_bytes", "peer_persistent_bytes", "peer_reserved_bytes"};
     for (int i = 0; i < 4; i++)
       if (!isnan(vl_rep_num(mem, mk[i]))) cJSON_AddNumberToObject(o, ok[i], vl_rep_num(mem, mk[i]));
+    memtracker(env, p, cmp->setup, o);
   } else if (s == VL_ERR_INTERRUPTED || vl_interrupted) {
     cJSON_AddStringToObject(o, "not_measured", "the run was interrupted");
     s = VL_OK;
@@ -620,6 +669,55 @@ static void report_memory_row(const cJSON *o, FILE *md) {
           cJSON_IsTrue(cJSON_GetObjectItem(o, "params_match")) ? "yes" : "**no**");
 }
 
+static const char *mb_or(const cJSON *o, const char *key, const char *why_key) {
+  double v = vl_rep_num(o, key);
+  if (!isnan(v)) return vl_rep_fmt("%.1f", mb(v));
+  return cJSON_GetObjectItem(o, why_key) ? "not measured here" : "-";
+}
+
+static const char *pct_vs(const cJSON *o, const char *key, double real) {
+  double v = vl_rep_num(o, key);
+  return isnan(v) || isnan(real) || real <= 0 ? "-" : vl_rep_fmt("%+.1f%%", 100 * (v / real - 1));
+}
+
+/* The four answers to "how much memory does this step take": the engine's plan of its own
+ * step, the mimic of PyTorch's (vramlab/mimic.h, where the case has one), PyTorch's own
+ * estimator (MemTracker on fake tensors), and PyTorch's step measured; with the time each
+ * planner took. */
+static void report_estimates(const cJSON *pe, FILE *md) {
+  const cJSON *o;
+  int any = 0;
+  cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) any |= !cJSON_GetObjectItem(o, "not_measured");
+  if (!any) return;
+  fprintf(md, "\n#### The step's peak, four ways\n\n"
+              "| rung | engine's plan MB (planned) | PyTorch mimic MB (planned) | MemTracker MB (PyTorch's estimator) "
+              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | seconds: plan / mimic / MemTracker |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
+    if (cJSON_GetObjectItem(o, "not_measured")) continue;
+    double real = vl_rep_num(o, "peer_peak_bytes");
+    fprintf(md, "| %s%s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
+            cJSON_GetObjectItem(o, "variant") ? " (variant)" : "",
+            vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why"),
+            mb_or(o, "memtracker_peak_bytes", "memtracker_why"), vl_rep_fmt("%.1f", mb(real)),
+            pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
+            vl_rep_fmt("%.3f", vl_rep_num(o, "engine_plan_seconds")), vl_rep_fmt("%.3f", vl_rep_num(o, "mimic_seconds")),
+            vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));
+  }
+  fprintf(md, "\nAll four at this run's scale and batch, on this CPU. The mimic replays PyTorch's own step op by op "
+              "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
+              "(`torch.distributed._tools.mem_tracker`) traces the real ops on fake tensors, the batch not counted; "
+              "\"measured\" is the peer's live heap bytes above those when its setup began (malloc-counted: kernel "
+              "workspaces and library buffers that are no tensor are in it, not in the two estimates).");
+  cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
+    const char *w = cJSON_GetStringValue(cJSON_GetObjectItem(o, "memtracker_why"));
+    const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(o, "mimic_why"));
+    if (w) fprintf(md, " %s: MemTracker not measured here: %s.", vl_rep_str(o, "rung"), w);
+    if (m) fprintf(md, " %s: no mimic: %s.", vl_rep_str(o, "rung"), m);
+  }
+  fprintf(md, "\n");
+}
+
 /* One rung's difference in words: the total, then the parts measured on both sides. */
 static void report_difference(const cJSON *o, FILE *md) {
   if (cJSON_GetObjectItem(o, "not_measured") || isnan(vl_rep_num(o, "peer_peak_bytes"))) return;
@@ -701,6 +799,7 @@ void vl_peer_report(const cJSON *res, FILE *md, const vl_peer_kind *k, const cha
               "distinct tensors autograd saved in one forward (parameters left out; not measured under "
               "checkpointing, whose re-run hides them).\n\n");
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) report_difference(o, md);
+  report_estimates(pe, md);
   if (notes && *notes) fprintf(md, "\n%s\n", notes);
   fprintf(md, "\n");
 }

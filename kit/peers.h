@@ -22,6 +22,7 @@ typedef struct {
   int fd;          /* our end of the socket that is the peer's stdin and stdout */
   char *buf;       /* reply bytes read and not yet consumed */
   size_t len, cap;
+  char script[64]; /* the peer's script under tools/peers/ (vl_peer_open) */
   char log[64];    /* the peer's stderr (a temp file): its last line is the reason it failed */
   char why[VL_PEER_WHY_LEN]; /* why the last call returned NULL */
 } vl_peer;

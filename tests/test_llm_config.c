@@ -332,8 +332,7 @@ static void test_mistral_config_is_the_preset(void **state) {
 
 /* Strip the planner's timings from a plan (measurements, not part of the plan). */
 static char *plan_text(cJSON *o) {
-  cJSON_DeleteItemFromObject(o, "plan_seconds");
-  cJSON_DeleteItemFromObject(o, "max_batch_search_seconds");
+  tu_strip_timings(o);
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
   return s;

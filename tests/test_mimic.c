@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "cJSON.h"
+#include <cjson/cJSON.h>
 #include "kit/rep.h"
 #include "vramlab/fileio.h"
 #include "vramlab/mimic.h"

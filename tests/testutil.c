@@ -1,5 +1,9 @@
 #define _GNU_SOURCE /* mkdtemp, nftw */
 #include "testutil.h"
+
+#include <string.h>
+
+#include <cjson/cJSON.h>
 #include "vramlab/ops.h"
 
 #include <fcntl.h>
@@ -309,3 +313,16 @@ void tu_check_profile(vl_ctx *c, vl_ctx *p, const vl_op *must, int n_must) {
 /* The damage helpers: a file of their own, compiled here because the CMake rule builds
  * each test from its tests/test_*.c and tests/testutil.c only. */
 #include "damage.c"
+
+void tu_strip_timings(struct cJSON *o) {
+  cJSON *e = o ? o->child : NULL;
+  while (e) {
+    cJSON *next = e->next;
+    size_t n = e->string ? strlen(e->string) : 0;
+    if (n >= 7 && !strcmp(e->string + n - 7, "seconds"))
+      cJSON_Delete(cJSON_DetachItemViaPointer(o, e));
+    else if (cJSON_IsObject(e))
+      tu_strip_timings(e);
+    e = next;
+  }
+}

@@ -156,4 +156,9 @@ void tu_assert_progress_done(const tu_progress *p, int64_t n);
     }                                                                                      \
   } while (0)
 
+/* Wall-clock fields out of a plan (every key ending in "seconds", at any depth): what two
+ * plans of the same step may differ in. */
+struct cJSON;
+void tu_strip_timings(struct cJSON *o);
+
 #endif

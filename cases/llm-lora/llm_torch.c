@@ -11,6 +11,7 @@
 #include "llm_torch.h"
 #include "kit/peers.h"
 #include "kit/rep.h"
+#include "vramlab/mimic.h"
 
 static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens"};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
@@ -99,6 +100,22 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
   return VL_OK;
 }
 
+/* The mimic of the peer's own step (the CPU code path of the real run, vramlab/mimic.h) at
+ * this batch and length: what it predicts beside what the peer measures. */
+static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, cJSON *o) {
+  vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2,
+                        .device = VL_MIMIC_CPU};
+  c.model.mc.seq = T;
+  vl_mimic_result m;
+  char why[200];
+  if (vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why) != VL_OK) {
+    cJSON_AddStringToObject(o, "mimic_why", why);
+    return;
+  }
+  cJSON_AddNumberToObject(o, "mimic_peak_bytes", (double)m.peak_bytes);
+  cJSON_AddNumberToObject(o, "mimic_seconds", m.seconds);
+}
+
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
                               cJSON *o) {
   const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(rung, "name"));
@@ -131,6 +148,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON *setup = setup_json(&r, env->device, threads, B, T);
     vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
     s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "seq", (double)T);
     cJSON_Delete(setup);

@@ -192,7 +192,8 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
   mt_id out = make(t, op, numel, esz, cat, rg);
   if (!rg) return out;
-  mt_node *n = &t->n[node(t, bw, op, out, in, nin)];
+  int32_t ni = node(t, bw, op, out, in, nin); /* node() may move the table: index it after */
+  mt_node *n = &t->n[ni];
   switch (bw) {
   case MT_BW_MM:
     if (mt_requires_grad(t, b)) save(t, n, a);
@@ -233,7 +234,8 @@ mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask,
   mt_id out = make(t, op, t->t[q].numel, t->t[q].esz, cat, true);
   mt_id lse = make(t, op, lse_numel, 4, cat, false);
   mt_id in[3] = {q, k, v};
-  mt_node *n = &t->n[node(t, MT_BW_SDPA, op, out, in, 3)];
+  int32_t ni = node(t, MT_BW_SDPA, op, out, in, 3);
+  mt_node *n = &t->n[ni];
   save(t, n, q);
   save(t, n, k);
   save(t, n, v);
@@ -348,9 +350,10 @@ static void defer(gives *q, mt_id x, mt_id g) {
  * then each input gradient handed on (accumulated), in the order the traces show. */
 static void run_node(mt_tape *t, mt_node *n) {
   gives out = {.n = 0};
-  mt_t *o = &t->t[n->out];
+  mt_t *o = &t->t[n->out]; /* read before anything is allocated: make may move the table */
   mt_id g = o->pend;
   o->pend = 0;
+  int64_t on = o->numel;
   if (!g) goto release;
   if (o->nc) { /* ViewBackward's reshape of a transposed gradient: a contiguous copy */
     mt_id cg = tmp(t, "clone", t->t[g].numel, t->t[g].esz);
@@ -359,7 +362,6 @@ static void run_node(mt_tape *t, mt_node *n) {
   }
   mt_id a = n->in[0], b = n->nin > 1 ? n->in[1] : 0, c = n->nin > 2 ? n->in[2] : 0;
   bool ra = mt_requires_grad(t, a), rb = mt_requires_grad(t, b), rc = mt_requires_grad(t, c);
-  int64_t on = o->numel;
   switch (n->bw) {
   case MT_BW_MM: {
     /* in the order the traces show */
