@@ -200,10 +200,10 @@ void vl_sdl_peers_report(const cJSON *res, FILE *md) {
                  "step is before's or prefetch16's. In before the frozen VAE encoder and CLIP text encoder run in "
                  "every step on both sides (diffusers' AutoencoderKL, decoder removed, and transformers' "
                  "CLIPTextModel at the scale, under no_grad); disk_cache is the same batch on cached latents and "
-                 "text embeddings. What differs by construction: the engine keeps no activation of conv_in and "
-                 "the first resnet and computes no input gradient of the first transformer (nothing before the "
-                 "first LoRA needs one), where autograd still saves the tensors of every op after the first "
-                 "trainable one; the engine's LoRA A is drawn N(0, 1/r²) and peft's \"gaussian\" init the "
-                 "same, B = 0 on both; the VAE's sample noise is the batch's on the engine's side and drawn per "
-                 "step by `latent_dist.sample()` on PyTorch's.");
+                 "text embeddings. What differs by construction: the engine's U-Net keeps nothing for backward "
+                 "before the first transformer with LoRA (conv_in and the first resnet run forward only) and "
+                 "computes no input gradient of that transformer, which autograd also skips (no tensor before it "
+                 "requires a gradient); the VAE's sample noise is the batch's on the "
+                 "engine's side and drawn per step by `latent_dist.sample()` on PyTorch's; LoRA A is N(0, 1/r²) "
+                 "on both sides (peft's \"gaussian\" init), B = 0.");
 }
