@@ -6,7 +6,7 @@
 cJSON *vl_peer_configs(const vl_case *c, const vl_ladder *L, const char *scale, const char *step, int threads,
                        vl_err *e) {
   if (!c->peer_config) {
-    vl_err_set(e, VL_ERR_INVALID, "%s has no PyTorch peer (cases with one: llm-lora, seg-ckpt)", c->id);
+    vl_err_set(e, VL_ERR_INVALID, "%s has no PyTorch peer (cases with one: llm-lora, seg-ckpt, sd-lora)", c->id);
     return NULL;
   }
   vl_case_env env = {.scale = scale, .device = VL_DEV_CPU, .setting = &L->setting, .quiet = 1};

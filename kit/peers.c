@@ -759,13 +759,17 @@ void vl_peer_report(const cJSON *res, FILE *md, const vl_peer_kind *k, const cha
               "this run: %s warm-up steps each, then %s rounds, each %s untimed and %s timed engine steps "
               "followed by the same in PyTorch (switching processes leaves caches and idle thread pools cold "
               "for a step, on both sides alike); the PyTorch process stays up between rounds, so its start-up "
-              "is not timed. Medians over the timed steps; ratio = PyTorch's median / the engine's (above 1: "
+              "is not timed%s. Medians over the timed steps; ratio = PyTorch's median / the engine's (above 1: "
               "the engine is faster). FLOP/s of both are the engine's model FLOPs per step (recompute "
               "excluded) over each side's step time, as a share of this run's sgemm. Both sides use the same "
               "threads, batch, sequence or image size, dtypes and optimizer.\n\n",
           vl_rep_str(pe, "torch"), tv, vl_rep_str(pe, "device"),
           vl_rep_fmt("%g", vl_rep_num(pe, "warmup")), vl_rep_fmt("%g", vl_rep_num(pe, "rounds")),
-          vl_rep_fmt("%g", vl_rep_num(pe, "round_warmup")), vl_rep_fmt("%g", vl_rep_num(pe, "steps_per_round")));
+          vl_rep_fmt("%g", vl_rep_num(pe, "round_warmup")), vl_rep_fmt("%g", vl_rep_num(pe, "steps_per_round")),
+          cJSON_IsTrue(cJSON_GetObjectItem(pe, "fresh_process"))
+              ? ", and each rung has a fresh PyTorch process (one that ran an earlier rung keeps pools and "
+                "caches that make the next rung's memory read low)"
+              : "");
   double sg = vl_rep_num(res, "sgemm_flops_per_s");
   fprintf(md, "| rung | engine s/step | PyTorch s/step | PyTorch / engine | engine %s/s | PyTorch %s/s | engine "
               "GFLOP/s (share of sgemm) | PyTorch GFLOP/s (share) | engine peak MB (planned) | PyTorch peak MB "
@@ -820,9 +824,21 @@ vl_status vl_peer_side_by_side(vl_case_env *env, cJSON *res, const vl_peer_kind 
   cJSON *hello = vl_peer_open(&p, k, env->device, threads);
   cJSON *pe = vl_peer_results(res, hello, p.why, R);
   vl_status s = VL_OK;
+  if (hello) cJSON_AddBoolToObject(pe, "fresh_process", k->fresh);
   for (int i = 0; hello && s == VL_OK && i < n && !vl_interrupted; i++) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_GetObjectItem(pe, "rungs"), o);
+    if (i > 0 && k->fresh) { /* a new process for this rung: the last one's pools and caches gone */
+      vl_peer_stop(&p);
+      cJSON *again = vl_peer_open(&p, k, env->device, threads);
+      if (!again) {
+        cJSON_AddStringToObject(o, "rung", cJSON_GetStringValue(cJSON_GetObjectItem(which[i], "name")));
+        cJSON_AddStringToObject(o, "not_measured", p.why);
+        continue;
+      }
+      cJSON_Delete(hello);
+      hello = again;
+    }
     s = fn(env, &p, hello, which[i], threads, o);
     vl_peer_rung_metrics(res, o);
   }

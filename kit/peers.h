@@ -57,6 +57,8 @@ typedef struct {
   const char *script;  /* under tools/peers/ */
   const char *install; /* the pip line that installs what it imports */
   const char *unit;    /* "tokens" or "images": what a step processes */
+  bool fresh;          /* a fresh peer process per rung (a process that ran an earlier rung
+                          keeps pools and caches that make its next rung's memory read low) */
 } vl_peer_kind;
 
 /* warmup untimed steps each side first; then `rounds` rounds, each of round_warmup untimed and
@@ -92,8 +94,9 @@ cJSON *vl_peer_results(cJSON *res, const cJSON *hello, const char *why, const vl
 typedef vl_status (*vl_peer_rung_fn)(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung,
                                      int threads, cJSON *o);
 /* A case's extra hook of PyTorch side by side: the rungs named in `compared` that ran (in
- * res), one peer process for all of them, `fn` for each, res.case_metrics.peers and the
- * rungs' metrics filled. Nothing on the plan device or for a ladder without those rungs. */
+ * res), one peer process for all of them (k->fresh: a new one for each rung), `fn` for each,
+ * res.case_metrics.peers (fresh_process: k->fresh) and the rungs' metrics filled. Nothing on
+ * the plan device or for a ladder without those rungs. */
 vl_status vl_peer_side_by_side(vl_case_env *env, cJSON *res, const vl_peer_kind *k, const vl_peer_rounds *R,
                                const char *const *compared, int n_compared, vl_peer_rung_fn fn);
 /* The rung, engine and peer in turn: the peer's setup, then the rounds of R. Into o: the times of both,

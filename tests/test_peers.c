@@ -1,4 +1,4 @@
-/* The PyTorch peers' plumbing (kit/peers.c, {llm-lora/llm,seg-ckpt/seg}_torch.c): parsing a
+/* The PyTorch peers' plumbing (kit/peers.c, {llm-lora/llm,seg-ckpt/seg,sd-lora/sdl}_torch.c): parsing a
  * peer's replies, the peer process under its line protocol (fake peers in sh: a good one,
  * one that prints garbage, one that dies, one that stalls, one that answers an error), the
  * llm-lora extra hook with a missing, a broken and a fake interpreter (never a failure of
@@ -24,6 +24,7 @@
 #include "cases/llm-lora/llm_torch.h"
 #include "kit/peers.h"
 #include "harness/report.h"
+#include "cases/sd-lora/sdl_torch.h"
 #include "cases/seg-ckpt/seg_torch.h"
 #include "testutil.h"
 #include "vramlab/fileio.h"
@@ -418,6 +419,56 @@ static void test_real_seg_peer(void **state) {
   cJSON_Delete(res);
 }
 
+/* sd-lora's disk_cache rung (the U-Net LoRA step on cached latents) at tiny scale: the same
+ * U-Net on both sides (diffusers' UNet2DConditionModel at the engine's dimensions), seconds. */
+static void test_real_sd_peer(void **state) {
+  (void)state;
+  static vl_ladder L;
+  cJSON *res = tiny_results("sd-lora", "disk_cache", &L);
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L.setting, .quiet = 1};
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(1); /* one thread each side: no spinning barriers on a busy shared machine */
+  vl_status s = vl_sdl_peers(&env, res);
+  omp_set_num_threads(threads);
+  assert_int_equal(s, VL_OK);
+  if (real_not_installed(res)) {
+    cJSON_Delete(res);
+    skip();
+  }
+  check_real(res, "disk_cache");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(peers_of(res), "fresh_process")));
+  cJSON_Delete(res);
+}
+
+/* sd-lora's peer-config: every rung, the uncached ones with their encoders' sizes, batch = max
+ * not measured; a fresh process per rung. */
+static void test_sd_peer_config(void **state) {
+  (void)state;
+  static vl_ladder L;
+  vl_err err;
+  assert_int_equal(vl_ladder_load(&L, VRAMLAB_SOURCE_DIR, "sd-lora", &err), VL_OK);
+  cJSON *pc = vl_peer_configs(vl_case_find("sd-lora"), &L, "tiny", NULL, 2, &err);
+  if (!pc) fail_msg("%s", err.msg);
+  const cJSON *rungs = cJSON_GetObjectItem(pc, "rungs");
+  assert_int_equal(cJSON_GetArraySize(rungs), L.n_rungs);
+  const cJSON *before = cJSON_GetObjectItem(cJSON_GetObjectItem(rungs, "before"), "config");
+  const cJSON *m = cJSON_GetObjectItem(before, "model");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(m, "encoders_in_step")));
+  assert_non_null(cJSON_GetObjectItem(m, "vae"));
+  assert_true(vl_rep_num(cJSON_GetObjectItem(m, "clip"), "n_pos") == 16);
+  const cJSON *u = cJSON_GetObjectItem(m, "unet");
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(u, "block_out_channels")), 4);
+  assert_true(vl_rep_num(u, "ctx_dim") == 64); /* the text encoder's width */
+  const cJSON *dc = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(rungs, "disk_cache"), "config"), "model");
+  assert_false(cJSON_IsTrue(cJSON_GetObjectItem(dc, "encoders_in_step")));
+  assert_null(cJSON_GetObjectItem(dc, "vae"));
+  const cJSON *t = cJSON_GetObjectItem(before, "train");
+  assert_string_equal(vl_rep_str(t, "attention"), "efficient");
+  assert_true(vl_rep_num(t, "lora_rank") == 8);
+  assert_non_null(strstr(vl_rep_str(cJSON_GetObjectItem(rungs, "after"), "not_measured"), "batch = max"));
+  cJSON_Delete(pc);
+}
+
 /* ---- the MemTracker fixtures (tools/peers/memtracker_all.py) ------------------------------- */
 /* A measurement of a rung: {"error": why}, or the keys with positive numbers. */
 static void check_measured(const char *rung, const char *what, const cJSON *m) {
@@ -500,6 +551,7 @@ static void test_memtracker_fixtures(void **state) {
   (void)state;
   check_memtracker_fixture("llm-lora");
   check_memtracker_fixture("seg-ckpt");
+  check_memtracker_fixture("sd-lora");
 }
 
 /* A changed rung makes its fixture stale: the same check fails. */
@@ -540,6 +592,7 @@ int main(void) {
       cmocka_unit_test(test_extra_without_pytorch), cmocka_unit_test(test_extra_with_broken_peers),
       cmocka_unit_test(test_extra_with_fake_peer),  cmocka_unit_test(test_dataloader_references_without_pytorch),
       cmocka_unit_test(test_real_llm_peer),         cmocka_unit_test(test_real_seg_peer),
+      cmocka_unit_test(test_real_sd_peer),          cmocka_unit_test(test_sd_peer_config),
       cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -13,7 +13,7 @@
 #include "kit/rep.h"
 #include "vramlab/mimic.h"
 
-static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens"};
+static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens", false};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
 static const char *const compared[] = {"baseline", "lora"};
 

@@ -7,6 +7,7 @@
  * latents.c, feed.c; the case-wide measurements: losscmp.c. This file holds the plan, the
  * check and the case itself. */
 #include "sdl.h"
+#include "sdl_torch.h"
 
 /* Peak memory of the step at batches 1..64 with the given attention (pairs [batch, bytes]). */
 static cJSON *curve(const vl_sdl_rung *r, vl_attn_impl impl) {
@@ -99,7 +100,16 @@ static const char *const metrics[] = {
     "cache_build_s", "cache_build_s_modeled", "payoff_epochs_cpu_build", "loss_max_rel_diff_moments", "loss_max_rel_diff_sample",
     "latent_epoch_change_moments", "latent_epoch_change_sample", "encoders_in_step", "workers", "prefetch",
     "consumer_ms", "images", "batches_per_epoch", "steps_per_epoch", "cache_latent_disk_bytes",
-    "cache_text_disk_bytes", "cache_records", "cache_bytes_match_format", "encode_modeled_s_per_image", NULL};
+    "cache_text_disk_bytes", "cache_records", "cache_bytes_match_format", "encode_modeled_s_per_image",
+    /* the extra hook's PyTorch side by side (sdl_torch.c), on the compared rungs' first runs */
+    "peer_step_seconds", "speedup_vs_torch", "peer_peak_bytes", NULL};
+
+/* After the ladder: the cache's cost and the loss with and without it (losscmp.c), then the
+ * compared rungs' steps beside PyTorch (sdl_torch.c). */
+static vl_status sdl_extra(vl_case_env *env, cJSON *res) {
+  VL_TRY(vl_sdl_extra(env, res));
+  return vl_sdl_peers(env, res);
+}
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
@@ -114,7 +124,8 @@ const vl_case vl_case_sd_lora = {
     .check = sdl_check,
     .plan = sdl_plan,
     .run = vl_sdl_run,
-    .extra = vl_sdl_extra,
+    .extra = sdl_extra,
+    .peer_config = vl_sdl_peer_config,
     .method = "Memory, FLOPs, fit and the largest batch on 24 GB and 48 GB cards are **planned at full scale** "
               "(SD 1.5's U-Net, VAE encoder and CLIP text encoder exactly, 512x512) by the plan backend, which "
               "runs the exact allocation sequence of a training step through the same arena algorithm as a real "

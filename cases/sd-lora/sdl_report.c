@@ -12,6 +12,7 @@
 
 #include "kit/rep.h"
 #include "sdl.h"
+#include "sdl_torch.h"
 
 static const cJSON *last_rung(const cJSON *res) {
   const cJSON *r, *last = NULL;
@@ -362,7 +363,10 @@ void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, co
   else fprintf(md, "## Measured ladder\n\nNot measured here: this results file holds plans only.\n\n");
   if (cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "cache_sizes_50k")))
     cache_section(res, md);
-  if (ran) loss_section(res, appendix);
+  if (ran) {
+    loss_section(res, appendix);
+    vl_sdl_peers_report(res, appendix);
+  }
   fprintf(md, "## Plots\n\n");
   plots(res, dir, md, case_id, gnuplot);
 }

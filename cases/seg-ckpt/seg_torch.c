@@ -13,7 +13,7 @@
 #include "kit/rep.h"
 #include "seg.h"
 
-static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images"};
+static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images", false};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
 static const char *const compared[] = {"before", "relu_off"};
 

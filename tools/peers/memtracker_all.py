@@ -9,7 +9,7 @@ serialisation: the same setup the case's side-by-side sends its peer). Per rung,
 fresh process (a peer that ran an earlier rung reads low on the next):
   - tools/peers/memtracker_peer.py: MemTracker's peak by category on fake tensors, and the
     seconds the trace took;
-  - the case's peer (llm_lora_peer.py, seg_peer.py) standalone with build/libvlmemcount.so
+  - the case's peer (llm_lora_peer.py, seg_peer.py, sd_lora_peer.py) standalone with build/libvlmemcount.so
     preloaded: PyTorch's real CPU peak (live heap bytes above those when the setup began, the
     highest over --steps timed steps after --warmup), as the side by side measures it.
 A rung no CPU peer runs (an NF4 base, batch = max) is recorded with its reason; a run that
@@ -17,7 +17,7 @@ fails or runs past --timeout records its error; a rung whose setup is an earlier
 knob PyTorch's CPU step has no part in: llm-lora's cap, seg-ckpt's loader) gets that rung's
 results and "same_config_as". The fixture (stable key order, two-space
 indent):
-  {"case", "scale", "generator", "versions": {torch, transformers, peft, torchvision},
+  {"case", "scale", "generator", "versions": {torch, transformers, peft, torchvision, diffusers},
    "rungs": {RUNG: {"script", "config", "memtracker": {peak_bytes, categories,
                     build_seconds, trace_seconds, steps} | {"error"},
                     "real_cpu": {peak_bytes, persistent_bytes, step_extra_bytes,
@@ -61,7 +61,7 @@ def memtracker(script, cfg, steps, timeout):
     if "error" in r:
         return {"error": r["error"]}, {}
     keep = ("peak_bytes", "categories", "build_seconds", "trace_seconds", "steps")
-    vers = {k: r[k] for k in ("torch", "transformers", "peft", "torchvision") if k in r}
+    vers = {k: r[k] for k in ("torch", "transformers", "peft", "torchvision", "diffusers") if k in r}
     return {k: r[k] for k in keep}, vers
 
 
@@ -84,7 +84,7 @@ def real_cpu(script, cfg, build, warmup, steps, timeout):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", required=True, help="llm-lora or seg-ckpt")
+    ap.add_argument("--case", required=True, help="llm-lora, seg-ckpt or sd-lora")
     ap.add_argument("--scale", default="small")
     ap.add_argument("--step", help="one rung only (printed, no fixture written)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (vramlab, libvlmemcount.so)")

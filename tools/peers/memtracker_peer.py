@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's own memory estimate of a rung's training step: MemTracker
 (torch.distributed._tools.mem_tracker) over the step the case's PyTorch peer runs
-(tools/peers/llm_lora_peer.py, seg_peer.py: their `make` builds it, imported), traced on
+(tools/peers/llm_lora_peer.py, seg_peer.py, sd_lora_peer.py: their `make` builds it,
+imported), traced on
 fake tensors (FakeTensorMode on the CPU device: the real ops' shapes, dtypes and
 allocations, no memory and no arithmetic). The model, its optimizer and the batch are built
 under the fake mode, then `steps` training steps are traced (default 2: the first creates
@@ -16,7 +17,8 @@ GradScaler's overflow check and scale update are left out (peer_common.Stepper.o
   {"script", "device": "cpu (fake)", "steps", "peak_bytes": MemTracker's total peak,
    "categories": {"PARAM": bytes, "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH"} at that peak,
    "build_seconds": building the model and optimizer on fake tensors,
-   "trace_seconds": the traced steps, "torch", "transformers", "peft", "torchvision"}
+   "trace_seconds": the traced steps, "torch", "transformers", "peft", "torchvision",
+   "diffusers"}
 or {"error": ...} with exit status 1 (an import that fails also names "missing"). One
 process per rung: a process that traced an earlier rung may keep state (compiled kernels,
 caches) that a later trace does not see again. Anything a library prints goes to stderr."""
@@ -33,7 +35,8 @@ import peer_common  # noqa: E402
 
 # the peers MemTracker can trace: their module and what they import
 PEERS = {"llm_lora_peer.py": ("llm_lora_peer", ("transformers", "peft")),
-         "seg_peer.py": ("seg_peer", ("torchvision",))}
+         "seg_peer.py": ("seg_peer", ("torchvision",)),
+         "sd_lora_peer.py": ("sd_lora_peer", ("diffusers", "transformers", "peft"))}
 
 
 class NoMemory:
@@ -102,6 +105,22 @@ def frozen_hooks_skipped(torch):
         setattr(torch.Tensor, name, wrapped)
 
 
+def total_peak_only(mt):
+    """MemTracker updates, on every op, the peak of every module it has seen that is active
+    (a loop over all of them: O(ops x modules), minutes for a U-Net with PEFT's thousands of
+    modules); only the total peak (get_tracker_snapshot("peak")) is read here, so the
+    per-module loop is left out and the total's update kept as MemTracker writes it."""
+    from copy import deepcopy
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    def update(peak_state):
+        for dev, dev_snap in mt._curr_mem_snap.items():
+            if mt._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                mt._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                mt._peak_mem_snap[dev] = deepcopy(dev_snap)
+    mt._update_peak_stats = update
+
+
 def trace(torch, make, cfg, steps):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -115,6 +134,7 @@ def trace(torch, make, cfg, steps):
         st = make(torch, NoMemory(), cfg)
         t1 = time.perf_counter()
         mt = MemTracker()
+        total_peak_only(mt)
         mt.track_external(st.model, st.opt)
         with mt:
             for _ in range(steps):  # per-module statistics are per forward (a micro-batch of an
