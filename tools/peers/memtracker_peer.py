@@ -154,8 +154,11 @@ def trace(torch, make, cfg, steps):
             "build_seconds": round(t1 - t0, 3), "trace_seconds": round(t2 - t1, 3)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(doc, run):
+    """The command line both fake-tensor tools share (this one and torch_trace.py): --script,
+    --config, --steps; the peer's modules imported (a missing one named); run(torch, make, cfg,
+    steps) -> dict, emitted with the script and versions; every failure a reply."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--script", required=True, choices=sorted(PEERS), help="the peer the config belongs to")
     ap.add_argument("--config", required=True, help="the peer's setup (JSON)")
     ap.add_argument("--steps", type=int, default=2, help="training steps traced (default 2)")
@@ -171,15 +174,18 @@ def main():
     import torch
     try:
         cfg = json.loads(a.config)
-        make = importlib.import_module(module).make
-        out = {"script": a.script, "device": "cpu (fake)", "steps": a.steps}
-        out.update(trace(torch, make, cfg, a.steps))
+        out = {"script": a.script, "steps": a.steps}
+        out.update(run(torch, importlib.import_module(module).make, cfg, a.steps))
         out.update(versions())
     except Exception as e:  # every failure is a reply
         peer_common.emit({"error": f"{type(e).__name__}: {e}"[:400]})
         return 1
     peer_common.emit(out)
     return 0
+
+
+def main():
+    return cli(__doc__, lambda torch, make, cfg, steps: dict(device="cpu (fake)", **trace(torch, make, cfg, steps)))
 
 
 if __name__ == "__main__":

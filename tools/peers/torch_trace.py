@@ -22,9 +22,6 @@ JSON object:
    "peak_phase"}
 or {"error": ...} with exit status 1. A storage is counted once however many tensors view it;
 its bytes are its nbytes (no allocator rounding: the CPU's and MemTracker's view)."""
-import argparse
-import importlib
-import json
 import os
 import sys
 import weakref
@@ -116,30 +113,7 @@ def trace(torch, make, cfg, steps):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--script", required=True, choices=sorted(memtracker_peer.PEERS))
-    ap.add_argument("--config", required=True, help="the peer's setup (JSON)")
-    ap.add_argument("--steps", type=int, default=2, help="training steps traced (default 2)")
-    a = ap.parse_args()
-    peer_common._claim_stdout()
-    module, needs = memtracker_peer.PEERS[a.script]
-    for name in ("torch",) + needs:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            peer_common.emit({"error": f"cannot import {name}: {e}", "missing": name})
-            return 1
-    import torch
-    try:
-        cfg = json.loads(a.config)
-        out = {"script": a.script, "steps": a.steps, "config": cfg}
-        out.update(memtracker_peer.versions())
-        out.update(trace(torch, importlib.import_module(module).make, cfg, a.steps))
-    except Exception as e:  # every failure is a reply
-        peer_common.emit({"error": f"{type(e).__name__}: {e}"[:400]})
-        return 1
-    peer_common.emit(out)
-    return 0
+    return memtracker_peer.cli(__doc__, lambda torch, make, cfg, steps: dict(config=cfg, **trace(torch, make, cfg, steps)))
 
 
 if __name__ == "__main__":
