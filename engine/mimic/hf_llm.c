@@ -10,7 +10,6 @@
 #include <time.h>
 
 #include "tape.h"
-#include "vramlab/cachealloc.h"
 
 typedef struct {
   mt_id w, bias, a, b; /* base weight, its bias; LoRA A (r x in) and B (out x r) */
@@ -31,10 +30,7 @@ typedef struct {
   bool lora, cuda;
   mt_id embed, norm, head, inv_freq, batch;
   layer *L;
-  mt_id *train; /* the trainable parameters in model.parameters() order */
-  int ntrain;
-  mt_id *state; /* optimizer state: (m, v) or (momentum) per trainable parameter */
-  bool has_state;
+  mt_optim opt; /* the trainable parameters in model.parameters() order, their state */
   int64_t end_fwd;
 } prog;
 
@@ -43,7 +39,7 @@ static int esz_of(vl_dtype d) { return d == VL_F32 ? 4 : 2; }
 static mt_id param(prog *p, int64_t numel, bool trainable) {
   int esz = trainable && p->lora ? 4 : p->pesz;
   mt_id x = mt_leaf(p->t, "param", numel, esz, VL_MC_PARAM, trainable);
-  if (trainable) p->train[p->ntrain++] = x;
+  if (trainable) p->opt.train[p->opt.ntrain++] = x;
   return x;
 }
 
@@ -291,60 +287,6 @@ static mt_id forward(prog *p) {
   return l2;
 }
 
-/* ---- clip, optimizer, zero_grad ------------------------------------------------------------ */
-
-static void clip(prog *p) {
-  mt_tape *t = p->t;
-  /* clip_grad_norm_: a norm per gradient (torch._foreach_norm on CUDA, vector_norm each on
-   * the CPU), their stack and its norm, the clip coefficient; gradients scaled in place */
-  mt_id norms[4096];
-  int n = p->ntrain < 4096 ? p->ntrain : 4096;
-  for (int i = 0; i < n; i++) norms[i] = mt_temp(t, "linalg_vector_norm", 1, 4);
-  mt_id st = mt_temp(t, "stack", n, 4), tot = mt_temp(t, "linalg_vector_norm", 1, 4);
-  mt_drop(t, st);
-  for (int i = 0; i < n; i++) mt_drop(t, norms[i]);
-  mt_id c = mt_temp(t, "clamp", 1, 4);
-  drop2(p, tot, c);
-}
-
-static void optimizer_step(prog *p) {
-  mt_tape *t = p->t;
-  const vl_train_cfg *tc = &p->c->model.tc;
-  bool sgd = tc->optim.opt == VL_OPT_SGD;
-  int per = sgd ? 1 : 2;
-  if (!p->has_state) { /* _init_group: state created on the first step */
-    for (int i = 0; i < p->ntrain; i++) {
-      mt_id w = p->train[i];
-      int64_t n = mt_numel(t, w);
-      if (!sgd && !p->cuda) (void)mt_leaf(t, "lift_fresh", 1, 4, VL_MC_OPT, false); /* step (host on CUDA) */
-      for (int j = 0; j < per; j++)
-        p->state[per * i + j] = mt_leaf(t, sgd ? "clone" : "zeros_like", n, mt_esz(t, w), VL_MC_OPT, false);
-    }
-    p->has_state = true;
-  }
-  if (sgd) return; /* momentum and the update in place */
-  if (p->cuda) { /* _multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) */
-    mt_id *s = p->state + 0;
-    mt_id tmp[8192];
-    int n = p->ntrain < 8192 ? p->ntrain : 8192;
-    for (int i = 0; i < n; i++) tmp[i] = mt_temp(t, "_foreach_sqrt", mt_numel(t, s[2 * i + 1]), mt_esz(t, s[2 * i + 1]));
-    for (int i = 0; i < n; i++) mt_drop(t, tmp[i]);
-    return;
-  }
-  /* _single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps); the
-   * previous parameter's denom is freed when the name is rebound */
-  mt_id prev = 0;
-  for (int i = 0; i < p->ntrain; i++) {
-    mt_id v = p->state[2 * i + 1];
-    mt_id sq = mt_temp(t, "sqrt", mt_numel(t, v), mt_esz(t, v));
-    mt_id dv = mt_temp(t, "div", mt_numel(t, v), mt_esz(t, v));
-    mt_drop(t, sq);
-    mt_drop(t, prev);
-    prev = dv;
-  }
-  mt_drop(t, prev);
-}
-
 static void one_step(prog *p) {
   mt_tape *t = p->t;
   int64_t accum = p->c->accum;
@@ -363,43 +305,9 @@ static void one_step(prog *p) {
     mt_drop(t, root);
   }
   mt_phase(t, 'o');
-  if (p->c->model.tc.clip > 0) clip(p);
-  optimizer_step(p);
-  for (int i = 0; i < p->ntrain; i++) mt_grad_none(t, p->train[i]);
-}
-
-/* ---- the caching allocator's replay --------------------------------------------------------- */
-
-static vl_status replay_cuda(const mt_tape *t, uint64_t capacity, vl_mimic_result *r, char *why, size_t whyn) {
-  int64_t n;
-  const mt_ev *ev = mt_events(t, &n);
-  int32_t maxid = 0;
-  for (int64_t i = 0; i < n; i++)
-    if (ev[i].id > maxid) maxid = ev[i].id;
-  vl_cachealloc *ca = NULL;
-  uint64_t *h = calloc((size_t)maxid + 1, sizeof *h);
-  vl_status st = h ? vl_cachealloc_create(&ca, capacity) : VL_ERR_OOM;
-  for (int64_t i = 0; st == VL_OK && i < n; i++) {
-    if (ev[i].id > 0)
-      st = vl_cachealloc_malloc(ca, (uint64_t)ev[i].bytes, &h[ev[i].id]);
-    else
-      vl_cachealloc_free(ca, h[-ev[i].id]);
-  }
-  if (st == VL_ERR_OOM && ca) { /* out of device memory: a result, not a failure */
-    r->oom = true;
-    st = VL_OK;
-  }
-  if (st == VL_OK) {
-    vl_ca_stats cs;
-    vl_cachealloc_stats(ca, &cs);
-    r->max_allocated = (int64_t)cs.allocated_peak;
-    r->max_reserved = (int64_t)cs.reserved_peak;
-  } else {
-    snprintf(why, whyn, "the caching allocator's replay failed (%s)", vl_status_name(st));
-  }
-  vl_cachealloc_destroy(ca);
-  free(h);
-  return st;
+  if (p->c->model.tc.clip > 0) mt_clip(t, &p->opt);
+  mt_optim_step(t, &p->opt);
+  mt_zero_grad(t, &p->opt);
 }
 
 /* ---- entry ---------------------------------------------------------------------------------- */
@@ -436,10 +344,10 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   int64_t max_train = 2 + m->n_layers * 24;
   p.t = mt_new(sink, user);
   p.L = calloc((size_t)m->n_layers, sizeof *p.L);
-  p.train = calloc((size_t)max_train, sizeof *p.train);
-  p.state = calloc((size_t)max_train * 2, sizeof *p.state);
+  p.opt = (mt_optim){.train = calloc((size_t)max_train, sizeof(mt_id)),
+                     .state = calloc((size_t)max_train * 2, sizeof(mt_id)), .opt = tc->optim.opt, .cuda = p.cuda};
   vl_status st = VL_OK;
-  if (!p.t || !p.L || !p.train || !p.state) {
+  if (!p.t || !p.L || !p.opt.train || !p.opt.state) {
     snprintf(why, whyn, "out of host memory");
     st = VL_ERR_OOM;
     goto done;
@@ -454,12 +362,12 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   mt_result(p.t, out);
   out->base_bytes = base;
   out->end_forward_bytes = p.end_fwd;
-  if (p.cuda) st = replay_cuda(p.t, c->capacity, out, why, whyn);
+  if (p.cuda) st = mt_replay_cuda(p.t, c->capacity, out, why, whyn);
 done:
   mt_free(p.t);
   free(p.L);
-  free(p.train);
-  free(p.state);
+  free(p.opt.train);
+  free(p.opt.state);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   return st;

@@ -35,6 +35,16 @@ struct mt_tape {
   char phase;
   int step;
   int32_t nbw; /* backward passes so far */
+  bool in_ckpt;          /* inside a checkpointed block's forward: nothing saved */
+  int32_t recompute;     /* > 0: the next node a recomputed op's saves go to */
+  struct ckpt {
+    int32_t first, last; /* the block's nodes */
+    mt_id x;
+    mt_block_fn fn;
+    void *ctx;
+    bool done;
+  } *ck;
+  int32_t nck, cck;
   int64_t live, cat[VL_MC_N];
   vl_mimic_result best;
 };
@@ -66,6 +76,7 @@ mt_tape *mt_new(vl_mimic_sink sink, void *user) {
 
 void mt_free(mt_tape *t) {
   if (!t) return;
+  free(t->ck);
   free(t->t);
   free(t->n);
   free(t->ev);
@@ -163,6 +174,10 @@ mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz) {
 }
 
 static mt_id node(mt_tape *t, mt_bw bw, const char *op, mt_id out, const mt_id *in, int nin) {
+  if (t->recompute > 0) { /* a recomputed op: its saves go to the forward's node */
+    (void)bw, (void)op, (void)in, (void)nin, (void)out;
+    return t->recompute++;
+  }
   if (t->nn == t->cn) {
     t->cn *= 2;
     t->n = grow(t->n, (size_t)t->cn, sizeof(mt_node));
@@ -179,7 +194,7 @@ static mt_id node(mt_tape *t, mt_bw bw, const char *op, mt_id out, const mt_id *
 }
 
 static void save(mt_tape *t, mt_node *n, mt_id x) {
-  if (!x) return;
+  if (!x || t->in_ckpt) return; /* under checkpoint: a holder, no reference */
   mt_ref(t, x);
   n->saved[n->nsaved++] = x;
 }
@@ -205,7 +220,19 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
     break;
   case MT_BW_POW2:
   case MT_BW_SILU:
+  case MT_BW_POOL:
     save(t, n, a);
+    break;
+  case MT_BW_CONV:
+    if (mt_requires_grad(t, b)) save(t, n, a);
+    if (mt_requires_grad(t, a)) save(t, n, b);
+    break;
+  case MT_BW_BN:
+    save(t, n, a);
+    save(t, n, b);
+    break;
+  case MT_BW_RELU:
+    save(t, n, out);
     break;
   case MT_BW_RSQRT:
   case MT_BW_LOGSOFTMAX:
@@ -227,6 +254,45 @@ mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel) {
   mt_ref(t, x);
   if (t->t[x].rg) node(t, MT_BW_SLICE, "slice", v, &x, 1);
   return v;
+}
+
+mt_id mt_inplace(mt_tape *t, const char *op, mt_bw bw, mt_id x, mt_id b) {
+  bool rg = t->t[x].rg || mt_requires_grad(t, b);
+  mt_id v = make_as(t, op, t->t[x].numel, t->t[x].esz, VL_MC_ACT, rg, true);
+  t->t[v].base = x;
+  mt_ref(t, x);
+  if (!rg) return v;
+  mt_id in[2] = {x, b};
+  int32_t ni = node(t, bw, op, v, in, b ? 2 : 1);
+  mt_node *n = &t->n[ni];
+  if (bw == MT_BW_RELU) save(t, n, v);
+  return v;
+}
+
+void mt_aux(mt_tape *t, mt_id out, const char *op, int64_t numel, int esz) {
+  int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
+  mt_id a = make(t, op, numel, esz, cat, false);
+  int32_t ni = t->recompute > 0 ? t->recompute - 1 : t->t[out].node;
+  if (t->t[out].rg && ni > 0) save(t, &t->n[ni], a);
+  mt_drop(t, a);
+}
+
+void mt_ckpt_begin(mt_tape *t, mt_id x) {
+  if (t->nck == t->cck) {
+    t->cck = t->cck ? 2 * t->cck : 64;
+    t->ck = grow(t->ck, (size_t)t->cck, sizeof *t->ck);
+  }
+  t->ck[t->nck] = (struct ckpt){.first = t->nn, .x = x};
+  mt_ref(t, x);
+  t->in_ckpt = true;
+}
+
+void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx) {
+  struct ckpt *c = &t->ck[t->nck++];
+  c->last = t->nn - 1;
+  c->fn = fn;
+  c->ctx = ctx;
+  t->in_ckpt = false;
 }
 
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel) {
@@ -411,6 +477,31 @@ static void run_node(mt_tape *t, mt_node *n) {
   case MT_BW_CAST:
     if (ra) defer(&out, a, tmp(t, "_to_copy", t->t[a].numel, t->t[a].esz));
     break;
+  case MT_BW_CONV: {
+    mt_id ga = ra ? tmp(t, "convolution_backward", t->t[a].numel, t->t[g].esz) : 0;
+    mt_id gb = rb ? tmp(t, "convolution_backward", t->t[b].numel, t->t[g].esz) : 0;
+    if (ga) defer(&out, a, ga);
+    if (gb) defer(&out, b, gb);
+    break;
+  }
+  case MT_BW_BN: {
+    mt_id ga = ra ? tmp(t, "native_batch_norm_backward", t->t[a].numel, t->t[a].esz) : 0;
+    mt_id gb = rb ? tmp(t, "native_batch_norm_backward", t->t[b].numel, t->t[b].esz) : 0;
+    mt_id gc = rc ? tmp(t, "native_batch_norm_backward", t->t[c].numel, t->t[c].esz) : 0;
+    if (ga) defer(&out, a, ga);
+    if (gb) defer(&out, b, gb);
+    if (gc) defer(&out, c, gc);
+    break;
+  }
+  case MT_BW_RELU:
+    if (ra) defer(&out, a, tmp(t, "threshold_backward", t->t[a].numel, t->t[g].esz));
+    break;
+  case MT_BW_POOL:
+    if (ra) defer(&out, a, tmp(t, "max_pool2d_with_indices_backward", t->t[a].numel, t->t[a].esz));
+    break;
+  case MT_BW_UPSAMPLE:
+    if (ra) defer(&out, a, tmp(t, "upsample_bilinear2d_backward", t->t[a].numel, t->t[a].esz));
+    break;
   case MT_BW_POW2:
   case MT_BW_RSQRT:
     if (ra) {
@@ -462,7 +553,29 @@ void mt_backward(mt_tape *t, mt_id loss) {
   t->nbw++;
   mt_t *l = &t->t[loss];
   l->pend = tmp(t, "ones_like", 1, l->esz);
-  for (int32_t i = t->nn - 1; i >= 1; i--) run_node(t, &t->n[i]);
+  int32_t k = t->nck - 1; /* the checkpointed blocks, last first */
+  for (int32_t i = t->nn - 1; i >= 1; i--) {
+    while (k >= 0 && t->ck[k].first > t->ck[k].last) { /* a block without nodes: its frame goes */
+      mt_drop(t, t->ck[k].x);
+      k--;
+    }
+    if (k >= 0 && i == t->ck[k].last && !t->ck[k].done) { /* unpacking the block's first saved
+                                                              value re-runs the block */
+      struct ckpt c = t->ck[k];
+      t->ck[k].done = true;
+      t->recompute = c.first;
+      mt_id y = c.fn(c.ctx, c.x);
+      t->recompute = 0;
+      mt_drop(t, y);
+    }
+    run_node(t, &t->n[i]);
+    if (k >= 0 && i == t->ck[k].first) {
+      mt_drop(t, t->ck[k].x);
+      k--;
+    }
+  }
+  for (; k >= 0; k--) mt_drop(t, t->ck[k].x);
+  t->nck = 0;
   t->nn = 1; /* the graph is freed with the backward */
 }
 

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "vramlab/mimic.h"
+#include "vramlab/nn.h"
 
 typedef int32_t mt_id; /* 0: none */
 
@@ -46,6 +47,13 @@ typedef enum {
   MT_BW_EMBED,    /* embedding: saves the indices; grad: embedding_dense_backward (W's size) */
   MT_BW_LOGSOFTMAX, /* saves its result; grad: one of the input's size */
   MT_BW_NLL,      /* nll_loss: saves target; grad: one of the input's size */
+  MT_BW_CONV,     /* convolution: in0 x, in1 W: saves x (if W needs grad) and W (if x does); grads
+                     convolution_backward: x's, then W's */
+  MT_BW_BN,       /* native_batch_norm (training): saves x, weight, save_mean, save_invstd;
+                     grads native_batch_norm_backward: x's, weight's, bias's (in2) */
+  MT_BW_RELU,     /* relu / relu_: saves its result; grad: threshold_backward */
+  MT_BW_POOL,     /* max_pool2d_with_indices: saves x and the indices; grad: one of x's size */
+  MT_BW_UPSAMPLE, /* upsample_bilinear2d: no saves; grad: one of x's size */
 } mt_bw;
 
 typedef struct mt_tape mt_tape;
@@ -63,6 +71,23 @@ mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz);
 /* An op: out = numel x esz from inputs (0-terminated list of up to 4); saves per its formula;
  * `extra`: a second output (SDPA's logsumexp: numel x 4 bytes), returned through *extra. */
 mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id a, mt_id b, mt_id c);
+/* An in-place op on x (relu_, add_): x's storage under a new name (no bytes, keeps x alive)
+ * whose node is the op's, b the other operand (add_) or 0. */
+mt_id mt_inplace(mt_tape *t, const char *op, mt_bw bw, mt_id x, mt_id b);
+/* Two more outputs of an op that only its node keeps (batch norm's save_mean and save_invstd,
+ * max-pool's indices): allocated after out and saved by out's node (or dropped at once when
+ * out has none). */
+void mt_aux(mt_tape *t, mt_id out, const char *op, int64_t numel, int esz);
+
+/* torch.utils.checkpoint (non-reentrant) around a block: between begin and end nothing is
+ * saved (the frame keeps the block's input, x); in backward, before the block's last node
+ * runs, fn(ctx, x) runs the block again and what its ops save is attached to the block's
+ * nodes in order (the recomputed values, freed as each node lets go of them); the frame lets
+ * go of x once the block's first node has run. */
+typedef mt_id (*mt_block_fn)(void *ctx, mt_id x);
+void mt_ckpt_begin(mt_tape *t, mt_id x);
+void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx);
+
 /* a slice of x (a view: no bytes, keeps x alive; its backward is slice_backward) */
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);
@@ -94,5 +119,21 @@ typedef struct {
   int64_t bytes;
 } mt_ev;
 const mt_ev *mt_events(const mt_tape *t, int64_t *n);
+
+/* ---- step.c: what every step shares ------------------------------------------------------ */
+typedef struct {
+  mt_id *train;   /* the trainable parameters, in model.parameters() order */
+  int ntrain;
+  mt_id *state;   /* AdamW (exp_avg, exp_avg_sq) or SGD (momentum_buffer) per parameter */
+  bool has_state; /* created on the first step */
+  vl_optimizer opt;
+  bool cuda;      /* foreach (CUDA) or single-tensor (CPU) code path */
+} mt_optim;
+void mt_clip(mt_tape *t, const mt_optim *o);
+void mt_optim_step(mt_tape *t, mt_optim *o);
+void mt_zero_grad(mt_tape *t, const mt_optim *o);
+/* CUDA: the tape's events through the caching allocator (capacity 0: unlimited) into
+ * r->max_allocated / max_reserved, r->oom when it ran out. */
+vl_status mt_replay_cuda(const mt_tape *t, uint64_t capacity, vl_mimic_result *r, char *why, size_t whyn);
 
 #endif
