@@ -48,6 +48,28 @@ static vl_mimic_llm_cfg cfg_of(const cJSON *c) {
   return m;
 }
 
+static vl_mimic_resunet_cfg seg_cfg_of(const cJSON *c) {
+  vl_mimic_resunet_cfg m;
+  memset(&m, 0, sizeof m);
+  const cJSON *md = cJSON_GetObjectItem(c, "model"), *t = cJSON_GetObjectItem(c, "train");
+  m.model.image = (int64_t)vl_rep_num(md, "image");
+  m.model.in_ch = 3;
+  m.model.width = (int64_t)vl_rep_num(md, "width");
+  for (int i = 0; i < 4; i++) m.model.blocks[i] = (int)cJSON_GetNumberValue(cJSON_GetArrayItem(cJSON_GetObjectItem(md, "blocks"), i));
+  for (int i = 0; i < 5; i++) m.model.dec[i] = (int64_t)cJSON_GetNumberValue(cJSON_GetArrayItem(cJSON_GetObjectItem(md, "dec"), i));
+  m.model.classes = (int64_t)vl_rep_num(md, "classes");
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "compute"), &m.compute), 0);
+  assert_int_equal(vl_optimizer_parse(vl_rep_str(t, "optimizer"), &m.optim), 0);
+  m.checkpoint = cJSON_IsTrue(cJSON_GetObjectItem(t, "checkpoint"));
+  m.relu_inplace = cJSON_IsTrue(cJSON_GetObjectItem(t, "relu_inplace"));
+  m.clip = (float)vl_rep_num(t, "clip");
+  m.accum = (int64_t)vl_rep_num(t, "accum");
+  m.batch = (int64_t)vl_rep_num(c, "batch");
+  m.steps = 2;
+  m.device = VL_MIMIC_CPU;
+  return m;
+}
+
 static cJSON *load(const char *path) {
   char *text = NULL;
   size_t n = 0;
@@ -85,6 +107,12 @@ static void sink(void *user, const vl_mimic_event *e) {
   x->bytes = e->bytes;
 }
 
+/* what exists before the step (the mimic's leaves) */
+static bool is_leaf(const char *op) {
+  return !strcmp(op, "param") || !strcmp(op, "buffer") || !strcmp(op, "input_ids") || !strcmp(op, "input") ||
+         !strcmp(op, "target");
+}
+
 /* "mm.default" -> "mm": the overload is not the op */
 static void base_name(char *dst, size_t n, const char *op) {
   snprintf(dst, n, "%s", op);
@@ -97,7 +125,7 @@ static int64_t big_allocs(const evs *v, int64_t min, ev *out) {
   int64_t k = 0;
   for (int64_t i = 0; i < v->n; i++) {
     const ev *e = &v->e[i];
-    if (e->bytes < min || !strcmp(e->op, "param") || !strcmp(e->op, "buffer") || !strcmp(e->op, "input_ids")) continue;
+    if (e->bytes < min || is_leaf(e->op)) continue;
     out[k] = *e;
     base_name(out[k].op, sizeof out[k].op, e->op);
     k++;
@@ -135,9 +163,9 @@ static int segments(int64_t base, const ev *e, int64_t n, bool skip_leaves, seg 
   int k = -1;
   int64_t cur = base;
   for (int64_t i = 0; i < n; i++) {
-    if (skip_leaves && (!strcmp(e[i].op, "param") || !strcmp(e[i].op, "buffer") || !strcmp(e[i].op, "input_ids")))
-      continue;
-    if (k < 0 || out[k].phase != e[i].phase) {
+    if (skip_leaves && is_leaf(e[i].op)) continue;
+    bool scalar = e[i].bytes < 64 && e[i].bytes > -64; /* a loss or a norm: no phase of its own */
+    if (k < 0 || (out[k].phase != e[i].phase && !scalar)) {
       if (k + 1 >= cap) break;
       out[++k] = (seg){e[i].phase, cur, cur};
     }
@@ -150,13 +178,22 @@ static int segments(int64_t base, const ev *e, int64_t n, bool skip_leaves, seg 
 
 /* How far the mimic is from a trace: returns the number of checks that fail (printing each),
  * so a planted difference can be shown to fail. */
-static int compare_trace(const char *path, const vl_mimic_llm_cfg *cfg_in, bool quiet) {
+static bool is_seg(const cJSON *fx) { return !strcmp(vl_rep_str(fx, "script"), "seg_peer.py"); }
+
+/* cfg_in: a vl_mimic_llm_cfg or vl_mimic_resunet_cfg (the fixture's script says which) in place
+ * of the fixture's own config */
+static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
   cJSON *fx = load(path);
-  vl_mimic_llm_cfg cfg = cfg_in ? *cfg_in : cfg_of(cJSON_GetObjectItem(fx, "config"));
   evs v = {0};
   vl_mimic_result r;
   char why[200];
-  assert_int_equal(vl_mimic_llm(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  if (is_seg(fx)) {
+    vl_mimic_resunet_cfg cfg = cfg_in ? *(const vl_mimic_resunet_cfg *)cfg_in : seg_cfg_of(cJSON_GetObjectItem(fx, "config"));
+    assert_int_equal(vl_mimic_resunet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  } else {
+    vl_mimic_llm_cfg cfg = cfg_in ? *(const vl_mimic_llm_cfg *)cfg_in : cfg_of(cJSON_GetObjectItem(fx, "config"));
+    assert_int_equal(vl_mimic_llm(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  }
   const char *dump = getenv("VL_MIMIC_DUMP"); /* the mimic's events, to read beside the trace */
   FILE *df = dump && !quiet ? fopen(dump, "w") : NULL;
   for (int64_t k = 0; df && k < v.n; k++) fprintf(df, "%s %c %lld\n", v.e[k].op, v.e[k].phase, (long long)v.e[k].bytes);
@@ -227,7 +264,8 @@ static int compare_trace(const char *path, const vl_mimic_llm_cfg *cfg_in, bool 
   return bad;
 }
 
-static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen"};
+static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen",
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp"};
 
 static void test_traces(void **state) {
   (void)state;
@@ -262,18 +300,22 @@ static void test_traces_planted(void **state) {
 
 /* MemTracker's peak of each rung of the llm-lora fixture (small scale), to 0.1%: the mimic's
  * peak less the batch (MemTracker does not count the input, created before it tracks) */
-static void test_memtracker(void **state) {
-  (void)state;
-  cJSON *fx = load("tests/fixtures/memtracker/llm-lora.json");
+static int memtracker_fixture(const char *path) {
+  cJSON *fx = load(path);
   const cJSON *r;
   int n = 0;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(fx, "rungs")) {
     const cJSON *cfg = cJSON_GetObjectItem(r, "config"), *mt = cJSON_GetObjectItem(r, "memtracker");
     if (!cfg || !cJSON_IsNumber(cJSON_GetObjectItem(mt, "peak_bytes"))) continue;
-    vl_mimic_llm_cfg c = cfg_of(cfg);
     vl_mimic_result m;
     char why[200];
-    assert_int_equal(vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
+    if (!strcmp(vl_rep_str(r, "script"), "seg_peer.py")) {
+      vl_mimic_resunet_cfg c = seg_cfg_of(cfg);
+      assert_int_equal(vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
+    } else {
+      vl_mimic_llm_cfg c = cfg_of(cfg);
+      assert_int_equal(vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
+    }
     double want = vl_rep_num(mt, "peak_bytes"), got = (double)(m.peak_bytes - m.cat[VL_MC_OTH]);
     if (fabs(got - want) > 1e-3 * want)
       fail_msg("%s: mimic %.0f bytes, MemTracker %.0f (%+.3f%%)", r->string, got, want, 100 * (got / want - 1));
@@ -283,8 +325,14 @@ static void test_memtracker(void **state) {
     assert_true(fabs((double)m.cat[VL_MC_OPT] - vl_rep_num(cats, "OPT")) <= 1e-3 * vl_rep_num(cats, "OPT") + 4096);
     n++;
   }
-  assert_true(n >= 3);
   cJSON_Delete(fx);
+  return n;
+}
+
+static void test_memtracker(void **state) {
+  (void)state;
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora.json") >= 3);
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt.json") >= 5);
 }
 
 static vl_mimic_llm_cfg small_cfg(void) {

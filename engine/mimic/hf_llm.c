@@ -303,6 +303,7 @@ static void one_step(prog *p) {
     mt_phase(t, 'b');
     mt_backward(t, root);
     mt_drop(t, root);
+    mt_phase(t, 'o'); /* until the next forward (as tools/peers/torch_trace.py phases it) */
   }
   mt_phase(t, 'o');
   if (p->c->model.tc.clip > 0) mt_clip(t, &p->opt);

@@ -223,9 +223,9 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   case MT_BW_POOL:
     save(t, n, a);
     break;
-  case MT_BW_CONV:
-    if (mt_requires_grad(t, b)) save(t, n, a);
-    if (mt_requires_grad(t, a)) save(t, n, b);
+  case MT_BW_CONV: /* one formula for input and weight: both saved (derivatives.yaml) */
+    save(t, n, a);
+    save(t, n, b);
     break;
   case MT_BW_BN:
     save(t, n, a);
@@ -471,7 +471,8 @@ static void run_node(mt_tape *t, mt_node *n) {
                                  [MT_BW_LOGSOFTMAX] = "_log_softmax_backward_data",
                                  [MT_BW_NLL] = "nll_loss_backward", [MT_BW_MEAN] = "div",
                                  [MT_BW_SLICE] = "slice_backward", [MT_BW_EMBED] = "embedding_dense_backward"};
-    if (ra) defer(&out, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
+    const char *nm = n->bw == MT_BW_NLL && strstr(n->op, "2d") ? "nll_loss2d_backward" : name[n->bw];
+    if (ra) defer(&out, a, tmp(t, nm, t->t[a].numel, t->t[a].esz));
     break;
   }
   case MT_BW_CAST:
@@ -567,6 +568,8 @@ void mt_backward(mt_tape *t, mt_id loss) {
       mt_id y = c.fn(c.ctx, c.x);
       t->recompute = 0;
       mt_drop(t, y);
+      mt_autocast_exit(t); /* the recomputation ran in its own autocast region (checkpoint
+                              restores the forward's), whose weight cache goes with it */
     }
     run_node(t, &t->n[i]);
     if (k >= 0 && i == t->ck[k].first) {

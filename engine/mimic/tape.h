@@ -47,7 +47,7 @@ typedef enum {
   MT_BW_EMBED,    /* embedding: saves the indices; grad: embedding_dense_backward (W's size) */
   MT_BW_LOGSOFTMAX, /* saves its result; grad: one of the input's size */
   MT_BW_NLL,      /* nll_loss: saves target; grad: one of the input's size */
-  MT_BW_CONV,     /* convolution: in0 x, in1 W: saves x (if W needs grad) and W (if x does); grads
+  MT_BW_CONV,     /* convolution: in0 x, in1 W: saves both (one formula); grads
                      convolution_backward: x's, then W's */
   MT_BW_BN,       /* native_batch_norm (training): saves x, weight, save_mean, save_invstd;
                      grads native_batch_norm_backward: x's, weight's, bias's (in2) */

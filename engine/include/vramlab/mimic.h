@@ -23,6 +23,7 @@
 
 #include "vramlab/core.h"
 #include "vramlab/mistral.h"
+#include "vramlab/resunet.h"
 
 /* MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType), OTH holding the
  * batch. */
@@ -85,5 +86,23 @@ typedef struct {
 int64_t vl_mimic_llm_max_batch(const vl_mimic_llm_cfg *cfg, int64_t limit);
 vl_status vl_mimic_llm(const vl_mimic_llm_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                        char *why, size_t whyn);
+
+/* The seg-ckpt step in PyTorch (tools/peers/seg_peer.py): the ResNet U-Net with torchvision's
+ * Bottleneck blocks, NCHW, pixel cross-entropy on fp32 logits, autocast + GradScaler for
+ * fp16/bf16, torch.utils.checkpoint (non-reentrant) around every bottleneck, ReLU in place or
+ * not, AdamW or SGD, gradients set to None. */
+typedef struct {
+  vl_resunet_cfg model;
+  vl_dtype compute;
+  bool checkpoint, relu_inplace;
+  vl_optimizer optim;
+  float clip;
+  int64_t batch, accum;
+  int steps;
+  vl_mimic_device device;
+  uint64_t capacity; /* as vl_mimic_llm_cfg's */
+} vl_mimic_resunet_cfg;
+vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
+                           char *why, size_t whyn);
 
 #endif
