@@ -12,6 +12,7 @@
 
 #include "knobs.h"
 #include "util.h"
+#include "vramlab/mimic.h"
 #include "vramlab/run.h"
 
 /* A case's failures follow the engine's convention (vramlab/core.h): every hook and helper
@@ -128,6 +129,16 @@ void vl_case_plan_json(cJSON *out, const char *scale, const vl_plan_result *p, i
 /* The card and the search: card/cap/context bytes, fits, max_batch, the planner's seconds. */
 void vl_case_fit_json(cJSON *out, const vl_case_card *card, bool fits, int64_t max_batch, double t_plan,
                       double t_search);
+/* PyTorch's step on the card (vramlab/mimic.h) as a plan's "pytorch" object: what the mimic
+ * of the case's PyTorch step at `batch` needs (peak tensors, max_memory_allocated/reserved,
+ * categories, where its peak is), whether it fits under `cap` (the caching allocator's
+ * replay never fails), the largest batch that does (bisection up to 4096) and the seconds;
+ * {"not_mimicked": why} where the rung's step is not mimicked. run(cfg, batch, capacity, ...)
+ * runs the case's mimic. */
+typedef vl_status (*vl_case_mimic_fn)(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r,
+                                      char *why, size_t whyn);
+void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int64_t batch, uint64_t cap,
+                          const char *code_path);
 /* A run's common keys: scale, device, batch/accum, step_time, FLOPs, losses, loss scale,
  * the measured peak; its step-time statistics into *st. */
 void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *L, const vl_mem_stats *ms,

@@ -126,3 +126,36 @@ vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *
   if (s == VL_ERR_INTERRUPTED) cJSON_AddBoolToObject(out, "interrupted", 1);
   return s;
 }
+
+void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int64_t batch, uint64_t cap,
+                          const char *code_path) {
+  cJSON *o = cJSON_AddObjectToObject(out, "pytorch");
+  vl_mimic_result m, capped;
+  char why[200];
+  vl_status s = run(cfg, batch, 0, &m, why, sizeof why);
+  if (s == VL_OK) s = run(cfg, batch, cap, &capped, why, sizeof why);
+  if (s != VL_OK) {
+    cJSON_AddStringToObject(o, "not_mimicked", why);
+    return;
+  }
+  cJSON_AddStringToObject(o, "code_path", code_path);
+  cJSON_AddNumberToObject(o, "peak_bytes", (double)m.peak_bytes);
+  cJSON_AddNumberToObject(o, "max_allocated_bytes", (double)m.max_allocated);
+  cJSON_AddNumberToObject(o, "max_reserved_bytes", (double)m.max_reserved);
+  cJSON_AddBoolToObject(o, "fits", !capped.oom);
+  char ph[2] = {m.peak_phase, 0};
+  cJSON_AddStringToObject(o, "peak_phase", ph);
+  cJSON_AddStringToObject(o, "peak_op", m.peak_op);
+  cJSON *cat = cJSON_AddObjectToObject(o, "categories");
+  for (int i = 0; i < VL_MC_N; i++) cJSON_AddNumberToObject(cat, vl_mimic_cat_name(i), (double)m.cat[i]);
+  cJSON_AddNumberToObject(o, "plan_seconds", m.seconds);
+  double t0 = vl_now();
+  int64_t lo = 0, hi = 4097; /* lo fits (0: nothing does), hi does not */
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (run(cfg, mid, cap, &capped, why, sizeof why) == VL_OK && !capped.oom) lo = mid;
+    else hi = mid;
+  }
+  cJSON_AddNumberToObject(o, "max_batch", (double)lo);
+  cJSON_AddNumberToObject(o, "max_batch_search_seconds", vl_now() - t0);
+}

@@ -9,6 +9,7 @@
 
 #include "testutil.h"
 #include <cjson/cJSON.h>
+#include "kit/case.h"
 #include "kit/rep.h"
 #include "vramlab/fileio.h"
 #include "vramlab/mimic.h"
@@ -355,6 +356,14 @@ static vl_mimic_llm_cfg small_cfg(void) {
   return c;
 }
 
+static vl_status run_llm_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                              size_t whyn) {
+  vl_mimic_llm_cfg c = *(const vl_mimic_llm_cfg *)cfg;
+  c.batch = batch;
+  c.capacity = capacity;
+  return vl_mimic_llm(&c, r, NULL, NULL, why, whyn);
+}
+
 /* The CUDA code path: the foreach AdamW's sqrt of every exp_avg_sq at once, SDPA's enable_gqa
  * (no repeat_kv copies), the caching allocator's 512-byte blocks and segments. */
 static void test_cuda_path(void **state) {
@@ -376,18 +385,34 @@ static void test_cuda_path(void **state) {
   assert_true(rg.max_reserved >= rg.max_allocated);
   assert_int_equal(rg.max_reserved % (2 << 20), 0);
   assert_int_equal(rc.max_allocated, 0); /* no allocator replay on the CPU */
-  /* the largest batch under a capacity: it fits, one more does not */
-  g.capacity = (uint64_t)rg.max_reserved * 3;
-  int64_t mb = vl_mimic_llm_max_batch(&g, 256);
+  /* the largest batch under a capacity (kit's search over the mimic): it fits, one more does not */
+  uint64_t cap = (uint64_t)rg.max_reserved * 3;
+  cJSON *o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run_llm_cuda, &g, 2, cap, "test");
+  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
+  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
   assert_true(mb > 2);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(pt, "fits")));
+  assert_true(vl_rep_num(pt, "max_reserved_bytes") <= (double)cap);
+  cJSON_Delete(o);
+  g.capacity = cap;
   g.batch = mb;
   assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
   assert_false(rg.oom);
   g.batch = mb + 1;
   assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
   assert_true(rg.oom);
-  g.capacity = 1 << 20;
-  assert_int_equal(vl_mimic_llm_max_batch(&g, 256), 0);
+  o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run_llm_cuda, &g, 2, 1 << 20, "test");
+  assert_int_equal((int)vl_rep_num(cJSON_GetObjectItem(o, "pytorch"), "max_batch"), 0);
+  assert_false(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "pytorch"), "fits")));
+  cJSON_Delete(o);
+  /* a step it does not mimic says so */
+  g.model.tc.optim.opt = VL_OPT_ADAFACTOR;
+  o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run_llm_cuda, &g, 2, cap, "test");
+  assert_non_null(strstr(vl_rep_str(cJSON_GetObjectItem(o, "pytorch"), "not_mimicked"), "Adafactor"));
+  cJSON_Delete(o);
 }
 
 /* What it does not mimic is said, not guessed. */

@@ -64,38 +64,13 @@ static int64_t max_batch_13b_48gb(const vl_llm_rung *r) {
   return vl_llm_max_batch(&q);
 }
 
-/* PyTorch's step on the card (vramlab/mimic.h): the mimic of Hugging Face's step on CUDA at
- * this batch, its fit under the card's usable memory, and the largest batch that fits. */
-static void pytorch_json(const vl_llm_rung *r, int64_t B, cJSON *out) {
-  cJSON *o = cJSON_AddObjectToObject(out, "pytorch");
-  /* what the step needs (no capacity), then whether it fits under the card's usable bytes (the
-   * allocator frees its cached segments and retries before it reports out of memory) */
-  vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = r->model.mc.seq, .accum = r->accum, .steps = 2,
-                        .device = VL_MIMIC_CUDA};
-  vl_mimic_result m, capped;
-  char why[200];
-  vl_status s = vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why);
-  c.capacity = r->card.cap;
-  if (s == VL_OK) s = vl_mimic_llm(&c, &capped, NULL, NULL, why, sizeof why);
-  if (s != VL_OK) {
-    cJSON_AddStringToObject(o, "not_mimicked", why);
-    return;
-  }
-  cJSON_AddStringToObject(o, "code_path", "transformers + PEFT + torch.autocast + AdamW/SGD on CUDA (mimic)");
-  cJSON_AddNumberToObject(o, "peak_bytes", (double)m.peak_bytes);
-  cJSON_AddNumberToObject(o, "max_allocated_bytes", (double)m.max_allocated);
-  cJSON_AddNumberToObject(o, "max_reserved_bytes", (double)m.max_reserved);
-  cJSON_AddBoolToObject(o, "fits", !capped.oom);
-  char ph[2] = {m.peak_phase, 0};
-  cJSON_AddStringToObject(o, "peak_phase", ph);
-  cJSON_AddStringToObject(o, "peak_op", m.peak_op);
-  cJSON *cat = cJSON_AddObjectToObject(o, "categories");
-  for (int i = 0; i < VL_MC_N; i++) cJSON_AddNumberToObject(cat, vl_mimic_cat_name(i), (double)m.cat[i]);
-  cJSON_AddNumberToObject(o, "plan_seconds", m.seconds);
-  double t0 = vl_now();
-  int64_t mb = vl_mimic_llm_max_batch(&c, 4096);
-  cJSON_AddNumberToObject(o, "max_batch", (double)mb);
-  cJSON_AddNumberToObject(o, "max_batch_search_seconds", vl_now() - t0);
+/* the mimic of llm_lora_peer.py's step on CUDA (vl_case_pytorch_json's run) */
+static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                            size_t whyn) {
+  const vl_llm_rung *q = cfg;
+  vl_mimic_llm_cfg c = {.model = q->model, .batch = batch, .seq = q->model.mc.seq, .accum = q->accum, .steps = 2,
+                        .device = VL_MIMIC_CUDA, .capacity = capacity};
+  return vl_mimic_llm(&c, r, NULL, NULL, why, whyn);
 }
 
 static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out) {
@@ -131,7 +106,8 @@ static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k
   if (!strcmp(scale, "full")) cJSON_AddNumberToObject(out, "max_batch_13b_48gb", (double)max_batch_13b_48gb(&r));
   vl_case_fit_json(out, &r.card, vl_run_fits(&spec, r.card.cap), mb, t_plan, t_search);
   oom_rate_json(&r, B, out);
-  pytorch_json(&r, B, out);
+  vl_case_pytorch_json(out, mimic_cuda, &r, B, r.card.cap,
+                       "transformers + PEFT + torch.autocast + AdamW/SGD on CUDA (mimic)");
   cJSON *timeline = cJSON_AddArrayToObject(out, "timeline");
   for (size_t i = 0; i < p.n_timeline; i++) {
     double pt[2] = {(double)p.timeline[i].seq, (double)p.timeline[i].bytes};

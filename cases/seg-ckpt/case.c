@@ -46,6 +46,17 @@ static vl_status curve_json(vl_case_env *env, const vl_segrung *r, int64_t mb, c
   return VL_OK;
 }
 
+/* the mimic of seg_peer.py's step on CUDA (vl_case_pytorch_json's run) */
+static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                            size_t whyn) {
+  const vl_segrung *q = cfg;
+  const vl_resunet_train_cfg *t = &q->model.tc;
+  vl_mimic_resunet_cfg c = {.model = q->model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
+                            .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip, .batch = batch,
+                            .accum = q->accum, .steps = 2, .device = VL_MIMIC_CUDA, .capacity = capacity};
+  return vl_mimic_resunet(&c, r, NULL, NULL, why, whyn);
+}
+
 static vl_status seg_plan(vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out) {
   vl_segrung r;
   VL_TRY(vl_segrung_parse(env, scale, k, &r));
@@ -80,6 +91,8 @@ static vl_status seg_plan(vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddNumberToObject(out, "recompute_share", p.flops > 0 ? p.flops_recompute / p.flops : 0);
   vl_case_fit_json(out, &r.card, vl_run_fits(&one, r.card.cap), mb, t_plan, t_search);
   cJSON_AddNumberToObject(out, "max_effective_batch", (double)(mb * r.accum));
+  vl_case_pytorch_json(out, mimic_cuda, &r, B, r.card.cap,
+                       "torchvision Bottleneck U-Net + torch.utils.checkpoint + torch.autocast + AdamW on CUDA (mimic)");
   return curve_json(env, &r, mb, out);
 }
 

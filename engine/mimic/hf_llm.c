@@ -378,17 +378,3 @@ const char *vl_mimic_cat_name(int cat) {
   static const char *n[] = {"PARAM", "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH"};
   return cat >= 0 && cat < VL_MC_N ? n[cat] : "?";
 }
-
-int64_t vl_mimic_llm_max_batch(const vl_mimic_llm_cfg *cfg, int64_t limit) {
-  vl_mimic_llm_cfg c = *cfg;
-  vl_mimic_result r;
-  char why[160];
-  int64_t lo = 0, hi = limit + 1; /* lo fits (0: nothing), hi does not */
-  while (hi - lo > 1) {
-    int64_t mid = lo + (hi - lo) / 2;
-    c.batch = mid;
-    if (vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why) == VL_OK && !r.oom) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}

@@ -81,9 +81,7 @@ typedef struct {
    * and retries, as PyTorch does, then reports out of memory (oom). */
   uint64_t capacity;
 } vl_mimic_llm_cfg;
-/* The largest micro-batch (1..limit) whose mimicked CUDA step fits under cfg->capacity
- * (cfg->batch ignored); 0 when batch 1 does not fit. */
-int64_t vl_mimic_llm_max_batch(const vl_mimic_llm_cfg *cfg, int64_t limit);
+
 vl_status vl_mimic_llm(const vl_mimic_llm_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                        char *why, size_t whyn);
 
