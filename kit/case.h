@@ -139,6 +139,12 @@ typedef vl_status (*vl_case_mimic_fn)(const void *cfg, int64_t batch, uint64_t c
                                       char *why, size_t whyn);
 void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int64_t batch, uint64_t cap,
                           const char *code_path);
+/* "## PyTorch's own step on the card (planned, mimic)": each rung's "pytorch" beside the
+ * engine's plan; replays: what step it is ("tools/peers/X.py runs (...)"); note: what it does
+ * not mimic. Nothing when no rung has one. */
+void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, const char *note);
+/* A max batch as a report cell: "none fits", "≥N" at the search limit, "—" when absent. */
+const char *vl_case_batch_cell(const cJSON *p, const char *key, char *b, size_t n);
 /* A run's common keys: scale, device, batch/accum, step_time, FLOPs, losses, loss scale,
  * the measured peak; its step-time statistics into *st. */
 void vl_case_run_json(cJSON *out, const vl_case_env *env, const vl_loop_result *L, const vl_mem_stats *ms,

@@ -2,8 +2,10 @@
  * case writes the same way, so each case.c adds only its own. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "case.h"
+#include "rep.h"
 
 static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL, 0}};
 
@@ -159,3 +161,56 @@ void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int
   cJSON_AddNumberToObject(o, "max_batch", (double)lo);
   cJSON_AddNumberToObject(o, "max_batch_search_seconds", vl_now() - t0);
 }
+
+const char *vl_case_batch_cell(const cJSON *p, const char *key, char *b, size_t n) {
+  double v = vl_rep_num(p, key);
+  if (isnan(v)) snprintf(b, n, "—");
+  else if (v == 0) snprintf(b, n, "none fits");
+  else snprintf(b, n, "%s%.0f", v >= VL_MAX_BATCH_SEARCH ? "≥" : "", v);
+  return b;
+}
+
+void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, const char *note) {
+  const cJSON *r;
+  int any = 0;
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs"))
+    any |= cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "plan"), "pytorch"));
+  if (!any) return;
+  double G = 1e9;
+  fprintf(md, "## PyTorch's own step on the card (planned, mimic)\n\n"
+              "| step | engine: peak GB | engine: fits | engine: max batch | PyTorch: peak tensors GB | "
+              "max_memory_allocated GB | max_memory_reserved GB | PyTorch: fits | PyTorch: max batch | what PyTorch "
+              "keeps at its peak | mimic s (step / search) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
+    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *t = cJSON_GetObjectItem(p, "pytorch");
+    char m1[32], m2[32];
+    fprintf(md, "| %s | %s | %s | %s | ", vl_rep_str(r, "name"), vl_rep_fmt("%.2f", vl_rep_num(p, "peak_bytes") / G),
+            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")), vl_case_batch_cell(p, "max_batch", m1, sizeof m1));
+    const char *why = cJSON_GetStringValue(cJSON_GetObjectItem(t, "not_mimicked"));
+    if (!t || why) {
+      fprintf(md, "%s | | | | | | |\n", why ? why : "not planned");
+      continue;
+    }
+    const cJSON *c = cJSON_GetObjectItem(t, "categories");
+    fprintf(md, "%s | %s | %s | %s | %s | params %s, grads %s, optimizer %s, activations %s, temporaries %s GB (%s, %s) "
+                "| %s / %s |\n",
+            vl_rep_fmt("%.2f", vl_rep_num(t, "peak_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(t, "max_allocated_bytes") / G),
+            vl_rep_fmt("%.2f", vl_rep_num(t, "max_reserved_bytes") / G), vl_rep_yes_no(cJSON_GetObjectItem(t, "fits")),
+            vl_case_batch_cell(t, "max_batch", m2, sizeof m2), vl_rep_fmt("%.2f", vl_rep_num(c, "PARAM") / G),
+            vl_rep_fmt("%.2f", vl_rep_num(c, "GRAD") / G), vl_rep_fmt("%.2f", vl_rep_num(c, "OPT") / G),
+            vl_rep_fmt("%.2f", vl_rep_num(c, "ACT") / G), vl_rep_fmt("%.2f", vl_rep_num(c, "TEMP") / G),
+            !strcmp(vl_rep_str(t, "peak_phase"), "o") ? "in the optimizer step"
+            : !strcmp(vl_rep_str(t, "peak_phase"), "b") ? "in backward" : "in forward",
+            vl_rep_str(t, "peak_op"), vl_rep_fmt("%.3f", vl_rep_num(t, "plan_seconds")),
+            vl_rep_fmt("%.3f", vl_rep_num(t, "max_batch_search_seconds")));
+  }
+  fprintf(md, "\nThe PyTorch columns replay, without running it, the step %s on its CUDA code path: autograd's "
+              "saved tensors as each ATen op saves them, the autocast weight cache, the fp32 loss inputs, the "
+              "optimizer's state created on the first step and its foreach temporaries (AdamW's parameter-sized "
+              "`_foreach_sqrt`), then the CUDA caching allocator's 512-byte blocks and 2/20 MiB segments for "
+              "`max_memory_allocated` and `max_memory_reserved` (`vramlab plan CASE --mimic pytorch`). Fits: the "
+              "caching allocator, which frees its cached segments and retries before it fails, stays under the "
+              "rung's cap. Planned, full scale, two steps; held to PyTorch's own traces op by op and to MemTracker "
+              "on the CPU (tests/test_mimic.c); not measured on a GPU here. %s\n\n", replays, note);
+}
+

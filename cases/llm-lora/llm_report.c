@@ -134,62 +134,6 @@ static const char *scale_dims(const char *scale, char *b, size_t n) {
 }
 
 /* A largest batch: "none fits" for 0, "≥N" at the search's limit. */
-static const char *max_batch_cell(const cJSON *p, const char *key, char *b, size_t n) {
-  double v = vl_rep_num(p, key);
-  if (isnan(v)) snprintf(b, n, "—");
-  else if (v == 0) snprintf(b, n, "none fits");
-  else snprintf(b, n, "%s%.0f", v >= VL_MAX_BATCH_SEARCH ? "≥" : "", v);
-  return b;
-}
-
-/* "Will my PyTorch step fit?": each rung's PyTorch step on the article's card (the mimic of
- * Hugging Face's code path on CUDA, vramlab/mimic.h) beside the engine's plan. */
-static void pytorch_on_card(const cJSON *res, FILE *md) {
-  const cJSON *r;
-  int any = 0;
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs"))
-    any |= cJSON_IsObject(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "plan"), "pytorch"));
-  if (!any) return;
-  double G = 1e9;
-  fprintf(md, "## PyTorch's own step on the card (planned, mimic)\n\n"
-              "| step | engine: peak GB | engine: fits | engine: max batch | PyTorch: peak tensors GB | "
-              "max_memory_allocated GB | max_memory_reserved GB | PyTorch: fits | PyTorch: max batch | what PyTorch "
-              "keeps at its peak | mimic s (step / search) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
-    const cJSON *p = cJSON_GetObjectItem(r, "plan"), *t = cJSON_GetObjectItem(p, "pytorch");
-    char m1[32], m2[32];
-    fprintf(md, "| %s | %s | %s | %s | ", vl_rep_str(r, "name"), vl_rep_fmt("%.2f", vl_rep_num(p, "peak_bytes") / G),
-            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")), max_batch_cell(p, "max_batch", m1, sizeof m1));
-    const char *why = cJSON_GetStringValue(cJSON_GetObjectItem(t, "not_mimicked"));
-    if (!t || why) {
-      fprintf(md, "%s | | | | | | |\n", why ? why : "not planned");
-      continue;
-    }
-    const cJSON *c = cJSON_GetObjectItem(t, "categories");
-    fprintf(md, "%s | %s | %s | %s | %s | params %s, grads %s, optimizer %s, activations %s, temporaries %s GB (%s, %s) "
-                "| %s / %s |\n",
-            vl_rep_fmt("%.2f", vl_rep_num(t, "peak_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(t, "max_allocated_bytes") / G),
-            vl_rep_fmt("%.2f", vl_rep_num(t, "max_reserved_bytes") / G), vl_rep_yes_no(cJSON_GetObjectItem(t, "fits")),
-            max_batch_cell(t, "max_batch", m2, sizeof m2), vl_rep_fmt("%.2f", vl_rep_num(c, "PARAM") / G),
-            vl_rep_fmt("%.2f", vl_rep_num(c, "GRAD") / G), vl_rep_fmt("%.2f", vl_rep_num(c, "OPT") / G),
-            vl_rep_fmt("%.2f", vl_rep_num(c, "ACT") / G), vl_rep_fmt("%.2f", vl_rep_num(c, "TEMP") / G),
-            !strcmp(vl_rep_str(t, "peak_phase"), "o") ? "in the optimizer step"
-            : !strcmp(vl_rep_str(t, "peak_phase"), "b") ? "in backward" : "in forward",
-            vl_rep_str(t, "peak_op"), vl_rep_fmt("%.3f", vl_rep_num(t, "plan_seconds")),
-            vl_rep_fmt("%.3f", vl_rep_num(t, "max_batch_search_seconds")));
-  }
-  fprintf(md, "\nThe PyTorch columns replay, without running it, the step tools/peers/llm_lora_peer.py runs "
-              "(Hugging Face's MistralForCausalLM with SDPA, PEFT LoRA, torch.autocast and GradScaler, "
-              "clip_grad_norm_, AdamW, gradients set to None) on its CUDA code path: autograd's saved tensors as "
-              "each ATen op saves them, the autocast weight cache, the fp32 upcast of the logits, AdamW's state "
-              "created on the first step and its foreach temporaries (a parameter-sized `_foreach_sqrt`), then "
-              "the CUDA caching allocator's 512-byte blocks and 2/20 MiB segments for `max_memory_allocated` and "
-              "`max_memory_reserved` (`vramlab plan llm-lora --mimic pytorch`). Fits: the caching allocator, "
-              "which frees its cached segments and retries before it fails, stays under the cap column above. "
-              "Planned, full scale, two steps; held to PyTorch's own traces op by op and to MemTracker on the CPU "
-              "(tests/test_mimic.c); not measured on a GPU here (none was lent). An NF4 base is not mimicked "
-              "(bitsandbytes' code path).\n\n");
-}
 
 void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
   const cJSON *env = cJSON_GetObjectItem(res, "env");
@@ -207,9 +151,9 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
             vl_rep_fmt("%.2f", vl_rep_num(p, "weight_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "grads_bytes") / G),
             vl_rep_fmt("%.2f", vl_rep_num(p, "optim_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "acts_bytes") / G),
             vl_rep_fmt("%.2f", vl_rep_num(p, "peak_bytes") / G), vl_rep_fmt("%.2f", vl_rep_num(p, "cap_bytes") / G),
-            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")), max_batch_cell(p, "max_batch", m1, sizeof m1),
+            vl_rep_yes_no(cJSON_GetObjectItem(p, "fits")), vl_case_batch_cell(p, "max_batch", m1, sizeof m1),
             vl_rep_fmt("%.0f%%", 100 * vl_rep_num(p, "oom_rate")),
-            vl_rep_fmt("%.1f", vl_rep_num(p, "flops_per_step") / 1e12), max_batch_cell(p, "max_batch_13b_48gb", m2, sizeof m2));
+            vl_rep_fmt("%.1f", vl_rep_num(p, "flops_per_step") / 1e12), vl_case_batch_cell(p, "max_batch_13b_48gb", m2, sizeof m2));
   }
   const cJSON *p0 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(res, "rungs"), 0), "plan");
   fprintf(md, "\nFull scale is the article's model: Mistral-7B-v0.1 (%s). "
@@ -231,7 +175,9 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
               "card, the article's RTX A6000 row.\n\n",
           scale_dims("full", dims, sizeof dims), vl_rep_fmt("%g", vl_rep_num(p0, "seq")),
           vl_rep_fmt("%.2f", vl_rep_num(p0, "cuda_context_bytes") / 1e9), vl_rep_fmt("%g", vl_rep_num(p0, "oom_batches")));
-  pytorch_on_card(res, md);
+  vl_case_pytorch_report(res, md, "tools/peers/llm_lora_peer.py runs (Hugging Face's MistralForCausalLM with SDPA, "
+                         "PEFT LoRA, torch.autocast and GradScaler, clip_grad_norm_, AdamW, gradients set to None)",
+                         "An NF4 base is not mimicked (bitsandbytes' code path).");
   fprintf(appendix, "### llm-lora: the planner's speed\n\nPlanning one full-scale step took at most %s s; the "
                     "largest-batch search at most %s s (targets: < 0.5 s, < 2 s).\n\n",
           vl_rep_fmt("%.3f", max_over_rungs(res, "plan_seconds")),

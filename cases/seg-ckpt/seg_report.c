@@ -275,6 +275,10 @@ static void plan_vs_measured(const cJSON *res, FILE *ap) {
 
 void vl_segcase_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
   planned_ladder(res, md, appendix);
+  vl_case_pytorch_report(res, md, "tools/peers/seg_peer.py runs (the ResNet U-Net with torchvision's Bottleneck "
+                         "blocks, torch.utils.checkpoint around each when the rung checkpoints, ReLU in place or "
+                         "not, torch.autocast and GradScaler, AdamW, gradients set to None)",
+                         "");
   linear_model(res, md);
   bool ran = false;
   const cJSON *r;
