@@ -172,5 +172,9 @@ void vl_llm_peers_report(const cJSON *res, FILE *md) {
                  "initialises LoRA A by Kaiming-uniform where the engine draws N(0, 1/in) (B = 0 on both, so the "
                  "first steps start from the same function); PyTorch's CPU SDPA keeps no (T × T) probability "
                  "matrix for backward where the engine's classic attention keeps one per layer (B·H·T² values), "
-                 "part of the engine's larger activations at long sequences.");
+                 "part of the engine's larger activations at long sequences. Where the mimic and MemTracker "
+                 "differ: MemTracker traces on fake tensors, where transformers builds the causal mask as a tensor "
+                 "((B, 1, T, T) booleans) and SDPA's CPU path turns it into an additive mask of q's dtype that each "
+                 "layer saves; the real run passes no mask (is_causal), which the mimic follows. tests/test_mimic.c "
+                 "replays the fake-tensor path too and matches MemTracker to 0.1%.");
 }
