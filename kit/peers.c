@@ -669,10 +669,10 @@ static void report_memory_row(const cJSON *o, FILE *md) {
           cJSON_IsTrue(cJSON_GetObjectItem(o, "params_match")) ? "yes" : "**no**");
 }
 
-static const char *mb_or(const cJSON *o, const char *key, const char *why_key) {
+static const char *mb_or(const cJSON *o, const char *key, const char *why_key, const char *missing) {
   double v = vl_rep_num(o, key);
   if (!isnan(v)) return vl_rep_fmt("%.1f", mb(v));
-  return cJSON_GetObjectItem(o, why_key) ? "not measured here" : "-";
+  return cJSON_GetObjectItem(o, why_key) ? missing : "-";
 }
 
 static const char *pct_vs(const cJSON *o, const char *key, double real) {
@@ -698,8 +698,8 @@ static void report_estimates(const cJSON *pe, FILE *md) {
     double real = vl_rep_num(o, "peer_peak_bytes");
     fprintf(md, "| %s%s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
             cJSON_GetObjectItem(o, "variant") ? " (variant)" : "",
-            vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why"),
-            mb_or(o, "memtracker_peak_bytes", "memtracker_why"), vl_rep_fmt("%.1f", mb(real)),
+            vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why", "not mimicked"),
+            mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"), vl_rep_fmt("%.1f", mb(real)),
             pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
             vl_rep_fmt("%.3f", vl_rep_num(o, "engine_plan_seconds")), vl_rep_fmt("%.3f", vl_rep_num(o, "mimic_seconds")),
             vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));

@@ -176,6 +176,8 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON *setup = setup_json(&r, env->device, threads, B);
     vl_peer_cmp cmp = {name, variant, c, m, &mb.batch, r.accum, (double)(B * r.accum), &spec, setup};
     s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured"))
+      cJSON_AddStringToObject(o, "mimic_why", "diffusers' UNet2DConditionModel has no mimic yet (llm-lora and seg-ckpt do)");
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "image", (double)vl_sd_image_side(&r.model));
     cJSON_AddBoolToObject(o, "encoders_in_step", r.model.encoders_in_step);
