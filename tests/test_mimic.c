@@ -183,7 +183,20 @@ static bool is_seg(const cJSON *fx) { return !strcmp(vl_rep_str(fx, "script"), "
 
 /* cfg_in: a vl_mimic_llm_cfg or vl_mimic_resunet_cfg (the fixture's script says which) in place
  * of the fixture's own config */
+/* How close the mimic must be: peak and phase ends (fractions), a phase's highest, and how many
+ * more allocations >= 1 KiB than PyTorch's it may make (every one of PyTorch's must match). */
+typedef struct {
+  double peak, end, max;
+  int extra;
+} tol;
+static const tol exact = {1e-3, 1e-3, 1e-2, 0};
+
+static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, tol tl);
 static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
+  return compare_trace_tol(path, cfg_in, quiet, exact);
+}
+
+static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, tol tl) {
   cJSON *fx = load(path);
   evs v = {0};
   vl_mimic_result r;
@@ -224,7 +237,7 @@ static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
   CHECK(r.base_bytes == base, "%s: before the step %lld bytes, PyTorch %lld\n", path, (long long)r.base_bytes,
         (long long)base);
   /* 2. the peak, within 0.1% */
-  CHECK(fabs((double)(r.peak_bytes - peak)) <= 1e-3 * (double)peak, "%s: peak %lld, PyTorch %lld\n", path,
+  CHECK(fabs((double)(r.peak_bytes - peak)) <= tl.peak * (double)peak, "%s: peak %lld, PyTorch %lld\n", path,
         (long long)r.peak_bytes, (long long)peak);
   /* 3. every forward, backward and optimizer phase of both steps: live bytes at its end within
    *    0.1%, its highest within 1% */
@@ -233,10 +246,10 @@ static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
   CHECK(nts == nms, "%s: %d phases, PyTorch %d\n", path, nms, nts);
   for (int k = 0; k < nts && k < nms; k++) {
     CHECK(ts[k].phase == ms[k].phase, "%s: phase %d is %c, PyTorch's %c\n", path, k, ms[k].phase, ts[k].phase);
-    CHECK(fabs((double)(ms[k].end - ts[k].end)) <= 1e-3 * (double)ts[k].end,
+    CHECK(fabs((double)(ms[k].end - ts[k].end)) <= tl.end * (double)ts[k].end,
           "%s: phase %d (%c) ends with %lld live bytes, PyTorch %lld\n", path, k, ts[k].phase, (long long)ms[k].end,
           (long long)ts[k].end);
-    CHECK(fabs((double)(ms[k].max - ts[k].max)) <= 1e-2 * (double)ts[k].max,
+    CHECK(fabs((double)(ms[k].max - ts[k].max)) <= tl.max * (double)ts[k].max,
           "%s: phase %d (%c) reaches %lld bytes, PyTorch %lld\n", path, k, ts[k].phase, (long long)ms[k].max,
           (long long)ts[k].max);
   }
@@ -246,10 +259,10 @@ static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
   assert_non_null(ma);
   int64_t nta = big_allocs(&(evs){t, nt, nt}, 1024, ta), nma = big_allocs(&v, 1024, ma);
   int64_t common = lcs(ta, nta, ma, nma);
-  CHECK(common == nta && common == nma,
+  CHECK(common == nta && nma - common <= tl.extra,
         "%s: %lld of PyTorch's %lld allocations >= 1 KiB matched in order (the mimic made %lld)\n", path,
         (long long)common, (long long)nta, (long long)nma);
-  if (!quiet && (common != nta || common != nma)) { /* the first difference, to start from */
+  if (!quiet && (common != nta || nma - common > tl.extra)) { /* the first difference, to start from */
     int64_t k = 0;
     while (k < nta && k < nma && same(&ta[k], &ma[k])) k++;
     if (k < nta && k < nma)
@@ -265,16 +278,26 @@ static int compare_trace(const char *path, const void *cfg_in, bool quiet) {
   return bad;
 }
 
-static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen",
+static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp"};
+/* Hugging Face's gradient checkpointing: within 1.5% (peak 0.6% low). The small tensors the
+ * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
+ * kept longer by the checkpoint frames of the layers; the recomputation's early stop makes
+ * the mimic allocate four tensors PyTorch does not (checked: at most 4). */
+static tol tolerance(const char *name) {
+  if (!strcmp(name, "llm-lora-ckpt")) return (tol){1e-2, 1.5e-2, 1.5e-2, 4};
+  return exact;
+}
 
 static void test_traces(void **state) {
   (void)state;
   int bad = 0;
+  const char *only = getenv("VL_MIMIC_ONLY"); /* one trace (with VL_MIMIC_DUMP: its events) */
   for (size_t i = 0; i < sizeof traces / sizeof *traces; i++) {
+    if (only && strcmp(only, traces[i])) continue;
     char path[128];
     snprintf(path, sizeof path, "tests/fixtures/trace/%s.json", traces[i]);
-    bad += compare_trace(path, NULL, false);
+    bad += compare_trace_tol(path, NULL, false, tolerance(traces[i]));
   }
   assert_int_equal(bad, 0);
 }

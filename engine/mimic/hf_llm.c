@@ -21,7 +21,14 @@ typedef struct {
   mt_id in_norm, post_norm;
 } layer;
 
+typedef struct prog prog;
 typedef struct {
+  prog *p;
+  const layer *y;
+  mt_id cos, sin, mask;
+} layer_call; /* a checkpointed layer's arguments, for its recomputation */
+
+struct prog {
   const vl_mimic_llm_cfg *c;
   mt_tape *t;
   int64_t B, T, D, H, KV, hd, F, V, r;
@@ -32,7 +39,8 @@ typedef struct {
   layer *L;
   mt_optim opt; /* the trainable parameters in model.parameters() order, their state */
   int64_t end_fwd;
-} prog;
+  layer_call *calls;
+};
 
 static int esz_of(vl_dtype d) { return d == VL_F32 ? 4 : 2; }
 
@@ -241,11 +249,21 @@ static mt_id decoder_layer(prog *p, mt_id h, const layer *y, mt_id cos, mt_id si
   return h3;
 }
 
+/* a decoder layer run again by the checkpoint's recomputation (x keeps the frame's reference) */
+static mt_id layer_again(void *ctx, mt_id x) {
+  layer_call *c = ctx;
+  mt_ref(c->p->t, x);
+  return decoder_layer(c->p, x, c->y, c->cos, c->sin, c->mask);
+}
+
 /* MistralForCausalLM.forward(input_ids, labels) / accum (and * GradScaler's scale) */
 static mt_id forward(prog *p) {
   mt_tape *t = p->t;
   const vl_mistral_cfg *m = &p->c->model.mc;
   mt_id h = mt_op(t, "embedding", MT_BW_EMBED, p->B * p->T * p->D, mt_esz(t, p->embed), p->embed, p->batch, 0);
+  /* PEFT with gradient checkpointing calls enable_input_require_grads: a forward hook makes
+   * the (frozen) embedding's output require grad */
+  if (p->lora && p->c->model.tc.checkpoint && !mt_requires_grad(t, h)) mt_input_requires_grad(t, h);
   mt_id mask = p->c->traced ? mt_temp(t, "bitwise_and", p->B * p->T * p->T, 1) : 0; /* create_causal_mask */
   /* MistralRotaryEmbedding.forward (one row of positions, fp32): freqs = inv_freq @ positions,
    * emb = cat(freqs, freqs), cos = emb.cos() * scaling, sin likewise; then .to(x.dtype) */
@@ -262,7 +280,19 @@ static mt_id forward(prog *p) {
     drop2(p, cos, sin);
     cos = c2, sin = s2;
   }
-  for (int64_t i = 0; i < m->n_layers; i++) h = decoder_layer(p, h, &p->L[i], cos, sin, mask);
+  for (int64_t i = 0; i < m->n_layers; i++) {
+    if (!p->c->model.tc.checkpoint) {
+      h = decoder_layer(p, h, &p->L[i], cos, sin, mask);
+      continue;
+    }
+    /* gradient_checkpointing_enable(use_reentrant=False): torch.utils.checkpoint around each
+     * decoder layer, its arguments kept by the frame */
+    layer_call *lc = &p->calls[i];
+    *lc = (layer_call){p, &p->L[i], cos, sin, mask};
+    mt_ckpt_begin(t, h);
+    h = decoder_layer(p, h, &p->L[i], cos, sin, mask);
+    mt_ckpt_end(t, layer_again, lc);
+  }
   drop2(p, cos, sin);
   mt_drop(t, mask);
   mt_id x = rmsnorm(p, h, p->norm);
@@ -292,7 +322,9 @@ static void one_step(prog *p) {
   int64_t accum = p->c->accum;
   for (int64_t a = 0; a < accum; a++) {
     mt_phase(t, 'f');
+    int mark = mt_graph_mark(t);
     mt_id loss = forward(p);
+    mt_release_graph(t, mark); /* the previous micro-batch's loss, rebound */
     if (p->aesz) mt_autocast_exit(t);
     p->end_fwd = mt_live(t);
     mt_id root = loss;
@@ -309,6 +341,7 @@ static void one_step(prog *p) {
   if (p->c->model.tc.clip > 0) mt_clip(t, &p->opt);
   mt_optim_step(t, &p->opt);
   mt_zero_grad(t, &p->opt);
+  mt_release_graph(t, mt_graph_mark(t)); /* one_step returns: the last loss goes */
 }
 
 /* ---- entry ---------------------------------------------------------------------------------- */
@@ -328,10 +361,6 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
     snprintf(why, whyn, "not mimicked: transformers' Adafactor");
     return VL_ERR_UNSUPPORTED;
   }
-  if (tc->checkpoint) {
-    snprintf(why, whyn, "not mimicked: torch.utils.checkpoint's recomputation");
-    return VL_ERR_UNSUPPORTED;
-  }
   if (c->batch < 1 || c->seq < 1 || c->accum < 1 || c->steps < 1 || m->n_layers < 1 || m->n_kv_heads < 1) {
     snprintf(why, whyn, "batch, seq, accum, steps, layers and kv heads must be >= 1");
     return VL_ERR_INVALID;
@@ -345,10 +374,11 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   int64_t max_train = 2 + m->n_layers * 24;
   p.t = mt_new(sink, user);
   p.L = calloc((size_t)m->n_layers, sizeof *p.L);
+  p.calls = calloc((size_t)m->n_layers, sizeof *p.calls);
   p.opt = (mt_optim){.train = calloc((size_t)max_train, sizeof(mt_id)),
                      .state = calloc((size_t)max_train * 2, sizeof(mt_id)), .opt = tc->optim.opt, .cuda = p.cuda};
   vl_status st = VL_OK;
-  if (!p.t || !p.L || !p.opt.train || !p.opt.state) {
+  if (!p.t || !p.L || !p.calls || !p.opt.train || !p.opt.state) {
     snprintf(why, whyn, "out of host memory");
     st = VL_ERR_OOM;
     goto done;
@@ -367,6 +397,7 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
 done:
   mt_free(p.t);
   free(p.L);
+  free(p.calls);
   free(p.opt.train);
   free(p.opt.state);
   clock_gettime(CLOCK_MONOTONIC, &t1);

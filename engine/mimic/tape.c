@@ -37,14 +37,20 @@ struct mt_tape {
   int32_t nbw; /* backward passes so far */
   bool in_ckpt;          /* inside a checkpointed block's forward: nothing saved */
   int32_t recompute;     /* > 0: the next node a recomputed op's saves go to */
+  int32_t rsaves, rtotal; /* the recomputation's saves so far, the block's holders */
+  bool stopped;          /* the recomputation has stopped: ops make nothing */
   struct ckpt {
     int32_t first, last; /* the block's nodes */
+    int32_t holders;     /* what its forward saved (as holders) */
     mt_id x;
     mt_block_fn fn;
     void *ctx;
     bool done;
   } *ck;
   int32_t nck, cck;
+  mt_id *held;           /* what the graph keeps until the loss goes: leaves its AccumulateGrad
+                            nodes hold (inputs made to require grad) */
+  int nheld, cheld;
   int64_t live, cat[VL_MC_N];
   vl_mimic_result best;
 };
@@ -77,6 +83,7 @@ mt_tape *mt_new(vl_mimic_sink sink, void *user) {
 void mt_free(mt_tape *t) {
   if (!t) return;
   free(t->ck);
+  free(t->held);
   free(t->t);
   free(t->n);
   free(t->ev);
@@ -133,6 +140,11 @@ static mt_id make(mt_tape *t, const char *op, int64_t numel, int esz, int cat, b
   return make_as(t, op, numel, esz, cat, rg, false);
 }
 
+/* A tensor that a stopped recomputation does not make: no bytes, no events. */
+static mt_id ghost(mt_tape *t, const char *op, int64_t numel, int esz) {
+  return make_as(t, op, numel, esz, VL_MC_TEMP, false, true);
+}
+
 void mt_ref(mt_tape *t, mt_id x) {
   if (x) t->t[x].refs++;
 }
@@ -169,7 +181,26 @@ mt_id mt_leaf(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool 
   return x;
 }
 
+static void hold(mt_tape *t, mt_id x) {
+  if (!x) return;
+  if (t->nheld == t->cheld) {
+    t->cheld = t->cheld ? 2 * t->cheld : 64;
+    t->held = grow(t->held, (size_t)t->cheld, sizeof(mt_id));
+  }
+  mt_ref(t, x);
+  t->held[t->nheld++] = x;
+}
+
+void mt_input_requires_grad(mt_tape *t, mt_id x) {
+  t->t[x].rg = 1;
+  t->t[x].leaf = 1;
+  hold(t, x);
+}
+
+
+
 mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz) {
+  if (t->stopped) return ghost(t, op, numel, esz);
   return make(t, op, numel, esz, t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP, false);
 }
 
@@ -189,66 +220,78 @@ static mt_id node(mt_tape *t, mt_bw bw, const char *op, mt_id out, const mt_id *
   n->out = out;
   n->nin = nin;
   for (int i = 0; i < nin; i++) n->in[i] = in[i];
-  t->t[out].node = t->nn;
+  if (out) t->t[out].node = t->nn;
   return t->nn++;
 }
 
 static void save(mt_tape *t, mt_node *n, mt_id x) {
-  if (!x || t->in_ckpt) return; /* under checkpoint: a holder, no reference */
+  if (!x) return;
+  if (t->in_ckpt) { /* under checkpoint: a holder, no reference */
+    t->ck[t->nck].holders++;
+    return;
+  }
   mt_ref(t, x);
   n->saved[n->nsaved++] = x;
+  /* the recomputation stops once every holder of the block is filled (early_stop) */
+  if (t->recompute > 0 && ++t->rsaves >= t->rtotal) t->stopped = true;
+}
+
+/* What the op's formula saves of its inputs (autograd saves them before the op runs) into
+ * in[], and whether it saves its output (after). */
+static int input_saves(const mt_tape *t, mt_bw bw, mt_id a, mt_id b, mt_id *in, bool *out) {
+  int n = 0;
+  *out = bw == MT_BW_RELU || bw == MT_BW_RSQRT || bw == MT_BW_LOGSOFTMAX;
+  switch (bw) {
+  case MT_BW_MM:
+  case MT_BW_MUL: /* each input saved when the other needs its gradient */
+    if (mt_requires_grad(t, b)) in[n++] = a;
+    if (mt_requires_grad(t, a)) in[n++] = b;
+    break;
+  case MT_BW_POW2:
+  case MT_BW_SILU:
+  case MT_BW_POOL:
+    in[n++] = a;
+    break;
+  case MT_BW_CONV: /* one formula for input and weight: both saved (derivatives.yaml) */
+  case MT_BW_BN:
+    in[n++] = a;
+    in[n++] = b;
+    break;
+  case MT_BW_EMBED:
+  case MT_BW_NLL:
+    in[n++] = b; /* the indices / the target */
+    break;
+  default:
+    break;
+  }
+  return n;
 }
 
 mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id a, mt_id b, mt_id c) {
+  if (t->stopped) return ghost(t, op, numel, esz);
   mt_id in[3] = {a, b, c};
   int nin = c ? 3 : b ? 2 : 1;
   bool rg = false;
   for (int i = 0; i < nin; i++) rg |= mt_requires_grad(t, in[i]);
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
-  mt_id out = make(t, op, numel, esz, cat, rg);
-  if (!rg) return out;
-  int32_t ni = node(t, bw, op, out, in, nin); /* node() may move the table: index it after */
-  mt_node *n = &t->n[ni];
-  switch (bw) {
-  case MT_BW_MM:
-    if (mt_requires_grad(t, b)) save(t, n, a);
-    if (mt_requires_grad(t, a)) save(t, n, b);
-    break;
-  case MT_BW_MUL:
-    if (mt_requires_grad(t, a)) save(t, n, b);
-    if (mt_requires_grad(t, b)) save(t, n, a);
-    break;
-  case MT_BW_POW2:
-  case MT_BW_SILU:
-  case MT_BW_POOL:
-    save(t, n, a);
-    break;
-  case MT_BW_CONV: /* one formula for input and weight: both saved (derivatives.yaml) */
-    save(t, n, a);
-    save(t, n, b);
-    break;
-  case MT_BW_BN:
-    save(t, n, a);
-    save(t, n, b);
-    break;
-  case MT_BW_RELU:
-    save(t, n, out);
-    break;
-  case MT_BW_RSQRT:
-  case MT_BW_LOGSOFTMAX:
-    save(t, n, out);
-    break;
-  case MT_BW_EMBED:
-  case MT_BW_NLL:
-    save(t, n, b); /* the indices / the target */
-    break;
-  default:
-    break;
+  if (!rg) return make(t, op, numel, esz, cat, false);
+  int32_t ni = node(t, bw, op, 0, in, nin);
+  mt_id sv[3];
+  bool save_out;
+  int ns = input_saves(t, bw, a, b, sv, &save_out);
+  for (int i = 0; i < ns; i++) save(t, &t->n[ni], sv[i]);
+  if (t->stopped) return ghost(t, op, numel, esz); /* the recomputation stops before the op runs */
+  mt_id out = make(t, op, numel, esz, cat, true);
+  if (t->recompute == 0) {
+    t->n[ni].out = out;
+    t->t[out].node = ni;
   }
+  if (save_out) save(t, &t->n[ni], out);
   return out;
 }
 
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel) {
+  if (t->stopped) return ghost(t, "slice", numel, t->t[x].esz);
   mt_id v = make_as(t, "slice", numel, t->t[x].esz, VL_MC_ACT, t->t[x].rg, true);
   t->t[v].base = x;
   mt_ref(t, x);
@@ -257,6 +300,7 @@ mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel) {
 }
 
 mt_id mt_inplace(mt_tape *t, const char *op, mt_bw bw, mt_id x, mt_id b) {
+  if (t->stopped) return ghost(t, op, t->t[x].numel, t->t[x].esz);
   bool rg = t->t[x].rg || mt_requires_grad(t, b);
   mt_id v = make_as(t, op, t->t[x].numel, t->t[x].esz, VL_MC_ACT, rg, true);
   t->t[v].base = x;
@@ -270,6 +314,7 @@ mt_id mt_inplace(mt_tape *t, const char *op, mt_bw bw, mt_id x, mt_id b) {
 }
 
 void mt_aux(mt_tape *t, mt_id out, const char *op, int64_t numel, int esz) {
+  if (t->stopped) return;
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
   mt_id a = make(t, op, numel, esz, cat, false);
   int32_t ni = t->recompute > 0 ? t->recompute - 1 : t->t[out].node;
@@ -283,7 +328,7 @@ void mt_ckpt_begin(mt_tape *t, mt_id x) {
     t->ck = grow(t->ck, (size_t)t->cck, sizeof *t->ck);
   }
   t->ck[t->nck] = (struct ckpt){.first = t->nn, .x = x};
-  mt_ref(t, x);
+  mt_ref(t, x); /* the frame keeps the block's input until the block's backward is done */
   t->in_ckpt = true;
 }
 
@@ -296,18 +341,23 @@ void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx) {
 }
 
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel) {
+  if (t->stopped) return ghost(t, op, t->t[q].numel, t->t[q].esz);
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
+  mt_id in[3] = {q, k, v};
+  int32_t ni = node(t, MT_BW_SDPA, op, 0, in, 3);
+  save(t, &t->n[ni], q); /* the inputs before it runs */
+  save(t, &t->n[ni], k);
+  save(t, &t->n[ni], v);
+  save(t, &t->n[ni], mask);
+  if (t->stopped) return ghost(t, op, t->t[q].numel, t->t[q].esz);
   mt_id out = make(t, op, t->t[q].numel, t->t[q].esz, cat, true);
   mt_id lse = make(t, op, lse_numel, 4, cat, false);
-  mt_id in[3] = {q, k, v};
-  int32_t ni = node(t, MT_BW_SDPA, op, out, in, 3);
-  mt_node *n = &t->n[ni];
-  save(t, n, q);
-  save(t, n, k);
-  save(t, n, v);
-  save(t, n, out);
-  save(t, n, lse);
-  save(t, n, mask);
+  if (t->recompute == 0) {
+    t->n[ni].out = out;
+    t->t[out].node = ni;
+  }
+  save(t, &t->n[ni], out); /* the outputs after */
+  save(t, &t->n[ni], lse);
   mt_drop(t, lse); /* only the node keeps it */
   return out;
 }
@@ -565,8 +615,12 @@ void mt_backward(mt_tape *t, mt_id loss) {
       struct ckpt c = t->ck[k];
       t->ck[k].done = true;
       t->recompute = c.first;
+      t->rsaves = 0;
+      t->rtotal = c.holders;
+      t->stopped = c.holders == 0;
       mt_id y = c.fn(c.ctx, c.x);
       t->recompute = 0;
+      t->stopped = false;
       mt_drop(t, y);
       mt_autocast_exit(t); /* the recomputation ran in its own autocast region (checkpoint
                               restores the forward's), whose weight cache goes with it */
@@ -580,6 +634,18 @@ void mt_backward(mt_tape *t, mt_id loss) {
   for (; k >= 0; k--) mt_drop(t, t->ck[k].x);
   t->nck = 0;
   t->nn = 1; /* the graph is freed with the backward */
+}
+
+int mt_graph_mark(const mt_tape *t) { return t->nheld; }
+
+void mt_release_graph(mt_tape *t, int mark) {
+  for (int i = 0; i < mark; i++) { /* what the older graphs held, a leaf's .grad with it */
+    mt_id x = t->held[i];
+    if (t->t[x].refs == 1 && t->t[x].grad) mt_grad_none(t, x);
+    mt_drop(t, x);
+  }
+  memmove(t->held, t->held + mark, (size_t)(t->nheld - mark) * sizeof(mt_id));
+  t->nheld -= mark;
 }
 
 int64_t mt_live(const mt_tape *t) { return t->live; }

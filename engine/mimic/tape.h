@@ -66,6 +66,10 @@ void mt_autocast_exit(mt_tape *t); /* drops the autocast weight cache */
 
 /* A leaf that exists before the step (parameter, buffer, batch) or optimizer state. */
 mt_id mt_leaf(mt_tape *t, const char *op, int64_t numel, int esz, int cat, bool requires_grad);
+/* x.requires_grad_(True) on a tensor without history (PEFT's enable_input_require_grads on
+ * the embedding's output): a leaf whose gradient autograd accumulates; the graph holds it
+ * until the backward ends. */
+void mt_input_requires_grad(mt_tape *t, mt_id x);
 /* A new tensor with no autograd history (masks, rotary tables, temporaries). */
 mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz);
 /* An op: out = numel x esz from inputs (0-terminated list of up to 4); saves per its formula;
@@ -105,6 +109,11 @@ bool mt_requires_grad(const mt_tape *t, mt_id x);
 
 /* loss.backward() from the scalar x (ones_like, then every node in reverse order). */
 void mt_backward(mt_tape *t, mt_id loss);
+/* The loss's name let go: its graph's structure goes with it, and what the graph kept (the
+ * leaves of inputs made to require grad, with their .grad).
+ * mark = mt_graph_mark() taken before the graphs to keep were built (the current one). */
+int mt_graph_mark(const mt_tape *t);
+void mt_release_graph(mt_tape *t, int mark);
 /* a parameter's .grad (0: None); setting it None drops it */
 mt_id mt_grad(const mt_tape *t, mt_id p);
 void mt_grad_none(mt_tape *t, mt_id p);

@@ -237,7 +237,9 @@ static void one_step(prog *p) {
   mt_tape *t = p->t;
   for (int64_t a = 0; a < p->c->accum; a++) {
     mt_phase(t, 'f');
+    int mark = mt_graph_mark(t);
     mt_id loss = forward(p);
+    mt_release_graph(t, mark); /* the previous micro-batch's loss, rebound */
     if (p->aesz) mt_autocast_exit(t);
     mt_id root = loss;
     if (p->c->compute == VL_F16) { /* GradScaler.scale(loss) */
@@ -253,6 +255,7 @@ static void one_step(prog *p) {
   if (p->c->clip > 0) mt_clip(t, &p->opt);
   mt_optim_step(t, &p->opt);
   mt_zero_grad(t, &p->opt);
+  mt_release_graph(t, mt_graph_mark(t)); /* one_step returns: the last loss goes */
 }
 
 vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *c, vl_mimic_result *out, vl_mimic_sink sink, void *user,

@@ -62,8 +62,10 @@ typedef struct {
 
 /* Hugging Face's MistralForCausalLM (LlamaForCausalLM when there is no sliding window in
  * play, Qwen2ForCausalLM with qkv_bias), SDPA attention, use_cache off, PEFT LoRA on the
- * targets (lora_dropout 0, adapters in fp32), autocast for fp16/bf16 compute with GradScaler
- * for fp16, the clip by global norm, AdamW or SGD, zero_grad(set_to_none=True): the step
+ * targets (lora_dropout 0, adapters in fp32), gradient checkpointing per decoder layer
+ * (use_reentrant=False, with PEFT's enable_input_require_grads), autocast for fp16/bf16
+ * compute with GradScaler for fp16, the clip by global norm, AdamW or SGD,
+ * zero_grad(set_to_none=True): the step
  * tools/peers/llm_lora_peer.py runs. `steps` steps (2: the first creates the optimizer's
  * state, the peak is over both). traced: mirror what PyTorch does on fake tensors (the
  * transformers causal mask is built explicitly and SDPA gets it, as MemTracker and
