@@ -180,7 +180,7 @@ void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, con
   fprintf(md, "## PyTorch's own step on the card (planned, mimic)\n\n"
               "| step | engine: peak GB | engine: fits | engine: max batch | PyTorch: peak tensors GB | "
               "max_memory_allocated GB | max_memory_reserved GB | PyTorch: fits | PyTorch: max batch | what PyTorch "
-              "keeps at its peak | mimic s (step / search) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "keeps at its peak | mimic ms (step / search) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) {
     const cJSON *p = cJSON_GetObjectItem(r, "plan"), *t = cJSON_GetObjectItem(p, "pytorch");
     char m1[32], m2[32];
@@ -201,8 +201,8 @@ void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, con
             vl_rep_fmt("%.2f", vl_rep_num(c, "ACT") / G), vl_rep_fmt("%.2f", vl_rep_num(c, "TEMP") / G),
             !strcmp(vl_rep_str(t, "peak_phase"), "o") ? "in the optimizer step"
             : !strcmp(vl_rep_str(t, "peak_phase"), "b") ? "in backward" : "in forward",
-            vl_rep_str(t, "peak_op"), vl_rep_fmt("%.3f", vl_rep_num(t, "plan_seconds")),
-            vl_rep_fmt("%.3f", vl_rep_num(t, "max_batch_search_seconds")));
+            vl_rep_str(t, "peak_op"), vl_rep_fmt("%.1f", 1e3 * vl_rep_num(t, "plan_seconds")),
+            vl_rep_fmt("%.1f", 1e3 * vl_rep_num(t, "max_batch_search_seconds")));
   }
   fprintf(md, "\nThe PyTorch columns replay, without running it, the step %s on its CUDA code path: autograd's "
               "saved tensors as each ATen op saves them, the autocast weight cache, the fp32 loss inputs, the "

@@ -691,7 +691,8 @@ static void report_estimates(const cJSON *pe, FILE *md) {
   if (!any) return;
   fprintf(md, "\n#### The step's peak, four ways\n\n"
               "| rung | engine's plan MB (planned) | PyTorch mimic MB (planned) | MemTracker MB (PyTorch's estimator) "
-              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | seconds: plan / mimic / MemTracker |\n"
+              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | planning time: engine ms / mimic ms / "
+              "MemTracker s |\n"
               "|---|---|---|---|---|---|---|---|\n");
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
     if (cJSON_GetObjectItem(o, "not_measured")) continue;
@@ -701,8 +702,8 @@ static void report_estimates(const cJSON *pe, FILE *md) {
             vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why", "not mimicked"),
             mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"), vl_rep_fmt("%.1f", mb(real)),
             pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
-            vl_rep_fmt("%.3f", vl_rep_num(o, "engine_plan_seconds")), vl_rep_fmt("%.3f", vl_rep_num(o, "mimic_seconds")),
-            vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));
+            vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "engine_plan_seconds")),
+            vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "mimic_seconds")), vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));
   }
   fprintf(md, "\nAll four at this run's scale and batch, on this CPU. The mimic replays PyTorch's own step op by op "
               "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
