@@ -644,7 +644,7 @@ void mt_release_graph(mt_tape *t, int mark) {
     if (t->t[x].refs == 1 && t->t[x].grad) mt_grad_none(t, x);
     mt_drop(t, x);
   }
-  memmove(t->held, t->held + mark, (size_t)(t->nheld - mark) * sizeof(mt_id));
+  if (mark > 0 && t->nheld > mark) memmove(t->held, t->held + mark, (size_t)(t->nheld - mark) * sizeof(mt_id));
   t->nheld -= mark;
 }
 
