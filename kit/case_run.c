@@ -129,6 +129,17 @@ vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *
   return s;
 }
 
+void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, const char *why, bool cuda) {
+  if (s != VL_OK) {
+    cJSON_AddStringToObject(o, "mimic_why", why);
+    return;
+  }
+  cJSON_AddNumberToObject(o, "mimic_peak_bytes", (double)(cuda ? m->max_allocated : m->peak_bytes));
+  if (cuda) cJSON_AddNumberToObject(o, "mimic_max_reserved_bytes", (double)m->max_reserved);
+  cJSON_AddStringToObject(o, "mimic_code_path", cuda ? "cuda" : "cpu");
+  cJSON_AddNumberToObject(o, "mimic_seconds", m->seconds);
+}
+
 void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int64_t batch, uint64_t cap,
                           const char *code_path) {
   cJSON *o = cJSON_AddObjectToObject(out, "pytorch");

@@ -100,20 +100,16 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
   return VL_OK;
 }
 
-/* The mimic of the peer's own step (the CPU code path of the real run, vramlab/mimic.h) at
- * this batch and length: what it predicts beside what the peer measures. */
-static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, cJSON *o) {
+/* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
+ * at this batch and length: what it predicts beside what the peer measures. */
+static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev, cJSON *o) {
   vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2,
-                        .device = VL_MIMIC_CPU};
+                        .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU};
   c.model.mc.seq = T;
   vl_mimic_result m;
   char why[200];
-  if (vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why) != VL_OK) {
-    cJSON_AddStringToObject(o, "mimic_why", why);
-    return;
-  }
-  cJSON_AddNumberToObject(o, "mimic_peak_bytes", (double)m.peak_bytes);
-  cJSON_AddNumberToObject(o, "mimic_seconds", m.seconds);
+  vl_status s = vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why);
+  vl_case_peer_mimic_json(o, s, &m, why, dev == VL_DEV_CUDA);
 }
 
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
@@ -148,7 +144,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON *setup = setup_json(&r, env->device, threads, B, T);
     vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
     s = vl_peer_compare(env, p, &cmp, &rounds, o);
-    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, o);
+    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, env->device, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "seq", (double)T);
     cJSON_Delete(setup);

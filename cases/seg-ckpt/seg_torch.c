@@ -66,21 +66,17 @@ vl_status vl_segcase_peer_config(vl_case_env *env, const vl_knobs *k, int thread
   return VL_OK;
 }
 
-/* The mimic of the peer's own CPU step (vramlab/mimic.h) at this batch: its prediction beside
- * what the peer measures. */
-static void mimic_json(const vl_segrung *r, int64_t B, cJSON *o) {
+/* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
+ * at this batch: its prediction beside what the peer measures. */
+static void mimic_json(const vl_segrung *r, int64_t B, vl_device dev, cJSON *o) {
   const vl_resunet_train_cfg *t = &r->model.tc;
   vl_mimic_resunet_cfg c = {.model = r->model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
                             .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip, .batch = B,
-                            .accum = r->accum, .steps = 2, .device = VL_MIMIC_CPU};
+                            .accum = r->accum, .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU};
   vl_mimic_result m;
   char why[200];
-  if (vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why) != VL_OK) {
-    cJSON_AddStringToObject(o, "mimic_why", why);
-    return;
-  }
-  cJSON_AddNumberToObject(o, "mimic_peak_bytes", (double)m.peak_bytes);
-  cJSON_AddNumberToObject(o, "mimic_seconds", m.seconds);
+  vl_status s = vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why);
+  vl_case_peer_mimic_json(o, s, &m, why, dev == VL_DEV_CUDA);
 }
 
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,
@@ -121,7 +117,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON *setup = setup_json(&r, env->device, threads, B);
     vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * r.accum), &spec, setup};
     s = vl_peer_compare(env, p, &cmp, &rounds, o);
-    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, o);
+    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, env->device, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "image", (double)mc->image);
     cJSON_Delete(setup);

@@ -179,24 +179,33 @@ def main():
                   f"{flops(fl)} | {fl / 800e12:.3f} |" if fl else f"| {f} | ? |")
         p()
 
+    def mimic(o, k):
+        return gb(num(o, k)) if num(o, k) else ("not mimicked" if o.get("mimic_why") else "–")
+
+    def vs(a, b):
+        return f"{100 * (a - b) / b:+.1f}%" if a and b else "–"
+
     prow = []
     for d in sorted(glob.glob(os.path.join(res, "peers-*", "*", "latest.json"))):
         r = load(d) or {}
         pe = (r.get("case_metrics") or {}).get("peers") or {}
         for o in pe.get("rungs", []):
             if o.get("not_measured"):
-                prow.append(f"| {r.get('case')} | {o.get('rung')} | not measured: {o['not_measured']} ||||||")
+                prow.append(f"| {r.get('case')} | {o.get('rung')} | not measured: {o['not_measured']} ||||||||")
                 continue
             prow.append("| " + " | ".join([str(r.get("case")), str(o.get("rung")),
                                            f"{num(o, 'engine_median') or 0:.4f}", f"{num(o, 'peer_median') or 0:.4f}",
                                            f"{num(o, 'speedup') or 0:.2f}", gb(num(o, "engine_planned_peak_bytes")),
-                                           gb(num(o, "peer_peak_bytes")), gb(num(o, "peer_reserved_bytes"))]) + " |")
+                                           gb(num(o, "peer_peak_bytes")), gb(num(o, "peer_reserved_bytes")),
+                                           mimic(o, "mimic_peak_bytes"), mimic(o, "mimic_max_reserved_bytes"),
+                                           vs(num(o, "mimic_peak_bytes"), num(o, "peer_peak_bytes"))]) + " |")
         if not pe.get("rungs") and pe:
-            prow.append(f"| {r.get('case')} | – | not measured: {pe.get('why') or pe.get('not_measured') or '?'} ||||||")
+            prow.append(f"| {r.get('case')} | – | not measured: {pe.get('why') or pe.get('not_measured') or '?'} ||||||||")
     if prow:
         p("## PyTorch side by side (stage 5)\n")
         p("| case | rung | engine s | PyTorch s | PyTorch / engine | planned peak | PyTorch peak (GPU: "
-          "max_memory_allocated) | max_memory_reserved |\n|---|---|---|---|---|---|---|---|")
+          "max_memory_allocated) | max_memory_reserved | mimic's peak (CUDA: max_memory_allocated) | "
+          "mimic's max_memory_reserved | mimic vs PyTorch |\n|---|---|---|---|---|---|---|---|---|---|---|")
         p("\n".join(prow) + "\n")
 
     rg = text(os.path.join(res, "regress.txt"))
