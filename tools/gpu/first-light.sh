@@ -253,6 +253,7 @@ s_build() {
       if [ "$path" = "not" ]; then echo "MISSING $lib (${f##*/})"; bad=1
       elif [ "$USE_PACK" = 1 ] && [ "${path#"$PREFIX"/}" != "$path" ]; then echo "pack   $lib => $path"
       elif [[ "${lib##*/}" =~ $ok ]]; then echo "base   $lib${path:+ => $path}"
+      elif [ "$MODE" = gpu ]; then echo "image  $lib => $path (found on the GPU image itself: it loads there)"
       else echo "OUTSIDE $lib => $path (${f##*/}): neither in the pack nor assumed on the GPU image"; bad=1
       fi
     done < <(ldd "$f" | sed -E 's/^\s+//; s/ \(0x[0-9a-f]+\)$//; s/ => / /' | awk '{print $1, $2}' | sort -u)
