@@ -405,6 +405,17 @@ static void test_swiglu(void **state) {
     tu_assert_close_dt(o2, o1, SW_N, dt, "swiglu out");
     tu_assert_close_dt(g2, g1, SW_N, dt, "swiglu dg");
     tu_assert_close_dt(u2, u1, SW_N, dt, "swiglu du");
+    /* low-precision g, u and dout with fp32 gradients (what gpu-check's "swiglu_bwd bf16
+     * (grads f32)" runs): the gradients of the rounded inputs, unrounded */
+    vl_tensor tg = tu_tnew(cx, dt, SW_N, g), tu = tu_tnew(cx, dt, SW_N, u), tdy = tu_tnew(cx, dt, SW_N, r),
+              tdg = tu_tnew(cx, VL_F32, SW_N, NULL), tdu = tu_tnew(cx, VL_F32, SW_N, NULL);
+    OK(vl_swiglu_bwd_run(cx, &(vl_swiglu_bwd_args){.dg = &tdg, .du = &tdu, .dout = &tdy, .g = &tg, .u = &tu,
+                                                   .n = SW_N}));
+    tu_tget(&tdg, g2);
+    tu_tget(&tdu, u2);
+    TU_TFREE(cx, &tg, &tu, &tdy, &tdg, &tdu);
+    tu_assert_close_dt(g2, g1, SW_N, VL_F32, "swiglu dg (fp32 grads of low-precision inputs)");
+    tu_assert_close_dt(u2, u1, SW_N, VL_F32, "swiglu du (fp32 grads of low-precision inputs)");
     free(gr); free(ur); free(rr); free(o1); free(g1); free(u1); free(o2); free(g2); free(u2);
   }
   free(g); free(u); free(r); free(out); free(dg); free(du); free(k.out);
@@ -791,8 +802,10 @@ static void test_sumsq(void **state) {
     const float specials[3] = {NAN, INFINITY, -INFINITY};
     for (int k = 0; k < 3; k++) {
       vl_st(t.data, (int)dt, 9000, specials[k]);
+      s = -1;
       OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
       assert_true(bad);
+      assert_true(s == 0); /* no sum once a NaN/Inf is seen (every backend: vramlab/ops.h) */
       vl_st(t.data, (int)dt, 9000, x[9000]);
       OK(vl_sumsq_run(cx, &(vl_sumsq_args){.x = &t, .n = N, .out = &s, .nonfinite = &bad}));
       assert_false(bad);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/gpu/first-light.sh [--dry-run] [--configure-only] [--budget S] [--pack DIR] [--out DIR]
-#                          [--build DIR] [--no-pack]
+#                          [--build DIR] [--no-pack] [--stages LIST]
 #
 # The one remote command of a GPU call (tools/gpu/README.md): unpack the Debian packages of
 # tools/gpu/pack.sh into a prefix under /tmp (never into /), find cuDNN and NCCL in the
@@ -24,6 +24,10 @@
 #   scale with the same command lines.
 # --configure-only: unpack and configure, then stop (CI's short form).
 # --no-pack: use the system's packages (a user's own GPU box with tools/deps.sh done).
+# --stages LIST: run only these of stages 2-7 (comma-separated ids, e.g. 2,3,5: a second,
+#   shorter call after a first one's findings); 0 and 1 (unpack, build) always run.
+# A run that outlives its own limit (a hang) has its host threads' stacks and the device's
+# running kernels taken with cuda-gdb (results/NAME.stacks) before it is killed.
 set -uo pipefail # not -e: a failing stage is a finding recorded in the summary, not the end
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,6 +39,7 @@ PACK=$ROOT/.gpu-pack
 USE_PACK=1
 OUTDIR=${OUT:-}
 BUILD=
+STAGES=,2,3,4,5,6,7,
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) MODE=dry ;;
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
     --out) OUTDIR=${2:?--out needs a folder}; shift ;;
     --build) BUILD=${2:?--build needs a folder}; shift ;;
     --no-pack) USE_PACK=0 ;;
+    --stages) STAGES=,${2:?--stages needs a list like 2,3,5},; shift ;;
     -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "first-light: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -93,6 +99,10 @@ record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >> "$WORK/stag
 # reason in $WORK/skip; else failed. Its budget is cut to what the total budget has left.
 stage() {
   local id=$1 name=$2 b=$3 fn=$4 left rc
+  if [ "$id" -ge 2 ] && [ "${STAGES#*,"$id",}" = "$STAGES" ]; then
+    record "$id" "$name" skipped 0 "not in --stages ${STAGES//,/ }"
+    return 0
+  fi
   left=$((DEADLINE - SECONDS - RESERVE))
   if [ "$left" -lt 5 ]; then
     record "$id" "$name" skipped 0 "no time left in the $BUDGET s budget"
@@ -155,16 +165,41 @@ WATCHDOG=$!
 skip() { echo "$*" > "$WORK/skip"; echo "skipped: $*"; exit 77; }
 # run NAME ARGS...: one vramlab command, its results under results/NAME, the device's own
 # memory count on a GPU (the backend's meminfo lines; nvidia-smi sampled every 100 ms).
+# LIMIT=S run ...: past S seconds the run is taken for hung: on a GPU cuda-gdb writes its host
+# threads' stacks and the kernels running on the device to results/NAME.stacks, then it is
+# killed (exit 124).
 run() {
-  local name=$1 smi=
+  local name=$1 smi= pid t=0 rc
   shift
   echo "+ vramlab $* --out $RES/$name"
   if [ "$MODE" = gpu ] && command -v nvidia-smi >/dev/null; then
+    # an earlier run's process (a killed hang) may still hold the card: wait for it to go
+    while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && [ "$t" -lt 30 ]; do
+      sleep 1; t=$((t + 1))
+    done
+    [ "$t" -gt 0 ] && echo "waited $t s for the card's earlier processes to end"
+    t=0
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$RES/$name.smi" 2>/dev/null &
     smi=$!
   fi
-  VRAMLAB_CUDA_MEMINFO=1 "$V" "$@" --out "$RES/$name" 2>&1 | tee "$RES/$name.log"
-  local rc=${PIPESTATUS[0]}
+  VRAMLAB_CUDA_MEMINFO=1 "$V" "$@" --out "$RES/$name" > "$RES/$name.log" 2>&1 &
+  pid=$!
+  tail -n +1 -f --pid="$pid" "$RES/$name.log" &
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ -n "${LIMIT:-}" ] && [ "$t" -ge "$LIMIT" ]; then
+      echo "$name: still running after $LIMIT s: taken for hung"
+      if command -v cuda-gdb >/dev/null; then
+        timeout 40 cuda-gdb -q -batch -p "$pid" -ex "info threads" -ex "thread apply all bt" \
+          -ex "info cuda kernels" > "$RES/$name.stacks" 2>&1
+        echo "$name: stacks in results/$name.stacks"; tail -60 "$RES/$name.stacks"
+      fi
+      kill -KILL "$pid" 2>/dev/null
+      break
+    fi
+    sleep 1; t=$((t + 1))
+  done
+  wait "$pid"; rc=$?
+  [ -n "${LIMIT:-}" ] && [ "$t" -ge "$LIMIT" ] && rc=124
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
   echo "$name exit $rc" >> "$RES/runs.txt"
   return $rc
@@ -271,16 +306,17 @@ s_gpucheck() {
   exit "${PIPESTATUS[0]}"
 }
 
-# planned vs measured memory, one fixed-batch rung of each case at the small scale
+# planned vs measured memory, one fixed-batch rung of each case at the small scale (seg-ckpt's
+# fp16 step hung on the H200 on 2026-11-27: it runs last, under a limit that takes its stacks)
 s_memory() {
   local rc=0 q
   q=(--quiet --set reps=1)
-  run mem-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --step qlora --set steps=3 --set warmup=1 "${q[@]}" || rc=1
-  run mem-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --step amp --set epochs=1 \
-    --set train_images=64 --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" "${q[@]}" || rc=1
-  run mem-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --step ram_cache --set consumer=model \
+  LIMIT=60 run mem-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --step qlora --set steps=3 --set warmup=1 "${q[@]}" || rc=1
+  LIMIT=60 run mem-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --step ram_cache --set consumer=model \
     --set images=32 --set epochs=1 --set steps=3 --set data_dir="$DATA/captions-$SMALL" \
     --set cache_dir="$DATA/sd-cache-$SMALL" "${q[@]}" || rc=1
+  LIMIT=40 run mem-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --step amp --set epochs=1 \
+    --set train_images=64 --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" "${q[@]}" || rc=1
   return $rc
 }
 
@@ -313,12 +349,15 @@ s_peers() {
   local rc=0
   "$PY" -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' ||
     echo "PyTorch, transformers or peft missing for $PY: the peers will say not measured"
-  # the peers run after the whole ladder; its `after` rung (batch = max) held at batch 8 here
-  run peers-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --set steps=3 --set warmup=1 --set reps=1 \
-    --set after.batch=8 --quiet || rc=1
-  run peers-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --set epochs=1 --set train_images=64 \
-    --set after.batch=8 \
+  # the peers run after the whole ladder; its `after` rung (batch = max) held at batch 8 here;
+  # FIRST_LIGHT_SEG_FP32=1 holds seg-ckpt's fp16 rungs at fp32 (its fp16 step hung on the H200)
+  local segx=()
+  [ "${FIRST_LIGHT_SEG_FP32:-0}" = 1 ] && segx=(--set amp.compute=fp32 --set loader.compute=fp32 --set after.compute=fp32)
+  LIMIT=120 run peers-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --set epochs=1 --set train_images=64 \
+    --set after.batch=8 "${segx[@]}" \
     --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" --set reps=1 --quiet || rc=1
+  LIMIT=120 run peers-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --set steps=3 --set warmup=1 --set reps=1 \
+    --set after.batch=8 --quiet || rc=1
   return $rc
 }
 
@@ -340,6 +379,7 @@ s_collective() {
     skip "no MPI in this build (the pack has none; the collective bench bootstraps NCCL over MPI)"
   "$V" bench allreduce --ranks 1 --device cuda --max-bytes 256M --json "$RES/allreduce.json" --timeout 60
 }
+export FIRST_LIGHT_SEG_FP32
 export -f s_unpack s_build s_gpucheck s_memory s_full s_peers s_regress s_collective
 export CONFIGURE_ONLY
 
@@ -385,9 +425,9 @@ if [ "$CONFIGURE_ONLY" = 1 ]; then
 fi
 stage 1 build 240 s_build || exit 1
 stage 2 gpu-check 60 s_gpucheck
-stage 3 memory 100 s_memory
+stage 3 memory 170 s_memory
 stage 4 full-scale 300 s_full
-stage 5 peers 150 s_peers
+stage 5 peers 240 s_peers
 stage 6 regress 90 s_regress
 stage 7 collective 30 s_collective
 # a GPU run's failed stage is a finding (the summary says which); the dry run must pass whole

@@ -65,9 +65,10 @@ static vl_status cpu_swiglu_fwd(vl_ctx *c, const void *p) {
   return VL_OK;
 }
 
-#define SWIGLU_BWD(GD, OD)                                                                 \
+/* GD: the gradients' dtype, OD: dout's, XD: g's and u's (bf16 inputs may carry fp32 grads) */
+#define SWIGLU_BWD(GD, OD, XD)                                                             \
   _Pragma("omp parallel for num_threads(nt) if (nt > 1)") for (int64_t i = 0; i < n; i++)  \
-      vl_k_swiglu_bwd(pdg, pdu, GD, pdo, OD, pg, pu, GD, i)
+      vl_k_swiglu_bwd(pdg, pdu, GD, pdo, OD, pg, pu, XD, i)
 static vl_status cpu_swiglu_bwd(vl_ctx *c, const void *p) {
   const vl_swiglu_bwd_args *a = p;
   void *pdg = a->dg->data, *pdu = a->du->data;
@@ -76,9 +77,9 @@ static vl_status cpu_swiglu_bwd(vl_ctx *c, const void *p) {
   int nt = vl_cpu_threads((double)n * NS_EXP);
   (void)c;
   if (a->dg->dtype == VL_F32 && a->dout->dtype == VL_F32 && a->g->dtype == VL_F32)
-    SWIGLU_BWD(F32, F32);
+    SWIGLU_BWD(F32, F32, F32);
   else
-    SWIGLU_BWD(dt(a->dg), dt(a->dout));
+    SWIGLU_BWD(dt(a->dg), dt(a->dout), dt(a->g));
   return VL_OK;
 }
 

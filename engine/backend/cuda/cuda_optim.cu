@@ -26,7 +26,8 @@ __global__ void k_adafactor_col(float *vc, const float *g, int64_t R, int64_t C,
   GRID_STRIDE(k, C) vl_k_adafactor_col(vc, g, R, C, b2t, eps1, gscale, k);
 }
 
-/* sum of x^2 over finite x, and whether a NaN/Inf was seen (as cpu_sumsq) */
+/* sum of x^2 over finite x, and whether a NaN/Inf was seen; the host reports 0 for the sum
+ * when one was (as cpu_sumsq) */
 __global__ void k_sumsq(const void *x, int xdt, int64_t n, double *part, int *bad) {
   __shared__ double sh[VL_THREADS];
   __shared__ int sbad;
@@ -83,6 +84,7 @@ static vl_status cu_sumsq(vl_ctx *c, const vl_tensor *x, int64_t n, double *out,
   int bad = 0;
   vl_status r = reduce_finish(c, s, blocks, out, &bad);
   *nonfinite = bad != 0;
+  if (*nonfinite) *out = 0.0; /* the contract (vramlab/ops.h): no sum once a NaN/Inf is seen */
   return r;
 }
 

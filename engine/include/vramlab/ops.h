@@ -215,8 +215,9 @@ typedef struct {
   vl_tensor *logits, *loss; const vl_tensor *tgt;
   int64_t R, V; float dloss_scale;
 } vl_xent_fused_args;
-/* Sum of squares of x[0..n) into *out (host); *nonfinite when a NaN/Inf was seen. On a plan
- * context nothing is written: the caller initialises both. */
+/* Sum of squares of x[0..n) into *out (host); *nonfinite when a NaN/Inf was seen, and then
+ * *out is 0 on every backend. On a plan context nothing is written: the caller initialises
+ * both. */
 typedef struct { const vl_tensor *x; int64_t n; double *out; bool *nonfinite; } vl_sumsq_args;
 /* Optimizer updates on fp32 params p with fp32 grads g (n elements). */
 typedef struct {
