@@ -552,6 +552,7 @@ static void test_conv_plan(void **state) {
   /* fp32 everywhere: no copies; the budget is the larger activation, capped at 64 MiB */
   assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_OK);
   assert_int_equal(p.io, VL_CU_R_32F);
+  assert_false(p.tensor_op); /* fp32: cuDNN's default math, no TF32 */
   assert_int_equal(p.w_copy + p.dw_copy, 0);
   assert_int_equal(p.algo_ws, (size_t)VL_CUDNN_ALGO_WS_MAX); /* x is 128 MiB */
   assert_int_equal(p.ws_total, vl_conv_ws_cuda(&cv, VL_CONV_FWD, false));
@@ -560,6 +561,7 @@ static void test_conv_plan(void **state) {
   cv.xdt = VL_F16; cv.wdt = VL_F32; cv.gdt = VL_F32;
   assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_BWD_DATA, false, &p), VL_OK);
   assert_int_equal(p.io, VL_CU_R_16F);
+  assert_true(p.tensor_op); /* 16-bit io: tensor-core kernels asked for */
   assert_int_equal(p.w_copy, 64 * 256 * 2);
   assert_int_equal(p.dw_copy, 0);
   assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_BWD_WEIGHT, true, &p), VL_OK);
@@ -572,6 +574,10 @@ static void test_conv_plan(void **state) {
   assert_true(vl_conv_init(&cv, 1, 3, 5, 5, 7, 3, 3, 2, 1, 1));
   assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_OK);
   assert_int_equal(p.algo_ws, 512); /* max(x 3*5*5*4 = 300, y 7*3*3*4 = 252) -> 512 */
+  cv.xdt = cv.wdt = cv.gdt = VL_BF16;
+  assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_OK);
+  assert_true(p.tensor_op);
+  cv.xdt = cv.gdt = VL_F32;
   cv.wdt = VL_NF4;
   assert_int_equal(vl_cuda_conv_plan_make(&cv, VL_CONV_FWD, false, &p), VL_ERR_INVALID);
   assert_int_equal(vl_conv_ws_cuda(&cv, VL_CONV_FWD, false), 0);
@@ -593,6 +599,50 @@ static void test_cudnn_descs(void **state) {
   assert_false(vl_cudnn_fits_int(&cv));
 }
 
+/* The cuDNN algorithm cache: asked once per problem, every field of the problem in its key,
+ * answers kept across growth; 300 distinct problems (the table grows from 64 four times). */
+static void test_algo_cache(void **state) {
+  (void)state;
+  vl_cuda_algo_cache c = {0};
+  vl_conv cv;
+  int a = -1;
+  assert_true(vl_conv_init(&cv, 8, 64, 32, 32, 128, 3, 3, 1, 1, 1));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a)); /* empty: no answer */
+  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, 1, 4096, 6), VL_OK);
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
+  assert_int_equal(a, 6);
+  /* any field of the problem is a different problem */
+  vl_conv o = cv;
+  o.xdt = VL_F16;
+  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, 1, 4096, &a));
+  o = cv;
+  o.pad = 0;
+  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, 1, 4096, &a));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_BWD_DATA, 1, 4096, &a));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 2, 4096, &a));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4352, &a));
+  /* overwrite keeps one entry */
+  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, 1, 4096, 1), VL_OK);
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
+  assert_int_equal(a, 1);
+  assert_int_equal((int)c.n, 1);
+  for (int i = 0; i < 300; i++) {
+    assert_true(vl_conv_init(&o, 1 + i % 7, 3 + i, 16, 16, 8 + i % 5, 3, 3, 1 + i % 2, 1, 1));
+    assert_int_equal(vl_cuda_algo_put(&c, &o, i % 3, 0, (size_t)i * 256, i), VL_OK);
+  }
+  assert_int_equal((int)c.n, 301);
+  assert_true(2 * c.n <= c.cap);
+  for (int i = 0; i < 300; i++) {
+    assert_true(vl_conv_init(&o, 1 + i % 7, 3 + i, 16, 16, 8 + i % 5, 3, 3, 1 + i % 2, 1, 1));
+    assert_true(vl_cuda_algo_get(&c, &o, i % 3, 0, (size_t)i * 256, &a));
+    assert_int_equal(a, i);
+  }
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
+  assert_int_equal(a, 1);
+  vl_cuda_algo_cache_free(&c);
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_map_matches_cpu),
@@ -611,6 +661,7 @@ int main(void) {
       cmocka_unit_test(test_backend_entry),
       cmocka_unit_test(test_conv_plan),
       cmocka_unit_test(test_cudnn_descs),
+      cmocka_unit_test(test_algo_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,10 @@
  * The workspace is the caller's arena block of vl_conv_ws_cuda bytes: [weight copy | dw
  * copy | algorithm workspace]. The algorithm is the first of cuDNN's heuristic ranking
  * (cudnnGet*Algorithm_v7) that succeeds and fits the budget, so memory never depends on
- * a benchmark search. */
+ * a benchmark search; it is asked once per problem and kept (vl_cuda_algo_cache). */
 #include <cudnn.h>
+
+#include <type_traits>
 
 #include "cuda_internal.h"
 #include "../../kernels/kcommon.h"
@@ -47,11 +49,11 @@ static vl_status handle(vl_ctx *c, cudnnHandle_t *h) {
   return VL_OK;
 }
 
-static vl_status descs_make(vl_ctx *c, const vl_conv *cv, vl_cu_dtype io, descs *d) {
+static vl_status descs_make(vl_ctx *c, const vl_conv *cv, const vl_cuda_conv_plan *p, descs *d) {
   memset(d, 0, sizeof *d);
   if (!vl_cudnn_fits_int(cv))
     return vl_fail(c, VL_ERR_UNSUPPORTED, "conv: a tensor exceeds cuDNN's 2^31 elements");
-  cudnnDataType_t t = dnn_type(io);
+  cudnnDataType_t t = dnn_type(p->io);
   int dims[4], str[4], pad[2], stride[2], dil[2];
   DNN_CHECK(c, cudnnCreateTensorDescriptor(&d->x));
   DNN_CHECK(c, cudnnCreateTensorDescriptor(&d->y));
@@ -66,7 +68,7 @@ static vl_status descs_make(vl_ctx *c, const vl_conv *cv, vl_cu_dtype io, descs 
   vl_cudnn_conv_params(cv, pad, stride, dil);
   DNN_CHECK(c, cudnnSetConvolutionNdDescriptor(d->conv, 2, pad, stride, dil,
                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  DNN_CHECK(c, cudnnSetConvolutionMathType(d->conv, CUDNN_DEFAULT_MATH));
+  DNN_CHECK(c, cudnnSetConvolutionMathType(d->conv, p->tensor_op ? CUDNN_TENSOR_OP_MATH : CUDNN_DEFAULT_MATH));
   return VL_OK;
 }
 
@@ -92,12 +94,20 @@ static vl_status prep(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc, s
     return vl_fail(c, VL_ERR_INVALID, "conv: workspace of %zu bytes, needs %zu (the op's workspace)",
                    ws_bytes, p->ws_total);
   vl_status r = handle(c, h);
-  if (r == VL_OK) r = descs_make(c, cv, p->io, d);
+  if (r == VL_OK) r = descs_make(c, cv, p, d);
   return r;
 }
 
-#define PICK(c, h, getter, perf_t, n_max, budget, out, ...)                                \
+/* The algorithm for this problem: the cache's, else the first of cuDNN's heuristic ranking
+ * that succeeds and fits the budget (then remembered; a cache that cannot grow only means
+ * asking again next time). */
+#define PICK(c, h, cv, dir, io, getter, perf_t, n_max, budget, out, ...)                   \
   do {                                                                                     \
+    int cached_;                                                                           \
+    if (vl_cuda_algo_get(&st(c)->algos, (cv), (dir), (int)(io), (budget), &cached_)) {     \
+      *(out) = (std::remove_reference<decltype(*(out))>::type)cached_;                     \
+      break;                                                                               \
+    }                                                                                      \
     perf_t perf_[n_max];                                                                   \
     int got_ = 0;                                                                          \
     DNN_CHECK((c), getter((h), __VA_ARGS__, (n_max), &got_, perf_));                       \
@@ -110,6 +120,7 @@ static vl_status prep(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc, s
     if (!found_)                                                                           \
       return vl_fail((c), VL_ERR_BACKEND, "conv: no cuDNN algorithm fits %zu bytes",       \
                      (size_t)(budget));                                                    \
+    (void)vl_cuda_algo_put(&st(c)->algos, (cv), (dir), (int)(io), (budget), (int)*(out));  \
   } while (0)
 
 static vl_status cu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
@@ -127,7 +138,7 @@ static vl_status cu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const v
     cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
     if (r == VL_OK) {
       r = [&]() -> vl_status {
-        PICK(c, h, cudnnGetConvolutionForwardAlgorithm_v7, cudnnConvolutionFwdAlgoPerf_t,
+        PICK(c, h, cv, VL_CONV_FWD, p.io, cudnnGetConvolutionForwardAlgorithm_v7, cudnnConvolutionFwdAlgoPerf_t,
              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, p.algo_ws, &algo, d.x, d.w, d.conv, d.y);
         float one = 1.0f, zero = 0.0f;
         DNN_CHECK(c, cudnnConvolutionForward(h, &one, d.x, x->data, d.w, wp, d.conv, algo,
@@ -156,7 +167,7 @@ static vl_status cu_conv_bwd_data(vl_ctx *c, const vl_conv *cv, vl_tensor *dx, c
     cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
     if (r == VL_OK) {
       r = [&]() -> vl_status {
-        PICK(c, h, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+        PICK(c, h, cv, VL_CONV_BWD_DATA, p.io, cudnnGetConvolutionBackwardDataAlgorithm_v7,
              cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, p.algo_ws,
              &algo, d.w, d.y, d.conv, d.x);
         float one = 1.0f, zero = 0.0f;
@@ -182,7 +193,7 @@ static vl_status cu_conv_bwd_weight(vl_ctx *c, const vl_conv *cv, vl_tensor *dw,
     void *dwp = p.dw_copy ? (char *)ws + p.w_copy : dw->data;
     cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
     r = [&]() -> vl_status {
-      PICK(c, h, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+      PICK(c, h, cv, VL_CONV_BWD_WEIGHT, p.io, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
            cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
            p.algo_ws, &algo, d.x, d.y, d.conv, d.w);
       float one = 1.0f, beta = (accumulate && !p.dw_copy) ? 1.0f : 0.0f;
@@ -222,4 +233,5 @@ void vl_cuda_conv_ops(vl_backend *b) {
 void vl_cuda_conv_fini(cu_state *s) {
   if (s->dnn) (void)cudnnDestroy((cudnnHandle_t)s->dnn);
   s->dnn = NULL;
+  vl_cuda_algo_cache_free(&s->algos);
 }

@@ -139,6 +139,9 @@ typedef struct {
                            with cuDNN's beta = 1 when accumulating) */
   size_t algo_ws;       /* what the algorithm may use */
   size_t ws_total;      /* w_copy + dw_copy + algo_ws, each rounded up to 256 bytes */
+  bool tensor_op;       /* CUDNN_TENSOR_OP_MATH for 16-bit io: the legacy API runs tensor-core
+                           kernels only when asked (as PyTorch asks for half); fp32 keeps
+                           CUDNN_DEFAULT_MATH, no TF32, so it matches the CPU to 1e-6 */
 } vl_cuda_conv_plan;
 
 /* VL_ERR_INVALID for a dtype cuDNN convolutions cannot take (NF4). */
@@ -150,6 +153,28 @@ void vl_cudnn_nchw(int64_t n, int64_t c, int64_t h, int64_t w, int dims[4], int 
 void vl_cudnn_conv_params(const vl_conv *cv, int pad[2], int stride[2], int dil[2]);
 /* false when a dimension exceeds what cuDNN's int descriptors hold. */
 bool vl_cudnn_fits_int(const vl_conv *cv);
+
+/* cuDNN's algorithm for one convolution problem, chosen once. The heuristics query
+ * (cudnnGet*Algorithm_v7) costs host time on every call; the backend asks once per problem
+ * (geometry and dtypes, direction, io dtype, workspace budget) and keeps the answer for the
+ * context's life, as frameworks do. An open-addressing table that grows at half load. */
+typedef struct {
+  vl_conv cv;
+  int dir, io;
+  size_t budget;
+  int algo;
+  bool used;
+} vl_cuda_algo_entry;
+typedef struct {
+  vl_cuda_algo_entry *e;
+  size_t cap, n;
+} vl_cuda_algo_cache;
+/* true and *algo when the problem was answered before. */
+bool vl_cuda_algo_get(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int *algo);
+/* Remember (or overwrite) the answer; VL_ERR_OOM when the table cannot grow (it stays valid:
+ * the caller just asks cuDNN again next time). */
+vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int algo);
+void vl_cuda_algo_cache_free(vl_cuda_algo_cache *c);
 
 #ifdef __cplusplus
 }

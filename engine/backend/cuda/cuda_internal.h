@@ -30,6 +30,7 @@ typedef struct {
   cudaStream_t copy;  /* host -> device batch uploads */
   cudaEvent_t ev_copy;
   void *dnn;          /* cudnnHandle_t, created on the first convolution (cuda_conv.cu) */
+  vl_cuda_algo_cache algos; /* cuDNN's algorithm per convolution problem (cuda_host.h) */
   /* --profile: event pairs around kernels, [2i] start and [2i+1] end of the kernel of
    * op prof_op[i]; prof_n pairs recorded, room for prof_cap, prof_nev events created
    * (cuda_backend.cu) */
