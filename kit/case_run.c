@@ -12,8 +12,9 @@ static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL,
 vl_status vl_case_card_parse(vl_case_env *env, const vl_knobs *k, vl_case_card *out) {
   const vl_knobs *s = env->setting;
   VL_TRY(vl_knob_bytes(s, "card", card_knobs, &out->card, &env->err));
-  /* What lives outside the arena on a GPU (CUDA context, cuBLAS handles). Assumed, not
-   * measured here: no GPU. A GPU run can measure it and set cuda_context. */
+  /* What lives outside the arena on a GPU (CUDA context, cuBLAS and cuDNN handles):
+   * measured on an H200 by the first-light call (VRAMLAB_CUDA_MEMINFO: used - arena at the
+   * end of a run), a stand-in for the article's cards; set per case in its ladder. */
   VL_TRY(vl_knob_bytes(s, "cuda_context", card_knobs, &out->context, &env->err));
   VL_TRY(vl_knob_double(k, "cap_fraction", card_knobs, 1e-6, 1.0, &out->cap_fraction, &env->err));
   out->cap = (size_t)((double)out->card * out->cap_fraction);

@@ -13,7 +13,10 @@
 #include "kit/rep.h"
 #include "vramlab/mimic.h"
 
-static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens", false};
+/* a fresh peer process per compared rung: one that ran an earlier rung keeps its allocator's
+ * pools (on the H200, llm-lora lora's max_memory_reserved read 111 MB after baseline in the
+ * same process, the mimic says 42) and reads the next rung's memory wrong */
+static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens", true};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
 static const char *const compared[] = {"baseline", "lora"};
 
@@ -102,9 +105,12 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
 
 /* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
  * at this batch and length: what it predicts beside what the peer measures. */
-static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev, cJSON *o) {
+static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev, const cJSON *hello, cJSON *o) {
+  /* the peer's card sizes cuBLAS's workspace (its hello: cuda_capability) */
+  const cJSON *cc = cJSON_GetObjectItem(hello, "cuda_capability");
   vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2,
-                        .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU};
+                        .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
+                        .cuda_cc_major = cJSON_IsArray(cc) ? (int)cJSON_GetNumberValue(cJSON_GetArrayItem(cc, 0)) : 0};
   c.model.mc.seq = T;
   vl_mimic_result m;
   char why[200];
@@ -144,7 +150,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON *setup = setup_json(&r, env->device, threads, B, T);
     vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
     s = vl_peer_compare(env, p, &cmp, &rounds, o);
-    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, env->device, o);
+    if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, env->device, hello, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "seq", (double)T);
     cJSON_Delete(setup);

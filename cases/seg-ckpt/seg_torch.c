@@ -14,7 +14,10 @@
 #include "seg.h"
 #include "vramlab/mimic.h"
 
-static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images", false};
+/* a fresh peer process per compared rung: one that ran an earlier rung keeps its allocator's
+ * pools (on the H200, llm-lora lora's max_memory_reserved read 111 MB after baseline in the
+ * same process, the mimic says 42) and reads the next rung's memory wrong */
+static const vl_peer_kind kind = {"seg_peer.py", "pip install torch torchvision", "images", true};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
 static const char *const compared[] = {"before", "relu_off"};
 

@@ -383,6 +383,7 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
     st = VL_ERR_OOM;
     goto done;
   }
+  if (p.cuda) mt_blas_workspace(p.t, vl_mimic_cublas_workspace(c->cuda_cc_major ? c->cuda_cc_major : 8));
   build(&p);
   mt_result(p.t, out);
   int64_t base = mt_live(p.t);
@@ -403,6 +404,10 @@ done:
   clock_gettime(CLOCK_MONOTONIC, &t1);
   out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   return st;
+}
+
+int64_t vl_mimic_cublas_workspace(int cc_major) {
+  return cc_major == 9 ? (int64_t)32 << 20 : 2 * ((int64_t)4096 << 10) + 8 * ((int64_t)16 << 10);
 }
 
 const char *vl_mimic_cat_name(int cat) {

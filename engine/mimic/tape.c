@@ -53,6 +53,9 @@ struct mt_tape {
   int nheld, cheld;
   int64_t live, cat[VL_MC_N];
   vl_mimic_result best;
+  int64_t blas_ws;       /* > 0: each thread's cuBLAS handle takes a workspace this size from
+                            the caching allocator at its first matmul (mt_blas_workspace) */
+  bool ws_main, ws_bw;   /* taken: the main thread's (forward, optimizer), autograd's */
 };
 
 static void *grow(void *p, size_t n, size_t sz) {
@@ -165,6 +168,20 @@ void mt_drop(mt_tape *t, mt_id x) {
 
 void mt_noncontig_grad(mt_tape *t, mt_id x) { t->t[x].nc = 1; }
 
+void mt_blas_workspace(mt_tape *t, int64_t bytes) { t->blas_ws = bytes; }
+
+/* A matmul ran on this phase's thread: its cuBLAS handle's workspace, the first time. Not a
+ * tensor (MemTracker and the live bytes do not see it): an allocation event the caching
+ * allocator's replay counts, never freed (PyTorch keeps it for the handle's life). */
+static void blas_used(mt_tape *t) {
+  bool *done = t->phase == 'b' ? &t->ws_bw : &t->ws_main;
+  if (!t->blas_ws || *done || t->stopped) return;
+  *done = true;
+  event(t, ghost(t, "cublas_workspace", t->blas_ws, 1), t->blas_ws, "cublas_workspace");
+}
+
+static bool is_matmul(const char *op) { return !strcmp(op, "mm") || !strcmp(op, "addmm") || !strcmp(op, "bmm"); }
+
 int mt_esz(const mt_tape *t, mt_id x) { return t->t[x].esz; }
 int64_t mt_numel(const mt_tape *t, mt_id x) { return t->t[x].numel; }
 bool mt_requires_grad(const mt_tape *t, mt_id x) { return x && t->t[x].rg; }
@@ -274,7 +291,11 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   bool rg = false;
   for (int i = 0; i < nin; i++) rg |= mt_requires_grad(t, in[i]);
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
-  if (!rg) return make(t, op, numel, esz, cat, false);
+  if (!rg) {
+    mt_id out = make(t, op, numel, esz, cat, false);
+    if (is_matmul(op)) blas_used(t);
+    return out;
+  }
   int32_t ni = node(t, bw, op, 0, in, nin);
   mt_id sv[3];
   bool save_out;
@@ -282,6 +303,7 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   for (int i = 0; i < ns; i++) save(t, &t->n[ni], sv[i]);
   if (t->stopped) return ghost(t, op, numel, esz); /* the recomputation stops before the op runs */
   mt_id out = make(t, op, numel, esz, cat, true);
+  if (is_matmul(op)) blas_used(t); /* the output first (at::mm), then cuBLAS's handle */
   if (t->recompute == 0) {
     t->n[ni].out = out;
     t->t[out].node = ni;
@@ -486,6 +508,7 @@ static void run_node(mt_tape *t, mt_node *n) {
       ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
     gb = rb ? tmp(t, "mm", t->t[b].numel, t->t[g].esz) : 0; /* MmBackward0: mat2's first */
     if (!c) ga = ra ? tmp(t, "mm", t->t[a].numel, t->t[g].esz) : 0;
+    if (ga || gb) blas_used(t);
     if (gc) defer(&out, c, gc);
     if (gb) defer(&out, b, gb);
     if (ga) defer(&out, a, ga);

@@ -107,6 +107,11 @@ int mt_esz(const mt_tape *t, mt_id x);
 int64_t mt_numel(const mt_tape *t, mt_id x);
 bool mt_requires_grad(const mt_tape *t, mt_id x);
 
+/* CUDA: each thread's cuBLAS handle (the main thread's for forward and optimizer,
+ * autograd's for backward) takes `bytes` of workspace from the caching allocator at its first
+ * matmul and keeps it (PyTorch's getCurrentCUDABlasHandle); 0 (the default): none. */
+void mt_blas_workspace(mt_tape *t, int64_t bytes);
+
 /* loss.backward() from the scalar x (ones_like, then every node in reverse order). */
 void mt_backward(mt_tape *t, mt_id loss);
 /* The loss's name let go: its graph's structure goes with it, and what the graph kept (the

@@ -43,6 +43,21 @@ def flops(x):
     return "–" if not x else f"{x / 1e12:.1f} T" if x >= 1e12 else f"{x / 1e9:.2f} G"
 
 
+def planned_peak(rung, run):
+    """The run's planned peak: its own (CPU runs), else the rung's plan when the run ran at the
+    plan's scale (a GPU run at full scale: the plan is exact there)."""
+    v = num(run, "planned_peak_bytes")
+    if v is None and run.get("scale") == dig(rung, "plan", "scale"):
+        v = num(rung, "plan", "peak_bytes")
+    return v
+
+
+def dig(o, *keys):
+    for k in keys:
+        o = o.get(k) if isinstance(o, dict) else None
+    return o
+
+
 def num(o, *keys):
     for k in keys:
         if not isinstance(o, dict):
@@ -142,7 +157,7 @@ def main():
                              str(run.get("batch", "?")), f"{t:.4f}" if t else "–",
                              flops(tf),
                              f"{100 * tf / peak:.1f}%" if tf and peak else "–",
-                             gb(num(run, "planned_peak_bytes")), gb(num(run, "measured_peak_bytes")),
+                             gb(planned_peak(rung, run)), gb(num(run, "measured_peak_bytes")),
                              gb(init["used"]) if init else "–", gb(out_arena), gb(ctx),
                              gb(smax - s0) if smax is not None else "–"])
     if rows:

@@ -4,7 +4,8 @@ bytes counted by build/libvlmemcount.so, preloaded by the case).
 
 Protocol (one request per line on stdin, one JSON object per line on stdout):
   on start            -> {"hello": 1, "torch": ..., "fp16_fast": bool, "bf16_fast": bool,
-                          "memory": "memcount" | "cuda" | null, "memory_why": str}
+                          "memory": "memcount" | "cuda" | null, "memory_why": str,
+                          "cuda_capability": [major, minor] | null}
   setup <json config> -> {"ready": 1, "params_total": n, "params_trainable": n, ...}
   step <k>            -> {"times": [k seconds], "losses": [...], "peak_bytes": ...,
                           "step_extra_bytes": ..., "persistent_bytes": ...,
@@ -267,7 +268,8 @@ def main(build, doc, needs):
     mem = Memory(torch, device)
     hello = {"hello": 1, "torch": torch.__version__, "transformers": tv, "device": device,
              "threads": torch.get_num_threads(), "fp16_fast": fp16, "bf16_fast": bf16,
-             "memory": mem.kind, "memory_why": mem.why}
+             "memory": mem.kind, "memory_why": mem.why,
+             "cuda_capability": list(torch.cuda.get_device_capability()) if device == "cuda" else None}
     if a.config:
         cfg = json.loads(a.config)
         stepper, ready = build(torch, mem, cfg)

@@ -82,7 +82,19 @@ typedef struct {
    * a per-process fraction); 0 unlimited. Past it the allocator frees its cached segments
    * and retries, as PyTorch does, then reports out of memory (oom). */
   uint64_t capacity;
+  /* CUDA: the card's compute capability (major), which sizes the cuBLAS workspace each
+   * thread's handle takes from the caching allocator (vl_mimic_cublas_workspace); 0: the
+   * RTX 4090's 8, the 24 GB card the ladders plan for */
+  int cuda_cc_major;
 } vl_mimic_llm_cfg;
+
+/* The workspace PyTorch's cuBLAS handle takes per thread (and stream) from the caching
+ * allocator, counted by max_memory_allocated and kept for the process's life: 32 MiB on
+ * Hopper (compute capability 9), else CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8"
+ * (2 x 4 MiB + 8 x 16 KiB = 8,519,680 bytes). The forward and the optimizer run on the main
+ * thread, the backward on autograd's: two of them in a training step. Seen on an H200:
+ * 67,108,864 bytes held beside the parameters and optimizer state (reports/gpu). */
+int64_t vl_mimic_cublas_workspace(int cc_major);
 
 vl_status vl_mimic_llm(const vl_mimic_llm_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                        char *why, size_t whyn);
