@@ -51,6 +51,10 @@ vl_status vl_dl_run(vl_case_env *env, const vl_knobs *k, int rep, cJSON *out);
 /* The decode-only ceiling, the workers x prefetch sweep and the PyTorch reference after
  * the ladder (sweep.c): the case's extra hook. */
 vl_status vl_dl_extra(vl_case_env *env, cJSON *res);
+/* A finished sweep's best setting into cm (sweep.c): best_images_per_s, best_workers,
+ * best_prefetch, or null with best_prefetch_tied when prefetch settings tie within one
+ * measurement's 5% noise at the best worker count; *best_w the worker count. */
+void vl_dl_sweep_best(const cJSON *sweep, cJSON *cm, long *best_w);
 
 /* The case's report sections (the report hook). */
 void vl_dataloader_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot);

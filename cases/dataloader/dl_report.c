@@ -177,10 +177,18 @@ void vl_dataloader_report(cJSON *res, FILE *md, FILE *appendix, const char *dir,
     fprintf(appendix, "- Pipeline at workers = cores: %s images/s = %s of the decode-only ceiling (target ≥ 85%%).\n",
             vl_rep_fmt("%.0f", vl_rep_num(cm, "images_per_s_at_cores")),
             vl_rep_fmt("%.0f%%", 100 * vl_rep_num(cm, "share_of_decode_ceiling")));
+    char tied[64] = "";
+    const cJSON *tv;
+    size_t tn = 0;
+    cJSON_ArrayForEach(tv, cJSON_GetObjectItem(cm, "best_prefetch_tied"))
+      tn += (size_t)snprintf(tied + tn, tn < sizeof tied ? sizeof tied - tn : 0, "%s%g", tn ? ", " : "",
+                             cJSON_GetNumberValue(tv));
     fprintf(md, "- Best sweep setting (fewest workers, then smallest prefetch, within 2%% of the top): "
                 "workers %s, prefetch %s, %s images/s.\n",
-            vl_rep_fmt("%g", vl_rep_num(cm, "best_workers")), vl_rep_fmt("%g", vl_rep_num(cm, "best_prefetch")),
+            vl_rep_fmt("%g", vl_rep_num(cm, "best_workers")),
+            tied[0] ? "not measurable (tied within one run's 5% noise)" : vl_rep_fmt("%g", vl_rep_num(cm, "best_prefetch")),
             vl_rep_fmt("%.0f", vl_rep_num(cm, "best_images_per_s")));
+    if (tied[0]) fprintf(md, "  Prefetch %s at that worker count are within 5%% of each other.\n", tied);
     if (cJSON_GetStringValue(cJSON_GetObjectItem(cm, "torch_not_measured")))
       fprintf(appendix, "- PyTorch DataLoader reference: not measured here: %s.\n", vl_rep_str(cm, "torch_not_measured"));
     else

@@ -13,6 +13,42 @@
 #include "kit/proc.h"
 #include "kit/rep.h"
 
+#define SWEEP_NOISE 0.05 /* one measurement's noise on this machine (as VL_NOISE_ONE_RUN) */
+
+/* The best setting of a finished sweep (rows {workers, prefetch, images_per_s}) into cm:
+ * best_images_per_s, best_workers (the fewest workers, then the smallest prefetch, within 2%
+ * of the top), best_prefetch — or null with best_prefetch_tied when several prefetch settings
+ * at that worker count lie within one measurement's noise (5%) of the best there: a verdict
+ * on the argmax of a tie would flip from run to run. */
+void vl_dl_sweep_best(const cJSON *sweep, cJSON *cm, long *best_w_out) {
+  const cJSON *o;
+  double best = 0, top_w = 0;
+  cJSON_ArrayForEach(o, sweep) if (vl_rep_num(o, "images_per_s") > best) best = vl_rep_num(o, "images_per_s");
+  long best_w = 0, best_p = 0, min_w = 1L << 30;
+  cJSON_ArrayForEach(o, sweep) {
+    double ips = vl_rep_num(o, "images_per_s");
+    long w = (long)vl_rep_num(o, "workers"), p = (long)vl_rep_num(o, "prefetch");
+    if (ips >= 0.98 * best && (w < min_w || (w == min_w && p < best_p))) { min_w = w; best_w = w; best_p = p; }
+  }
+  cJSON_ArrayForEach(o, sweep) if ((long)vl_rep_num(o, "workers") == best_w && vl_rep_num(o, "images_per_s") > top_w)
+      top_w = vl_rep_num(o, "images_per_s");
+  cJSON *tied = cJSON_CreateArray();
+  cJSON_ArrayForEach(o, sweep) if ((long)vl_rep_num(o, "workers") == best_w &&
+                                   vl_rep_num(o, "images_per_s") >= (1 - SWEEP_NOISE) * top_w)
+      cJSON_AddItemToArray(tied, cJSON_CreateNumber(vl_rep_num(o, "prefetch")));
+  cJSON_AddNumberToObject(cm, "best_images_per_s", best);
+  cJSON_AddNumberToObject(cm, "best_workers", (double)best_w);
+  if (cJSON_GetArraySize(tied) > 1) {
+    cJSON_AddNullToObject(cm, "best_prefetch");
+    cJSON_AddItemToObject(cm, "best_prefetch_tied", tied);
+  } else {
+    cJSON_AddNumberToObject(cm, "best_prefetch", (double)best_p);
+    cJSON_Delete(tied);
+  }
+  *best_w_out = best_w;
+}
+
+
 /* The PyTorch DataLoader's images/s over the same set with `workers` workers, decoding with
  * `decoder` (tools/torch_loader_bench.py: pil, or decode_jpeg: torchvision.io.decode_jpeg on
  * uint8 tensors with transforms.v2, batched); NaN with the reason in *why when it was not
@@ -102,8 +138,8 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
   const long *ws = d.sweep_w, *ps = d.sweep_p;
   int nw = d.n_sweep_w, np = d.n_sweep_p;
   cJSON *sweep = cJSON_AddArrayToObject(res, "sweep");
-  double best = 0, at_cores = 0;
-  long best_w = 0, best_p = 0;
+  double at_cores = 0;
+  long best_w = 0;
   vl_dataset ds = vl_jpegset_dataset(js);
   for (int i = 0; i < nw && !vl_interrupted; i++)
     for (int j = 0; j < np && !vl_interrupted; j++) {
@@ -135,7 +171,6 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
       cJSON_AddNumberToObject(o, "images_per_s", ips);
       cJSON_AddNumberToObject(o, "cpu_util", e.cpu / (e.wall * (double)d.cores));
       cJSON_AddItemToArray(sweep, o);
-      if (ips > best) best = ips;
       if (ws[i] == d.cores && ips > at_cores) at_cores = ips;
     }
   if (vl_interrupted) { /* a partial sweep has no best setting: the sweep table keeps its rows */
@@ -143,17 +178,7 @@ vl_status vl_dl_extra(vl_case_env *env, cJSON *res) {
     vl_jpegset_close(js);
     return VL_OK;
   }
-  /* the best setting: the fewest workers, then the smallest prefetch, within 2% of the top */
-  cJSON *o;
-  long min_w = 1L << 30;
-  cJSON_ArrayForEach(o, sweep) {
-    double ips = vl_rep_num(o, "images_per_s");
-    long w = (long)vl_rep_num(o, "workers"), p = (long)vl_rep_num(o, "prefetch");
-    if (ips >= 0.98 * best && (w < min_w || (w == min_w && p < best_p))) { min_w = w; best_w = w; best_p = p; }
-  }
-  cJSON_AddNumberToObject(cm, "best_images_per_s", best);
-  cJSON_AddNumberToObject(cm, "best_workers", (double)best_w);
-  cJSON_AddNumberToObject(cm, "best_prefetch", (double)best_p);
+  vl_dl_sweep_best(sweep, cm, &best_w);
   cJSON_AddNumberToObject(cm, "best_workers_share", (double)best_w / (double)d.cores);
   cJSON_AddNumberToObject(cm, "images_per_s_at_cores", at_cores);
   cJSON_AddNumberToObject(cm, "share_of_decode_ceiling", at_cores / (rate * (double)d.cores));
