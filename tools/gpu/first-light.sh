@@ -168,9 +168,15 @@ skip() { echo "$*" > "$WORK/skip"; echo "skipped: $*"; exit 77; }
 # LIMIT=S run ...: past S seconds the run is taken for hung: on a GPU cuda-gdb writes its host
 # threads' stacks and the kernels running on the device to results/NAME.stacks, then it is
 # killed (exit 124).
+# CUDNN_TRACE=1 run ...: on a GPU, cuDNN's own API log (every call with its time in
+# microseconds, CUDNN_LOGLEVEL_DBG=3) in results/NAME.cudnn.log, its last 2 MiB kept: which
+# cuDNN call a slow or hung run was in, when cuda-gdb cannot say.
 run() {
   local name=$1 smi= pid t=0 rc
   shift
+  local trace=()
+  [ "$MODE" = gpu ] && [ "${CUDNN_TRACE:-0}" = 1 ] &&
+    trace=(env CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$RES/$name.cudnn.log")
   echo "+ vramlab $* --out $RES/$name"
   if [ "$MODE" = gpu ] && command -v nvidia-smi >/dev/null; then
     # an earlier run's process (a killed hang) may still hold the card: wait for it to go
@@ -182,7 +188,8 @@ run() {
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$RES/$name.smi" 2>/dev/null &
     smi=$!
   fi
-  VRAMLAB_CUDA_MEMINFO=1 "$V" "$@" --out "$RES/$name" > "$RES/$name.log" 2>&1 &
+  : > "$RES/$name.log" # there before tail follows it
+  VRAMLAB_CUDA_MEMINFO=1 "${trace[@]}" "$V" "$@" --out "$RES/$name" > "$RES/$name.log" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$RES/$name.log" &
   while kill -0 "$pid" 2>/dev/null; do
@@ -201,6 +208,10 @@ run() {
   wait "$pid"; rc=$?
   [ -n "${LIMIT:-}" ] && [ "$t" -ge "$LIMIT" ] && rc=124
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
+  if [ -f "$RES/$name.cudnn.log" ]; then
+    tail -c 2097152 "$RES/$name.cudnn.log" > "$RES/$name.cudnn.t" && mv "$RES/$name.cudnn.t" "$RES/$name.cudnn.log"
+    echo "$name: cuDNN's log ends with:"; tail -15 "$RES/$name.cudnn.log"
+  fi
   echo "$name exit $rc" >> "$RES/runs.txt"
   return $rc
 }
@@ -315,7 +326,7 @@ s_memory() {
   LIMIT=60 run mem-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --step ram_cache --set consumer=model \
     --set images=32 --set epochs=1 --set steps=3 --set data_dir="$DATA/captions-$SMALL" \
     --set cache_dir="$DATA/sd-cache-$SMALL" "${q[@]}" || rc=1
-  LIMIT=40 run mem-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --step amp --set epochs=1 \
+  LIMIT=40 CUDNN_TRACE=1 run mem-seg-ckpt run seg-ckpt --device "$DEV" --scale "$SMALL" --step amp --set epochs=1 \
     --set train_images=64 --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" "${q[@]}" || rc=1
   return $rc
 }
