@@ -59,10 +59,7 @@ def dig(o, *keys):
 
 
 def num(o, *keys):
-    for k in keys:
-        if not isinstance(o, dict):
-            return None
-        o = o.get(k)
+    o = dig(o, *keys)
     return o if isinstance(o, (int, float)) and not isinstance(o, bool) else None
 
 
