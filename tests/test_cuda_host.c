@@ -599,48 +599,53 @@ static void test_cudnn_descs(void **state) {
   assert_false(vl_cudnn_fits_int(&cv));
 }
 
-/* The cuDNN algorithm cache: asked once per problem, every field of the problem in its key,
- * answers kept across growth; 300 distinct problems (the table grows from 64 four times). */
+/* The cuDNN algorithm cache: asked once per problem (every field of the problem and the
+ * direction in its key), the answer is the algorithm with its math type, answers kept
+ * across growth; 300 distinct problems (the table grows from 64 four times). */
 static void test_algo_cache(void **state) {
   (void)state;
   vl_cuda_algo_cache c = {0};
   vl_conv cv;
-  int a = -1;
+  vl_cuda_algo a = {-1, -1};
   assert_true(vl_conv_init(&cv, 8, 64, 32, 32, 128, 3, 3, 1, 1, 1));
-  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a)); /* empty: no answer */
-  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, 1, 4096, 6), VL_OK);
-  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
-  assert_int_equal(a, 6);
-  /* any field of the problem is a different problem */
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, &a)); /* empty: no answer */
+  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, (vl_cuda_algo){6, 1}), VL_OK);
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, &a));
+  assert_int_equal(a.algo, 6);
+  assert_int_equal(a.math, 1);
+  /* any field of the problem, or the direction, is a different problem */
   vl_conv o = cv;
   o.xdt = VL_F16;
-  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, 1, 4096, &a));
+  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, &a));
   o = cv;
   o.pad = 0;
-  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, 1, 4096, &a));
-  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_BWD_DATA, 1, 4096, &a));
-  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 2, 4096, &a));
-  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4352, &a));
-  /* overwrite keeps one entry */
-  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, 1, 4096, 1), VL_OK);
-  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
-  assert_int_equal(a, 1);
+  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, &a));
+  o = cv;
+  o.gdt = VL_BF16;
+  assert_false(vl_cuda_algo_get(&c, &o, VL_CONV_FWD, &a));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_BWD_DATA, &a));
+  /* overwrite keeps one entry, the math type with it */
+  assert_int_equal(vl_cuda_algo_put(&c, &cv, VL_CONV_FWD, (vl_cuda_algo){1, 0}), VL_OK);
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, &a));
+  assert_int_equal(a.algo, 1);
+  assert_int_equal(a.math, 0);
   assert_int_equal((int)c.n, 1);
   for (int i = 0; i < 300; i++) {
     assert_true(vl_conv_init(&o, 1 + i % 7, 3 + i, 16, 16, 8 + i % 5, 3, 3, 1 + i % 2, 1, 1));
-    assert_int_equal(vl_cuda_algo_put(&c, &o, i % 3, 0, (size_t)i * 256, i), VL_OK);
+    assert_int_equal(vl_cuda_algo_put(&c, &o, i % 3, (vl_cuda_algo){i, i % 2}), VL_OK);
   }
   assert_int_equal((int)c.n, 301);
   assert_true(2 * c.n <= c.cap);
   for (int i = 0; i < 300; i++) {
     assert_true(vl_conv_init(&o, 1 + i % 7, 3 + i, 16, 16, 8 + i % 5, 3, 3, 1 + i % 2, 1, 1));
-    assert_true(vl_cuda_algo_get(&c, &o, i % 3, 0, (size_t)i * 256, &a));
-    assert_int_equal(a, i);
+    assert_true(vl_cuda_algo_get(&c, &o, i % 3, &a));
+    assert_int_equal(a.algo, i);
+    assert_int_equal(a.math, i % 2);
   }
-  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
-  assert_int_equal(a, 1);
+  assert_true(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, &a));
+  assert_int_equal(a.algo, 1);
   vl_cuda_algo_cache_free(&c);
-  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, 1, 4096, &a));
+  assert_false(vl_cuda_algo_get(&c, &cv, VL_CONV_FWD, &a));
 }
 
 int main(void) {

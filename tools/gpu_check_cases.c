@@ -28,6 +28,10 @@
 #define CONV_3S2 {2, 8, 9, 16, 3, 2, 1, 1}   /* 3x3 pad 1 stride 2 */
 #define CONV_DIL {2, 8, 9, 16, 3, 1, 2, 2}   /* 3x3 dilation 2 pad 2 */
 #define CONV_1S2 {2, 8, 9, 16, 1, 2, 0, 1}   /* 1x1 stride 2: a ResNet downsampling shortcut */
+/* seg-ckpt's small U-Net head in fp16 (batch 8, 8 -> 4 channels at 128x128): cuDNN ranks an
+ * algorithm under tensor-op math that needs more workspace than under default math; the
+ * call must run with the math type whose workspace was checked (a BAD_PARAM on the H200) */
+#define CONV_HEAD {8, 8, 128, 4, 3, 1, 1, 1}
 #define GEMM {37, 64, 48}
 
 const vl_gc_case VL_GC_CASES[] = {
@@ -186,12 +190,15 @@ const vl_gc_case VL_GC_CASES[] = {
     {OP(CONV_FWD), "conv_fwd f32 1x1/2", CONV_1S2, A1(F32), 0, 1e-6},
     {OP(CONV_FWD), "conv_fwd f16 3x3/1", CONV_3, {F16, F16, F32}, 0, 1e-5},
     {OP(CONV_FWD), "conv_fwd bf16 3x3/2", CONV_3S2, {BF16, BF16, F32}, 0, 5e-4},
+    {OP(CONV_FWD), "conv_fwd f16 8x8x128^2 -> 4 (workspace)", CONV_HEAD, {F16, F16, F32}, 0, 1e-5},
+    {OP(CONV_FWD), "conv_fwd bf16 8x8x128^2 -> 4 (workspace)", CONV_HEAD, {BF16, BF16, F32}, 0, 5e-4},
     {OP(CONV_BWD_DATA), "conv_bwd_data f32 3x3/1", CONV_3, A1(F32), 0, 1e-6},
     {OP(CONV_BWD_DATA), "conv_bwd_data f32 3x3/2", CONV_3S2, A1(F32), 0, 1e-6},
     {OP(CONV_BWD_DATA), "conv_bwd_data f32 3x3 dil 2", CONV_DIL, A1(F32), 0, 1e-6},
     {OP(CONV_BWD_DATA), "conv_bwd_data f32 1x1/2", CONV_1S2, A1(F32), 0, 1e-6},
     {OP(CONV_BWD_DATA), "conv_bwd_data f16 3x3/2", CONV_3S2, {F16, F16, F32}, 0, 1e-5},
     {OP(CONV_BWD_DATA), "conv_bwd_data bf16 1x1/2", CONV_1S2, {BF16, BF16, F32}, 0, 5e-4},
+    {OP(CONV_BWD_DATA), "conv_bwd_data f16 8x8x128^2 -> 4 (workspace)", CONV_HEAD, {F16, F16, F32}, 0, 1e-5},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f32 3x3/1", CONV_3, A1(F32), 0, 1e-6},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f32 3x3/1 accumulate", CONV_3, A1(F32), GC_ACC, 1e-6},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f32 3x3/2", CONV_3S2, A1(F32), 0, 1e-6},
@@ -202,6 +209,7 @@ const vl_gc_case VL_GC_CASES[] = {
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f32 1x1/2 accumulate", CONV_1S2, A1(F32), GC_ACC, 1e-6},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f16 accumulate", CONV_3, {F16, F16, F32}, GC_ACC, 1e-5},
     {OP(CONV_BWD_WEIGHT), "conv_bwd_weight bf16 (dw bf16)", CONV_3S2, {BF16, BF16, BF16}, 0, 5e-4},
+    {OP(CONV_BWD_WEIGHT), "conv_bwd_weight f16 8x8x128^2 -> 4 (workspace)", CONV_HEAD, {F16, F16, F32}, 0, 1e-5},
     /* Stable Diffusion's operations */
     /* GroupNorm / LayerNorm: a = x/y/dx/dy, b = gamma/beta, c = dgamma/dbeta. Sums in double
      * in another order (a block tree over strided subsets on CUDA), then fp32 math with the

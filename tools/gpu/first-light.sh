@@ -342,14 +342,16 @@ s_full() {
   local dev=cuda
   [ "$MODE" = gpu ] || dev=plan
   # llm-lora last: its 7.2e9 weights are drawn and NF4-quantised on one host core before the
-  # first step (two to five minutes, tools/gpu/README.md), so a cut-off keeps the other two
-  run full-seg-ckpt run seg-ckpt --device "$dev" --scale full --step after --set epochs=1 \
-    --set train_images=243 --set eval_images=8 --set data_dir="$DATA/segset-full" --set reps=1 --quiet || rc=1
-  run full-sd-lora run sd-lora --device "$dev" --scale full --step after --set consumer=model \
+  # first step (two to five minutes, tools/gpu/README.md), so a cut-off keeps the other two.
+  # FIRST_LIGHT_FULL="seg-ckpt sd-lora" runs only those (a rerun that needs no 7B step)
+  local want=" ${FIRST_LIGHT_FULL:-seg-ckpt sd-lora llm-lora} "
+  [[ $want == *" seg-ckpt "* ]] && { run full-seg-ckpt run seg-ckpt --device "$dev" --scale full --step after --set epochs=1 \
+    --set train_images=243 --set eval_images=8 --set data_dir="$DATA/segset-full" --set reps=1 --quiet || rc=1; }
+  [[ $want == *" sd-lora "* ]] && { run full-sd-lora run sd-lora --device "$dev" --scale full --step after --set consumer=model \
     --set images=99 --set epochs=1 --set steps=3 --set data_dir="$DATA/captions-full" \
-    --set cache_dir="$DATA/sd-cache-full" --set reps=1 --quiet || rc=1
-  run full-llm-lora run llm-lora --device "$dev" --scale full --step after --set run_cap=24GiB \
-    --set run_seq=512 --set steps=3 --set warmup=1 --set reps=1 --quiet || rc=1
+    --set cache_dir="$DATA/sd-cache-full" --set reps=1 --quiet || rc=1; }
+  [[ $want == *" llm-lora "* ]] && { run full-llm-lora run llm-lora --device "$dev" --scale full --step after --set run_cap=24GiB \
+    --set run_seq=512 --set steps=3 --set warmup=1 --set reps=1 --quiet || rc=1; }
   [ "$MODE" = gpu ] || [ "$rc" != 0 ] ||
     skip "the timed runs need a GPU (their command lines passed the plan device; plans in results/plan-*.json)"
   return $rc
@@ -390,7 +392,7 @@ s_collective() {
     skip "no MPI in this build (the pack has none; the collective bench bootstraps NCCL over MPI)"
   "$V" bench allreduce --ranks 1 --device cuda --max-bytes 256M --json "$RES/allreduce.json" --timeout 60
 }
-export FIRST_LIGHT_SEG_FP32
+export FIRST_LIGHT_SEG_FP32 FIRST_LIGHT_FULL
 export -f s_unpack s_build s_gpucheck s_memory s_full s_peers s_regress s_collective
 export CONFIGURE_ONLY
 

@@ -3,11 +3,10 @@
  * budget; descriptor dims/strides), unit-tested on the CPU; this file only executes it.
  * The workspace is the caller's arena block of vl_conv_ws_cuda bytes: [weight copy | dw
  * copy | algorithm workspace]. The algorithm is the first of cuDNN's heuristic ranking
- * (cudnnGet*Algorithm_v7) that succeeds and fits the budget, so memory never depends on
- * a benchmark search; it is asked once per problem and kept (vl_cuda_algo_cache). */
+ * (cudnnGet*Algorithm_v7) that succeeds and fits the budget under its own math type, so
+ * memory never depends on a benchmark search; it is asked once per problem and kept
+ * (vl_cuda_algo_cache). */
 #include <cudnn.h>
-
-#include <type_traits>
 
 #include "cuda_internal.h"
 #include "../../kernels/kcommon.h"
@@ -99,29 +98,41 @@ static vl_status prep(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, bool acc, s
 }
 
 /* The algorithm for this problem: the cache's, else the first of cuDNN's heuristic ranking
- * that succeeds and fits the budget (then remembered; a cache that cannot grow only means
- * asking again next time). */
-#define PICK(c, h, cv, dir, io, getter, perf_t, n_max, budget, out, ...)                   \
-  do {                                                                                     \
-    int cached_;                                                                           \
-    if (vl_cuda_algo_get(&st(c)->algos, (cv), (dir), (int)(io), (budget), &cached_)) {     \
-      *(out) = (std::remove_reference<decltype(*(out))>::type)cached_;                     \
-      break;                                                                               \
-    }                                                                                      \
-    perf_t perf_[n_max];                                                                   \
-    int got_ = 0;                                                                          \
-    DNN_CHECK((c), getter((h), __VA_ARGS__, (n_max), &got_, perf_));                       \
-    bool found_ = false;                                                                   \
-    for (int i_ = 0; i_ < got_ && !found_; i_++)                                           \
-      if (perf_[i_].status == CUDNN_STATUS_SUCCESS && perf_[i_].memory <= (budget)) {      \
-        *(out) = perf_[i_].algo;                                                           \
-        found_ = true;                                                                     \
-      }                                                                                    \
-    if (!found_)                                                                           \
-      return vl_fail((c), VL_ERR_BACKEND, "conv: no cuDNN algorithm fits %zu bytes",       \
-                     (size_t)(budget));                                                    \
-    (void)vl_cuda_algo_put(&st(c)->algos, (cv), (dir), (int)(io), (budget), (int)*(out));  \
-  } while (0)
+ * that succeeds and whose workspace fits the budget under the math type cuDNN ranked it with
+ * (asked again of cuDNN with that math type set: the ranking's `memory` and the call's
+ * requirement differ, and a call past its workspace is a BAD_PARAM), then remembered. fp32
+ * io takes only default/FMA math (no TF32: it matches the CPU to 1e-6). If nothing ranked
+ * fits, algorithm 0 (implicit GEMM: no workspace) under default math. The descriptor is
+ * left with the chosen math type for the call. */
+template <typename Perf, int N, typename Get, typename Ws>
+static vl_status pick(vl_ctx *c, const vl_conv *cv, vl_conv_dir dir, const vl_cuda_conv_plan *p,
+                      cudnnConvolutionDescriptor_t conv, Get get, Ws ws_size, int *algo) {
+  vl_cuda_algo a;
+  if (!vl_cuda_algo_get(&st(c)->algos, cv, (int)dir, &a)) {
+    Perf perf[N];
+    int got = 0;
+    DNN_CHECK(c, get(N, &got, perf));
+    bool found = false;
+    for (int i = 0; i <= got && !found; i++) {
+      /* i == got: the fallback, algorithm 0 under default math */
+      cudnnMathType_t m = i < got ? perf[i].mathType : CUDNN_DEFAULT_MATH;
+      int al = i < got ? (int)perf[i].algo : 0;
+      if (i < got && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > p->algo_ws)) continue;
+      if (!p->tensor_op && m != CUDNN_DEFAULT_MATH && m != CUDNN_FMA_MATH) continue;
+      size_t need = 0;
+      if (cudnnSetConvolutionMathType(conv, m) != CUDNN_STATUS_SUCCESS) continue;
+      if (ws_size(al, &need) != CUDNN_STATUS_SUCCESS || need > p->algo_ws) continue;
+      a = (vl_cuda_algo){al, (int)m};
+      found = true;
+    }
+    if (!found)
+      return vl_fail(c, VL_ERR_BACKEND, "conv: no cuDNN algorithm fits %zu bytes", p->algo_ws);
+    (void)vl_cuda_algo_put(&st(c)->algos, cv, (int)dir, a);
+  }
+  DNN_CHECK(c, cudnnSetConvolutionMathType(conv, (cudnnMathType_t)a.math));
+  *algo = a.algo;
+  return VL_OK;
+}
 
 static vl_status cu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const vl_tensor *x,
                              const vl_tensor *w, void *ws, size_t ws_bytes) {
@@ -135,13 +146,23 @@ static vl_status cu_conv_fwd(vl_ctx *c, const vl_conv *cv, vl_tensor *y, const v
       r = convert(c, ws, (int)cv->xdt, w->data, (int)w->dtype, cv->K * cv->C * cv->R * cv->S, false);
       wp = ws;
     }
-    cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    int al = 0;
+    if (r == VL_OK)
+      r = pick<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+          c, cv, VL_CONV_FWD, &p, d.conv,
+          [&](int n, int *got, cudnnConvolutionFwdAlgoPerf_t *perf) {
+            return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, n, got, perf);
+          },
+          [&](int a, size_t *b) {
+            return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y,
+                                                           (cudnnConvolutionFwdAlgo_t)a, b);
+          },
+          &al);
     if (r == VL_OK) {
       r = [&]() -> vl_status {
-        PICK(c, h, cv, VL_CONV_FWD, p.io, cudnnGetConvolutionForwardAlgorithm_v7, cudnnConvolutionFwdAlgoPerf_t,
-             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, p.algo_ws, &algo, d.x, d.w, d.conv, d.y);
         float one = 1.0f, zero = 0.0f;
-        DNN_CHECK(c, cudnnConvolutionForward(h, &one, d.x, x->data, d.w, wp, d.conv, algo,
+        DNN_CHECK(c, cudnnConvolutionForward(h, &one, d.x, x->data, d.w, wp, d.conv,
+                                             (cudnnConvolutionFwdAlgo_t)al,
                                              (char *)ws + p.w_copy + p.dw_copy, p.algo_ws, &zero,
                                              d.y, y->data));
         return VL_OK;
@@ -164,14 +185,23 @@ static vl_status cu_conv_bwd_data(vl_ctx *c, const vl_conv *cv, vl_tensor *dx, c
       r = convert(c, ws, (int)cv->xdt, w->data, (int)w->dtype, cv->K * cv->C * cv->R * cv->S, false);
       wp = ws;
     }
-    cudnnConvolutionBwdDataAlgo_t algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    int al = 0;
+    if (r == VL_OK)
+      r = pick<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+          c, cv, VL_CONV_BWD_DATA, &p, d.conv,
+          [&](int n, int *got, cudnnConvolutionBwdDataAlgoPerf_t *perf) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, n, got, perf);
+          },
+          [&](int a, size_t *b) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x,
+                                                                (cudnnConvolutionBwdDataAlgo_t)a, b);
+          },
+          &al);
     if (r == VL_OK) {
       r = [&]() -> vl_status {
-        PICK(c, h, cv, VL_CONV_BWD_DATA, p.io, cudnnGetConvolutionBackwardDataAlgorithm_v7,
-             cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, p.algo_ws,
-             &algo, d.w, d.y, d.conv, d.x);
         float one = 1.0f, zero = 0.0f;
-        DNN_CHECK(c, cudnnConvolutionBackwardData(h, &one, d.w, wp, d.y, dy->data, d.conv, algo,
+        DNN_CHECK(c, cudnnConvolutionBackwardData(h, &one, d.w, wp, d.y, dy->data, d.conv,
+                                                  (cudnnConvolutionBwdDataAlgo_t)al,
                                                   (char *)ws + p.w_copy + p.dw_copy, p.algo_ws,
                                                   &zero, d.x, dx->data));
         return VL_OK;
@@ -191,15 +221,23 @@ static vl_status cu_conv_bwd_weight(vl_ctx *c, const vl_conv *cv, vl_tensor *dw,
   vl_status r = prep(c, cv, VL_CONV_BWD_WEIGHT, accumulate, ws_bytes, ws, &p, &h, &d);
   if (r == VL_OK) {
     void *dwp = p.dw_copy ? (char *)ws + p.w_copy : dw->data;
-    cudnnConvolutionBwdFilterAlgo_t algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
-    r = [&]() -> vl_status {
-      PICK(c, h, cv, VL_CONV_BWD_WEIGHT, p.io, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
-           cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-           p.algo_ws, &algo, d.x, d.y, d.conv, d.w);
+    int al = 0;
+    r = pick<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+        c, cv, VL_CONV_BWD_WEIGHT, &p, d.conv,
+        [&](int n, int *got, cudnnConvolutionBwdFilterAlgoPerf_t *perf) {
+          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, n, got, perf);
+        },
+        [&](int a, size_t *b) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w,
+                                                                (cudnnConvolutionBwdFilterAlgo_t)a, b);
+        },
+        &al);
+    if (r == VL_OK) r = [&]() -> vl_status {
       float one = 1.0f, beta = (accumulate && !p.dw_copy) ? 1.0f : 0.0f;
       DNN_CHECK(c, cudnnConvolutionBackwardFilter(h, &one, d.x, x->data, d.y, dy->data, d.conv,
-                                                  algo, (char *)ws + p.w_copy + p.dw_copy,
-                                                  p.algo_ws, &beta, d.w, dwp));
+                                                  (cudnnConvolutionBwdFilterAlgo_t)al,
+                                                  (char *)ws + p.w_copy + p.dw_copy, p.algo_ws,
+                                                  &beta, d.w, dwp));
       return VL_OK;
     }();
     if (r == VL_OK && p.dw_copy)

@@ -253,39 +253,38 @@ bool vl_cudnn_fits_int(const vl_conv *cv) {
 
 static uint64_t mix(uint64_t h, int64_t v) { return (h ^ (uint64_t)v) * 1099511628211ull; }
 
-static uint64_t algo_hash(const vl_conv *cv, int dir, int io, size_t budget) {
+static uint64_t algo_hash(const vl_conv *cv, int dir) {
   const int64_t f[] = {cv->N, cv->C, cv->H, cv->W, cv->K, cv->R, cv->S, cv->stride, cv->pad, cv->dil,
-                       cv->P, cv->Q, cv->xdt, cv->wdt, cv->gdt, dir, io, (int64_t)budget};
+                       cv->P, cv->Q, cv->xdt, cv->wdt, cv->gdt, dir};
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) h = mix(h, f[i]);
   return h;
 }
 
 /* field by field: the struct's padding bytes are not part of the key */
-static bool algo_same(const vl_cuda_algo_entry *e, const vl_conv *cv, int dir, int io, size_t budget) {
+static bool algo_same(const vl_cuda_algo_entry *e, const vl_conv *cv, int dir) {
   const vl_conv *a = &e->cv;
   return a->N == cv->N && a->C == cv->C && a->H == cv->H && a->W == cv->W && a->K == cv->K && a->R == cv->R &&
          a->S == cv->S && a->stride == cv->stride && a->pad == cv->pad && a->dil == cv->dil && a->P == cv->P &&
-         a->Q == cv->Q && a->xdt == cv->xdt && a->wdt == cv->wdt && a->gdt == cv->gdt && e->dir == dir &&
-         e->io == io && e->budget == budget;
+         a->Q == cv->Q && a->xdt == cv->xdt && a->wdt == cv->wdt && a->gdt == cv->gdt && e->dir == dir;
 }
 
 /* the slot holding the problem, else the empty slot where it goes (cap > n always) */
-static size_t algo_slot(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget) {
-  size_t i = (size_t)(algo_hash(cv, dir, io, budget) & (c->cap - 1));
-  while (c->e[i].used && !algo_same(&c->e[i], cv, dir, io, budget)) i = (i + 1) & (c->cap - 1);
+static size_t algo_slot(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir) {
+  size_t i = (size_t)(algo_hash(cv, dir) & (c->cap - 1));
+  while (c->e[i].used && !algo_same(&c->e[i], cv, dir)) i = (i + 1) & (c->cap - 1);
   return i;
 }
 
-bool vl_cuda_algo_get(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int *algo) {
+bool vl_cuda_algo_get(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, vl_cuda_algo *a) {
   if (!c->cap) return false;
-  const vl_cuda_algo_entry *e = &c->e[algo_slot(c, cv, dir, io, budget)];
+  const vl_cuda_algo_entry *e = &c->e[algo_slot(c, cv, dir)];
   if (!e->used) return false;
-  *algo = e->algo;
+  *a = e->a;
   return true;
 }
 
-vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int algo) {
+vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, vl_cuda_algo a) {
   if (2 * (c->n + 1) > c->cap) { /* grow to keep the load at most one half */
     size_t cap = c->cap ? 2 * c->cap : 64;
     vl_cuda_algo_entry *e = calloc(cap, sizeof *e);
@@ -293,15 +292,15 @@ vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, in
     vl_cuda_algo_cache g = {e, cap, 0};
     for (size_t i = 0; i < c->cap; i++)
       if (c->e[i].used) {
-        g.e[algo_slot(&g, &c->e[i].cv, c->e[i].dir, c->e[i].io, c->e[i].budget)] = c->e[i];
+        g.e[algo_slot(&g, &c->e[i].cv, c->e[i].dir)] = c->e[i];
         g.n++;
       }
     free(c->e);
     *c = g;
   }
-  vl_cuda_algo_entry *e = &c->e[algo_slot(c, cv, dir, io, budget)];
+  vl_cuda_algo_entry *e = &c->e[algo_slot(c, cv, dir)];
   if (!e->used) c->n++;
-  *e = (vl_cuda_algo_entry){.cv = *cv, .dir = dir, .io = io, .budget = budget, .algo = algo, .used = true};
+  *e = (vl_cuda_algo_entry){.cv = *cv, .dir = dir, .a = a, .used = true};
   return VL_OK;
 }
 

@@ -156,24 +156,30 @@ bool vl_cudnn_fits_int(const vl_conv *cv);
 
 /* cuDNN's algorithm for one convolution problem, chosen once. The heuristics query
  * (cudnnGet*Algorithm_v7) costs host time on every call; the backend asks once per problem
- * (geometry and dtypes, direction, io dtype, workspace budget) and keeps the answer for the
- * context's life, as frameworks do. An open-addressing table that grows at half load. */
+ * (geometry and dtypes, direction: the io dtype and workspace budget follow from them,
+ * vl_cuda_conv_plan_make) and keeps the answer for the context's life, as frameworks do.
+ * The answer is the algorithm and the math type cuDNN ranked it with: the same algorithm
+ * under CUDNN_TENSOR_OP_MATH can need more workspace than under CUDNN_DEFAULT_MATH, so the
+ * call must run with the math type whose workspace was checked. An open-addressing table
+ * that grows at half load. */
+typedef struct {
+  int algo, math;
+} vl_cuda_algo;
 typedef struct {
   vl_conv cv;
-  int dir, io;
-  size_t budget;
-  int algo;
+  int dir;
+  vl_cuda_algo a;
   bool used;
 } vl_cuda_algo_entry;
 typedef struct {
   vl_cuda_algo_entry *e;
   size_t cap, n;
 } vl_cuda_algo_cache;
-/* true and *algo when the problem was answered before. */
-bool vl_cuda_algo_get(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int *algo);
+/* true and *a when the problem was answered before. */
+bool vl_cuda_algo_get(const vl_cuda_algo_cache *c, const vl_conv *cv, int dir, vl_cuda_algo *a);
 /* Remember (or overwrite) the answer; VL_ERR_OOM when the table cannot grow (it stays valid:
  * the caller just asks cuDNN again next time). */
-vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, int io, size_t budget, int algo);
+vl_status vl_cuda_algo_put(vl_cuda_algo_cache *c, const vl_conv *cv, int dir, vl_cuda_algo a);
 void vl_cuda_algo_cache_free(vl_cuda_algo_cache *c);
 
 #ifdef __cplusplus
