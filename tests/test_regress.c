@@ -307,6 +307,40 @@ static void test_other_kernels(void **state) {
   cJSON_Delete(n);
 }
 
+/* On a GPU the kernels are picked at run time: the same impl string is no promise of the same
+ * numbers, so a tol metric marked runtime_kernels (either side) gets the cross-kernel
+ * tolerance, an exact one is not compared. */
+static void test_runtime_kernels(void **state) {
+  (void)state;
+  const char *text = "{" HEAD ",\"metrics\":{"
+                     "\"s/c/run.pixel_accuracy\":{\"kind\":\"tol\",\"value\":0.5061,\"tol\":1e-3,\"xtol\":2e-2,\"impl\":\"\"},"
+                     "\"s/c/run.peak\":{\"kind\":\"exact\",\"value\":100,\"impl\":\"\"}}}";
+  cJSON *b = cJSON_Parse(text), *n = cJSON_Parse(text);
+  cJSON *acc = metric(n, "s/c/run.pixel_accuracy"), *peak = metric(n, "s/c/run.peak");
+  set_num(acc, "value", 0.5079); /* +0.0018: the H200's two runs */
+  set_num(peak, "value", 101);
+  /* a baseline made before the mark, a run without it: the baseline's kernels, both changed */
+  assert_int_equal(compare(b, n, 0.07).regressed, 2);
+  /* the run marked: within 2e-2, the exact one not compared */
+  cJSON_AddTrueToObject(acc, "runtime_kernels");
+  cJSON_AddTrueToObject(peak, "runtime_kernels");
+  vl_regress_counts k = compare(b, n, 0.07);
+  assert_int_equal(k.regressed, 0);
+  assert_int_equal(k.ok, 1);
+  assert_int_equal(k.incomparable, 1);
+  /* the baseline marked, the run not: the same */
+  cJSON_AddTrueToObject(metric(b, "s/c/run.pixel_accuracy"), "runtime_kernels");
+  cJSON_DeleteItemFromObject(acc, "runtime_kernels");
+  k = compare(b, n, 0.07);
+  assert_int_equal(k.regressed, 0);
+  assert_int_equal(k.ok, 1);
+  /* beyond the cross-kernel tolerance it is still a regression */
+  set_num(acc, "value", 0.5061 + 0.03);
+  assert_int_equal(compare(b, n, 0.07).regressed, 1);
+  cJSON_Delete(b);
+  cJSON_Delete(n);
+}
+
 /* ---- the committed baseline travels: another host of its class, simulated -------------- */
 #define COMMITTED "reports/baselines/cpu-amd-epyc-2c.json"
 
@@ -417,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_uncomparable_now_metric_fails),
       cmocka_unit_test(test_timing_scaled_by_calibration),
       cmocka_unit_test(test_other_kernels),
+      cmocka_unit_test(test_runtime_kernels),
       cmocka_unit_test(test_committed_baseline_travels),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
