@@ -24,9 +24,8 @@ typedef enum { VL_BASIS_PLANNED = 0, VL_BASIS_MEASURED, VL_BASIS_MODELED, VL_BAS
 const char *vl_basis_name(vl_basis b);
 
 /* How the spread of a measured value is known: from the repetitions (each rung's runs; a rung
- * with one run gets VL_NOISE_ONE_RUN), none (an exact count: bytes, FLOPs, a seeded
- * deterministic value), or at least a stated relative floor (noise = 0.02). */
-#define VL_NOISE_ONE_RUN 0.05
+ * with one run gets VL_NOISE_ONE_RUN, kit/case.h), none (an exact count: bytes, FLOPs, a
+ * seeded deterministic value), or at least a stated relative floor (noise = 0.02). */
 
 typedef struct {
   char id[40], text[200], source[64], metric[40], unit[16], kind[16], note[240];

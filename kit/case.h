@@ -25,6 +25,9 @@
 /* The most rungs a ladder holds (harness/ladder.h), so the most a results file's rungs
  * array holds for a case to walk. */
 #define VL_MAX_RUNGS 16
+/* One measurement's relative noise on these machines: the spread given a value measured once
+ * (the report's verdicts; a case's own argmax over one-run cells, dataloader's sweep). */
+#define VL_NOISE_ONE_RUN 0.05
 
 typedef struct {
   const char *scale;       /* run scale: tiny | small | full */

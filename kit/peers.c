@@ -607,6 +607,27 @@ size_t vl_peer_engine_cap(const vl_step_spec *spec, vl_device device) {
   return cap;
 }
 
+vl_status vl_peer_compare_model(vl_case_env *env, vl_peer *p, vl_peer_cmp *cmp, const vl_peer_rounds *R,
+                                const vl_model_type *type, const void *model_cfg, uint64_t seed, cJSON *o) {
+  vl_ctx *c;
+  vl_status s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(cmp->spec, env->device));
+  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, cmp->rung, o);
+  vl_model *m = NULL;
+  s = vl_model_create(c, type, model_cfg, seed, &m);
+  if (s != VL_OK) {
+    s = vl_peer_engine_failed(env, s, c, cmp->rung, o);
+  } else {
+    cmp->c = c;
+    cmp->m = m;
+    s = vl_peer_compare(env, p, cmp, R, o);
+    cmp->c = NULL;
+    cmp->m = NULL;
+  }
+  vl_model_destroy(m);
+  vl_ctx_destroy(c);
+  return s;
+}
+
 vl_status vl_peer_engine_failed(vl_case_env *env, vl_status s, const vl_ctx *c, const char *rung, cJSON *o) {
   if (!vl_run_is_oom(s))
     return vl_case_fail(env, s, "side by side %s: the engine failed: %s", rung, c ? c->err : vl_status_name(s));

@@ -105,6 +105,12 @@ vl_status vl_peer_side_by_side(vl_case_env *env, cJSON *res, const vl_peer_kind 
  * live bytes before the step and what the step adds, parameter counts of both. A peer that
  * fails leaves o.not_measured and VL_OK; an engine failure is returned (env->err). */
 vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, const vl_peer_rounds *R, cJSON *o);
+/* vl_peer_compare with the engine's side made for it: a context capped by
+ * vl_peer_engine_cap(cmp->spec), the model of `type` from `model_cfg` and `seed` in it
+ * (cmp->c and cmp->m are set for the call, both destroyed after); an engine that cannot make
+ * them goes through vl_peer_engine_failed. cmp->mb is the caller's, on the host. */
+vl_status vl_peer_compare_model(vl_case_env *env, vl_peer *p, vl_peer_cmp *cmp, const vl_peer_rounds *R,
+                                const vl_model_type *type, const void *model_cfg, uint64_t seed, cJSON *o);
 /* The engine context's cap for a side-by-side step: none on the CPU (its pages are touched
  * lazily); on a GPU the step's planned peak and a little, since an uncapped CUDA arena
  * reserves nearly all the card and the peer process needs the rest. */

@@ -13,7 +13,6 @@
 #include "kit/proc.h"
 #include "kit/rep.h"
 
-#define SWEEP_NOISE 0.05 /* one measurement's noise on this machine (as VL_NOISE_ONE_RUN) */
 
 /* The best setting of a finished sweep (rows {workers, prefetch, images_per_s}) into cm:
  * best_images_per_s, best_workers (the fewest workers, then the smallest prefetch, within 2%
@@ -34,7 +33,7 @@ void vl_dl_sweep_best(const cJSON *sweep, cJSON *cm, long *best_w_out) {
       top_w = vl_rep_num(o, "images_per_s");
   cJSON *tied = cJSON_CreateArray();
   cJSON_ArrayForEach(o, sweep) if ((long)vl_rep_num(o, "workers") == best_w &&
-                                   vl_rep_num(o, "images_per_s") >= (1 - SWEEP_NOISE) * top_w)
+                                   vl_rep_num(o, "images_per_s") >= (1 - VL_NOISE_ONE_RUN) * top_w)
       cJSON_AddItemToArray(tied, cJSON_CreateNumber(vl_rep_num(o, "prefetch")));
   cJSON_AddNumberToObject(cm, "best_images_per_s", best);
   cJSON_AddNumberToObject(cm, "best_workers", (double)best_w);

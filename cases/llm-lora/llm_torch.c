@@ -136,27 +136,20 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     return VL_OK;
   }
   vl_step_spec spec = vl_llm_step_spec(&r, B, T);
-  vl_ctx *c;
-  s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
-  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
-  vl_model *m = NULL;
   int32_t *tok = malloc((size_t)(B * T) * sizeof *tok), *tgt = malloc((size_t)(B * T) * sizeof *tgt);
-  s = tok && tgt ? vl_model_create(c, &vl_model_mistral, &r.model, (uint64_t)r.seed, &m) : VL_ERR_OOM;
-  if (s != VL_OK) {
-    s = vl_peer_engine_failed(env, s, c, name, o);
+  if (!tok || !tgt) {
+    s = vl_peer_engine_failed(env, VL_ERR_OOM, NULL, name, o);
   } else {
     fill_tokens(tok, tgt, B, T, r.model.mc.vocab, (uint64_t)r.seed + 1000);
     vl_batch mb = vl_llm_token_batch(B, T, tok, tgt);
     cJSON *setup = setup_json(&r, env->device, threads, B, T);
-    vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
-    s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    vl_peer_cmp cmp = {name, variant, NULL, NULL, &mb, r.accum, (double)(B * T * r.accum), &spec, setup};
+    s = vl_peer_compare_model(env, p, &cmp, &rounds, &vl_model_mistral, &r.model, (uint64_t)r.seed, o);
     if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, T, env->device, hello, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "seq", (double)T);
     cJSON_Delete(setup);
   }
-  vl_model_destroy(m);
-  vl_ctx_destroy(c);
   free(tok);
   free(tgt);
   return s;

@@ -162,20 +162,15 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   }
   int64_t B = r.batch;
   vl_step_spec spec = vl_sdl_step_spec(&r, B);
-  vl_ctx *c;
-  s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
-  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
-  vl_model *m = NULL;
   vl_sdl_micro mb;
   s = vl_sdl_micro_alloc(&r.model, B, &mb);
-  if (s == VL_OK) s = vl_model_create(c, &vl_model_sd, &r.model, (uint64_t)r.seed, &m);
   if (s != VL_OK) {
-    s = vl_peer_engine_failed(env, s, c, name, o);
+    s = vl_peer_engine_failed(env, s, NULL, name, o);
   } else {
     fill_micro(&r.model, B, (uint64_t)r.seed + 1000, &mb);
     cJSON *setup = setup_json(&r, env->device, threads, B);
-    vl_peer_cmp cmp = {name, variant, c, m, &mb.batch, r.accum, (double)(B * r.accum), &spec, setup};
-    s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    vl_peer_cmp cmp = {name, variant, NULL, NULL, &mb.batch, r.accum, (double)(B * r.accum), &spec, setup};
+    s = vl_peer_compare_model(env, p, &cmp, &rounds, &vl_model_sd, &r.model, (uint64_t)r.seed, o);
     if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured"))
       cJSON_AddStringToObject(o, "mimic_why", "diffusers' UNet2DConditionModel has no mimic yet (llm-lora and seg-ckpt do)");
     cJSON_AddNumberToObject(o, "batch", (double)B);
@@ -183,8 +178,6 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     cJSON_AddBoolToObject(o, "encoders_in_step", r.model.encoders_in_step);
     cJSON_Delete(setup);
   }
-  vl_model_destroy(m);
-  vl_ctx_destroy(c);
   vl_sdl_micro_free(&mb);
   return s;
 }

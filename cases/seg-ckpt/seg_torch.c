@@ -100,15 +100,10 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   const vl_resunet_cfg *mc = &r.model.mc;
   int64_t B = r.batch, HW = mc->image * mc->image;
   vl_step_spec spec = vl_segrung_step_spec(&r, B, r.accum);
-  vl_ctx *c;
-  s = vl_ctx_create(&c, env->device, vl_peer_engine_cap(&spec, env->device));
-  if (s != VL_OK) return vl_peer_engine_failed(env, s, NULL, name, o);
-  vl_model *m = NULL;
   float *x = malloc((size_t)(B * 3 * HW) * sizeof *x);
   int32_t *y = malloc((size_t)(B * HW) * sizeof *y);
-  s = x && y ? vl_model_create(c, &vl_model_resunet, &r.model, (uint64_t)r.seed, &m) : VL_ERR_OOM;
-  if (s != VL_OK) {
-    s = vl_peer_engine_failed(env, s, c, name, o);
+  if (!x || !y) {
+    s = vl_peer_engine_failed(env, VL_ERR_OOM, NULL, name, o);
   } else {
     vl_rng g; /* random images and classes, as the interleaved timing's */
     vl_rng_seed(&g, (uint64_t)r.seed + 77);
@@ -118,15 +113,13 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     vl_batch_add(&mb, "images", VL_F32, 4, (int64_t[4]){B, 3, mc->image, mc->image}, x);
     vl_batch_add(&mb, "masks", VL_I32, 3, (int64_t[3]){B, mc->image, mc->image}, y);
     cJSON *setup = setup_json(&r, env->device, threads, B);
-    vl_peer_cmp cmp = {name, variant, c, m, &mb, r.accum, (double)(B * r.accum), &spec, setup};
-    s = vl_peer_compare(env, p, &cmp, &rounds, o);
+    vl_peer_cmp cmp = {name, variant, NULL, NULL, &mb, r.accum, (double)(B * r.accum), &spec, setup};
+    s = vl_peer_compare_model(env, p, &cmp, &rounds, &vl_model_resunet, &r.model, (uint64_t)r.seed, o);
     if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured")) mimic_json(&r, B, env->device, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "image", (double)mc->image);
     cJSON_Delete(setup);
   }
-  vl_model_destroy(m);
-  vl_ctx_destroy(c);
   free(x);
   free(y);
   return s;
