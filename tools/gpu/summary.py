@@ -171,6 +171,30 @@ def main():
         for row in rows:
             p("| " + " | ".join(row) + " |")
         p()
+    # where the step's time goes: runs made with --profile (CUDA events around each operation)
+    for f in sorted(glob.glob(os.path.join(res, "*", "*", "2*.json"))):
+        r = load(f) or {}
+        for rung in r.get("rungs", []):
+            for run in rung.get("runs", []):
+                prof = run.get("profile")
+                if not prof:
+                    continue
+                steps = num(run, "profile_steps") or 1
+                total = num(run, "profile_seconds") or 0
+                p(f"### Where the time goes: {os.path.basename(os.path.dirname(os.path.dirname(f)))} "
+                  f"`{rung.get('name')}` ({run.get('device')}, {run.get('scale')} scale, batch {run.get('batch')}; "
+                  f"{steps:.0f} timed steps, {total / steps:.4f} s a step, "
+                  f"{(num(run, 'profile_other_seconds') or 0) / steps:.4f} s a step outside every operation)\n")
+                p("| operation | calls a step | s a step | share of the step | FLOP/s | bytes/s |")
+                p("|---|---|---|---|---|---|")
+                for e in prof[:12]:
+                    sec = num(e, "seconds") or 0
+                    p(f"| {e.get('op')} | {(num(e, 'calls') or 0) / steps:.0f} | {sec / steps:.4f} | "
+                      f"{100 * (num(e, 'share') or 0):.1f}% | {flops(num(e, 'flops_per_s'))} | "
+                      f"{gb((num(e, 'bytes') or 0) / sec) + '/s' if sec else '–'} |")
+                if len(prof) > 12:
+                    p(f"| ({len(prof) - 12} more) | | | | | |")
+                p()
     runs = text(os.path.join(res, "runs.txt")).split("\n")
     bad = [x for x in runs if x and not x.endswith(" exit 0")]
     if bad:
