@@ -152,6 +152,13 @@ void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, co
  * engine's plan; replays: what step it is ("tools/peers/X.py runs (...)"); note: what it does
  * not mimic. Nothing when no rung has one. */
 void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, const char *note);
+/* What a GPU showed of the mimic (a note for vl_case_pytorch_report): measured on the H200
+ * the first-light calls were lent, reports/gpu/cuda-nvidia-h200/README.md. */
+#define VL_MIMIC_GPU_MEASURED                                                                         \
+  "On a GPU the mimic was measured at small scale only: on an H200 (torch 2.11) its "               \
+  "max_memory_allocated came within 0.04% of PyTorch's own and its max_memory_reserved within 2.3%, " \
+  "on llm-lora's `baseline` and `lora` and seg-ckpt's `before` and `relu_off`, each rung in a fresh "   \
+  "process (measured, reports/gpu/cuda-nvidia-h200); the full-scale steps above are not measured on a GPU."
 /* A max batch as a report cell: "none fits", "≥N" at the search limit, "—" when absent. */
 const char *vl_case_batch_cell(const cJSON *p, const char *key, char *b, size_t n);
 /* A run's common keys: scale, device, batch/accum, step_time, FLOPs, losses, loss scale,

@@ -223,6 +223,6 @@ void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, con
               "`max_memory_allocated` and `max_memory_reserved` (`vramlab plan CASE --mimic pytorch`). Fits: the "
               "caching allocator, which frees its cached segments and retries before it fails, stays under the "
               "rung's cap. Planned, full scale, two steps; held to PyTorch's own traces op by op and to MemTracker "
-              "on the CPU (tests/test_mimic.c); not measured on a GPU here. %s\n\n", replays, note);
+              "on the CPU (tests/test_mimic.c). %s\n\n", replays, note);
 }
 

@@ -278,7 +278,7 @@ void vl_segcase_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, co
   vl_case_pytorch_report(res, md, "tools/peers/seg_peer.py runs (the ResNet U-Net with torchvision's Bottleneck "
                          "blocks, torch.utils.checkpoint around each when the rung checkpoints, ReLU in place or "
                          "not, torch.autocast and GradScaler, AdamW, gradients set to None)",
-                         "");
+                         VL_MIMIC_GPU_MEASURED);
   linear_model(res, md);
   bool ran = false;
   const cJSON *r;
