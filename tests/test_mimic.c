@@ -71,6 +71,45 @@ static vl_mimic_resunet_cfg seg_cfg_of(const cJSON *c) {
   return m;
 }
 
+static bool bool_at(const cJSON *a, int i) { return cJSON_IsTrue(cJSON_GetArrayItem(a, i)); }
+
+/* sd_lora_peer.py's JSON as vl_mimic_sd_unet_cfg */
+static vl_mimic_sd_unet_cfg sd_cfg_of(const cJSON *c) {
+  vl_mimic_sd_unet_cfg m;
+  memset(&m, 0, sizeof m);
+  const cJSON *md = cJSON_GetObjectItem(c, "model"), *t = cJSON_GetObjectItem(c, "train");
+  const cJSON *u = cJSON_GetObjectItem(md, "unet"), *ch = cJSON_GetObjectItem(u, "block_out_channels");
+  vl_sd_unet_cfg *x = &m.model;
+  x->in_ch = (int64_t)vl_rep_num(u, "in_ch");
+  x->out_ch = (int64_t)vl_rep_num(u, "out_ch");
+  x->n_blocks = cJSON_GetArraySize(ch);
+  for (int i = 0; i < x->n_blocks; i++) {
+    x->ch[i] = (int64_t)cJSON_GetNumberValue(cJSON_GetArrayItem(ch, i));
+    x->down_attn[i] = bool_at(cJSON_GetObjectItem(u, "down_attn"), i);
+    x->up_attn[i] = bool_at(cJSON_GetObjectItem(u, "up_attn"), i);
+  }
+  x->layers = (int)vl_rep_num(u, "layers");
+  x->heads = (int64_t)vl_rep_num(u, "heads");
+  x->groups = (int64_t)vl_rep_num(u, "groups");
+  x->sample = (int64_t)vl_rep_num(u, "sample");
+  x->ctx_len = (int64_t)vl_rep_num(u, "ctx_len");
+  x->ctx_dim = (int64_t)vl_rep_num(u, "ctx_dim");
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "compute"), &x->acts), 0);
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "frozen"), &x->weights), 0);
+  x->lora_rank = (int)vl_rep_num(t, "lora_rank");
+  x->lora_alpha = (float)vl_rep_num(t, "lora_alpha");
+  x->attn = !strcmp(vl_rep_str(t, "attention"), "classic") ? VL_ATTN_CLASSIC : VL_ATTN_EFFICIENT;
+  x->checkpoint = cJSON_IsTrue(cJSON_GetObjectItem(t, "checkpoint"));
+  m.encoders_in_step = cJSON_IsTrue(cJSON_GetObjectItem(md, "encoders_in_step"));
+  assert_int_equal(vl_optimizer_parse(vl_rep_str(t, "optimizer"), &m.optim), 0);
+  m.clip = (float)vl_rep_num(t, "clip");
+  m.accum = (int64_t)vl_rep_num(t, "accum");
+  m.batch = (int64_t)vl_rep_num(c, "batch");
+  m.steps = 2;
+  m.device = VL_MIMIC_CPU;
+  return m;
+}
+
 static cJSON *load(const char *path) {
   char *text = NULL;
   size_t n = 0;
@@ -201,7 +240,10 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
   evs v = {0};
   vl_mimic_result r;
   char why[200];
-  if (is_seg(fx)) {
+  if (!strcmp(vl_rep_str(fx, "script"), "sd_lora_peer.py")) {
+    vl_mimic_sd_unet_cfg cfg = cfg_in ? *(const vl_mimic_sd_unet_cfg *)cfg_in : sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+    assert_int_equal(vl_mimic_sd_unet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  } else if (is_seg(fx)) {
     vl_mimic_resunet_cfg cfg = cfg_in ? *(const vl_mimic_resunet_cfg *)cfg_in : seg_cfg_of(cJSON_GetObjectItem(fx, "config"));
     assert_int_equal(vl_mimic_resunet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
   } else {
@@ -279,7 +321,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 }
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp"};
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt"};
 /* Hugging Face's gradient checkpointing: within 1.5% (peak 0.6% low). The small tensors the
  * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
  * kept longer by the checkpoint frames of the layers; the recomputation's early stop makes

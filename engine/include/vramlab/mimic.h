@@ -24,6 +24,7 @@
 #include "vramlab/core.h"
 #include "vramlab/mistral.h"
 #include "vramlab/resunet.h"
+#include "vramlab/sd_unet.h"
 
 /* MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType), OTH holding the
  * batch. */
@@ -115,6 +116,28 @@ typedef struct {
   uint64_t capacity; /* as vl_mimic_llm_cfg's */
 } vl_mimic_resunet_cfg;
 vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
+                           char *why, size_t whyn);
+
+/* The sd-lora step in PyTorch (tools/peers/sd_lora_peer.py): diffusers' UNet2DConditionModel at
+ * the engine's dimensions (model: its architecture, `weights`/`acts` the rung's precision,
+ * lora_rank/alpha, attn, checkpoint), PEFT LoRA on to_q/to_k/to_v/to_out.0 of every attention
+ * (fp32 factors), DDPMScheduler.add_noise, F.mse_loss on the noise, AdamW on the factors, the
+ * clip, gradients set to None. Mimicked: the cached rungs (latents and text embeddings
+ * given) in fp32 without checkpointing, SDPA attention, PyTorch's CPU code path;
+ * VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the rest (the encoders in the step,
+ * autocast, checkpointing, classic attention, CUDA). */
+typedef struct {
+  vl_sd_unet_cfg model;
+  bool encoders_in_step; /* an uncached rung: the VAE encoder and CLIP under no_grad */
+  vl_optimizer optim;
+  float clip;
+  int64_t batch, accum;
+  int steps;
+  vl_mimic_device device;
+  uint64_t capacity;  /* as vl_mimic_llm_cfg's */
+  int cuda_cc_major;  /* as vl_mimic_llm_cfg's */
+} vl_mimic_sd_unet_cfg;
+vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                            char *why, size_t whyn);
 
 #endif
