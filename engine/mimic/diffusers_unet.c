@@ -24,6 +24,7 @@ struct prog {
   mt_tape *t;
   int64_t B, TE, G, H;
   int wesz; /* the frozen base's element size */
+  int aesz; /* autocast's (fp16/bf16: 2), 0 without autocast */
   int64_t frozen;
   mt_id noise, steps, latents, context;
   mt_id temb; /* the time embedding (B, TE) */
@@ -85,16 +86,31 @@ static mt_id op1(prog *p, const char *op, mt_bw bw, int64_t numel, mt_id x) {
   return mt_op(p->t, op, bw, numel, mt_esz(p->t, x), x, 0, 0);
 }
 
+/* GroupNorm / LayerNorm in the input's dtype (CPU autocast leaves them alone), mean and rstd
+ * in it too */
 static mt_id norm(prog *p, bool group, mt_id x, int64_t stats) {
+  int e = mt_esz(p->t, x);
   mt_id y = mt_op(p->t, group ? "native_group_norm" : "native_layer_norm", group ? MT_BW_GN : MT_BW_LN,
-                  mt_numel(p->t, x), mt_esz(p->t, x), x, p->w, group ? 0 : p->w);
-  mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, 4);
-  mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, 4);
+                  mt_numel(p->t, x), e, x, p->w, group ? 0 : p->w);
+  mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, e);
+  mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, e);
   return y;
 }
 
+/* autocast's cast of an activation to its dtype (x itself without autocast or when it has it) */
+static mt_id ac(prog *p, mt_id x) {
+  if (!p->aesz) {
+    mt_ref(p->t, x);
+    return x;
+  }
+  return mt_cast(p->t, x, p->aesz, true);
+}
+
 static mt_id conv(prog *p, mt_id x, int64_t numel) {
-  return mt_op(p->t, "convolution", MT_BW_CONV, numel, mt_esz(p->t, x), x, p->w, 0);
+  mt_id xc = ac(p, x);
+  mt_id y = mt_op(p->t, "convolution", MT_BW_CONV, numel, mt_esz(p->t, xc), xc, p->w, 0);
+  mt_drop(p->t, xc);
+  return y;
 }
 
 /* x (rows, in) through a PEFT LoRA linear: base_layer(x) + lora_B(lora_A(x)) * scaling */
@@ -102,18 +118,31 @@ static mt_id conv(prog *p, mt_id x, int64_t numel) {
  * mm's backward copies it first */
 static mt_id linear(prog *p, mt_id x, const lin *l, int64_t rows, bool bias, bool nc) {
   mt_tape *t = p->t;
-  mt_id y = mt_op(t, bias ? "addmm" : "mm", MT_BW_MM, rows * l->out, mt_esz(t, x), x, p->w, 0);
+  mt_id xc = ac(p, x);
+  mt_id y = mt_op(t, bias ? "addmm" : "mm", MT_BW_MM, rows * l->out, mt_esz(t, xc), xc, p->w, 0);
+  mt_drop(t, xc);
   if (nc && mt_requires_grad(t, y)) mt_noncontig_grad(t, y);
   if (!l->a) return y;
-  mt_id a = mt_op(t, "mm", MT_BW_MM, rows * p->c->model.lora_rank, 4, x, l->a, 0);
-  mt_id b = mt_op(t, "mm", MT_BW_MM, rows * l->out, 4, a, l->b, 0);
+  /* PEFT casts the input to the factors' dtype (fp32), then each factor's F.linear runs under
+   * autocast: the weight's cast (cached), then the input's */
+  mt_id x32 = mt_cast(t, x, 4, false);
+  mt_id ac_a = p->aesz ? mt_cast(t, l->a, p->aesz, true) : (mt_ref(t, l->a), l->a);
+  mt_id xa = ac(p, x32);
+  int e = p->aesz ? p->aesz : 4;
+  mt_id a = mt_op(t, "mm", MT_BW_MM, rows * p->c->model.lora_rank, e, xa, ac_a, 0);
+  mt_drop(t, xa);
+  mt_drop(t, ac_a);
+  mt_id ac_b = p->aesz ? mt_cast(t, l->b, p->aesz, true) : (mt_ref(t, l->b), l->b);
+  mt_id b = mt_op(t, "mm", MT_BW_MM, rows * l->out, e, a, ac_b, 0);
+  mt_drop(t, ac_b);
   if (nc) mt_noncontig_grad(t, b);
   mt_drop(t, a);
-  mt_id m = mt_op(t, "mul", MT_BW_MULS, rows * l->out, 4, b, 0, 0);
+  mt_id m = mt_op(t, "mul", MT_BW_MULS, rows * l->out, e, b, 0, 0);
   mt_drop(t, b);
-  mt_id s = mt_op(t, "add", MT_BW_ADD, rows * l->out, mt_esz(t, y), y, m, 0);
+  mt_id s = mt_op(t, "add", MT_BW_ADD, rows * l->out, mt_esz(t, y) > e ? mt_esz(t, y) : e, y, m, 0);
   mt_drop(t, m);
   mt_drop(t, y);
+  mt_drop(t, x32);
   return s;
 }
 
@@ -369,7 +398,10 @@ static mt_id time_embedding(prog *p, mt_id *t_emb) {
   mt_drop(t, ct);
   mt_drop(t, dv);
   *t_emb = fl;
-  mt_id l1 = mt_temp(t, "addmm", B * p->TE, p->wesz), si = mt_temp(t, "silu", B * p->TE, p->wesz);
+  mt_id tc = p->aesz ? mt_temp(t, "_to_copy", 2 * B * h, p->aesz) : 0; /* autocast's cast for linear_1 */
+  mt_id l1 = mt_temp(t, "addmm", B * p->TE, p->wesz);
+  mt_drop(t, tc);
+  mt_id si = mt_temp(t, "silu", B * p->TE, p->wesz);
   mt_drop(t, l1);
   mt_id l2 = mt_temp(t, "addmm", B * p->TE, p->wesz);
   mt_drop(t, si);
@@ -489,8 +521,10 @@ static mt_id forward(prog *p, const blocks *bl) {
   mt_tape *t = p->t;
   mt_id noisy = add_noise(p);
   mt_id pred = unet(p, bl, noisy);
-  mt_id loss = mt_op(t, "mse_loss", MT_BW_MSE, 1, 4, pred, p->noise, 0);
+  mt_id pf = mt_cast(t, pred, 4, false); /* pred.float() */
   mt_drop(t, pred);
+  mt_id loss = mt_op(t, "mse_loss", MT_BW_MSE, 1, 4, pf, p->noise, 0);
+  mt_drop(t, pf);
   mt_drop(t, noisy);
   mt_id l2 = mt_op(t, "div", MT_BW_DIVS, 1, 4, loss, 0, 0); /* / accum */
   mt_drop(t, loss);
@@ -504,6 +538,12 @@ static void one_step(prog *p, const blocks *bl) {
     int mark = mt_graph_mark(t);
     mt_id loss = forward(p, bl);
     mt_release_graph(t, mark);
+    if (p->aesz) mt_autocast_exit(t);
+    if (p->c->model.acts == VL_F16) { /* GradScaler.scale(loss) */
+      mt_id sc = mt_op(t, "mul", MT_BW_MULS, 1, 4, loss, 0, 0);
+      mt_drop(t, loss);
+      loss = sc;
+    }
     mt_phase(t, 'b');
     mt_backward(t, loss);
     mt_drop(t, loss);
@@ -532,8 +572,9 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
     snprintf(why, whyn, "not mimicked: an optimizer other than AdamW for sd-lora");
     return VL_ERR_UNSUPPORTED;
   }
-  if (m->acts != VL_F32 || m->weights != VL_F32) {
-    snprintf(why, whyn, "not mimicked: sd-lora under autocast (fp16/bf16)");
+  if (m->acts != m->weights || (m->acts != VL_F32 && m->acts != VL_F16 && m->acts != VL_BF16)) {
+    snprintf(why, whyn, "not mimicked: a %s base under %s compute (the peer refuses it too)", vl_dtype_name(m->weights),
+             vl_dtype_name(m->acts));
     return VL_ERR_UNSUPPORTED;
   }
   if (m->attn != VL_ATTN_EFFICIENT) {
@@ -553,7 +594,8 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
   int ntb = 0;
   for (int i = 0; i < m->n_blocks; i++) ntb += (m->down_attn[i] ? m->layers : 0) + (m->up_attn[i] ? m->layers + 1 : 0);
   ntb += 1;
-  prog p = {.c = c, .B = c->batch, .TE = 4 * m->ch[0], .G = m->groups, .H = m->heads, .wesz = 4};
+  prog p = {.c = c, .B = c->batch, .TE = 4 * m->ch[0], .G = m->groups, .H = m->heads,
+            .wesz = m->weights == VL_F32 ? 4 : 2, .aesz = m->acts == VL_F32 ? 0 : 2};
   blocks bl = {.tb = calloc((size_t)ntb, sizeof(tblock))};
   p.t = mt_new(sink, user);
   p.opt = (mt_optim){.train = calloc((size_t)ntb * 16, sizeof(mt_id)), .state = calloc((size_t)ntb * 32, sizeof(mt_id)),
