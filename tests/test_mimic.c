@@ -362,6 +362,24 @@ static void test_traces_planted(void **state) {
   real.traced = false; /* no causal-mask tensor: PyTorch's real run, not its fake-tensor trace */
   assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &real, true) > 0);
   assert_int_equal(compare_trace("tests/fixtures/trace/llm-lora.json", &c, true), 0);
+  /* sd-lora: no checkpointing against a checkpointing trace, another rank, fp32 against fp16,
+   * another batch */
+  fx = load("tests/fixtures/trace/sd-f16-ckpt.json");
+  vl_mimic_sd_unet_cfg s = sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+  cJSON_Delete(fx);
+  vl_mimic_sd_unet_cfg s1 = s;
+  s1.model.checkpoint = false;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.model.lora_rank = 4;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.model.acts = s1.model.weights = VL_F32;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.batch = 1;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  assert_int_equal(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s, true), 0);
 }
 
 /* MemTracker's peak of each rung of the llm-lora fixture (small scale), to 0.1%: the mimic's
@@ -375,7 +393,16 @@ static int memtracker_fixture(const char *path) {
     if (!cfg || !cJSON_IsNumber(cJSON_GetObjectItem(mt, "peak_bytes"))) continue;
     vl_mimic_result m;
     char why[200];
-    if (!strcmp(vl_rep_str(r, "script"), "seg_peer.py")) {
+    if (!strcmp(vl_rep_str(r, "script"), "sd_lora_peer.py")) {
+      vl_mimic_sd_unet_cfg c = sd_cfg_of(cfg);
+      vl_status s = vl_mimic_sd_unet(&c, &m, NULL, NULL, why, sizeof why);
+      if (c.encoders_in_step) { /* an uncached rung: said, not guessed */
+        assert_int_equal(s, VL_ERR_UNSUPPORTED);
+        assert_non_null(strstr(why, "not mimicked"));
+        continue;
+      }
+      assert_int_equal(s, VL_OK);
+    } else if (!strcmp(vl_rep_str(r, "script"), "seg_peer.py")) {
       vl_mimic_resunet_cfg c = seg_cfg_of(cfg);
       assert_int_equal(vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
     } else {
@@ -383,6 +410,7 @@ static int memtracker_fixture(const char *path) {
       assert_int_equal(vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
     }
     double want = vl_rep_num(mt, "peak_bytes"), got = (double)(m.peak_bytes - m.cat[VL_MC_OTH]);
+    printf("  %s %s: mimic %.0f bytes, MemTracker %.0f (%+.4f%%)\n", path, r->string, got, want, 100 * (got / want - 1));
     if (fabs(got - want) > 1e-3 * want)
       fail_msg("%s: mimic %.0f bytes, MemTracker %.0f (%+.3f%%)", r->string, got, want, 100 * (got / want - 1));
     /* parameters and optimizer state are the same tensors on both sides */
@@ -399,6 +427,8 @@ static void test_memtracker(void **state) {
   (void)state;
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt.json") >= 5);
+  /* sd-lora: the cached rungs (disk_cache, prefetch16, ram_cache; the uncached two refused) */
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/sd-lora.json") >= 3);
 }
 
 static vl_mimic_llm_cfg small_cfg(void) {
