@@ -511,6 +511,59 @@ static void test_cuda_path(void **state) {
   cJSON_Delete(o);
 }
 
+static vl_status run_sd_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                             size_t whyn) {
+  vl_mimic_sd_unet_cfg c = *(const vl_mimic_sd_unet_cfg *)cfg;
+  c.batch = batch;
+  c.capacity = capacity;
+  return vl_mimic_sd_unet(&c, r, NULL, NULL, why, whyn);
+}
+
+/* sd-lora's CUDA code path (no trace: the tracer runs on the CPU): the caching allocator's
+ * blocks and segments and cuBLAS's two workspaces over the live tensors, autocast's fp32 norms
+ * (more than the CPU's fp16 ones), the capacity search of plan --mimic pytorch. */
+static void test_sd_cuda_path(void **state) {
+  (void)state;
+  cJSON *fx = load("tests/fixtures/trace/sd-f16.json");
+  vl_mimic_sd_unet_cfg c = sd_cfg_of(cJSON_GetObjectItem(fx, "config")), g = c;
+  cJSON_Delete(fx);
+  g.device = VL_MIMIC_CUDA;
+  vl_mimic_result rc, rg;
+  char why[200];
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_OK);
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_int_equal(rc.max_allocated, 0);
+  assert_int_equal(rg.base_bytes, rc.base_bytes);
+  assert_true(rg.peak_bytes > rc.peak_bytes);
+  int64_t ws = vl_mimic_cublas_workspace(8);
+  assert_true(rg.max_allocated >= rg.peak_bytes + ws);
+  assert_true(rg.max_allocated <= rg.peak_bytes + 2 * ws + 512 * rg.n_events);
+  assert_true(rg.max_reserved >= rg.max_allocated);
+  assert_int_equal(rg.max_reserved % (2 << 20), 0);
+  uint64_t cap = (uint64_t)rg.max_reserved * 3;
+  cJSON *o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run_sd_cuda, &g, g.batch, cap, "test");
+  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
+  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
+  assert_true(mb > g.batch);
+  g.capacity = cap;
+  g.batch = mb;
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_false(rg.oom);
+  g.batch = mb + 1;
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_true(rg.oom);
+  cJSON_Delete(o);
+  /* what it does not mimic is said */
+  c.encoders_in_step = true;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "not mimicked"));
+  c.encoders_in_step = false;
+  c.model.attn = VL_ATTN_CLASSIC;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "classic"));
+}
+
 /* cuBLAS's workspaces on CUDA: one per thread's handle (forward's, autograd's), from the
  * caching allocator, kept; not tensors. Held to what an H200 measured (first light,
  * reports/gpu/cuda-nvidia-h200: llm-lora `baseline` at small scale, torch 2.11,
@@ -566,7 +619,7 @@ static void test_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_traces),   cmocka_unit_test(test_traces_planted), cmocka_unit_test(test_memtracker),
-      cmocka_unit_test(test_cuda_path),
+      cmocka_unit_test(test_cuda_path), cmocka_unit_test(test_sd_cuda_path),
       cmocka_unit_test(test_cublas_workspace), cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

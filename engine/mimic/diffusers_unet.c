@@ -25,6 +25,7 @@ struct prog {
   int64_t B, TE, G, H;
   int wesz; /* the frozen base's element size */
   int aesz; /* autocast's (fp16/bf16: 2), 0 without autocast */
+  bool cuda; /* CUDA's code path: autocast runs the norms in fp32, flash attention, foreach AdamW */
   int64_t frozen;
   mt_id noise, steps, latents, context;
   mt_id temb; /* the time embedding (B, TE) */
@@ -89,11 +90,16 @@ static mt_id op1(prog *p, const char *op, mt_bw bw, int64_t numel, mt_id x) {
 /* GroupNorm / LayerNorm in the input's dtype (CPU autocast leaves them alone), mean and rstd
  * in it too */
 static mt_id norm(prog *p, bool group, mt_id x, int64_t stats) {
-  int e = mt_esz(p->t, x);
+  /* CUDA's autocast lists group_norm and layer_norm as fp32 ops: the input cast up, the
+   * output (and what follows it until the next matmul or conv casts down) in fp32 (the frozen
+   * affine weights' fp32 casts, C elements each, left out) */
+  mt_id xc = p->cuda && p->aesz ? mt_cast(p->t, x, 4, false) : (mt_ref(p->t, x), x);
+  int e = mt_esz(p->t, xc);
   mt_id y = mt_op(p->t, group ? "native_group_norm" : "native_layer_norm", group ? MT_BW_GN : MT_BW_LN,
-                  mt_numel(p->t, x), e, x, p->w, group ? 0 : p->w);
+                  mt_numel(p->t, xc), e, xc, p->w, group ? 0 : p->w);
   mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, e);
   mt_aux(p->t, y, group ? "native_group_norm" : "native_layer_norm", stats, e);
+  mt_drop(p->t, xc);
   return y;
 }
 
@@ -154,7 +160,13 @@ static mt_id attention(prog *p, mt_id x, mt_id ctx, int64_t Lq, int64_t Lk, cons
   int64_t B = p->B, C = q->out;
   mt_id qq = linear(p, x, q, B * Lq, false, false), kk = linear(p, ctx, k, B * Lk, false, false);
   mt_id vv = linear(p, ctx, v, B * Lk, false, false);
-  mt_id a = mt_sdpa(t, "_scaled_dot_product_flash_attention_for_cpu", qq, kk, vv, 0, B * p->H * Lq);
+  /* CUDA: flash attention in fp16/bf16; in fp32 the memory-efficient kernel, whose logsumexp
+   * pads the queries to a multiple of 32 */
+  const char *op = !p->cuda ? "_scaled_dot_product_flash_attention_for_cpu"
+                   : p->aesz ? "_scaled_dot_product_flash_attention"
+                             : "_scaled_dot_product_efficient_attention";
+  int64_t lq = p->cuda && !p->aesz ? (Lq + 31) / 32 * 32 : Lq;
+  mt_id a = mt_sdpa(t, op, qq, kk, vv, 0, B * p->H * lq);
   mt_id y = linear(p, a, o, B * Lq, true, p->B > 1);
   mt_drop(t, a);
   mt_id d = op1(p, "div", MT_BW_DIVS, B * Lq * C, y);
@@ -581,10 +593,6 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
     snprintf(why, whyn, "not mimicked: sd-lora's classic attention (AttnProcessor)");
     return VL_ERR_UNSUPPORTED;
   }
-  if (c->device == VL_MIMIC_CUDA) {
-    snprintf(why, whyn, "not mimicked: sd-lora's CUDA code path");
-    return VL_ERR_UNSUPPORTED;
-  }
   if (c->batch < 1 || c->accum < 1 || c->steps < 1 || m->n_blocks < 1 || m->n_blocks > 8 || m->layers < 1 ||
       m->lora_rank < 1 || m->heads < 1 || m->groups < 1 || m->sample % (1 << (m->n_blocks - 1))) {
     snprintf(why, whyn, "batch, accum, steps, layers, heads, groups and the LoRA rank must be >= 1, the sample "
@@ -595,17 +603,19 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
   for (int i = 0; i < m->n_blocks; i++) ntb += (m->down_attn[i] ? m->layers : 0) + (m->up_attn[i] ? m->layers + 1 : 0);
   ntb += 1;
   prog p = {.c = c, .B = c->batch, .TE = 4 * m->ch[0], .G = m->groups, .H = m->heads,
-            .wesz = m->weights == VL_F32 ? 4 : 2, .aesz = m->acts == VL_F32 ? 0 : 2};
+            .wesz = m->weights == VL_F32 ? 4 : 2, .aesz = m->acts == VL_F32 ? 0 : 2,
+            .cuda = c->device == VL_MIMIC_CUDA};
   blocks bl = {.tb = calloc((size_t)ntb, sizeof(tblock))};
   p.t = mt_new(sink, user);
   p.opt = (mt_optim){.train = calloc((size_t)ntb * 16, sizeof(mt_id)), .state = calloc((size_t)ntb * 32, sizeof(mt_id)),
-                     .opt = c->optim, .cuda = false};
+                     .opt = c->optim, .cuda = p.cuda};
   vl_status st = VL_OK;
   if (!p.t || !bl.tb || !p.opt.train || !p.opt.state) {
     snprintf(why, whyn, "out of host memory");
     st = VL_ERR_OOM;
     goto done;
   }
+  if (p.cuda) mt_blas_workspace(p.t, vl_mimic_cublas_workspace(c->cuda_cc_major ? c->cuda_cc_major : 8));
   build(&p, &bl);
   int64_t base = mt_live(p.t);
   for (int s = 0; s < c->steps; s++) {
@@ -614,6 +624,7 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
   }
   mt_result(p.t, out);
   out->base_bytes = base;
+  if (p.cuda) st = mt_replay_cuda(p.t, c->capacity, out, why, whyn);
 done:
   mt_free(p.t);
   free(bl.tb);

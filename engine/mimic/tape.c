@@ -675,8 +675,9 @@ static void run_node(mt_tape *t, mt_node *n) {
     break;
   case MT_BW_SDPA: {
     /* the forward's op + "_backward" */
-    const char *bw = strstr(n->op, "for_cpu") ? "_scaled_dot_product_flash_attention_for_cpu_backward"
-                                              : "_scaled_dot_product_flash_attention_backward";
+    const char *bw = strstr(n->op, "for_cpu")     ? "_scaled_dot_product_flash_attention_for_cpu_backward"
+                     : strstr(n->op, "efficient") ? "_scaled_dot_product_efficient_attention_backward"
+                                                  : "_scaled_dot_product_flash_attention_backward";
     mt_id gq = ra ? tmp(t, bw, t->t[a].numel, t->t[a].esz) : 0;
     mt_id gk = rb ? tmp(t, bw, t->t[b].numel, t->t[b].esz) : 0;
     mt_id gv = rc ? tmp(t, bw, t->t[c].numel, t->t[c].esz) : 0;

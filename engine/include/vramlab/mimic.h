@@ -123,9 +123,14 @@ vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out
  * lora_rank/alpha, attn, checkpoint), PEFT LoRA on to_q/to_k/to_v/to_out.0 of every attention
  * (fp32 factors), DDPMScheduler.add_noise, F.mse_loss on the noise, AdamW on the factors, the
  * clip, gradients set to None. Mimicked: the cached rungs (latents and text embeddings
- * given) in fp32 without checkpointing, SDPA attention, PyTorch's CPU code path;
- * VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the rest (the encoders in the step,
- * autocast, checkpointing, classic attention, CUDA). */
+ * given), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet and
+ * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0), on
+ * PyTorch's CPU code path (held op by op to the traces of fp32 and fp16, checkpointing off
+ * and on) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash / memory-efficient
+ * attention, the cuBLAS workspaces, the caching allocator: not held to a trace). bf16 follows
+ * fp16's path (no trace of it). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
+ * rest: the encoders in the step (uncached rungs), classic attention, optimizers other than
+ * AdamW, a frozen base whose dtype is not the compute dtype. */
 typedef struct {
   vl_sd_unet_cfg model;
   bool encoders_in_step; /* an uncached rung: the VAE encoder and CLIP under no_grad */
