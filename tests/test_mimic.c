@@ -321,7 +321,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 }
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt"};
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16"};
 /* Hugging Face's gradient checkpointing: within 1.5% (peak 0.6% low). The small tensors the
  * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
  * kept longer by the checkpoint frames of the layers; the recomputation's early stop makes

@@ -126,9 +126,9 @@ vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out
  * given), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet and
  * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0), on
  * PyTorch's CPU code path (held op by op to the traces of fp32 and fp16, checkpointing off
- * and on) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash / memory-efficient
- * attention, the cuBLAS workspaces, the caching allocator: not held to a trace). bf16 follows
- * fp16's path (no trace of it). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
+ * and on, and bf16) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash /
+ * memory-efficient attention, the cuBLAS workspaces, the caching allocator: not held to a
+ * trace). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
  * rest: the encoders in the step (uncached rungs), classic attention, optimizers other than
  * AdamW, a frozen base whose dtype is not the compute dtype. */
 typedef struct {
