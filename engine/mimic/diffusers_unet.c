@@ -341,7 +341,6 @@ static void build(prog *p, blocks *bl) {
     if (i < nb - 1) frozen(p, m->ch[i] * m->ch[i] * 9 + m->ch[i]);
     prev = m->ch[i];
   }
-  int kmid = -1;
   int64_t Cm = m->ch[nb - 1];
   prev = Cm;
   for (int i = 0; i < nb; i++) { /* up blocks (reversed channels) */
@@ -354,13 +353,11 @@ static void build(prog *p, blocks *bl) {
     if (i < nb - 1) frozen(p, out * out * 9 + out);
     prev = out;
   }
-  kmid = k;
   resnet_params(p, Cm, Cm); /* mid_block: resnets[0], attentions[0], resnets[1] */
   transformer_params(p, Cm, &bl->tb[k++]);
   resnet_params(p, Cm, Cm);
   frozen(p, 2 * C0 + C0 * m->out_ch * 9 + m->out_ch); /* conv_norm_out, conv_out */
   bl->ntb = k;
-  (void)kmid;
   (void)mt_leaf(p->t, "param", p->frozen, p->wesz, VL_MC_PARAM, false);
   p->w = mt_leaf(p->t, "param", 0, p->wesz, VL_MC_PARAM, false);
   int64_t lat = p->B * m->in_ch * m->sample * m->sample;
@@ -594,9 +591,10 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
     return VL_ERR_UNSUPPORTED;
   }
   if (c->batch < 1 || c->accum < 1 || c->steps < 1 || m->n_blocks < 1 || m->n_blocks > 8 || m->layers < 1 ||
-      m->lora_rank < 1 || m->heads < 1 || m->groups < 1 || m->sample % (1 << (m->n_blocks - 1))) {
+      m->lora_rank < 1 || m->heads < 1 || m->groups < 1 || m->sample % (1 << (m->n_blocks - 1)) ||
+      1 + m->n_blocks * (m->layers + 1) > 64) {
     snprintf(why, whyn, "batch, accum, steps, layers, heads, groups and the LoRA rank must be >= 1, the sample "
-                        "a multiple of 2^(blocks-1)");
+                        "a multiple of 2^(blocks-1), at most 63 skip connections");
     return VL_ERR_INVALID;
   }
   int ntb = 0;
