@@ -321,7 +321,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 }
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16"};
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
  * tiny scale, fp16 as the ladder has it, the others by --set:
  *   cfg=$(vramlab peer-config sd-lora --scale tiny --step disk_cache [--set disk_cache.precision=fp32|bf16]
@@ -565,9 +565,18 @@ static void test_sd_cuda_path(void **state) {
   assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
   assert_non_null(strstr(why, "not mimicked"));
   c.encoders_in_step = false;
-  c.model.attn = VL_ATTN_CLASSIC;
+  c.optim = VL_OPT_SGD;
   assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
-  assert_non_null(strstr(why, "classic"));
+  assert_non_null(strstr(why, "AdamW"));
+  /* classic attention on CUDA: the scores' softmax in fp32 under autocast */
+  c.optim = VL_OPT_ADAMW;
+  c.model.attn = VL_ATTN_CLASSIC;
+  c.device = VL_MIMIC_CUDA;
+  vl_mimic_result rk;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rk, NULL, NULL, why, sizeof why), VL_OK);
+  c.model.attn = VL_ATTN_EFFICIENT;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_OK);
+  assert_true(rk.max_allocated > rc.max_allocated);
 }
 
 /* cuBLAS's workspaces on CUDA: one per thread's handle (forward's, autograd's), from the

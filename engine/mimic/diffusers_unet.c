@@ -152,28 +152,74 @@ static mt_id linear(prog *p, mt_id x, const lin *l, int64_t rows, bool bias, boo
   return s;
 }
 
+/* head_to_batch_dim / batch_to_head_dim: reshape, permute, reshape: a copy, whose gradient's
+ * reshape back copies too */
+static mt_id heads_copy(prog *p, mt_id x, bool nc) {
+  mt_id y = op1(p, "clone", MT_BW_ADD, mt_numel(p->t, x), x);
+  if (nc && mt_requires_grad(p->t, y)) mt_noncontig_grad(p->t, y);
+  mt_drop(p->t, x);
+  return y;
+}
+
+/* AttnProcessor ("classic"): the scores materialised, baddbmm(empty, q, k^T, beta=0,
+ * alpha=scale), softmax (fp32 on CUDA's autocast), bmm with v; q, k, v are consumed */
+static mt_id classic(prog *p, mt_id q, mt_id k, mt_id v, int64_t Lq, int64_t Lk) {
+  mt_tape *t = p->t;
+  int64_t n = p->B * p->H * Lq * Lk;
+  /* k's gradient comes out of baddbmm transposed, which the reshape back takes as a view (no
+   * copy here: the to_k linear's mm nodes copy it, marked by the caller); q's and v's copy */
+  q = heads_copy(p, q, true);
+  k = heads_copy(p, k, false);
+  v = heads_copy(p, v, true);
+  int e = mt_esz(t, q);
+  mt_id em = mt_temp(t, "empty", n, e);
+  mt_id s = mt_op(t, "baddbmm", MT_BW_BADDBMM, n, e, q, k, 0);
+  mt_drop(t, em);
+  mt_id sc = p->cuda && p->aesz ? mt_cast(t, s, 4, false) : (mt_ref(t, s), s);
+  mt_drop(t, s);
+  mt_id pr = op1(p, "_softmax", MT_BW_SOFTMAX, n, sc);
+  mt_drop(t, sc);
+  mt_id pc = ac(p, pr); /* bmm's autocast cast of fp32 probabilities (CUDA) */
+  mt_drop(t, pr);
+  mt_id o = mt_op(t, "bmm", MT_BW_BMM, mt_numel(t, q), mt_esz(t, pc), pc, v, 0);
+  mt_drop(t, pc);
+  mt_id oc = heads_copy(p, o, true);
+  mt_drop(t, q); /* the processor's query, key and value: kept until it returns */
+  mt_drop(t, k);
+  mt_drop(t, v);
+  return oc;
+}
+
 /* diffusers' Attention with AttnProcessor2_0: q from x, k and v from ctx (x for attn1), SDPA,
  * to_out.0, / rescale_output_factor */
 static mt_id attention(prog *p, mt_id x, mt_id ctx, int64_t Lq, int64_t Lk, const lin *q, const lin *k,
                        const lin *v, const lin *o) {
   mt_tape *t = p->t;
   int64_t B = p->B, C = q->out;
-  mt_id qq = linear(p, x, q, B * Lq, false, false), kk = linear(p, ctx, k, B * Lk, false, false);
+  bool cl = p->c->model.attn == VL_ATTN_CLASSIC;
+  mt_id qq = linear(p, x, q, B * Lq, false, false), kk = linear(p, ctx, k, B * Lk, false, cl && B > 1);
   mt_id vv = linear(p, ctx, v, B * Lk, false, false);
-  /* CUDA: flash attention in fp16/bf16; in fp32 the memory-efficient kernel, whose logsumexp
-   * pads the queries to a multiple of 32 */
-  const char *op = !p->cuda ? "_scaled_dot_product_flash_attention_for_cpu"
-                   : p->aesz ? "_scaled_dot_product_flash_attention"
-                             : "_scaled_dot_product_efficient_attention";
-  int64_t lq = p->cuda && !p->aesz ? (Lq + 31) / 32 * 32 : Lq;
-  mt_id a = mt_sdpa(t, op, qq, kk, vv, 0, B * p->H * lq);
+  mt_id a;
+  if (p->c->model.attn == VL_ATTN_CLASSIC) {
+    a = classic(p, qq, kk, vv, Lq, Lk);
+  } else {
+    /* CUDA: flash attention in fp16/bf16; in fp32 the memory-efficient kernel, whose
+     * logsumexp pads the queries to a multiple of 32 */
+    const char *op = !p->cuda ? "_scaled_dot_product_flash_attention_for_cpu"
+                     : p->aesz ? "_scaled_dot_product_flash_attention"
+                               : "_scaled_dot_product_efficient_attention";
+    int64_t lq = p->cuda && !p->aesz ? (Lq + 31) / 32 * 32 : Lq;
+    a = mt_sdpa(t, op, qq, kk, vv, 0, B * p->H * lq);
+  }
   mt_id y = linear(p, a, o, B * Lq, true, p->B > 1);
   mt_drop(t, a);
   mt_id d = op1(p, "div", MT_BW_DIVS, B * Lq * C, y);
   mt_drop(t, y);
-  mt_drop(t, qq); /* the processor's locals, at its return */
-  mt_drop(t, kk);
-  mt_drop(t, vv);
+  if (p->c->model.attn != VL_ATTN_CLASSIC) {
+    mt_drop(t, qq); /* the processor's locals, at its return */
+    mt_drop(t, kk);
+    mt_drop(t, vv);
+  }
   return d;
 }
 
@@ -584,10 +630,6 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
   if (m->acts != m->weights || (m->acts != VL_F32 && m->acts != VL_F16 && m->acts != VL_BF16)) {
     snprintf(why, whyn, "not mimicked: a %s base under %s compute (the peer refuses it too)", vl_dtype_name(m->weights),
              vl_dtype_name(m->acts));
-    return VL_ERR_UNSUPPORTED;
-  }
-  if (m->attn != VL_ATTN_EFFICIENT) {
-    snprintf(why, whyn, "not mimicked: sd-lora's classic attention (AttnProcessor)");
     return VL_ERR_UNSUPPORTED;
   }
   if (c->batch < 1 || c->accum < 1 || c->steps < 1 || m->n_blocks < 1 || m->n_blocks > 8 || m->layers < 1 ||

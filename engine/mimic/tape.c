@@ -181,7 +181,9 @@ static void blas_used(mt_tape *t) {
   event(t, ghost(t, "cublas_workspace", t->blas_ws, 1), t->blas_ws, "cublas_workspace");
 }
 
-static bool is_matmul(const char *op) { return !strcmp(op, "mm") || !strcmp(op, "addmm") || !strcmp(op, "bmm"); }
+static bool is_matmul(const char *op) {
+  return !strcmp(op, "mm") || !strcmp(op, "addmm") || !strcmp(op, "bmm") || !strcmp(op, "baddbmm");
+}
 
 int mt_esz(const mt_tape *t, mt_id x) { return t->t[x].esz; }
 int64_t mt_numel(const mt_tape *t, mt_id x) { return t->t[x].numel; }
@@ -259,9 +261,11 @@ static void save(mt_tape *t, mt_node *n, mt_id x) {
  * in[], and whether it saves its output (after). */
 static int input_saves(const mt_tape *t, mt_bw bw, mt_id a, mt_id b, mt_id c, mt_id *in, bool *out) {
   int n = 0;
-  *out = bw == MT_BW_RELU || bw == MT_BW_RSQRT || bw == MT_BW_LOGSOFTMAX;
+  *out = bw == MT_BW_RELU || bw == MT_BW_RSQRT || bw == MT_BW_LOGSOFTMAX || bw == MT_BW_SOFTMAX;
   switch (bw) {
   case MT_BW_MM:
+  case MT_BW_BMM:
+  case MT_BW_BADDBMM:
   case MT_BW_MUL: /* each input saved when the other needs its gradient */
     if (mt_requires_grad(t, b)) in[n++] = a;
     if (mt_requires_grad(t, a)) in[n++] = b;
@@ -610,6 +614,30 @@ static void run_node(mt_tape *t, mt_node *n) {
     if (ra) defer(&out, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
     break;
   }
+  case MT_BW_BMM: {
+    mt_id gb = rb ? tmp(t, "bmm", t->t[b].numel, t->t[g].esz) : 0;
+    mt_id ga = ra ? tmp(t, "bmm", t->t[a].numel, t->t[g].esz) : 0;
+    if (ga || gb) blas_used(t);
+    if (gb) defer(&out, b, gb);
+    if (ga) defer(&out, a, ga);
+    break;
+  }
+  case MT_BW_BADDBMM: {
+    mt_id x[2] = {a, b};
+    bool r[2] = {ra, rb};
+    for (int i = 0; i < 2; i++) {
+      if (!r[i]) continue;
+      mt_id m = tmp(t, "bmm", t->t[x[i]].numel, t->t[g].esz);
+      blas_used(t);
+      mt_id sc = tmp(t, "mul", t->t[x[i]].numel, t->t[g].esz);
+      mt_drop(t, m);
+      defer(&out, x[i], sc);
+    }
+    break;
+  }
+  case MT_BW_SOFTMAX:
+    if (ra) defer(&out, a, tmp(t, "_softmax_backward_data", t->t[a].numel, t->t[g].esz));
+    break;
   case MT_BW_SPLIT: { /* both halves' gradients (the second's pending on in[1]) into one cat */
     mt_id g2 = t->t[b].pend;
     t->t[b].pend = 0;

@@ -62,6 +62,10 @@ typedef enum {
   MT_BW_NEAREST,  /* upsample_nearest2d: no saves; grad: one of x's size */
   MT_BW_MSE,      /* mse_loss: saves both inputs; grad: mse_loss_backward of the first's size */
   MT_BW_SPLIT,    /* chunk(2) of in0 into two views (mt_chunk2): grad: cat of both halves' */
+  MT_BW_BMM,      /* bmm(a, b): saves each input the other's gradient needs; grads: b's (bmm), then a's */
+  MT_BW_BADDBMM,  /* baddbmm(empty, a, b^T, beta 0, alpha): saves a and b as bmm does; grads: a's
+                     (bmm, then mul.Scalar by alpha), then b's (the same) */
+  MT_BW_SOFTMAX,  /* _softmax: saves its result; grad: _softmax_backward_data */
 } mt_bw;
 
 typedef struct mt_tape mt_tape;

@@ -124,12 +124,13 @@ vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out
  * (fp32 factors), DDPMScheduler.add_noise, F.mse_loss on the noise, AdamW on the factors, the
  * clip, gradients set to None. Mimicked: the cached rungs (latents and text embeddings
  * given), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet and
- * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0), on
+ * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0) or classic
+ * (AttnProcessor: baddbmm, softmax, bmm), on
  * PyTorch's CPU code path (held op by op to the traces of fp32 and fp16, checkpointing off
  * and on, and bf16) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash /
  * memory-efficient attention, the cuBLAS workspaces, the caching allocator: not held to a
  * trace). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
- * rest: the encoders in the step (uncached rungs), classic attention, optimizers other than
+ * rest: the encoders in the step (uncached rungs), optimizers other than
  * AdamW, a frozen base whose dtype is not the compute dtype. */
 typedef struct {
   vl_sd_unet_cfg model;
