@@ -321,7 +321,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 }
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic"};
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
  * tiny scale, fp16 as the ladder has it, the others by --set:
  *   cfg=$(vramlab peer-config sd-lora --scale tiny --step disk_cache [--set disk_cache.precision=fp32|bf16]
