@@ -71,6 +71,45 @@ static vl_mimic_resunet_cfg seg_cfg_of(const cJSON *c) {
   return m;
 }
 
+static bool bool_at(const cJSON *a, int i) { return cJSON_IsTrue(cJSON_GetArrayItem(a, i)); }
+
+/* sd_lora_peer.py's JSON as vl_mimic_sd_unet_cfg */
+static vl_mimic_sd_unet_cfg sd_cfg_of(const cJSON *c) {
+  vl_mimic_sd_unet_cfg m;
+  memset(&m, 0, sizeof m);
+  const cJSON *md = cJSON_GetObjectItem(c, "model"), *t = cJSON_GetObjectItem(c, "train");
+  const cJSON *u = cJSON_GetObjectItem(md, "unet"), *ch = cJSON_GetObjectItem(u, "block_out_channels");
+  vl_sd_unet_cfg *x = &m.model;
+  x->in_ch = (int64_t)vl_rep_num(u, "in_ch");
+  x->out_ch = (int64_t)vl_rep_num(u, "out_ch");
+  x->n_blocks = cJSON_GetArraySize(ch);
+  for (int i = 0; i < x->n_blocks; i++) {
+    x->ch[i] = (int64_t)cJSON_GetNumberValue(cJSON_GetArrayItem(ch, i));
+    x->down_attn[i] = bool_at(cJSON_GetObjectItem(u, "down_attn"), i);
+    x->up_attn[i] = bool_at(cJSON_GetObjectItem(u, "up_attn"), i);
+  }
+  x->layers = (int)vl_rep_num(u, "layers");
+  x->heads = (int64_t)vl_rep_num(u, "heads");
+  x->groups = (int64_t)vl_rep_num(u, "groups");
+  x->sample = (int64_t)vl_rep_num(u, "sample");
+  x->ctx_len = (int64_t)vl_rep_num(u, "ctx_len");
+  x->ctx_dim = (int64_t)vl_rep_num(u, "ctx_dim");
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "compute"), &x->acts), 0);
+  assert_int_equal(vl_dtype_parse(vl_rep_str(t, "frozen"), &x->weights), 0);
+  x->lora_rank = (int)vl_rep_num(t, "lora_rank");
+  x->lora_alpha = (float)vl_rep_num(t, "lora_alpha");
+  x->attn = !strcmp(vl_rep_str(t, "attention"), "classic") ? VL_ATTN_CLASSIC : VL_ATTN_EFFICIENT;
+  x->checkpoint = cJSON_IsTrue(cJSON_GetObjectItem(t, "checkpoint"));
+  m.encoders_in_step = cJSON_IsTrue(cJSON_GetObjectItem(md, "encoders_in_step"));
+  assert_int_equal(vl_optimizer_parse(vl_rep_str(t, "optimizer"), &m.optim), 0);
+  m.clip = (float)vl_rep_num(t, "clip");
+  m.accum = (int64_t)vl_rep_num(t, "accum");
+  m.batch = (int64_t)vl_rep_num(c, "batch");
+  m.steps = 2;
+  m.device = VL_MIMIC_CPU;
+  return m;
+}
+
 static cJSON *load(const char *path) {
   char *text = NULL;
   size_t n = 0;
@@ -201,7 +240,10 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
   evs v = {0};
   vl_mimic_result r;
   char why[200];
-  if (is_seg(fx)) {
+  if (!strcmp(vl_rep_str(fx, "script"), "sd_lora_peer.py")) {
+    vl_mimic_sd_unet_cfg cfg = cfg_in ? *(const vl_mimic_sd_unet_cfg *)cfg_in : sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+    assert_int_equal(vl_mimic_sd_unet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
+  } else if (is_seg(fx)) {
     vl_mimic_resunet_cfg cfg = cfg_in ? *(const vl_mimic_resunet_cfg *)cfg_in : seg_cfg_of(cJSON_GetObjectItem(fx, "config"));
     assert_int_equal(vl_mimic_resunet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
   } else {
@@ -279,7 +321,13 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 }
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp"};
+                                     "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt"};
+/* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
+ * tiny scale, fp16 as the ladder has it, the others by --set:
+ *   cfg=$(vramlab peer-config sd-lora --scale tiny --step disk_cache [--set disk_cache.precision=fp32|bf16]
+ *         [--set disk_cache.checkpoint=true] | jq -c .rungs.disk_cache.config)
+ *   python3 tools/peers/torch_trace.py --script sd_lora_peer.py --config "$cfg"
+ * (torch 2.15, diffusers 0.42.1, peft 0.21.2). Every one matched exactly. */
 /* Hugging Face's gradient checkpointing: within 1.5% (peak 0.6% low). The small tensors the
  * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
  * kept longer by the checkpoint frames of the layers; the recomputation's early stop makes
@@ -320,6 +368,24 @@ static void test_traces_planted(void **state) {
   real.traced = false; /* no causal-mask tensor: PyTorch's real run, not its fake-tensor trace */
   assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &real, true) > 0);
   assert_int_equal(compare_trace("tests/fixtures/trace/llm-lora.json", &c, true), 0);
+  /* sd-lora: no checkpointing against a checkpointing trace, another rank, fp32 against fp16,
+   * another batch */
+  fx = load("tests/fixtures/trace/sd-f16-ckpt.json");
+  vl_mimic_sd_unet_cfg s = sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+  cJSON_Delete(fx);
+  vl_mimic_sd_unet_cfg s1 = s;
+  s1.model.checkpoint = false;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.model.lora_rank = 4;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.model.acts = s1.model.weights = VL_F32;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  s1 = s;
+  s1.batch = 1;
+  assert_true(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s1, true) > 0);
+  assert_int_equal(compare_trace("tests/fixtures/trace/sd-f16-ckpt.json", &s, true), 0);
 }
 
 /* MemTracker's peak of each rung of the llm-lora fixture (small scale), to 0.1%: the mimic's
@@ -333,7 +399,16 @@ static int memtracker_fixture(const char *path) {
     if (!cfg || !cJSON_IsNumber(cJSON_GetObjectItem(mt, "peak_bytes"))) continue;
     vl_mimic_result m;
     char why[200];
-    if (!strcmp(vl_rep_str(r, "script"), "seg_peer.py")) {
+    if (!strcmp(vl_rep_str(r, "script"), "sd_lora_peer.py")) {
+      vl_mimic_sd_unet_cfg c = sd_cfg_of(cfg);
+      vl_status s = vl_mimic_sd_unet(&c, &m, NULL, NULL, why, sizeof why);
+      if (c.encoders_in_step) { /* an uncached rung: said, not guessed */
+        assert_int_equal(s, VL_ERR_UNSUPPORTED);
+        assert_non_null(strstr(why, "not mimicked"));
+        continue;
+      }
+      assert_int_equal(s, VL_OK);
+    } else if (!strcmp(vl_rep_str(r, "script"), "seg_peer.py")) {
       vl_mimic_resunet_cfg c = seg_cfg_of(cfg);
       assert_int_equal(vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
     } else {
@@ -341,6 +416,7 @@ static int memtracker_fixture(const char *path) {
       assert_int_equal(vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why), VL_OK);
     }
     double want = vl_rep_num(mt, "peak_bytes"), got = (double)(m.peak_bytes - m.cat[VL_MC_OTH]);
+    printf("  %s %s: mimic %.0f bytes, MemTracker %.0f (%+.4f%%)\n", path, r->string, got, want, 100 * (got / want - 1));
     if (fabs(got - want) > 1e-3 * want)
       fail_msg("%s: mimic %.0f bytes, MemTracker %.0f (%+.3f%%)", r->string, got, want, 100 * (got / want - 1));
     /* parameters and optimizer state are the same tensors on both sides */
@@ -357,6 +433,8 @@ static void test_memtracker(void **state) {
   (void)state;
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt.json") >= 5);
+  /* sd-lora: the cached rungs (disk_cache, prefetch16, ram_cache; the uncached two refused) */
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/sd-lora.json") >= 3);
 }
 
 static vl_mimic_llm_cfg small_cfg(void) {
@@ -439,6 +517,68 @@ static void test_cuda_path(void **state) {
   cJSON_Delete(o);
 }
 
+static vl_status run_sd_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                             size_t whyn) {
+  vl_mimic_sd_unet_cfg c = *(const vl_mimic_sd_unet_cfg *)cfg;
+  c.batch = batch;
+  c.capacity = capacity;
+  return vl_mimic_sd_unet(&c, r, NULL, NULL, why, whyn);
+}
+
+/* sd-lora's CUDA code path (no trace: the tracer runs on the CPU): the caching allocator's
+ * blocks and segments and cuBLAS's two workspaces over the live tensors, autocast's fp32 norms
+ * (more than the CPU's fp16 ones), the capacity search of plan --mimic pytorch. */
+static void test_sd_cuda_path(void **state) {
+  (void)state;
+  cJSON *fx = load("tests/fixtures/trace/sd-f16.json");
+  vl_mimic_sd_unet_cfg c = sd_cfg_of(cJSON_GetObjectItem(fx, "config")), g = c;
+  cJSON_Delete(fx);
+  g.device = VL_MIMIC_CUDA;
+  vl_mimic_result rc, rg;
+  char why[200];
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_OK);
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_int_equal(rc.max_allocated, 0);
+  assert_int_equal(rg.base_bytes, rc.base_bytes);
+  assert_true(rg.peak_bytes > rc.peak_bytes);
+  int64_t ws = vl_mimic_cublas_workspace(8);
+  assert_true(rg.max_allocated >= rg.peak_bytes + ws);
+  assert_true(rg.max_allocated <= rg.peak_bytes + 2 * ws + 512 * rg.n_events);
+  assert_true(rg.max_reserved >= rg.max_allocated);
+  assert_int_equal(rg.max_reserved % (2 << 20), 0);
+  uint64_t cap = (uint64_t)rg.max_reserved * 3;
+  cJSON *o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run_sd_cuda, &g, g.batch, cap, "test");
+  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
+  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
+  assert_true(mb > g.batch);
+  g.capacity = cap;
+  g.batch = mb;
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_false(rg.oom);
+  g.batch = mb + 1;
+  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
+  assert_true(rg.oom);
+  cJSON_Delete(o);
+  /* what it does not mimic is said */
+  c.encoders_in_step = true;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "not mimicked"));
+  c.encoders_in_step = false;
+  c.optim = VL_OPT_SGD;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
+  assert_non_null(strstr(why, "AdamW"));
+  /* classic attention on CUDA: the scores' softmax in fp32 under autocast */
+  c.optim = VL_OPT_ADAMW;
+  c.model.attn = VL_ATTN_CLASSIC;
+  c.device = VL_MIMIC_CUDA;
+  vl_mimic_result rk;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rk, NULL, NULL, why, sizeof why), VL_OK);
+  c.model.attn = VL_ATTN_EFFICIENT;
+  assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_OK);
+  assert_true(rk.max_allocated > rc.max_allocated);
+}
+
 /* cuBLAS's workspaces on CUDA: one per thread's handle (forward's, autograd's), from the
  * caching allocator, kept; not tensors. Held to what an H200 measured (first light,
  * reports/gpu/cuda-nvidia-h200: llm-lora `baseline` at small scale, torch 2.11,
@@ -494,7 +634,7 @@ static void test_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_traces),   cmocka_unit_test(test_traces_planted), cmocka_unit_test(test_memtracker),
-      cmocka_unit_test(test_cuda_path),
+      cmocka_unit_test(test_cuda_path), cmocka_unit_test(test_sd_cuda_path),
       cmocka_unit_test(test_cublas_workspace), cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -48,6 +48,16 @@ static void plan_extra_json(vl_case_env *env, const vl_sdl_rung *r, int64_t B, i
   cJSON_AddNumberToObject(out, "cache_bytes_50k", (double)(lat + text));
 }
 
+/* the mimic of sd_lora_peer.py's step on CUDA (vl_case_pytorch_json's run) */
+static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *m, char *why,
+                            size_t whyn) {
+  const vl_sdl_rung *r = cfg;
+  vl_mimic_sd_unet_cfg c = {.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
+                            .optim = r->model.optim.opt, .clip = r->model.clip_norm, .batch = batch, .accum = r->accum,
+                            .steps = 2, .device = VL_MIMIC_CUDA, .capacity = capacity};
+  return vl_mimic_sd_unet(&c, m, NULL, NULL, why, whyn);
+}
+
 static vl_status sdl_plan(vl_case_env *env, const char *scale, const vl_knobs *k, cJSON *out) {
   vl_sdl_rung r;
   VL_TRY(vl_sdl_parse_rung(env, scale, k, &r));
@@ -76,6 +86,8 @@ static vl_status sdl_plan(vl_case_env *env, const char *scale, const vl_knobs *k
   cJSON_AddNumberToObject(out, "bytes_moved_per_step", p.bytes_moved);
   vl_case_fit_json(out, &r.card, vl_run_fits(&spec, r.card.cap), mb, t_plan, t_search);
   vl_plan_result_free(&p);
+  vl_case_pytorch_json(out, mimic_cuda, &r, B, r.card.cap,
+                       "diffusers UNet2DConditionModel + PEFT LoRA + torch.autocast + AdamW on CUDA (mimic)");
   plan_extra_json(env, &r, B, mb48, out);
   return VL_OK;
 }

@@ -19,6 +19,7 @@ typedef struct {
   const char *op;
   mt_id in[4], saved[6], out;
   int nin, nsaved;
+  int holds; /* inside a checkpointed block: what it saved (as holders) */
 } mt_node;
 
 struct mt_tape {
@@ -180,7 +181,9 @@ static void blas_used(mt_tape *t) {
   event(t, ghost(t, "cublas_workspace", t->blas_ws, 1), t->blas_ws, "cublas_workspace");
 }
 
-static bool is_matmul(const char *op) { return !strcmp(op, "mm") || !strcmp(op, "addmm") || !strcmp(op, "bmm"); }
+static bool is_matmul(const char *op) {
+  return !strcmp(op, "mm") || !strcmp(op, "addmm") || !strcmp(op, "bmm") || !strcmp(op, "baddbmm");
+}
 
 int mt_esz(const mt_tape *t, mt_id x) { return t->t[x].esz; }
 int64_t mt_numel(const mt_tape *t, mt_id x) { return t->t[x].numel; }
@@ -245,6 +248,7 @@ static void save(mt_tape *t, mt_node *n, mt_id x) {
   if (!x) return;
   if (t->in_ckpt) { /* under checkpoint: a holder, no reference */
     t->ck[t->nck].holders++;
+    n->holds++;
     return;
   }
   mt_ref(t, x);
@@ -255,11 +259,13 @@ static void save(mt_tape *t, mt_node *n, mt_id x) {
 
 /* What the op's formula saves of its inputs (autograd saves them before the op runs) into
  * in[], and whether it saves its output (after). */
-static int input_saves(const mt_tape *t, mt_bw bw, mt_id a, mt_id b, mt_id *in, bool *out) {
+static int input_saves(const mt_tape *t, mt_bw bw, mt_id a, mt_id b, mt_id c, mt_id *in, bool *out) {
   int n = 0;
-  *out = bw == MT_BW_RELU || bw == MT_BW_RSQRT || bw == MT_BW_LOGSOFTMAX;
+  *out = bw == MT_BW_RELU || bw == MT_BW_RSQRT || bw == MT_BW_LOGSOFTMAX || bw == MT_BW_SOFTMAX;
   switch (bw) {
   case MT_BW_MM:
+  case MT_BW_BMM:
+  case MT_BW_BADDBMM:
   case MT_BW_MUL: /* each input saved when the other needs its gradient */
     if (mt_requires_grad(t, b)) in[n++] = a;
     if (mt_requires_grad(t, a)) in[n++] = b;
@@ -267,7 +273,18 @@ static int input_saves(const mt_tape *t, mt_bw bw, mt_id a, mt_id b, mt_id *in, 
   case MT_BW_POW2:
   case MT_BW_SILU:
   case MT_BW_POOL:
+  case MT_BW_GELU:
     in[n++] = a;
+    break;
+  case MT_BW_GN: /* input and weight (b; LayerNorm's bias c too) */
+  case MT_BW_LN:
+    in[n++] = a;
+    in[n++] = b;
+    if (bw == MT_BW_LN) in[n++] = c;
+    break;
+  case MT_BW_MSE:
+    in[n++] = a;
+    in[n++] = b;
     break;
   case MT_BW_CONV: /* one formula for input and weight: both saved (derivatives.yaml) */
   case MT_BW_BN:
@@ -299,7 +316,7 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   int32_t ni = node(t, bw, op, 0, in, nin);
   mt_id sv[3];
   bool save_out;
-  int ns = input_saves(t, bw, a, b, sv, &save_out);
+  int ns = input_saves(t, bw, a, b, c, sv, &save_out);
   for (int i = 0; i < ns; i++) save(t, &t->n[ni], sv[i]);
   if (t->stopped) return ghost(t, op, numel, esz); /* the recomputation stops before the op runs */
   mt_id out = make(t, op, numel, esz, cat, true);
@@ -310,6 +327,29 @@ mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id 
   }
   if (save_out) save(t, &t->n[ni], out);
   return out;
+}
+
+void mt_chunk2(mt_tape *t, mt_id x, mt_id *lo, mt_id *hi) {
+  int64_t h = t->t[x].numel / 2;
+  if (t->stopped) {
+    *lo = ghost(t, "split", h, t->t[x].esz);
+    *hi = ghost(t, "split", h, t->t[x].esz);
+    return;
+  }
+  bool rg = t->t[x].rg;
+  mt_id v[2];
+  for (int i = 0; i < 2; i++) {
+    v[i] = make_as(t, "split", h, t->t[x].esz, VL_MC_ACT, rg, true);
+    t->t[v[i]].base = x;
+    mt_ref(t, x);
+  }
+  if (rg) { /* one node: out the first half, in[1] the second (its gradient read there) */
+    mt_id in[2] = {x, v[1]};
+    int32_t ni = node(t, MT_BW_SPLIT, "split", v[0], in, 2);
+    if (t->recompute == 0) t->t[v[1]].node = ni;
+  }
+  *lo = v[0];
+  *hi = v[1];
 }
 
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel) {
@@ -355,7 +395,13 @@ void mt_ckpt_begin(mt_tape *t, mt_id x) {
 }
 
 void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx) {
-  struct ckpt *c = &t->ck[t->nck++];
+  struct ckpt *c = &t->ck[t->nck];
+  t->in_ckpt = false;
+  if (t->nn - 1 < c->first) { /* nothing saved: no holder keeps the frame, its input goes */
+    mt_drop(t, c->x);
+    return;
+  }
+  t->nck++;
   c->last = t->nn - 1;
   c->fn = fn;
   c->ctx = ctx;
@@ -484,20 +530,28 @@ static void defer(gives *q, mt_id x, mt_id g) {
   q->g[q->n++] = g;
 }
 
+/* ViewBackward's reshape of a transposed gradient: a contiguous copy (a node of its own in
+ * autograd, before the node that unpacks saved values) */
+static void nc_copy(mt_tape *t, mt_node *n) {
+  mt_t *o = &t->t[n->out];
+  if (!n->out || !o->nc || !o->pend) return;
+  mt_id g = o->pend;
+  mt_id cg = tmp(t, "clone", t->t[g].numel, t->t[g].esz);
+  mt_drop(t, g);
+  t->t[n->out].pend = cg;
+  t->t[n->out].nc = 0;
+}
+
 /* A node's backward: its formula's allocations, then its gradient and saved tensors let go,
  * then each input gradient handed on (accumulated), in the order the traces show. */
 static void run_node(mt_tape *t, mt_node *n) {
   gives out = {.n = 0};
+  nc_copy(t, n);
   mt_t *o = &t->t[n->out]; /* read before anything is allocated: make may move the table */
   mt_id g = o->pend;
   o->pend = 0;
   int64_t on = o->numel;
   if (!g) goto release;
-  if (o->nc) { /* ViewBackward's reshape of a transposed gradient: a contiguous copy */
-    mt_id cg = tmp(t, "clone", t->t[g].numel, t->t[g].esz);
-    mt_drop(t, g);
-    g = cg;
-  }
   mt_id a = n->in[0], b = n->nin > 1 ? n->in[1] : 0, c = n->nin > 2 ? n->in[2] : 0;
   bool ra = mt_requires_grad(t, a), rb = mt_requires_grad(t, b), rc = mt_requires_grad(t, c);
   switch (n->bw) {
@@ -546,6 +600,50 @@ static void run_node(mt_tape *t, mt_node *n) {
                                  [MT_BW_SLICE] = "slice_backward", [MT_BW_EMBED] = "embedding_dense_backward"};
     const char *nm = n->bw == MT_BW_NLL && strstr(n->op, "2d") ? "nll_loss2d_backward" : name[n->bw];
     if (ra) defer(&out, a, tmp(t, nm, t->t[a].numel, t->t[a].esz));
+    break;
+  }
+  case MT_BW_DIVS:
+  case MT_BW_GN:
+  case MT_BW_LN:
+  case MT_BW_GELU:
+  case MT_BW_NEAREST:
+  case MT_BW_MSE: {
+    static const char *name[] = {[MT_BW_DIVS] = "div", [MT_BW_GN] = "native_group_norm_backward",
+                                 [MT_BW_LN] = "native_layer_norm_backward", [MT_BW_GELU] = "gelu_backward",
+                                 [MT_BW_NEAREST] = "upsample_nearest2d_backward", [MT_BW_MSE] = "mse_loss_backward"};
+    if (ra) defer(&out, a, tmp(t, name[n->bw], t->t[a].numel, t->t[a].esz));
+    break;
+  }
+  case MT_BW_BMM: {
+    mt_id gb = rb ? tmp(t, "bmm", t->t[b].numel, t->t[g].esz) : 0;
+    mt_id ga = ra ? tmp(t, "bmm", t->t[a].numel, t->t[g].esz) : 0;
+    if (ga || gb) blas_used(t);
+    if (gb) defer(&out, b, gb);
+    if (ga) defer(&out, a, ga);
+    break;
+  }
+  case MT_BW_BADDBMM: {
+    mt_id x[2] = {a, b};
+    bool r[2] = {ra, rb};
+    for (int i = 0; i < 2; i++) {
+      if (!r[i]) continue;
+      mt_id m = tmp(t, "bmm", t->t[x[i]].numel, t->t[g].esz);
+      blas_used(t);
+      mt_id sc = tmp(t, "mul", t->t[x[i]].numel, t->t[g].esz);
+      mt_drop(t, m);
+      defer(&out, x[i], sc);
+    }
+    break;
+  }
+  case MT_BW_SOFTMAX:
+    if (ra) defer(&out, a, tmp(t, "_softmax_backward_data", t->t[a].numel, t->t[g].esz));
+    break;
+  case MT_BW_SPLIT: { /* both halves' gradients (the second's pending on in[1]) into one cat */
+    mt_id g2 = t->t[b].pend;
+    t->t[b].pend = 0;
+    rb = false;
+    if (ra) defer(&out, a, tmp(t, "cat", t->t[a].numel, t->t[g].esz));
+    mt_drop(t, g2);
     break;
   }
   case MT_BW_CAST:
@@ -605,8 +703,9 @@ static void run_node(mt_tape *t, mt_node *n) {
     break;
   case MT_BW_SDPA: {
     /* the forward's op + "_backward" */
-    const char *bw = strstr(n->op, "for_cpu") ? "_scaled_dot_product_flash_attention_for_cpu_backward"
-                                              : "_scaled_dot_product_flash_attention_backward";
+    const char *bw = strstr(n->op, "for_cpu")     ? "_scaled_dot_product_flash_attention_for_cpu_backward"
+                     : strstr(n->op, "efficient") ? "_scaled_dot_product_efficient_attention_backward"
+                                                  : "_scaled_dot_product_flash_attention_backward";
     mt_id gq = ra ? tmp(t, bw, t->t[a].numel, t->t[a].esz) : 0;
     mt_id gk = rb ? tmp(t, bw, t->t[b].numel, t->t[b].esz) : 0;
     mt_id gv = rc ? tmp(t, bw, t->t[c].numel, t->t[c].esz) : 0;
@@ -633,8 +732,10 @@ void mt_backward(mt_tape *t, mt_id loss) {
       mt_drop(t, t->ck[k].x);
       k--;
     }
-    if (k >= 0 && i == t->ck[k].last && !t->ck[k].done) { /* unpacking the block's first saved
-                                                              value re-runs the block */
+    if (k >= 0 && i <= t->ck[k].last && !t->ck[k].done && (t->n[i].holds > 0 || i == t->ck[k].first)) {
+      /* unpacking the block's first saved value re-runs the block: the nodes after it that
+       * saved nothing have run before */
+      nc_copy(t, &t->n[i]);
       struct ckpt c = t->ck[k];
       t->ck[k].done = true;
       t->recompute = c.first;

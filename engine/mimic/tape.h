@@ -54,6 +54,18 @@ typedef enum {
   MT_BW_RELU,     /* relu / relu_: saves its result; grad: threshold_backward */
   MT_BW_POOL,     /* max_pool2d_with_indices: saves x and the indices; grad: one of x's size */
   MT_BW_UPSAMPLE, /* upsample_bilinear2d: no saves; grad: one of x's size */
+  MT_BW_DIVS,     /* a / scalar: no saves; grad: div of a's size */
+  MT_BW_GN,       /* native_group_norm: saves x (+ mean, rstd through mt_aux); grad
+                     native_group_norm_backward: x's (the affine weights frozen) */
+  MT_BW_LN,       /* native_layer_norm: as MT_BW_GN, native_layer_norm_backward */
+  MT_BW_GELU,     /* gelu: saves x; grad: gelu_backward */
+  MT_BW_NEAREST,  /* upsample_nearest2d: no saves; grad: one of x's size */
+  MT_BW_MSE,      /* mse_loss: saves both inputs; grad: mse_loss_backward of the first's size */
+  MT_BW_SPLIT,    /* chunk(2) of in0 into two views (mt_chunk2): grad: cat of both halves' */
+  MT_BW_BMM,      /* bmm(a, b): saves each input the other's gradient needs; grads: b's (bmm), then a's */
+  MT_BW_BADDBMM,  /* baddbmm(empty, a, b^T, beta 0, alpha): saves a and b as bmm does; grads: a's
+                     (bmm, then mul.Scalar by alpha), then b's (the same) */
+  MT_BW_SOFTMAX,  /* _softmax: saves its result; grad: _softmax_backward_data */
 } mt_bw;
 
 typedef struct mt_tape mt_tape;
@@ -92,6 +104,9 @@ typedef mt_id (*mt_block_fn)(void *ctx, mt_id x);
 void mt_ckpt_begin(mt_tape *t, mt_id x);
 void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx);
 
+/* x.chunk(2, dim=-1): two views of x (*lo, *hi), one SplitBackward node whose backward
+ * cats both halves' gradients (zeros for a missing one) into one of x's size */
+void mt_chunk2(mt_tape *t, mt_id x, mt_id *lo, mt_id *hi);
 /* a slice of x (a view: no bytes, keeps x alive; its backward is slice_backward) */
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);

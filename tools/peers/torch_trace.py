@@ -2,7 +2,7 @@
 """Every allocation and free of a PyTorch training step, op by op: a TorchDispatchMode over
 fake tensors (FakeTensorMode on the CPU device: the real ATen ops, their shapes and dtypes,
 no memory and no arithmetic) around the step a case's PyTorch peer runs
-(tools/peers/llm_lora_peer.py, seg_peer.py: their `make` builds it, imported).
+(tools/peers/llm_lora_peer.py, seg_peer.py, sd_lora_peer.py: their `make` builds it, imported).
 
 What `vramlab plan CASE --mimic pytorch` replays is learned from these traces, and
 tests/test_mimic.c compares the mimic with the committed ones (tests/fixtures/trace/).
@@ -74,8 +74,12 @@ def trace(torch, make, cfg, steps):
         # what exists before the step: parameters, buffers, the batch (closures of st.micro)
         pre = [t for t in st.model.parameters()] + [t for t in st.model.buffers()]
         for cell in (st.micro.__closure__ or ()):
-            if isinstance(cell.cell_contents, torch.Tensor):
-                pre.append(cell.cell_contents)
+            try:
+                v = cell.cell_contents
+            except ValueError:  # a name the step never binds (sd_lora_peer.py: a cached
+                continue  # rung's images and tokens)
+            if isinstance(v, torch.Tensor):
+                pre.append(v)
         for t in pre:
             n = track(t.untyped_storage(), "init")
             base += n or 0

@@ -24,6 +24,7 @@
 #include "vramlab/core.h"
 #include "vramlab/mistral.h"
 #include "vramlab/resunet.h"
+#include "vramlab/sd_unet.h"
 
 /* MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType), OTH holding the
  * batch. */
@@ -115,6 +116,34 @@ typedef struct {
   uint64_t capacity; /* as vl_mimic_llm_cfg's */
 } vl_mimic_resunet_cfg;
 vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
+                           char *why, size_t whyn);
+
+/* The sd-lora step in PyTorch (tools/peers/sd_lora_peer.py): diffusers' UNet2DConditionModel at
+ * the engine's dimensions (model: its architecture, `weights`/`acts` the rung's precision,
+ * lora_rank/alpha, attn, checkpoint), PEFT LoRA on to_q/to_k/to_v/to_out.0 of every attention
+ * (fp32 factors), DDPMScheduler.add_noise, F.mse_loss on the noise, AdamW on the factors, the
+ * clip, gradients set to None. Mimicked: the cached rungs (latents and text embeddings
+ * given), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet and
+ * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0) or classic
+ * (AttnProcessor: baddbmm, softmax, bmm), on
+ * PyTorch's CPU code path (held op by op to the traces of fp32 and fp16, checkpointing off
+ * and on, and bf16) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash /
+ * memory-efficient attention, the cuBLAS workspaces, the caching allocator: not held to a
+ * trace). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
+ * rest: the encoders in the step (uncached rungs), optimizers other than
+ * AdamW, a frozen base whose dtype is not the compute dtype. */
+typedef struct {
+  vl_sd_unet_cfg model;
+  bool encoders_in_step; /* an uncached rung: the VAE encoder and CLIP under no_grad */
+  vl_optimizer optim;
+  float clip;
+  int64_t batch, accum;
+  int steps;
+  vl_mimic_device device;
+  uint64_t capacity;  /* as vl_mimic_llm_cfg's */
+  int cuda_cc_major;  /* as vl_mimic_llm_cfg's */
+} vl_mimic_sd_unet_cfg;
+vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                            char *why, size_t whyn);
 
 #endif
