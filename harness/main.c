@@ -78,7 +78,8 @@ static void usage(FILE *f) {
           "  --json                             machine-readable output (plan, list)\n"
           "  --mimic pytorch                    plan: also PyTorch's own step on the card (the\n"
           "                                     mimic of its code path: max_memory_allocated,\n"
-          "                                     max_memory_reserved, fits, max batch; llm-lora)\n"
+          "                                     max_memory_reserved, fits, max batch; llm-lora,\n"
+          "                                     seg-ckpt, sd-lora)\n"
           "  --out DIR                          results directory (default results)\n"
           "  --profile                          run/bench: time every operation of the timed\n"
           "                                     steps (a per-operation table in results+report)\n"
@@ -280,7 +281,7 @@ static int cmd_plan(const args *a) {
     }
     cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
     if (a->mimic && !pt) {
-      fprintf(stderr, "vramlab: --mimic pytorch: %s has no PyTorch mimic (llm-lora has)\n", c->id);
+      fprintf(stderr, "vramlab: --mimic pytorch: %s has no PyTorch mimic (llm-lora, seg-ckpt and sd-lora have)\n", c->id);
       cJSON_Delete(o);
       rc = 2;
       break;

@@ -607,6 +607,12 @@ size_t vl_peer_engine_cap(const vl_step_spec *spec, vl_device device) {
   return cap;
 }
 
+int vl_peer_cuda_cc_major(const cJSON *hello) {
+  const cJSON *cc = cJSON_GetObjectItem(hello, "cuda_capability");
+  return cJSON_IsArray(cc) && cJSON_IsNumber(cJSON_GetArrayItem(cc, 0)) ? (int)cJSON_GetNumberValue(cJSON_GetArrayItem(cc, 0))
+                                                                          : 0;
+}
+
 vl_status vl_peer_compare_model(vl_case_env *env, vl_peer *p, vl_peer_cmp *cmp, const vl_peer_rounds *R,
                                 const vl_model_type *type, const void *model_cfg, uint64_t seed, cJSON *o) {
   vl_ctx *c;

@@ -121,6 +121,9 @@ vl_status vl_peer_engine_failed(vl_case_env *env, vl_status s, const vl_ctx *c, 
 /* The rung's first run gets peer_step_seconds, speedup_vs_torch and peer_peak_bytes from o
  * (claims and the ladder read them like any run metric); nothing for a variant. */
 void vl_peer_rung_metrics(cJSON *res, const cJSON *o);
+/* The major compute capability of the peer's card from its hello ("cuda_capability": [major,
+ * minor]); 0 when it reports none (CPU): what sizes the mimic's cuBLAS workspaces. */
+int vl_peer_cuda_cc_major(const cJSON *hello);
 /* The peer's optimizer, clipping, accumulation and compute dtype as the setup's "train". */
 cJSON *vl_peer_train_json(const vl_optim_cfg *o, float clip, int64_t accum, vl_dtype compute);
 

@@ -623,8 +623,25 @@ static void test_sweep_best(void **state) {
   cJSON_Delete(cm);
 }
 
+/* The card's compute capability from the peer's hello (sizes the mimic's cuBLAS workspaces):
+ * 0 when absent or malformed, never a crash. */
+static void test_cuda_cc_major(void **state) {
+  (void)state;
+  cJSON *h = cJSON_Parse("{\"hello\": 1, \"cuda_capability\": [9, 0]}");
+  assert_int_equal(vl_peer_cuda_cc_major(h), 9);
+  cJSON_Delete(h);
+  h = cJSON_Parse("{\"hello\": 1, \"device\": \"cpu\"}");
+  assert_int_equal(vl_peer_cuda_cc_major(h), 0);
+  cJSON_Delete(h);
+  h = cJSON_Parse("{\"hello\": 1, \"cuda_capability\": [\"9\"]}");
+  assert_int_equal(vl_peer_cuda_cc_major(h), 0);
+  cJSON_Delete(h);
+  assert_int_equal(vl_peer_cuda_cc_major(NULL), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cuda_cc_major),
       cmocka_unit_test(test_sweep_best),
       cmocka_unit_test(test_parse_reply),           cmocka_unit_test(test_median_and_hello),
       cmocka_unit_test(test_good_peer),             cmocka_unit_test(test_broken_peers),

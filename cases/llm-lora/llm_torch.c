@@ -107,10 +107,9 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
  * at this batch and length: what it predicts beside what the peer measures. */
 static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev, const cJSON *hello, cJSON *o) {
   /* the peer's card sizes cuBLAS's workspace (its hello: cuda_capability) */
-  const cJSON *cc = cJSON_GetObjectItem(hello, "cuda_capability");
   vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2,
                         .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
-                        .cuda_cc_major = cJSON_IsArray(cc) ? (int)cJSON_GetNumberValue(cJSON_GetArrayItem(cc, 0)) : 0};
+                        .cuda_cc_major = vl_peer_cuda_cc_major(hello)};
   c.model.mc.seq = T;
   vl_mimic_result m;
   char why[200];

@@ -356,6 +356,14 @@ static void plots(const cJSON *res, const char *dir, FILE *md, const char *case_
 
 void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, const char *case_id, bool gnuplot) {
   planned_ladder(res, md);
+  vl_case_pytorch_report(res, md, "tools/peers/sd_lora_peer.py runs (diffusers' UNet2DConditionModel with PEFT LoRA "
+                         "on to_q/to_k/to_v/to_out.0, the factors in fp32, torch.autocast and GradScaler, "
+                         "per-resnet and per-transformer checkpointing when the rung checkpoints, AdamW, "
+                         "gradients set to None)",
+                         "Its CUDA code path has not been measured on a GPU: it takes CUDA autocast to run "
+                         "GroupNorm and LayerNorm in fp32 and SDPA's flash kernel in the 16-bit dtype, where the "
+                         "CPU path (held to the traces) differs. The rungs that run the frozen VAE encoder and CLIP "
+                         "text encoder in the step are not mimicked.");
   bool ran = false;
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;

@@ -146,10 +146,11 @@ static void fill_micro(const vl_sd_cfg *m, int64_t B, uint64_t seed, vl_sdl_micr
 
 /* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
  * at this batch: its prediction beside what the peer measures. */
-static void mimic_json(const vl_sdl_rung *r, int64_t B, vl_device dev, cJSON *o) {
+static void mimic_json(const vl_sdl_rung *r, int64_t B, vl_device dev, const cJSON *hello, cJSON *o) {
   vl_mimic_sd_unet_cfg c = {.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
                             .optim = r->model.optim.opt, .clip = r->model.clip_norm, .batch = B, .accum = r->accum,
-                            .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU};
+                            .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
+                            .cuda_cc_major = vl_peer_cuda_cc_major(hello)}; /* sizes cuBLAS's workspaces */
   vl_mimic_result m;
   char why[200];
   vl_status s = vl_mimic_sd_unet(&c, &m, NULL, NULL, why, sizeof why);
@@ -184,7 +185,7 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
     vl_peer_cmp cmp = {name, variant, NULL, NULL, &mb.batch, r.accum, (double)(B * r.accum), &spec, setup};
     s = vl_peer_compare_model(env, p, &cmp, &rounds, &vl_model_sd, &r.model, (uint64_t)r.seed, o);
     if (s == VL_OK && !cJSON_GetObjectItem(o, "not_measured"))
-      mimic_json(&r, B, env->device, o);
+      mimic_json(&r, B, env->device, hello, o);
     cJSON_AddNumberToObject(o, "batch", (double)B);
     cJSON_AddNumberToObject(o, "image", (double)vl_sd_image_side(&r.model));
     cJSON_AddBoolToObject(o, "encoders_in_step", r.model.encoders_in_step);
