@@ -373,6 +373,11 @@ s_peers() {
     --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" --set reps=1 --quiet || rc=1
   LIMIT=120 run peers-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --set steps=3 --set warmup=1 --set reps=1 \
     --set after.batch=8 --quiet || rc=1
+  # sd-lora's cached rung beside diffusers' UNet (the pack's diffusers wheel): checks the
+  # mimic's CUDA path (autocast's fp32 norms, flash attention), never yet measured on a GPU
+  LIMIT=150 run peers-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --step disk_cache --set consumer=model \
+    --set images=32 --set epochs=1 --set steps=3 --set data_dir="$DATA/captions-$SMALL" \
+    --set cache_dir="$DATA/sd-cache-$SMALL" --set reps=1 --quiet || rc=1
   return $rc
 }
 

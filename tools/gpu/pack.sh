@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu/pack.sh [--diffusers] [--pack DIR] [--limit MIB]
+# tools/gpu/pack.sh [--no-diffusers] [--pack DIR] [--limit MIB]
 #
 # Runs HERE (Debian 12, apt): downloads the .deb files that tools/gpu/first-light.sh unpacks
 # on a GPU machine that has none of our Debian packages and cannot download anything. The
@@ -11,7 +11,8 @@
 # load against exactly that list.
 # Not packed: Open MPI (its closure is ~160 packages here, and it relocates only through
 # OPAL_PREFIX; MPI is optional in the build, and the collective stage says it was skipped).
-# --diffusers adds diffusers' pure-Python wheel (pip download --no-deps); no peer uses it yet.
+# diffusers' pure-Python wheel (pip download --no-deps) rides along for sd-lora's PyTorch peer
+# (stage 5); --no-diffusers leaves it out.
 #
 # Output: PACK/debs/*.deb, PACK/wheels/*.whl, PACK/MANIFEST (package, version, file). A pack
 # that is already complete downloads nothing. Prints the size of what would travel (the
@@ -22,10 +23,11 @@ cd "$(dirname "$0")/../.."
 
 pack=.gpu-pack
 limit_mib=60
-diffusers=0
+diffusers=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --diffusers) diffusers=1 ;;
+    --diffusers) diffusers=1 ;; # the default; kept for old command lines
+    --no-diffusers) diffusers=0 ;;
     --pack) pack=${2:?--pack needs a folder}; shift ;;
     --limit) limit_mib=${2:?--limit needs MiB}; shift ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
