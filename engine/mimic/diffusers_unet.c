@@ -606,11 +606,7 @@ static void one_step(prog *p, const blocks *bl) {
     p->temb_held = 0;
     mt_phase(t, 'o');
   }
-  mt_phase(t, 'o');
-  if (p->c->clip > 0) mt_clip(t, &p->opt);
-  mt_optim_step(t, &p->opt);
-  mt_zero_grad(t, &p->opt);
-  mt_release_graph(t, mt_graph_mark(t));
+  mt_step_tail(t, &p->opt, p->c->clip > 0);
 }
 
 vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, vl_mimic_sink sink, void *user,

@@ -337,11 +337,7 @@ static void one_step(prog *p) {
     mt_drop(t, root);
     mt_phase(t, 'o'); /* until the next forward (as tools/peers/torch_trace.py phases it) */
   }
-  mt_phase(t, 'o');
-  if (p->c->model.tc.clip > 0) mt_clip(t, &p->opt);
-  mt_optim_step(t, &p->opt);
-  mt_zero_grad(t, &p->opt);
-  mt_release_graph(t, mt_graph_mark(t)); /* one_step returns: the last loss goes */
+  mt_step_tail(t, &p->opt, p->c->model.tc.clip > 0);
 }
 
 /* ---- entry ---------------------------------------------------------------------------------- */

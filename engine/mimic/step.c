@@ -93,3 +93,11 @@ vl_status mt_replay_cuda(const mt_tape *t, uint64_t capacity, vl_mimic_result *r
 void mt_zero_grad(mt_tape *t, const mt_optim *p) {
   for (int i = 0; i < p->ntrain; i++) mt_grad_none(t, p->train[i]);
 }
+
+void mt_step_tail(mt_tape *t, mt_optim *o, bool clip) {
+  mt_phase(t, 'o');
+  if (clip) mt_clip(t, o);
+  mt_optim_step(t, o);
+  mt_zero_grad(t, o);
+  mt_release_graph(t, mt_graph_mark(t));
+}

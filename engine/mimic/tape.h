@@ -161,6 +161,10 @@ typedef struct {
 void mt_clip(mt_tape *t, const mt_optim *o);
 void mt_optim_step(mt_tape *t, mt_optim *o);
 void mt_zero_grad(mt_tape *t, const mt_optim *o);
+/* What every peer's one_step ends with after its micro-batches (peer_common.py): phase 'o',
+ * clip_grad_norm_ when clipping, the optimizer's step, zero_grad(set_to_none=True), and the
+ * last loss's graph released as one_step returns. */
+void mt_step_tail(mt_tape *t, mt_optim *o, bool clip);
 /* CUDA: the tape's events through the caching allocator (capacity 0: unlimited) into
  * r->max_allocated / max_reserved, r->oom when it ran out. */
 vl_status mt_replay_cuda(const mt_tape *t, uint64_t capacity, vl_mimic_result *r, char *why, size_t whyn);
