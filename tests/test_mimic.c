@@ -457,6 +457,29 @@ static vl_mimic_llm_cfg small_cfg(void) {
   return c;
 }
 
+typedef vl_status (*mimic_run)(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
+                               size_t whyn);
+
+/* kit's largest-batch search over a mimic (plan --mimic pytorch) under cap: above `batch`,
+ * fits, reserved within cap; that batch replays without running out, one more does not. */
+static int64_t check_search(mimic_run run, const void *cfg, int64_t batch, uint64_t cap) {
+  cJSON *o = cJSON_CreateObject();
+  vl_case_pytorch_json(o, run, cfg, batch, cap, "test");
+  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
+  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
+  assert_true(mb > batch);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(pt, "fits")));
+  assert_true(vl_rep_num(pt, "max_reserved_bytes") <= (double)cap);
+  cJSON_Delete(o);
+  vl_mimic_result r;
+  char why[200];
+  assert_int_equal(run(cfg, mb, cap, &r, why, sizeof why), VL_OK);
+  assert_false(r.oom);
+  assert_int_equal(run(cfg, mb + 1, cap, &r, why, sizeof why), VL_OK);
+  assert_true(r.oom);
+  return mb;
+}
+
 static vl_status run_llm_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
                               size_t whyn) {
   vl_mimic_llm_cfg c = *(const vl_mimic_llm_cfg *)cfg;
@@ -489,22 +512,8 @@ static void test_cuda_path(void **state) {
   assert_int_equal(rc.max_allocated, 0); /* no allocator replay on the CPU */
   /* the largest batch under a capacity (kit's search over the mimic): it fits, one more does not */
   uint64_t cap = (uint64_t)rg.max_reserved * 3;
+  (void)check_search(run_llm_cuda, &g, 2, cap);
   cJSON *o = cJSON_CreateObject();
-  vl_case_pytorch_json(o, run_llm_cuda, &g, 2, cap, "test");
-  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
-  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
-  assert_true(mb > 2);
-  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(pt, "fits")));
-  assert_true(vl_rep_num(pt, "max_reserved_bytes") <= (double)cap);
-  cJSON_Delete(o);
-  g.capacity = cap;
-  g.batch = mb;
-  assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
-  assert_false(rg.oom);
-  g.batch = mb + 1;
-  assert_int_equal(vl_mimic_llm(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
-  assert_true(rg.oom);
-  o = cJSON_CreateObject();
   vl_case_pytorch_json(o, run_llm_cuda, &g, 2, 1 << 20, "test");
   assert_int_equal((int)vl_rep_num(cJSON_GetObjectItem(o, "pytorch"), "max_batch"), 0);
   assert_false(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "pytorch"), "fits")));
@@ -546,20 +555,7 @@ static void test_sd_cuda_path(void **state) {
   assert_true(rg.max_allocated <= rg.peak_bytes + 2 * ws + 512 * rg.n_events);
   assert_true(rg.max_reserved >= rg.max_allocated);
   assert_int_equal(rg.max_reserved % (2 << 20), 0);
-  uint64_t cap = (uint64_t)rg.max_reserved * 3;
-  cJSON *o = cJSON_CreateObject();
-  vl_case_pytorch_json(o, run_sd_cuda, &g, g.batch, cap, "test");
-  const cJSON *pt = cJSON_GetObjectItem(o, "pytorch");
-  int64_t mb = (int64_t)vl_rep_num(pt, "max_batch");
-  assert_true(mb > g.batch);
-  g.capacity = cap;
-  g.batch = mb;
-  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
-  assert_false(rg.oom);
-  g.batch = mb + 1;
-  assert_int_equal(vl_mimic_sd_unet(&g, &rg, NULL, NULL, why, sizeof why), VL_OK);
-  assert_true(rg.oom);
-  cJSON_Delete(o);
+  (void)check_search(run_sd_cuda, &g, g.batch, (uint64_t)rg.max_reserved * 3);
   /* what it does not mimic is said */
   c.encoders_in_step = true;
   assert_int_equal(vl_mimic_sd_unet(&c, &rc, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
