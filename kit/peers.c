@@ -487,28 +487,31 @@ static void summarise(const vl_peer_cmp *cmp, const vl_loop_result *lr, double *
   cJSON_AddNumberToObject(o, "peer_flops_per_s", flops / mp);
 }
 
-/* PyTorch's own estimate of the same step: tools/peers/memtracker_peer.py (MemTracker on fake
- * tensors) in a fresh process, its peak, categories and seconds into o ("memtracker_*"), or
- * why not ("memtracker_why"). */
-static void memtracker(vl_case_env *env, const vl_peer *p, const cJSON *setup, cJSON *o) {
+/* A tool of tools/peers/ (python3 TOOL --script PEER --config SETUP [extra...]) run in a fresh
+ * process: its reply (the last line that is a JSON object), or NULL with why in o[why_key];
+ * *secs the process's seconds. */
+static cJSON *run_tool(const vl_peer *p, const cJSON *setup, const char *tool, char *const extra[], cJSON *o,
+                       const char *why_key, double *secs) {
   char script[PATH_MAX];
-  snprintf(script, sizeof script, "%s/tools/peers/memtracker_peer.py", VRAMLAB_SOURCE_DIR);
+  snprintf(script, sizeof script, "%s/tools/peers/%s", VRAMLAB_SOURCE_DIR, tool);
   char *js = cJSON_PrintUnformatted(setup);
   char *out = malloc(1 << 16);
   if (!js || !out) {
     free(js);
     free(out);
-    cJSON_AddStringToObject(o, "memtracker_why", "no host memory");
-    return;
+    cJSON_AddStringToObject(o, why_key, "no host memory");
+    return NULL;
   }
-  if (!env->quiet) vl_progress("  MemTracker (PyTorch's estimator, fake tensors): %s", vl_rep_str(o, "rung"));
-  char *argv[] = {(char *)vl_peer_python(), script, "--script", (char *)p->script, "--config", js, NULL};
+  char *argv[12] = {(char *)vl_peer_python(), script, "--script", (char *)p->script, "--config", js};
+  int k = 6;
+  for (int i = 0; extra && extra[i] && k < 11; i++) argv[k++] = extra[i];
+  argv[k] = NULL;
   double t0 = vl_now();
   int rc = vl_run_capture(argv, out, 1 << 16);
-  double secs = vl_now() - t0;
+  *secs = vl_now() - t0;
   char head[120];
   snprintf(head, sizeof head, "%s", out);
-  char *line = NULL, *save = NULL; /* its reply: the last line that is a JSON object */
+  char *line = NULL, *save = NULL;
   for (char *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
     if (*l == '{') line = l;
   char why[VL_PEER_WHY_LEN];
@@ -516,17 +519,60 @@ static void memtracker(vl_case_env *env, const vl_peer *p, const cJSON *setup, c
   if (!r) {
     if (!line) snprintf(why, sizeof why, "%s (exit status %d%s%.100s)", rc < 0 ? "it could not run" : "no reply", rc,
                         *head ? ", printed: " : "", head);
-    cJSON_AddStringToObject(o, "memtracker_why", why);
-  } else {
-    cJSON_AddNumberToObject(o, "memtracker_peak_bytes", vl_rep_num(r, "peak_bytes"));
-    cJSON_AddNumberToObject(o, "memtracker_seconds", vl_rep_num(r, "trace_seconds"));
-    cJSON_AddNumberToObject(o, "memtracker_process_seconds", secs);
-    cJSON *c = cJSON_DetachItemFromObject(r, "categories");
-    if (c) cJSON_AddItemToObject(o, "memtracker_categories", c);
+    cJSON_AddStringToObject(o, why_key, why);
   }
-  cJSON_Delete(r);
   free(js);
   free(out);
+  return r;
+}
+
+/* PyTorch's own estimate of the same step: tools/peers/memtracker_peer.py (MemTracker on fake
+ * tensors) in a fresh process, its peak, categories and seconds into o ("memtracker_*"), or
+ * why not ("memtracker_why"). */
+static void memtracker(vl_case_env *env, const vl_peer *p, const cJSON *setup, cJSON *o) {
+  if (!env->quiet) vl_progress("  MemTracker (PyTorch's estimator, fake tensors): %s", vl_rep_str(o, "rung"));
+  double secs = 0;
+  cJSON *r = run_tool(p, setup, "memtracker_peer.py", NULL, o, "memtracker_why", &secs);
+  if (!r) return;
+  cJSON_AddNumberToObject(o, "memtracker_peak_bytes", vl_rep_num(r, "peak_bytes"));
+  cJSON_AddNumberToObject(o, "memtracker_seconds", vl_rep_num(r, "trace_seconds"));
+  cJSON_AddNumberToObject(o, "memtracker_process_seconds", secs);
+  cJSON *c = cJSON_DetachItemFromObject(r, "categories");
+  if (c) cJSON_AddItemToObject(o, "memtracker_categories", c);
+  cJSON_Delete(r);
+}
+
+/* What PyTorch's real CPU peak is made of: tools/peers/heap_breakdown.py runs the step again in
+ * a fresh process with libvlmemcount's who mode (tensors and what is no tensor, by op) into o
+ * ("heap_*"), or why not ("heap_why"): a CPU peer only (on a GPU max_memory_allocated counts
+ * tensors alone). */
+static void heap_breakdown(vl_case_env *env, const vl_peer *p, const cJSON *setup, cJSON *o) {
+  const char *dev = cJSON_GetStringValue(cJSON_GetObjectItem(setup, "device"));
+  if (dev && strcmp(dev, "cpu")) {
+    cJSON_AddStringToObject(o, "heap_why", "a GPU peer: max_memory_allocated counts tensors alone");
+    return;
+  }
+#ifdef VRAMLAB_MEMCOUNT_LIB
+  if (!env->quiet) vl_progress("  PyTorch's peak split into tensors and the rest (real step): %s", vl_rep_str(o, "rung"));
+  char *extra[] = {"--lib", VRAMLAB_MEMCOUNT_LIB, NULL};
+  double secs = 0;
+  cJSON *r = run_tool(p, setup, "heap_breakdown.py", extra, o, "heap_why", &secs);
+  if (!r) return;
+  const char *k[] = {"peak_bytes", "tensor_bytes_at_peak", "no_tensor_bytes_at_peak", "tensor_peak_bytes",
+                     "no_tensor_kept_bytes"};
+  for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "heap_%s", k[i]);
+    cJSON_AddNumberToObject(o, key, vl_rep_num(r, k[i]));
+  }
+  cJSON *top = cJSON_DetachItemFromObject(r, "no_tensor_at_peak");
+  if (top) cJSON_AddItemToObject(o, "heap_no_tensor_at_peak", top);
+  cJSON_Delete(r);
+#else
+  (void)env;
+  (void)p;
+  cJSON_AddStringToObject(o, "heap_why", "libvlmemcount was not built");
+#endif
 }
 
 vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, const vl_peer_rounds *R, cJSON *o) {
@@ -584,6 +630,7 @@ vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, 
     for (int i = 0; i < 4; i++)
       if (!isnan(vl_rep_num(mem, mk[i]))) cJSON_AddNumberToObject(o, ok[i], vl_rep_num(mem, mk[i]));
     memtracker(env, p, cmp->setup, o);
+    heap_breakdown(env, p, cmp->setup, o);
   } else if (s == VL_ERR_INTERRUPTED || vl_interrupted) {
     cJSON_AddStringToObject(o, "not_measured", "the run was interrupted");
     s = VL_OK;
@@ -707,6 +754,39 @@ static const char *pct_vs(const cJSON *o, const char *key, double real) {
   return isnan(v) || isnan(real) || real <= 0 ? "-" : vl_rep_fmt("%+.1f%%", 100 * (v / real - 1));
 }
 
+/* The largest parts of a rung's measured peak that are no tensor, in words. */
+static const char *heap_class_words(const char *c) {
+  static const char *const map[][2] = {
+      {"c10_allocator", "buffers a library took through PyTorch's CPU allocator, no op's output"},
+      {"libtorch_cpu", "libtorch_cpu's own buffers (oneDNN, MKL)"},
+      {"operator_new", "C++ objects (autograd's graph, library state)"},
+      {"python", "Python objects"},
+      {"small", "blocks under 4 KiB"},
+      {"other", "other libraries' buffers"}};
+  for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+    if (!strcmp(c, map[i][0])) return map[i][1];
+  return c;
+}
+
+static void report_no_tensor(const cJSON *o, FILE *md) {
+  double at = vl_rep_num(o, "heap_no_tensor_bytes_at_peak"), pk = vl_rep_num(o, "heap_peak_bytes");
+  const cJSON *top = cJSON_GetObjectItem(o, "heap_no_tensor_at_peak");
+  if (isnan(at) || isnan(pk) || !cJSON_IsArray(top)) return;
+  fprintf(md, " %s: of its split's peak, %s MB, %s MB is no tensor (%s MB still held after the step)", vl_rep_str(o, "rung"),
+          vl_rep_fmt("%.1f", mb(pk)), vl_rep_fmt("%.1f", mb(at)), vl_rep_fmt("%.1f", mb(vl_rep_num(o, "heap_no_tensor_kept_bytes"))));
+  int k = 0;
+  const cJSON *r;
+  cJSON_ArrayForEach(r, top) {
+    const char *c = cJSON_GetStringValue(cJSON_GetArrayItem(r, 0)), *op = cJSON_GetStringValue(cJSON_GetArrayItem(r, 1));
+    double n = cJSON_GetNumberValue(cJSON_GetArrayItem(r, 2));
+    if (!c || !op || isnan(n) || k == 3) break;
+    fprintf(md, "%s%s MB %s%s%s", k ? "; " : ": largest ", vl_rep_fmt("%.1f", mb(n)), heap_class_words(c),
+            strcmp(op, "-") ? " in " : "", strcmp(op, "-") ? op : " between ops");
+    k++;
+  }
+  fprintf(md, ".");
+}
+
 /* The four answers to "how much memory does this step take": the engine's plan of its own
  * step, the mimic of PyTorch's (vramlab/mimic.h, where the case has one), PyTorch's own
  * estimator (MemTracker on fake tensors), and PyTorch's step measured; with the time each
@@ -718,17 +798,21 @@ static void report_estimates(const cJSON *pe, FILE *md) {
   if (!any) return;
   fprintf(md, "\n#### The step's peak, four ways\n\n"
               "| rung | engine's plan MB (planned) | PyTorch mimic MB (planned) | MemTracker MB (PyTorch's estimator) "
-              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | planning time: engine ms / mimic ms / "
-              "MemTracker s |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | PyTorch's tensors at their peak MB "
+              "(measured) | mimic vs measured tensors | no tensor at the measured peak MB (measured) | planning time: "
+              "engine ms / mimic ms / MemTracker s |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
     if (cJSON_GetObjectItem(o, "not_measured")) continue;
     double real = vl_rep_num(o, "peer_peak_bytes");
-    fprintf(md, "| %s%s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
+    double tens = vl_rep_num(o, "heap_tensor_peak_bytes");
+    fprintf(md, "| %s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
             cJSON_GetObjectItem(o, "variant") ? " (variant)" : "",
             vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why", "not mimicked"),
             mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"), vl_rep_fmt("%.1f", mb(real)),
             pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
+            mb_or(o, "heap_tensor_peak_bytes", "heap_why", "not measured here"), pct_vs(o, "mimic_peak_bytes", tens),
+            mb_or(o, "heap_no_tensor_bytes_at_peak", "heap_why", "not measured here"),
             vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "engine_plan_seconds")),
             vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "mimic_seconds")), vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));
   }
@@ -736,7 +820,11 @@ static void report_estimates(const cJSON *pe, FILE *md) {
               "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
               "(`torch.distributed._tools.mem_tracker`) traces the real ops on fake tensors, the batch not counted; "
               "\"measured\" is the peer's live heap bytes above those when its setup began (malloc-counted: kernel "
-              "workspaces and library buffers that are no tensor are in it, not in the two estimates).");
+              "workspaces and library buffers that are no tensor are in it, not in the two estimates). Its split "
+              "(tools/peers/heap_breakdown.py: the step run again in a fresh process, each heap block kept with the "
+              "ATen op that made it and whether it is a tensor's storage) gives PyTorch's tensors at their highest, "
+              "the number the mimic and MemTracker estimate, and what is no tensor at the measured peak.");
+  cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) report_no_tensor(o, md);
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
     const char *w = cJSON_GetStringValue(cJSON_GetObjectItem(o, "memtracker_why"));
     const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(o, "mimic_why"));

@@ -138,8 +138,80 @@ static void child_threads(void) {
   pthread_barrier_destroy(&bar);
 }
 
+/* Who mode (VL_MEMCOUNT_WHO=1): the sites of known blocks at the base, the peak and now, from
+ * the library's own dump (VL_WHO_DUMP names its file). A block is an op's ("opA") until it is
+ * marked a tensor; one marked after a peak it was live at moves at the peak too; one made
+ * after the peak does not. */
+typedef void (*who_op_fn)(const char *);
+typedef void (*who_tensor_fn)(const void *, const char *);
+typedef int (*who_dump_fn)(const char *);
+
+static long long dump_site(const char *path, const char *cls, const char *op, int col) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char line[512];
+  long long v[3] = {0, 0, 0}, found = 0;
+  if (!fgets(line, sizeof line, f)) { /* the header */
+    fclose(f);
+    return -1;
+  }
+  while (fgets(line, sizeof line, f)) {
+    char c[64], o[128];
+    long long b, p, n;
+    if (sscanf(line, "%63[^\t]\t%127[^\t]\t%lld\t%lld\t%lld", c, o, &b, &p, &n) == 5 && !strcmp(c, cls) &&
+        !strcmp(o, op)) {
+      v[0] = b, v[1] = p, v[2] = n;
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found ? v[col] : 0;
+}
+
+static void child_who(const char *path) {
+  who_op_fn op = (who_op_fn)dlsym(RTLD_DEFAULT, "vl_memcount_who_op");
+  who_tensor_fn tensor = (who_tensor_fn)dlsym(RTLD_DEFAULT, "vl_memcount_who_tensor");
+  void_fn base = (void_fn)dlsym(RTLD_DEFAULT, "vl_memcount_who_base");
+  who_dump_fn dump = (who_dump_fn)dlsym(RTLD_DEFAULT, "vl_memcount_who_dump");
+  if (!op || !tensor || !base || !dump) {
+    row("who_symbols", 0, 1);
+    return;
+  }
+  base();
+  op("opA");
+  void *volatile p = malloc(100000);
+  void *volatile s = malloc(100);
+  op(NULL);
+  void *volatile t = malloc(200000); /* the peak: p, s and t live */
+  tensor(t, "opB");
+  long long up = usable(p), us = usable(s), ut = usable(t);
+  free(p);
+  free(s);
+  void *volatile u = malloc(50000); /* below the peak */
+  tensor(u, "opC");
+  long long uu = usable(u);
+  row("who_dump", dump(path), 0);
+  row("who_opA_peak", dump_site(path, "other", "opA", 1), up);
+  row("who_opA_now", dump_site(path, "other", "opA", 2), 0);
+  row("who_small_peak", dump_site(path, "small", "opA", 1), us);
+  row("who_tensor_at_peak", dump_site(path, "tensor", "opB", 1), ut);
+  row("who_tensor_now", dump_site(path, "tensor", "opB", 2), ut);
+  row("who_unmarked_at_peak", dump_site(path, "other", "-", 1), 0);
+  row("who_after_peak", dump_site(path, "tensor", "opC", 1), 0);
+  row("who_after_now", dump_site(path, "tensor", "opC", 2), uu);
+  free(t);
+  free(u);
+}
+
 static int child_main(void) {
   alarm(60); /* never a hang */
+  const char *who_path = getenv("VL_WHO_DUMP");
+  if (who_path) {
+    child_who(who_path);
+    for (int i = 0; i < n_rows; i++) printf("%s %lld %lld\n", rows[i].name, rows[i].got, rows[i].want);
+    printf("end %d\n", n_rows);
+    return 0;
+  }
   mc_live = (i64_fn)dlsym(RTLD_DEFAULT, "vl_memcount_live");
   mc_peak = (i64_fn)dlsym(RTLD_DEFAULT, "vl_memcount_peak");
   mc_calls = (u64_fn)dlsym(RTLD_DEFAULT, "vl_memcount_calls");
@@ -194,11 +266,8 @@ static int run_child(const char *const *extra, int n_extra, char *out, size_t n)
   return WEXITSTATUS(st);
 }
 
-static void test_preloaded_counts_exactly(void **state) {
-  (void)state;
-  static char out[1 << 16];
-  const char *env[] = {"LD_PRELOAD=" VRAMLAB_MEMCOUNT_LIB};
-  assert_int_equal(run_child(env, 1, out, sizeof out), 0);
+/* The child's "name got want" rows, each equal; n of them. */
+static void check_rows(char *out, int want_rows) {
   int n = 0, end = -1;
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
     char name[64];
@@ -209,7 +278,41 @@ static void test_preloaded_counts_exactly(void **state) {
     n++;
   }
   assert_int_equal(end, n);
-  assert_int_equal(n, 24); /* every check ran (a child that stops early fails here) */
+  assert_int_equal(n, want_rows); /* every check ran (a child that stops early fails here) */
+}
+
+static void test_preloaded_counts_exactly(void **state) {
+  (void)state;
+  static char out[1 << 16];
+  const char *env[] = {"LD_PRELOAD=" VRAMLAB_MEMCOUNT_LIB};
+  assert_int_equal(run_child(env, 1, out, sizeof out), 0);
+  check_rows(out, 24);
+}
+
+/* Who mode: each known block at its site, at the peak and now (child_who). */
+static void test_who_sites(void **state) {
+  (void)state;
+  static char out[1 << 16];
+  char path[64], envv[96];
+  snprintf(path, sizeof path, "/tmp/vramlab-memcount-who-%d.tsv", (int)getpid());
+  snprintf(envv, sizeof envv, "VL_WHO_DUMP=%s", path);
+  const char *env[] = {"LD_PRELOAD=" VRAMLAB_MEMCOUNT_LIB, "VL_MEMCOUNT_WHO=1", envv};
+  assert_int_equal(run_child(env, 3, out, sizeof out), 0);
+  unlink(path);
+  check_rows(out, 9);
+}
+
+/* Off (no VL_MEMCOUNT_WHO): the who functions do nothing and the dump says so. */
+static void test_who_off(void **state) {
+  (void)state;
+  static char out[1 << 16];
+  char path[64], envv[96];
+  snprintf(path, sizeof path, "/tmp/vramlab-memcount-whooff-%d.tsv", (int)getpid());
+  snprintf(envv, sizeof envv, "VL_WHO_DUMP=%s", path);
+  const char *env[] = {"LD_PRELOAD=" VRAMLAB_MEMCOUNT_LIB, envv};
+  assert_int_equal(run_child(env, 2, out, sizeof out), 0);
+  assert_non_null(strstr(out, "who_dump -1 0"));
+  assert_int_equal(access(path, F_OK), -1);
 }
 
 /* Loaded but not preloaded: the program's allocations go to libc, the library sees none. */
@@ -281,6 +384,8 @@ int main(int argc, char **argv) {
 #ifdef VRAMLAB_MEMCOUNT_LIB
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_preloaded_counts_exactly),
+      cmocka_unit_test(test_who_sites),
+      cmocka_unit_test(test_who_off),
       cmocka_unit_test(test_dlopen_sees_no_calls),
       cmocka_unit_test(test_exit_file),
       cmocka_unit_test(test_exit_file_link_refused),

@@ -334,6 +334,43 @@ static void test_dataloader_references_without_pytorch(void **state) {
   cJSON_Delete(res);
 }
 
+/* The four ways with the split of PyTorch's measured peak (heap_* keys, as heap_breakdown
+ * leaves them): the tensors' column, the mimic against them, what is no tensor, and the
+ * largest parts in words; a rung without a split says why. */
+static void test_report_heap_split(void **state) {
+  (void)state;
+  cJSON *res = cJSON_Parse(
+      "{\"case_metrics\": {\"peers\": {\"torch\": \"2\", \"device\": \"cpu\", \"memory\": \"memcount\", "
+      "\"rungs\": [{\"rung\": \"before\", \"engine_planned_peak_bytes\": 180000000, \"mimic_peak_bytes\": 163000000, "
+      "\"memtracker_peak_bytes\": 160400000, \"peer_peak_bytes\": 175700000, \"heap_peak_bytes\": 175783152, "
+      "\"heap_tensor_peak_bytes\": 163008864, \"heap_no_tensor_bytes_at_peak\": 15920024, "
+      "\"heap_no_tensor_kept_bytes\": 6886360, \"heap_no_tensor_at_peak\": [[\"c10_allocator\", "
+      "\"convolution_backward.default\", 8403224], [\"libtorch_cpu\", \"convolution_backward.default\", 2766592], "
+      "[\"small\", \"-\", 1152640], [\"python\", \"-\", 10]]}, "
+      "{\"rung\": \"relu_off\", \"engine_planned_peak_bytes\": 120000000, \"peer_peak_bytes\": 122100000, "
+      "\"heap_why\": \"no split here\"}]}}}");
+  assert_non_null(res);
+  char path[256];
+  snprintf(path, sizeof path, "%s/heap.md", tmpdir);
+  FILE *md = fopen(path, "w+");
+  assert_non_null(md);
+  vl_peer_kind k = {.script = "seg_peer.py", .install = "pip", .unit = "images"};
+  vl_peer_report(res, md, &k, NULL);
+  rewind(md);
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, md);
+  text[n] = 0;
+  fclose(md);
+  /* the row: measured 175.7; tensors 163.0 (the mimic +0.0% of them); no tensor 15.9 */
+  assert_non_null(strstr(text, "| before | 180.0 | 163.0 | 160.4 | 175.7 | -7.2% | -8.7% | 163.0 | -0.0% | 15.9 |"));
+  assert_non_null(strstr(text, "| relu_off | 120.0 | - | - | 122.1 | - | - | not measured here | - | not measured here |"));
+  assert_non_null(strstr(text, "before: of its split's peak, 175.8 MB, 15.9 MB is no tensor (6.9 MB still held after the "
+                               "step): largest 8.4 MB buffers a library took through PyTorch's CPU allocator, no op's "
+                               "output in convolution_backward.default; 2.8 MB libtorch_cpu's own buffers (oneDNN, MKL) "
+                               "in convolution_backward.default; 1.2 MB blocks under 4 KiB between ops."));
+  cJSON_Delete(res);
+}
+
 /* ---- the real peers (PyTorch installed), tiny scale ------------------------------------------ */
 /* VRAMLAB_TEST_NO_TORCH=1 (the ctest entry test_peers_no_torch, whose VRAMLAB_PYTHON cannot
  * import torch): the real peers must take the "not installed" path, on any machine. */
@@ -378,6 +415,14 @@ static void check_real(const cJSON *res, const char *rung) {
     double w = 4 * vl_rep_num(o, "peer_params");
     assert_true(vl_rep_num(o, "peer_peak_bytes") > 2 * w);
     assert_true(vl_rep_num(o, "peer_persistent_bytes") >= w);
+    /* its split (tools/peers/heap_breakdown.py, a fresh process): the tensors at their highest
+     * hold the weights and gradients, and are no more than the split's own peak */
+    if (cJSON_GetObjectItem(o, "heap_why")) fail_msg("%s: no split: %s", rung, vl_rep_str(o, "heap_why"));
+    double tp = vl_rep_num(o, "heap_tensor_peak_bytes"), hp = vl_rep_num(o, "heap_peak_bytes");
+    assert_true(tp >= 2 * w);
+    assert_true(tp <= hp);
+    assert_true(vl_rep_num(o, "heap_no_tensor_bytes_at_peak") >= 0);
+    assert_true(cJSON_IsArray(cJSON_GetObjectItem(o, "heap_no_tensor_at_peak")));
   }
   assert_true(found);
 }
@@ -646,7 +691,7 @@ int main(void) {
       cmocka_unit_test(test_parse_reply),           cmocka_unit_test(test_median_and_hello),
       cmocka_unit_test(test_good_peer),             cmocka_unit_test(test_broken_peers),
       cmocka_unit_test(test_extra_without_pytorch), cmocka_unit_test(test_extra_with_broken_peers),
-      cmocka_unit_test(test_extra_with_fake_peer),  cmocka_unit_test(test_dataloader_references_without_pytorch),
+      cmocka_unit_test(test_extra_with_fake_peer),  cmocka_unit_test(test_report_heap_split),  cmocka_unit_test(test_dataloader_references_without_pytorch),
       cmocka_unit_test(test_real_llm_peer),         cmocka_unit_test(test_real_seg_peer),
       cmocka_unit_test(test_real_sd_peer),          cmocka_unit_test(test_sd_peer_config),
       cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),

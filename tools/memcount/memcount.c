@@ -15,9 +15,25 @@
  * returns the preloaded copy): vl_memcount_live, vl_memcount_peak, vl_memcount_reset_peak
  * (peak := live) and vl_memcount_calls (allocation calls seen: 0 when the library was
  * loaded but not preloaded, so nothing is interposed). With VL_MEMCOUNT_OUT set, the peak,
- * live bytes and calls are also written to that file at exit ("peak live calls\n"). */
+ * live bytes and calls are also written to that file at exit ("peak live calls\n").
+ *
+ * Who holds the peak (VL_MEMCOUNT_WHO=1 in the environment at start; off, nothing of it runs):
+ * each live block is also kept in a table with its "site" (what allocated it: a class and the
+ * ATen op running at the time), so the peak can be split into tensors and what is no tensor.
+ * The class of a block of 4 KiB or more comes from its caller (the first frame outside this
+ * library): PyTorch's CPU allocator (c10's alloc_cpu: a tensor's storage, or a buffer a library
+ * takes through it), C++ new, Python, libtorch_cpu's own (oneDNN's and MKL's buffers, whose
+ * symbols are hidden) or another library; smaller blocks are "small". The program names the op
+ * running (vl_memcount_who_op) and marks the blocks that are tensor storages
+ * (vl_memcount_who_tensor: an op's outputs, parameters), which moves them to the class
+ * "tensor"; vl_memcount_who_base snapshots the sites (the bytes before a step) and restarts the
+ * peak; vl_memcount_who_dump writes, per site, the bytes at the base, at the peak and now
+ * (tools/peers/heap_breakdown.py drives it around a PyTorch peer's step). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -95,6 +111,221 @@ static void resolve(void) {
   atomic_store(&resolving, 0);
 }
 
+
+/* ---- who holds the peak (VL_MEMCOUNT_WHO=1) ------------------------------------------------- */
+enum { WHO_SLOTS = 1 << 22, WHO_OPS = 2048, WHO_SMALL = 4096 };
+typedef enum { W_SMALL, W_TENSOR, W_C10, W_NEW, W_PYTHON, W_TORCH, W_OTHER, W_NCLASS } who_class;
+static const char *const who_class_name[W_NCLASS] = {"small", "tensor", "c10_allocator", "operator_new",
+                                                     "python", "libtorch_cpu", "other"};
+typedef struct {
+  const void *p;
+  int64_t n;
+  uint64_t seq; /* its allocation's number */
+  int32_t site;
+} who_slot;
+static struct {
+  int on;
+  pthread_mutex_t mu;
+  who_slot *slot; /* open addressing, mmap'd (not counted) */
+  char op[WHO_OPS][64];
+  int nop, cur; /* op names; the op running now (0: none) */
+  int64_t live, peak, tensor_live, tensor_peak;
+  uint64_t seq, peak_seq; /* allocations so far; their number when the peak was taken */
+  int64_t site_live[WHO_OPS * W_NCLASS], site_peak[WHO_OPS * W_NCLASS], site_base[WHO_OPS * W_NCLASS];
+} who = {.mu = PTHREAD_MUTEX_INITIALIZER, .nop = 1, .op = {"-"}};
+static _Thread_local int who_busy; /* inside backtrace/dladdr: their own allocations not classified */
+
+static uint64_t who_hash(const void *p) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  return x ^ (x >> 33);
+}
+
+static who_slot *who_find(const void *p) {
+  uint64_t i = who_hash(p) & (WHO_SLOTS - 1);
+  while (who.slot[i].p && who.slot[i].p != p) i = (i + 1) & (WHO_SLOTS - 1);
+  return &who.slot[i];
+}
+
+/* The class of one return address (dladdr; the answers cached: the call sites are few). */
+enum { WHO_PC_SLOTS = 1 << 14 };
+static struct {
+  void *pc;
+  int8_t cls; /* -1: this library's own frame */
+} who_pc[WHO_PC_SLOTS];
+
+static int who_pc_class(void *pc) {
+  uint64_t i = who_hash(pc) & (WHO_PC_SLOTS - 1);
+  if (who_pc[i].pc == pc) return who_pc[i].cls;
+  Dl_info d, self;
+  int c = W_OTHER;
+  if (!dladdr(pc, &d)) d.dli_fname = NULL, d.dli_sname = NULL;
+  if (dladdr((void *)who_hash, &self) && d.dli_fname && self.dli_fname && !strcmp(d.dli_fname, self.dli_fname)) {
+    c = -1;
+  } else {
+    const char *s = d.dli_sname ? d.dli_sname : "", *f = d.dli_fname ? d.dli_fname : "";
+    const char *base = strrchr(f, '/') ? strrchr(f, '/') + 1 : f;
+    if (strstr(s, "alloc_cpu")) c = W_C10;
+    else if (!strncmp(s, "_Znwm", 5) || !strncmp(s, "_Znam", 5)) c = W_NEW;
+    else if (!strncmp(base, "libtorch_cpu", 12)) c = W_TORCH;
+    else if (!strncmp(base, "libpython", 9) || !strncmp(base, "python", 6)) c = W_PYTHON;
+  }
+  pthread_mutex_lock(&who.mu);
+  who_pc[i].pc = pc;
+  who_pc[i].cls = (int8_t)c;
+  pthread_mutex_unlock(&who.mu);
+  return c;
+}
+
+/* The first frame outside this library says who allocated. */
+static who_class who_caller(void) {
+  void *fr[8];
+  int n = backtrace(fr, 8);
+  for (int i = 1; i < n; i++) {
+    int c = who_pc_class(fr[i]);
+    if (c >= 0) return (who_class)c;
+  }
+  return W_OTHER;
+}
+
+static void who_move(int64_t *site, int from, int to, int64_t n) {
+  site[from] -= n;
+  site[to] += n;
+}
+
+static void who_note_peak(void) {
+  if (who.live > who.peak) {
+    who.peak = who.live;
+    who.peak_seq = who.seq;
+    memcpy(who.site_peak, who.site_live, sizeof who.site_live);
+  }
+  if (who.tensor_live > who.tensor_peak) who.tensor_peak = who.tensor_live;
+}
+
+static void who_add(const void *p, int64_t n) {
+  if (who_busy) return;
+  who_busy = 1;
+  who_class c = n >= WHO_SMALL ? who_caller() : W_SMALL;
+  pthread_mutex_lock(&who.mu);
+  who_slot *s = who_find(p);
+  *s = (who_slot){p, n, ++who.seq, who.cur * W_NCLASS + (int)c};
+  who.site_live[s->site] += n;
+  who.live += n;
+  who_note_peak();
+  pthread_mutex_unlock(&who.mu);
+  who_busy = 0;
+}
+
+static void who_sub(const void *p) {
+  pthread_mutex_lock(&who.mu);
+  who_slot *s = who_find(p);
+  if (s->p) {
+    who.site_live[s->site] -= s->n;
+    who.live -= s->n;
+    if (s->site % W_NCLASS == W_TENSOR) who.tensor_live -= s->n;
+    s->p = NULL; /* then re-seat the run after it (no tombstones) */
+    for (uint64_t j = ((uint64_t)(s - who.slot) + 1) & (WHO_SLOTS - 1); who.slot[j].p; j = (j + 1) & (WHO_SLOTS - 1)) {
+      who_slot e = who.slot[j];
+      who.slot[j].p = NULL;
+      *who_find(e.p) = e;
+    }
+  }
+  pthread_mutex_unlock(&who.mu);
+}
+
+static void who_start(void) {
+  const char *e = getenv("VL_MEMCOUNT_WHO");
+  if (!e || strcmp(e, "1")) return;
+  void *m = mmap(NULL, WHO_SLOTS * sizeof(who_slot), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return;
+  who.slot = m;
+  who.on = 1;
+}
+
+/* The op running now (NULL or "": none). */
+VL_EXPORT void vl_memcount_who_op(const char *name) {
+  if (!who.on) return;
+  pthread_mutex_lock(&who.mu);
+  int k = 0;
+  if (name && *name) {
+    for (k = who.nop - 1; k > 0 && strncmp(who.op[k], name, sizeof who.op[0] - 1); k--) {
+    }
+    if (k == 0 && who.nop < WHO_OPS) {
+      k = who.nop++;
+      snprintf(who.op[k], sizeof who.op[k], "%s", name);
+    }
+  }
+  who.cur = k;
+  pthread_mutex_unlock(&who.mu);
+}
+
+/* The block at p is a tensor's storage made by op `name`: its bytes move to class "tensor". */
+VL_EXPORT void vl_memcount_who_tensor(const void *p, const char *name) {
+  if (!who.on || !p) return;
+  int save = who.cur;
+  vl_memcount_who_op(name);
+  pthread_mutex_lock(&who.mu);
+  who_slot *s = who_find(p);
+  int to = who.cur * W_NCLASS + W_TENSOR;
+  if (s->p && s->site % W_NCLASS != W_TENSOR) {
+    who_move(who.site_live, s->site, to, s->n);
+    /* made before the peak was taken and live now, so live then: a tensor at the peak too (an
+     * op's output is marked when the op returns, after a peak inside the op) */
+    if (s->seq <= who.peak_seq) who_move(who.site_peak, s->site, to, s->n);
+    s->site = to;
+    who.tensor_live += s->n;
+    who_note_peak();
+  }
+  who.cur = save;
+  pthread_mutex_unlock(&who.mu);
+}
+
+/* The sites now are the base; the peaks restart from here. */
+VL_EXPORT void vl_memcount_who_base(void) {
+  if (!who.on) return;
+  pthread_mutex_lock(&who.mu);
+  memcpy(who.site_base, who.site_live, sizeof who.site_live);
+  memcpy(who.site_peak, who.site_live, sizeof who.site_live);
+  who.peak = who.live;
+  who.peak_seq = who.seq;
+  who.tensor_peak = who.tensor_live;
+  pthread_mutex_unlock(&who.mu);
+}
+
+/* The peaks restart from now (the base kept). */
+VL_EXPORT void vl_memcount_who_reset_peak(void) {
+  if (!who.on) return;
+  pthread_mutex_lock(&who.mu);
+  memcpy(who.site_peak, who.site_live, sizeof who.site_live);
+  who.peak = who.live;
+  who.peak_seq = who.seq;
+  who.tensor_peak = who.tensor_live;
+  pthread_mutex_unlock(&who.mu);
+}
+
+/* "live peak tensor_live tensor_peak" then one line per site that moved: "class op base peak
+ * now" (tab-separated). 0, or -1 when off or the file cannot be written. */
+VL_EXPORT int vl_memcount_who_dump(const char *path) {
+  if (!who.on) return -1;
+  who_busy = 1;
+  FILE *f = fopen(path, "w");
+  if (f) {
+    pthread_mutex_lock(&who.mu);
+    fprintf(f, "%lld\t%lld\t%lld\t%lld\n", (long long)who.live, (long long)who.peak, (long long)who.tensor_live,
+            (long long)who.tensor_peak);
+    for (int i = 0; i < who.nop * W_NCLASS; i++)
+      if (who.site_base[i] || who.site_peak[i] || who.site_live[i])
+        fprintf(f, "%s\t%s\t%lld\t%lld\t%lld\n", who_class_name[i % W_NCLASS], who.op[i / W_NCLASS],
+                (long long)who.site_base[i], (long long)who.site_peak[i], (long long)who.site_live[i]);
+    pthread_mutex_unlock(&who.mu);
+  }
+  int r = f && !ferror(f) ? 0 : -1;
+  if (f && fclose(f)) r = -1;
+  who_busy = 0;
+  return r;
+}
+
 /* ---- counting ------------------------------------------------------------------------------ */
 static void count_add(const void *p) {
   int64_t n = (int64_t)malloc_usable_size((void *)p);
@@ -103,9 +334,13 @@ static void count_add(const void *p) {
   while (now > pk && !atomic_compare_exchange_weak(&peak_bytes, &pk, now)) {
   }
   atomic_fetch_add(&n_calls, 1);
+  if (who.on) who_add(p, n);
 }
 
-static void count_sub(const void *p) { atomic_fetch_sub(&live_bytes, (int64_t)malloc_usable_size((void *)p)); }
+static void count_sub(const void *p) {
+  if (who.on) who_sub(p);
+  atomic_fetch_sub(&live_bytes, (int64_t)malloc_usable_size((void *)p));
+}
 
 /* Before the table is complete (or while dlsym runs) the bootstrap buffer serves. */
 static int booting(void) {
@@ -151,12 +386,15 @@ VL_EXPORT void *realloc(void *p, size_t n) {
   }
   if (booting()) return NULL;
   int64_t old = (int64_t)malloc_usable_size(p);
+  if (who.on) who_sub(p); /* before p can be handed to another thread */
   void *q = real.realloc(p, n);
   if (q) {
     atomic_fetch_sub(&live_bytes, old);
     count_add(q);
   } else if (n == 0) {
     atomic_fetch_sub(&live_bytes, old); /* glibc: realloc(p, 0) frees p */
+  } else if (who.on) {
+    who_add(p, old); /* it failed: p is still the program's */
   }
   return q;
 }
@@ -211,7 +449,10 @@ VL_EXPORT uint64_t vl_memcount_calls(void) { return atomic_load(&n_calls); }
 /* peak := live, so the next peak is that of what follows (a training step). */
 VL_EXPORT void vl_memcount_reset_peak(void) { atomic_store(&peak_bytes, atomic_load(&live_bytes)); }
 
-__attribute__((constructor)) static void memcount_init(void) { resolve(); }
+__attribute__((constructor)) static void memcount_init(void) {
+  resolve();
+  who_start();
+}
 
 /* VL_MEMCOUNT_OUT: "peak live calls\n" at exit, without allocating (so not through the
  * engine's atomic writer: this library links nothing of the engine). */
