@@ -248,10 +248,12 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
     assert_int_equal(vl_mimic_resunet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
   } else {
     vl_mimic_llm_cfg cfg = cfg_in ? *(const vl_mimic_llm_cfg *)cfg_in : cfg_of(cJSON_GetObjectItem(fx, "config"));
+    if (!cfg_in && cJSON_IsTrue(cJSON_GetObjectItem(fx, "real"))) cfg.traced = false; /* torch_trace.py --real */
     assert_int_equal(vl_mimic_llm(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
   }
   const char *dump = getenv("VL_MIMIC_DUMP"); /* the mimic's events, to read beside the trace */
-  FILE *df = dump && !quiet ? fopen(dump, "w") : NULL;
+  const char *only = getenv("VL_MIMIC_DUMP_ONLY"); /* ... of the trace whose path has this in it */
+  FILE *df = dump && !quiet && (!only || strstr(path, only)) ? fopen(dump, "w") : NULL;
   for (int64_t k = 0; df && k < v.n; k++) fprintf(df, "%s %c %lld\n", v.e[k].op, v.e[k].phase, (long long)v.e[k].bytes);
   if (df) fclose(df);
   int bad = 0;
@@ -320,7 +322,17 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
   return bad;
 }
 
+/* The llm-*-real traces: the step on real tensors (torch_trace.py --real), the code path the
+ * side by side and a GPU run take, at the small scale (sequence 128: position ids and
+ * transformers' packed-sequence check are 1 KiB and more):
+ *   cfg=$(vramlab peer-config llm-lora --step baseline | jq -c .rungs.baseline.config)   (llm-base-real;
+ *   llm-lora-real: --step lora with train.compute and train.frozen "fp32"; llm-fp16-real:
+ *   baseline with train.compute "fp16")
+ *   python3 tools/peers/torch_trace.py --real --script llm_lora_peer.py --config "$cfg"
+ * There no mask is built, SDPA takes k and v at their own heads (enable_gqa), v's gradient
+ * comes back in v's strides. Every one matched exactly. */
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
+                                     "llm-base-real", "llm-lora-real", "llm-fp16-real",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
  * tiny scale, fp16 as the ladder has it, the others by --set:

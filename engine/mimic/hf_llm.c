@@ -186,14 +186,20 @@ static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, m
   mt_id q = lora_linear(p, h, &y->q);
   mt_id k = lora_linear(p, h, &y->k);
   mt_id v = lora_linear(p, h, &y->v);
-  mt_noncontig_grad(t, q); /* .view(hidden_shape).transpose(1, 2) */
+  int64_t rep = p->H / p->KV, n = p->B * p->T * p->H * p->hd;
+  /* repeat_kv only with a mask: with none (and head_dim <= 256), transformers' use_gqa_in_sdpa
+   * passes enable_gqa to SDPA, on the CPU as on CUDA, which takes k and v at their own heads */
+  bool repeat = rep > 1 && mask;
+  /* .view(hidden_shape).transpose(1, 2): a gradient that comes back in (B, heads, T, hd) order
+   * is copied before its projection's mm. q's and k's come from rope's backward; v's from SDPA's
+   * backward, which gives it in v's own strides (no copy), unless the mask's path expanded v
+   * (repeat_kv's sum gives it in head order) */
+  mt_noncontig_grad(t, q);
   mt_noncontig_grad(t, k);
-  mt_noncontig_grad(t, v);
+  if (mask) mt_noncontig_grad(t, v);
   q = rope(p, q, cos, sin);
   k = rope(p, k, cos, sin);
-  int64_t rep = p->H / p->KV, n = p->B * p->T * p->H * p->hd;
-  /* repeat_kv unless torch >= 2.5 on CUDA with no mask passes enable_gqa to SDPA */
-  if (rep > 1 && !(p->cuda && !mask)) {
+  if (repeat) {
     mt_id k2 = mt_op(t, "clone", MT_BW_EXPAND, n, mt_esz(t, k), k, 0, 0);
     mt_drop(t, k);
     mt_id v2 = mt_op(t, "clone", MT_BW_EXPAND, n, mt_esz(t, v), v, 0, 0);
@@ -201,8 +207,9 @@ static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, m
     k = k2;
     v = v2;
   }
-  if (p->aesz) { /* SDPA is an autocast op */
-    mt_id q2 = mt_cast(t, q, p->aesz, true), k2 = mt_cast(t, k, p->aesz, true), v2 = mt_cast(t, v, p->aesz, true);
+  if (p->aesz) { /* SDPA is an autocast op; its casts come in the order v, k, q (the real traces
+                   show it: k's before q's where v needs none) */
+    mt_id v2 = mt_cast(t, v, p->aesz, true), k2 = mt_cast(t, k, p->aesz, true), q2 = mt_cast(t, q, p->aesz, true);
     drop2(p, q, k);
     mt_drop(t, v);
     q = q2, k = k2, v = v2;
@@ -264,11 +271,36 @@ static mt_id forward(prog *p) {
   /* PEFT with gradient checkpointing calls enable_input_require_grads: a forward hook makes
    * the (frozen) embedding's output require grad */
   if (p->lora && p->c->model.tc.checkpoint && !mt_requires_grad(t, h)) mt_input_requires_grad(t, h);
-  mt_id mask = p->c->traced ? mt_temp(t, "bitwise_and", p->B * p->T * p->T, 1) : 0; /* create_causal_mask */
+  mt_id mask = 0, pos = 0;
+  if (p->c->traced) {
+    mask = mt_temp(t, "bitwise_and", p->B * p->T * p->T, 1); /* create_causal_mask */
+  } else {
+    /* position_ids = arange(T) + 0, then create_causal_mask's find_packed_sequence_indices on
+     * them expanded to (B, T): diff with a prepended first - 1 (sub, cat, sub), (diff != 1)
+     * .cumsum(-1), (mask[:, -1] == 0).all() read back: one sequence per row, so no mask (SDPA
+     * is_causal); position_ids live until the model's forward returns */
+    const int64_t B = p->B, T = p->T;
+    mt_id ar = mt_temp(t, "arange", T, 8);
+    pos = mt_temp(t, "add", T, 8);
+    mt_drop(t, ar);
+    mt_id first = mt_temp(t, "sub", B, 8), cat = mt_temp(t, "cat", B * (T + 1), 8);
+    mt_id diff = mt_temp(t, "sub", B * T, 8);
+    mt_drop(t, cat);
+    mt_id ne = mt_temp(t, "ne", B * T, 1), cum = mt_temp(t, "cumsum", B * T, 8);
+    mt_drop(t, ne);
+    mt_id eq = mt_temp(t, "eq", B, 1), all = mt_temp(t, "all", 1, 1);
+    mt_drop(t, eq);
+    mt_drop(t, all);
+    mt_drop(t, first);
+    drop2(p, diff, cum);
+  }
   /* MistralRotaryEmbedding.forward (one row of positions, fp32): freqs = inv_freq @ positions,
    * emb = cat(freqs, freqs), cos = emb.cos() * scaling, sin likewise; then .to(x.dtype) */
   int64_t cs = p->T * p->hd;
-  mt_id freqs = mt_temp(t, "mul", cs / 2, 4), emb = mt_temp(t, "cat", cs, 4);
+  mt_id pf = mt_temp(t, "_to_copy", p->T, 4); /* position_ids[..., None].float() */
+  mt_id freqs = mt_temp(t, "mul", cs / 2, 4);
+  mt_drop(t, pf);
+  mt_id emb = mt_temp(t, "cat", cs, 4);
   mt_id c0 = mt_temp(t, "cos", cs, 4), cos = mt_temp(t, "mul", cs, 4);
   mt_drop(t, c0);
   mt_id s0 = mt_temp(t, "sin", cs, 4), sin = mt_temp(t, "mul", cs, 4);
@@ -297,6 +329,7 @@ static mt_id forward(prog *p) {
   mt_drop(t, mask);
   mt_id x = rmsnorm(p, h, p->norm);
   mt_drop(t, h);
+  mt_drop(t, pos); /* MistralModel.forward returns */
   int64_t bt = p->B * p->T;
   mt_id logits = f_linear(p, x, p->head, 0, bt, p->V);
   mt_drop(t, x);

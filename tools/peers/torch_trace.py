@@ -9,9 +9,13 @@ tests/test_mimic.c compares the mimic with the committed ones (tests/fixtures/tr
 
   python3 tools/peers/torch_trace.py --script llm_lora_peer.py --config '{...}' [--steps 2]
 
---config is the peer's setup as `vramlab peer-config CASE --step RUNG` prints it. Prints one
-JSON object:
-  {"script", "steps", "config" (the --config given), "torch", "transformers", "peft",
+  python3 tools/peers/torch_trace.py --real --script llm_lora_peer.py --config '{...}'
+
+--config is the peer's setup as `vramlab peer-config CASE --step RUNG` prints it. --real runs
+the step on real tensors on the CPU instead (the values computed; the code path PyTorch takes
+when it runs, which on fake tensors can differ: transformers' packed-sequence check cannot read
+a fake value, so it builds a causal mask the real run does not). Prints one JSON object:
+  {"script", "steps", "config" (the --config given), "real": whether --real, "torch", "transformers", "peft",
    "base_bytes": bytes of the storages alive when the trace began (parameters, buffers, the
                  batch: what the step does not allocate),
    "events": [[op, phase, bytes], ...]: bytes > 0 an allocation (a new storage an op made),
@@ -32,13 +36,16 @@ import memtracker_peer  # noqa: E402
 import peer_common  # noqa: E402
 
 
-def trace(torch, make, cfg, steps):
+def trace(torch, make, cfg, steps, real=False):
+    import contextlib
+
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from torch.utils.weak import WeakIdKeyDictionary
 
-    torch.nn.Module.to = memtracker_peer.fake_to
+    if not real:
+        torch.nn.Module.to = memtracker_peer.fake_to
     state = {"phase": "f", "op": "init"}
     events, live = [], [0]
     seen = WeakIdKeyDictionary()
@@ -68,7 +75,7 @@ def trace(torch, make, cfg, steps):
                         events.append([name, state["phase"], n])
             return out
 
-    with FakeTensorMode():
+    with contextlib.nullcontext() if real else FakeTensorMode():
         st = make(torch, memtracker_peer.NoMemory(), cfg)
         base = 0
         # what exists before the step: parameters, buffers, the batch (closures of st.micro)
@@ -103,7 +110,7 @@ def trace(torch, make, cfg, steps):
         with Tracer():
             for _ in range(steps):
                 steps_at.append(len(events))
-                st.one_step(fake=True, each_micro=micro_begins)
+                st.one_step(fake=not real, each_micro=micro_begins)
         torch.Tensor.backward = orig_backward
     done = list(events)  # what the steps did: frees after this (the model's, when trace
     # returns) are not the step's
@@ -117,7 +124,11 @@ def trace(torch, make, cfg, steps):
 
 
 def main():
-    return memtracker_peer.cli(__doc__, lambda torch, make, cfg, steps: dict(config=cfg, **trace(torch, make, cfg, steps)))
+    real = "--real" in sys.argv
+    if real:
+        sys.argv.remove("--real")
+    return memtracker_peer.cli(__doc__, lambda torch, make, cfg, steps: dict(config=cfg, real=real,
+                                                                             **trace(torch, make, cfg, steps, real)))
 
 
 if __name__ == "__main__":
