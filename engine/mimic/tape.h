@@ -109,6 +109,9 @@ void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx);
 void mt_chunk2(mt_tape *t, mt_id x, mt_id *lo, mt_id *hi);
 /* a slice of x (a view: no bytes, keeps x alive; its backward is slice_backward) */
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
+/* SDPA: out (q's size) and its logsumexp (lse_numel x 4 bytes); saves q, k, v (mask), out and
+ * the logsumexp when any of q, k, v requires grad, else (no_grad) records nothing and lets
+ * the logsumexp go at once */
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);
 /* autocast's cast of x to esz: x itself if it already has it; a leaf that requires grad is
  * cast once per autocast region (the weight cache) */
