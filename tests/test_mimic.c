@@ -343,7 +343,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
 
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt",
-                                     "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc"};
+                                     "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc", "sd-f16-ckpt-enc"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
  * tiny scale, fp16 as the ladder has it, the others by --set:
  *   cfg=$(vramlab peer-config sd-lora --scale tiny --step disk_cache [--set disk_cache.precision=fp32|bf16]
@@ -351,7 +351,7 @@ static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-lo
  *   python3 tools/peers/torch_trace.py --script sd_lora_peer.py --config "$cfg"
  * (torch 2.15, diffusers 0.42.1, peft 0.21.2, transformers 5.24.0). The sd-*-enc ones are the
  * uncached `before` rung the same way (--step before [--set before.precision=fp32]
- * [--set before.attention=classic], .rungs.before.config): the frozen VAE encoder and CLIP
+ * [--set before.attention=classic] [--set before.checkpoint=true], .rungs.before.config): the frozen VAE encoder and CLIP
  * under no_grad in every micro-batch. Every one matched exactly. */
 /* Hugging Face's gradient checkpointing: within 1.5% (peak 0.6% low). The small tensors the
  * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
@@ -431,6 +431,16 @@ static void test_traces_planted(void **state) {
   assert_true(compare_trace(enc, &s1, true) > 0);
   s1 = s;
   s1.vae.layers_per_block++;
+  assert_true(compare_trace(enc, &s1, true) > 0);
+  assert_int_equal(compare_trace(enc, &s, true), 0);
+  /* checkpointing with the encoders in the step: CLIP's output lives on in the transformer
+   * blocks' frames; without checkpointing it does not match */
+  enc = "tests/fixtures/trace/sd-f16-ckpt-enc.json";
+  fx = load(enc);
+  s = sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+  cJSON_Delete(fx);
+  s1 = s;
+  s1.model.checkpoint = false;
   assert_true(compare_trace(enc, &s1, true) > 0);
   assert_int_equal(compare_trace(enc, &s, true), 0);
 }

@@ -35,6 +35,9 @@ struct prog {
   mt_id temb; /* the time embedding (B, TE) */
   mt_id w;    /* a frozen weight (no bytes: the base's are one leaf): what autograd saves of
                  the frozen weights, holders under checkpointing */
+  mt_id ctx_held;  /* checkpointing, uncached: the transformer blocks' frames keep CLIP's output
+                      (their encoder_hidden_states), which their recomputation reads; held to
+                      the backward's end */
   mt_id temb_held; /* checkpointing: the resnets' frames keep temb (an argument) until the
                       backward has run them; held to the backward's end here */
   ck **cks;   /* the checkpointed blocks' contexts */
@@ -964,8 +967,8 @@ static mt_id forward(prog *p, const blocks *bl) {
   mt_drop(t, noisy);
   if (enc) { /* micro()'s lat and ctx at its return (ctx lives on where the LoRA mm saved it) */
     mt_drop(t, lat);
-    mt_drop(t, p->context);
-    p->context = 0;
+    if (p->c->model.checkpoint) p->ctx_held = p->context; /* the frames' reference instead */
+    else mt_drop(t, p->context);
   }
   mt_id l2 = mt_op(t, "div", MT_BW_DIVS, 1, 4, loss, 0, 0); /* / accum */
   mt_drop(t, loss);
@@ -990,6 +993,8 @@ static void one_step(prog *p, const blocks *bl) {
     mt_drop(t, loss);
     mt_drop(t, p->temb_held);
     p->temb_held = 0;
+    mt_drop(t, p->ctx_held);
+    p->ctx_held = 0;
     mt_phase(t, 'o');
   }
   mt_step_tail(t, &p->opt, p->c->clip > 0);
