@@ -363,7 +363,9 @@ void vl_sd_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, co
                          "Its CUDA code path has not been measured on a GPU: it takes CUDA autocast to run "
                          "GroupNorm and LayerNorm in fp32 and SDPA's flash kernel in the 16-bit dtype, where the "
                          "CPU path (held to the traces) differs. The rungs that run the frozen VAE encoder and CLIP "
-                         "text encoder in the step are not mimicked.");
+                         "text encoder in the step run them under no_grad before the U-Net (diffusers' AutoencoderKL "
+                         "encoder and transformers' CLIPTextModel), on the CPU held to their own traces; on CUDA "
+                         "autocast also takes their norms and exp to fp32, unmeasured on a GPU as well.");
   bool ran = false;
   const cJSON *r;
   cJSON_ArrayForEach(r, cJSON_GetObjectItem(res, "rungs")) ran |= vl_rep_run0(r) != NULL;

@@ -148,6 +148,7 @@ static void fill_micro(const vl_sd_cfg *m, int64_t B, uint64_t seed, vl_sdl_micr
  * at this batch: its prediction beside what the peer measures. */
 static void mimic_json(const vl_sdl_rung *r, int64_t B, vl_device dev, const cJSON *hello, cJSON *o) {
   vl_mimic_sd_unet_cfg c = {.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
+                            .vae = r->model.vae, .text = r->model.clip,
                             .optim = r->model.optim.opt, .clip = r->model.clip_norm, .batch = B, .accum = r->accum,
                             .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
                             .cuda_cc_major = vl_peer_cuda_cc_major(hello)}; /* sizes cuBLAS's workspaces */

@@ -1,10 +1,13 @@
 /* The mimic of the sd-lora step in PyTorch (vramlab/mimic.h: vl_mimic_sd_unet): diffusers'
  * UNet2DConditionModel at the engine's dimensions (tools/peers/sd_lora_peer.py), frozen,
  * PEFT LoRA on to_q / to_k / to_v / to_out.0 of every attention (factors in fp32), the
- * script's step on cached latents and text embeddings: DDPMScheduler.add_noise,
- * the U-Net's noise prediction, F.mse_loss(pred.float(), noise), AdamW on the factors, the
- * clip, gradients set to None; op by op over tape.c, as tools/peers/torch_trace.py's traces
- * (tests/fixtures/trace/sd-*.json) show the step. */
+ * script's step on cached latents and text embeddings, or on an uncached rung first the
+ * frozen VAE encoder's sample and CLIP's last_hidden_state under no_grad from images and
+ * token ids: DDPMScheduler.add_noise, the U-Net's noise prediction,
+ * F.mse_loss(pred.float(), noise), AdamW on the factors, the clip, gradients set to None; op
+ * by op over tape.c, as tools/peers/torch_trace.py's traces (tests/fixtures/trace/sd-*.json)
+ * show the step. The CUDA code path is the same program under CUDA's autocast and kernels,
+ * not held to a trace (the tracer runs on the CPU) nor yet to a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +30,14 @@ struct prog {
   int aesz; /* autocast's (fp16/bf16: 2), 0 without autocast */
   bool cuda; /* CUDA's code path: autocast runs the norms in fp32, flash attention, foreach AdamW */
   int64_t frozen;
-  mt_id noise, steps, latents, context;
+  mt_id noise, steps, latents, context; /* context: the micro-batch's CLIP output when uncached */
+  mt_id images, tokens;                 /* an uncached rung's batch */
   mt_id temb; /* the time embedding (B, TE) */
   mt_id w;    /* a frozen weight (no bytes: the base's are one leaf): what autograd saves of
                  the frozen weights, holders under checkpointing */
+  mt_id ctx_held;  /* checkpointing, uncached: the transformer blocks' frames keep CLIP's output
+                      (their encoder_hidden_states), which their recomputation reads; held to
+                      the backward's end */
   mt_id temb_held; /* checkpointing: the resnets' frames keep temb (an argument) until the
                       backward has run them; held to the backward's end here */
   ck **cks;   /* the checkpointed blocks' contexts */
@@ -79,6 +86,29 @@ static void transformer_params(prog *p, int64_t C, tblock *b) {
   frozen(p, 2 * C);                               /* norm3 */
   frozen(p, C * 8 * C + 8 * C + 4 * C * C + C);   /* GEGLU proj, ff.net.2 */
   frozen(p, C * C + C);                           /* proj_out */
+}
+
+/* The frozen encoders' elements (an uncached rung): AutoencoderKL's encoder and quant_conv,
+ * CLIPTextModel (its position_ids are a buffer) */
+static int64_t vae_resnet_params(int64_t cin, int64_t cout) {
+  return 2 * cin + cin * cout * 9 + cout + 2 * cout + cout * cout * 9 + cout + (cin != cout ? cin * cout + cout : 0);
+}
+
+static int64_t vae_params(const vl_sd_vae_cfg *v) {
+  int64_t C = v->ch[0], m = 2 * v->latent_ch, n = v->in_ch * C * 9 + C; /* conv_in */
+  for (int i = 0; i < v->n_levels; i++) {
+    for (int j = 0; j < v->layers_per_block; j++) n += vae_resnet_params(j == 0 ? C : v->ch[i], v->ch[i]);
+    C = v->ch[i];
+    if (i < v->n_levels - 1) n += C * C * 9 + C; /* Downsample2D's conv */
+  }
+  n += 2 * vae_resnet_params(C, C) + (v->mid_attn ? 2 * C + 4 * (C * C + C) : 0);
+  return n + 2 * C + C * m * 9 + m + m * m + m; /* conv_norm_out, conv_out, quant_conv */
+}
+
+static int64_t clip_params(const vl_sd_clip_cfg *c) {
+  int64_t D = c->dim, F = c->ffn;
+  int64_t layer = 2 * D + 4 * (D * D + D) + 2 * D + D * F + F + F * D + D;
+  return c->vocab * D + c->n_pos * D + c->n_layers * layer + 2 * D;
 }
 
 /* ---- forward ops ------------------------------------------------------------------------ */
@@ -404,29 +434,377 @@ static void build(prog *p, blocks *bl) {
   resnet_params(p, Cm, Cm);
   frozen(p, 2 * C0 + C0 * m->out_ch * 9 + m->out_ch); /* conv_norm_out, conv_out */
   bl->ntb = k;
+  bool enc = p->c->encoders_in_step;
+  if (enc) frozen(p, vae_params(&p->c->vae) + clip_params(&p->c->text));
   (void)mt_leaf(p->t, "param", p->frozen, p->wesz, VL_MC_PARAM, false);
   p->w = mt_leaf(p->t, "param", 0, p->wesz, VL_MC_PARAM, false);
+  if (enc) (void)mt_leaf(p->t, "buffer", p->c->text.n_pos, 8, VL_MC_BUFFER, false); /* CLIP's position_ids */
   int64_t lat = p->B * m->in_ch * m->sample * m->sample;
   p->noise = mt_leaf(p->t, "input", lat, 4, VL_MC_OTH, false);
   p->steps = mt_leaf(p->t, "input", p->B, 8, VL_MC_OTH, false);
+  if (enc) { /* images (B, 3, H, W) in the frozen dtype, token ids (B, L) int64 */
+    int64_t side = p->c->vae.image;
+    p->images = mt_leaf(p->t, "input", p->B * p->c->vae.in_ch * side * side, p->wesz, VL_MC_OTH, false);
+    p->tokens = mt_leaf(p->t, "input", p->B * m->ctx_len, 8, VL_MC_OTH, false);
+    return;
+  }
   p->latents = mt_leaf(p->t, "input", lat, 4, VL_MC_OTH, false);
   p->context = mt_leaf(p->t, "input", p->B * m->ctx_len * m->ctx_dim, 4, VL_MC_OTH, false);
 }
 
-/* DDPMScheduler.add_noise: alphas_cumprod[t] ** 0.5 and (1 - alphas_cumprod[t]) ** 0.5, then
- * sqrt_a * latents + sqrt_1m * noise */
-static mt_id add_noise(prog *p) {
+/* ---- the frozen encoders in the step (an uncached rung), under torch.no_grad() -----------
+ * Nothing in them requires grad (frozen weights, images, token ids), so no op records a node
+ * or saves anything: each output lives while a Python name holds it and goes when the last one
+ * is rebound or its frame returns, as the traces show (tests/fixtures/trace/sd-*-enc*.json).
+ * They run in the frozen dtype (the peer casts both models and the images to it); CPU
+ * autocast keeps every op of theirs in it, CUDA's runs the norms and exp in fp32. */
+
+/* an op without autograd history: its output only */
+static mt_id ng(prog *p, const char *op, int64_t numel, int esz) {
+  return mt_op(p->t, op, MT_BW_ADD, numel, esz, 0, 0, 0);
+}
+
+/* diffusers' ResnetBlock2D without a time embedding (the VAE encoder's); x keeps the caller's
+ * reference: the sum's temporary, then hidden_states and a shortcut's output at the return */
+static mt_id vae_resnet(prog *p, mt_id x, int64_t cin, int64_t cout, int64_t S) {
   mt_tape *t = p->t;
-  int64_t B = p->B, n = mt_numel(t, p->latents);
-  mt_id i1 = mt_temp(t, "index", B, 4), sa = mt_temp(t, "pow", B, 4);
+  int64_t n = p->B * cout * S * S, st = p->B * p->c->vae.groups;
+  mt_id g1 = norm(p, true, x, st);
+  mt_id s1 = op1(p, "silu", MT_BW_SILU, mt_numel(t, g1), g1);
+  mt_drop(t, g1);
+  mt_id c1 = conv(p, s1, n);
+  mt_drop(t, s1);
+  mt_id g2 = norm(p, true, c1, st);
+  mt_drop(t, c1);
+  mt_id s2 = op1(p, "silu", MT_BW_SILU, n, g2);
+  mt_drop(t, g2);
+  mt_id c2 = conv(p, s2, n);
+  mt_drop(t, s2);
+  mt_id sc = x;
+  if (cin != cout) sc = conv(p, x, n); /* conv_shortcut (1x1) */
+  else mt_ref(t, x);
+  mt_id o = mt_op(t, "add", MT_BW_ADD, n, mt_esz(t, c2), sc, c2, 0);
+  mt_id d = op1(p, "div", MT_BW_DIVS, n, o); /* / output_scale_factor */
+  mt_drop(t, o);
+  mt_drop(t, c2);
+  mt_drop(t, sc);
+  return d;
+}
+
+/* F.linear on the (B, HW, C) transposed view of a feature map: not foldable into one mm
+ * without a copy, so matmul's bmm against the expanded weight, then the bias added */
+static mt_id linear3d(prog *p, mt_id x, int64_t n) {
+  mt_tape *t = p->t;
+  mt_id xc = ac(p, x);
+  mt_id m = mt_op(t, "bmm", MT_BW_BMM, n, mt_esz(t, xc), xc, p->w, 0);
+  mt_drop(t, xc);
+  mt_id y = mt_op(t, "add", MT_BW_ADD, n, mt_esz(t, m), m, 0, 0);
+  mt_drop(t, m);
+  return y;
+}
+
+/* attention_probs = softmax(scores) as AttnProcessor's get_attention_scores runs it for the
+ * VAE (upcast_softmax): scores.float(), softmax, `del attention_scores`, .to(q's dtype) */
+static mt_id vae_probs(prog *p, mt_id s, int esz) {
+  mt_tape *t = p->t;
+  int64_t n = mt_numel(t, s);
+  mt_id f = mt_cast(t, s, 4, false);
+  mt_drop(t, s);
+  mt_id pr = ng(p, "_softmax", n, 4);
+  mt_drop(t, f);
+  mt_id o = mt_cast(t, pr, esz, false);
+  mt_drop(t, pr);
+  return o;
+}
+
+/* SDPA under no_grad (is_causal for CLIP, no mask): the kernel PyTorch picks and its
+ * logsumexp (fp32, a row per batch, head and query), which only the kernel keeps. The CPU's
+ * flash kernel always returns one. CUDA (unverified on a GPU): flash attention for fp16/bf16
+ * with a head dim of at most 256, else the memory-efficient kernel, which computes no
+ * logsumexp when nothing requires grad (the VAE's one head of 512 channels at full scale). */
+static mt_id sdpa_ng(prog *p, mt_id q, mt_id k, mt_id v, int64_t heads, int64_t hd, int64_t L) {
+  const char *op = "_scaled_dot_product_flash_attention_for_cpu";
+  int64_t lse = p->B * heads * L;
+  if (p->cuda) {
+    bool flash = p->aesz && hd <= 256;
+    op = flash ? "_scaled_dot_product_flash_attention" : "_scaled_dot_product_efficient_attention";
+    if (!flash) lse = 0;
+  }
+  return mt_sdpa(p->t, op, q, k, v, 0, lse);
+}
+
+/* The VAE's mid-block Attention (one head of all C channels, group_norm, residual
+ * connection, rescale 1): group_norm, to_q / to_k / to_v, SDPA (AttnProcessor2_0) or
+ * baddbmm + softmax + bmm (AttnProcessor: with one head, head_to_batch_dim is a view),
+ * to_out.0, + residual, / 1. x keeps the caller's reference; query, key, value, the normed
+ * input (encoder_hidden_states) and the probabilities are the processor's until it returns. */
+static mt_id vae_attention(prog *p, mt_id x, int64_t C, int64_t S) {
+  mt_tape *t = p->t;
+  int64_t L = S * S, n = p->B * C * L;
+  mt_id g = norm(p, true, x, p->B * p->c->vae.groups);
+  mt_id q = linear3d(p, g, n), k = linear3d(p, g, n), v = linear3d(p, g, n), pr = 0, a;
+  int e = mt_esz(t, q);
+  if (p->c->model.attn == VL_ATTN_CLASSIC) {
+    mt_id em = ng(p, "empty", p->B * L * L, e);
+    mt_id s = mt_op(t, "baddbmm", MT_BW_BADDBMM, p->B * L * L, e, q, k, 0);
+    mt_drop(t, em);
+    pr = vae_probs(p, s, e);
+    a = mt_op(t, "bmm", MT_BW_BMM, n, e, pr, v, 0);
+  } else {
+    a = sdpa_ng(p, q, k, v, 1, C, L);
+  }
+  mt_id ac_a = ac(p, a);
+  mt_id y = mt_op(t, "addmm", MT_BW_MM, n, mt_esz(t, ac_a), ac_a, p->w, 0); /* to_out.0 */
+  mt_drop(t, ac_a);
+  mt_drop(t, a);
+  mt_id r = mt_op(t, "add", MT_BW_ADD, n, mt_esz(t, y), y, x, 0);
+  mt_drop(t, y);
+  mt_id d = op1(p, "div", MT_BW_DIVS, n, r);
+  mt_drop(t, r);
+  mt_drop(t, q);
+  mt_drop(t, k);
+  mt_drop(t, v);
+  mt_drop(t, g);
+  mt_drop(t, pr);
+  return d;
+}
+
+/* a block's input rebound to its output (the caller's reference handed over) */
+static mt_id then(prog *p, mt_id x, mt_id y) {
+  mt_drop(p->t, x);
+  return y;
+}
+
+/* AutoencoderKL's Encoder + quant_conv: the moments (B, 2 latent_ch, h, w). The Encoder's
+ * `sample` keeps each block's input until the block returns. */
+static mt_id vae_moments(prog *p) {
+  mt_tape *t = p->t;
+  const vl_sd_vae_cfg *v = &p->c->vae;
+  int64_t B = p->B, S = v->image, C = v->ch[0];
+  mt_id x = conv(p, p->images, B * C * S * S); /* conv_in */
+  for (int i = 0; i < v->n_levels; i++) {      /* DownEncoderBlock2D */
+    mt_id h = x;
+    mt_ref(t, h);
+    for (int j = 0; j < v->layers_per_block; j++) {
+      int64_t cin = j == 0 ? C : v->ch[i];
+      h = then(p, h, vae_resnet(p, h, cin, v->ch[i], S));
+    }
+    C = v->ch[i];
+    if (i < v->n_levels - 1) { /* Downsample2D (padding 0): F.pad (0, 1, 0, 1), 3x3 conv stride 2 */
+      mt_id pd = ng(p, "constant_pad_nd", B * C * (S + 1) * (S + 1), mt_esz(t, h));
+      S /= 2;
+      mt_id y = conv(p, pd, B * C * S * S);
+      mt_drop(t, pd);
+      h = then(p, h, y);
+    }
+    x = then(p, x, h);
+  }
+  /* UNetMidBlock2D: resnets[0], then attention and resnets[1] */
+  mt_id h = vae_resnet(p, x, C, C, S);
+  if (v->mid_attn) h = then(p, h, vae_attention(p, h, C, S));
+  h = then(p, h, vae_resnet(p, h, C, C, S));
+  x = then(p, x, h);
+  mt_id g = norm(p, true, x, B * v->groups); /* conv_norm_out, conv_act, conv_out */
+  mt_drop(t, x);
+  mt_id s = op1(p, "silu", MT_BW_SILU, mt_numel(t, g), g);
+  mt_drop(t, g);
+  int64_t m = B * 2 * v->latent_ch * S * S;
+  mt_id h2 = conv(p, s, m);
+  mt_drop(t, s);
+  mt_id q = conv(p, h2, m); /* quant_conv: _encode's `enc` rebound */
+  mt_drop(t, h2);
+  return q;
+}
+
+/* exp under autocast: CUDA's lists it as an fp32 op (its input cast up), CPU's does not */
+static mt_id ac_exp(prog *p, mt_id x) {
+  mt_id xc = p->cuda && p->aesz ? mt_cast(p->t, x, 4, false) : (mt_ref(p->t, x), x);
+  mt_id y = op1(p, "exp", MT_BW_ADD, mt_numel(p->t, xc), xc);
+  mt_drop(p->t, xc);
+  return y;
+}
+
+/* vae.encode(images).latent_dist.sample() * scaling_factor: DiagonalGaussianDistribution
+ * chunks the moments (views), clamps the log-variance, keeps std = exp(0.5 logvar) and
+ * var = exp(logvar); sample() draws randn in the moments' dtype, mean + std * sample; the
+ * distribution (moments, logvar, std, var) goes once sample() has returned */
+static mt_id vae_sample(prog *p) {
+  mt_tape *t = p->t;
+  mt_id mo = vae_moments(p);
+  int e = mt_esz(t, mo);
+  int64_t n = mt_numel(t, mo) / 2;
+  mt_id lv = ng(p, "clamp", n, e);
+  mt_id h = ng(p, "mul", n, e);
+  mt_id sd = ac_exp(p, h);
+  mt_drop(t, h);
+  mt_id var = ac_exp(p, lv);
+  mt_id r = ng(p, "randn", n, e);
+  int es = mt_esz(t, sd) > e ? mt_esz(t, sd) : e; /* type promotion: fp32 std on CUDA */
+  mt_id m = ng(p, "mul", n, es);
+  mt_id x = ng(p, "add", n, es);
+  mt_drop(t, m);
+  mt_drop(t, mo);
+  mt_drop(t, lv);
+  mt_drop(t, sd);
+  mt_drop(t, var);
+  mt_drop(t, r);
+  mt_id z = ng(p, "mul", n, es); /* * scaling_factor */
+  mt_drop(t, x);
+  return z;
+}
+
+/* transformers' eager causal mask (create_causal_mask for attn_implementation "eager"): the
+ * index aranges, kv_idx <= q_idx, then where(mask, 0, min) expanded to (B, 1, L, L) in the
+ * model's dtype; SDPA needs none (is_causal) */
+static mt_id clip_mask(prog *p, int64_t L, int e) {
+  mt_tape *t = p->t;
+  mt_id ba = ng(p, "arange", p->B, 8), ha = ng(p, "arange", 1, 8);
+  mt_id a1 = ng(p, "arange", L, 8), k1 = ng(p, "add", L, 8);
+  mt_drop(t, a1);
+  mt_id a2 = ng(p, "arange", L, 8), k2 = ng(p, "add", L, 8);
+  mt_drop(t, a2);
+  mt_id le = ng(p, "le", L * L, 1);
+  mt_drop(t, ba);
+  mt_drop(t, ha);
+  mt_drop(t, k1);
+  mt_drop(t, k2);
+  mt_id z = ng(p, "zeros", 1, e), mn = ng(p, "scalar_tensor", 1, e);
+  mt_id w = ng(p, "where", p->B * L * L, e);
+  mt_drop(t, z);
+  mt_drop(t, mn);
+  mt_drop(t, le);
+  return w;
+}
+
+/* a (B, L, H, d) tensor viewed as (B, H, L, d) reshaped for matmul's bmm: a copy */
+static mt_id heads_clone(prog *p, mt_id x) { return op1(p, "clone", MT_BW_ADD, mt_numel(p->t, x), x); }
+
+/* eager_attention_forward: matmul(q, k^T) * scaling (+ mask), softmax(dtype=float32) then
+ * .to(q's dtype) (on the CPU an fp16 input is cast up first; CUDA's kernel takes it as it
+ * is), matmul with v, transpose(1, 2).contiguous(). *probs: the attention weights, which the
+ * encoder layer's `_` keeps until it returns. */
+static mt_id clip_eager(prog *p, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t L, mt_id *probs) {
+  mt_tape *t = p->t;
+  int64_t n = p->B * p->c->text.n_heads * L * L;
+  int e = mt_esz(t, q);
+  mt_id qc = heads_clone(p, q), kc = heads_clone(p, k);
+  mt_id s = mt_op(t, "bmm", MT_BW_BMM, n, e, qc, kc, 0);
+  mt_drop(t, qc);
+  mt_drop(t, kc);
+  mt_id sc = ng(p, "mul", n, e);
+  mt_drop(t, s);
+  mt_id w = mt_op(t, "add", MT_BW_ADD, n, e, sc, mask, 0);
+  mt_drop(t, sc);
+  mt_id in = !p->cuda && e != 4 ? mt_cast(t, w, 4, false) : (mt_ref(t, w), w);
+  mt_id sm = ng(p, "_softmax", n, 4);
+  mt_drop(t, in);
+  mt_id pr = mt_cast(t, sm, e, false);
+  mt_drop(t, sm);
+  mt_drop(t, w);
+  mt_id vc = heads_clone(p, v);
+  mt_id o = mt_op(t, "bmm", MT_BW_BMM, mt_numel(t, q), e, pr, vc, 0);
+  mt_drop(t, vc);
+  mt_id oc = heads_clone(p, o);
+  mt_drop(t, o);
+  *probs = pr;
+  return oc;
+}
+
+/* a frozen nn.Linear on rows x in: addmm (autocast's cast of x first) */
+static mt_id dense(prog *p, mt_id x, int64_t numel) {
+  mt_id xc = ac(p, x);
+  mt_id y = mt_op(p->t, "addmm", MT_BW_MM, numel, mt_esz(p->t, xc), xc, p->w, 0);
+  mt_drop(p->t, xc);
+  return y;
+}
+
+/* CLIPEncoderLayer: layer_norm1, self-attention, + residual, layer_norm2, the MLP (fc1,
+ * quick_gelu: x * sigmoid(1.702 x), fc2), + residual; x keeps the caller's reference */
+static mt_id clip_layer(prog *p, mt_id x, mt_id mask, int64_t L) {
+  mt_tape *t = p->t;
+  const vl_sd_clip_cfg *c = &p->c->text;
+  int64_t rows = p->B * L, n = rows * c->dim, f = rows * c->ffn;
+  mt_id n1 = norm(p, false, x, rows);
+  mt_id q = dense(p, n1, n), k = dense(p, n1, n), v = dense(p, n1, n), pr = 0, a;
+  if (p->c->model.attn == VL_ATTN_CLASSIC) {
+    a = clip_eager(p, q, k, v, mask, L, &pr);
+  } else {
+    a = sdpa_ng(p, q, k, v, c->n_heads, c->dim / c->n_heads, L);
+  }
+  mt_id y = dense(p, a, n); /* out_proj; attn_output rebound */
+  mt_drop(t, a);
+  mt_drop(t, q); /* CLIPAttention's locals at its return */
+  mt_drop(t, k);
+  mt_drop(t, v);
+  mt_drop(t, n1);
+  mt_id r = mt_op(t, "add", MT_BW_ADD, n, mt_esz(t, y), x, y, 0);
+  mt_drop(t, y);
+  mt_id n2 = norm(p, false, r, rows);
+  mt_id f1 = dense(p, n2, f);
+  mt_id m = op1(p, "mul", MT_BW_MULS, f, f1);
+  mt_id sg = op1(p, "sigmoid", MT_BW_ADD, f, m);
+  mt_drop(t, m);
+  mt_id g = mt_op(t, "mul", MT_BW_MUL, f, mt_esz(t, f1), f1, sg, 0);
+  mt_drop(t, sg);
+  mt_drop(t, f1);
+  mt_id f2 = dense(p, g, n);
+  mt_drop(t, g);
+  mt_drop(t, n2);
+  mt_id o = mt_op(t, "add", MT_BW_ADD, n, mt_esz(t, f2), r, f2, 0);
+  mt_drop(t, f2);
+  mt_drop(t, r); /* the layer's residual and `_` at its return */
+  mt_drop(t, pr);
+  return o;
+}
+
+/* clip(tokens).last_hidden_state: token + position embeddings, the causal mask (eager only),
+ * the encoder layers, final_layer_norm, then the pooled output's legacy argmax gather (eos
+ * token id 2), which goes with the model's output object */
+static mt_id clip_hidden(prog *p) {
+  mt_tape *t = p->t;
+  const vl_sd_clip_cfg *c = &p->c->text;
+  int64_t L = p->c->model.ctx_len, rows = p->B * L;
+  int e = p->wesz;
+  mt_id te = ng(p, "embedding", rows * c->dim, e), pe = ng(p, "embedding", L * c->dim, e);
+  mt_id h0 = ng(p, "add", rows * c->dim, e);
+  mt_drop(t, te);
+  mt_drop(t, pe);
+  mt_id mask = p->c->model.attn == VL_ATTN_CLASSIC ? clip_mask(p, L, e) : 0;
+  mt_id h = h0; /* CLIPTextTransformer's hidden_states keeps the embeddings to its return */
+  mt_ref(t, h);
+  for (int64_t l = 0; l < c->n_layers; l++) h = then(p, h, clip_layer(p, h, mask, L));
+  mt_id fl = norm(p, false, h, rows);
+  mt_id ar = ng(p, "arange", p->B, 8), ids = ng(p, "_to_copy", rows, 4), am = ng(p, "argmax", p->B, 8);
+  mt_drop(t, ids);
+  mt_id pooled = ng(p, "index", p->B * c->dim, mt_esz(t, fl));
+  mt_drop(t, ar);
+  mt_drop(t, am);
+  mt_drop(t, mask);
+  mt_drop(t, h0);
+  mt_drop(t, h);
+  mt_drop(t, pooled);
+  return fl;
+}
+
+/* DDPMScheduler.add_noise: alphas_cumprod cast to the latents' dtype (a copy of its 1000
+ * steps when they are not fp32: the VAE's fp16/bf16 sample), alphas_cumprod[t] ** 0.5 and
+ * (1 - alphas_cumprod[t]) ** 0.5, then sqrt_a * latents + sqrt_1m * noise (fp32 noise: the
+ * second product and the sum in fp32) */
+static mt_id add_noise(prog *p, mt_id lat) {
+  mt_tape *t = p->t;
+  int64_t B = p->B, n = mt_numel(t, lat);
+  int e = mt_esz(t, lat);
+  mt_id cp = e != 4 ? mt_temp(t, "_to_copy", 1000, e) : 0; /* num_train_timesteps */
+  mt_id i1 = mt_temp(t, "index", B, e), sa = mt_temp(t, "pow", B, e);
   mt_drop(t, i1);
-  mt_id i2 = mt_temp(t, "index", B, 4), rs = mt_temp(t, "rsub", B, 4);
+  mt_id i2 = mt_temp(t, "index", B, e), rs = mt_temp(t, "rsub", B, e);
   mt_drop(t, i2);
-  mt_id sb = mt_temp(t, "pow", B, 4);
+  mt_id sb = mt_temp(t, "pow", B, e);
   mt_drop(t, rs);
-  mt_id m1 = mt_temp(t, "mul", n, 4), m2 = mt_temp(t, "mul", n, 4), y = mt_temp(t, "add", n, 4);
+  mt_id m1 = mt_temp(t, "mul", n, e), m2 = mt_temp(t, "mul", n, 4), y = mt_temp(t, "add", n, 4);
   mt_drop(t, m1);
   mt_drop(t, m2);
+  mt_drop(t, cp);
   mt_drop(t, sa);
   mt_drop(t, sb);
   return y;
@@ -574,13 +952,24 @@ static mt_id unet(prog *p, const blocks *bl, mt_id noisy) {
 
 static mt_id forward(prog *p, const blocks *bl) {
   mt_tape *t = p->t;
-  mt_id noisy = add_noise(p);
+  bool enc = p->c->encoders_in_step;
+  mt_id lat = p->latents;
+  if (enc) { /* under no_grad: lat, then ctx (the U-Net's context for this micro-batch) */
+    lat = vae_sample(p);
+    p->context = clip_hidden(p);
+  }
+  mt_id noisy = add_noise(p, lat);
   mt_id pred = unet(p, bl, noisy);
   mt_id pf = mt_cast(t, pred, 4, false); /* pred.float() */
   mt_drop(t, pred);
   mt_id loss = mt_op(t, "mse_loss", MT_BW_MSE, 1, 4, pf, p->noise, 0);
   mt_drop(t, pf);
   mt_drop(t, noisy);
+  if (enc) { /* micro()'s lat and ctx at its return (ctx lives on where the LoRA mm saved it) */
+    mt_drop(t, lat);
+    if (p->c->model.checkpoint) p->ctx_held = p->context; /* the frames' reference instead */
+    else mt_drop(t, p->context);
+  }
   mt_id l2 = mt_op(t, "div", MT_BW_DIVS, 1, 4, loss, 0, 0); /* / accum */
   mt_drop(t, loss);
   return l2;
@@ -604,9 +993,23 @@ static void one_step(prog *p, const blocks *bl) {
     mt_drop(t, loss);
     mt_drop(t, p->temb_held);
     p->temb_held = 0;
+    mt_drop(t, p->ctx_held);
+    p->ctx_held = 0;
     mt_phase(t, 'o');
   }
   mt_step_tail(t, &p->opt, p->c->clip > 0);
+}
+
+/* the VAE's latents and CLIP's output are what the U-Net takes */
+static bool encoders_fit(const vl_mimic_sd_unet_cfg *c) {
+  const vl_sd_vae_cfg *v = &c->vae;
+  const vl_sd_clip_cfg *x = &c->text;
+  if (v->n_levels < 1 || v->n_levels > VL_SD_VAE_MAX_LEVELS || v->layers_per_block < 1 || v->groups < 1 ||
+      v->latent_ch < 1 || v->in_ch < 1 || x->n_heads < 1 || x->n_layers < 0)
+    return false;
+  int64_t f = (int64_t)1 << (v->n_levels - 1);
+  return v->image % f == 0 && v->image / f == c->model.sample && v->latent_ch == c->model.in_ch &&
+         x->dim == c->model.ctx_dim && x->dim % x->n_heads == 0 && c->model.ctx_len <= x->n_pos;
 }
 
 vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, vl_mimic_sink sink, void *user,
@@ -615,10 +1018,6 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
   clock_gettime(CLOCK_MONOTONIC, &t0);
   memset(out, 0, sizeof *out);
   const vl_sd_unet_cfg *m = &c->model;
-  if (c->encoders_in_step) {
-    snprintf(why, whyn, "not mimicked: the frozen VAE encoder and CLIP text encoder in the step (an uncached rung)");
-    return VL_ERR_UNSUPPORTED;
-  }
   if (c->optim != VL_OPT_ADAMW) {
     snprintf(why, whyn, "not mimicked: an optimizer other than AdamW for sd-lora");
     return VL_ERR_UNSUPPORTED;
@@ -633,6 +1032,12 @@ vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *c, vl_mimic_result *out, 
       1 + m->n_blocks * (m->layers + 1) > 64) {
     snprintf(why, whyn, "batch, accum, steps, layers, heads, groups and the LoRA rank must be >= 1, the sample "
                         "a multiple of 2^(blocks-1), at most 63 skip connections");
+    return VL_ERR_INVALID;
+  }
+  if (c->encoders_in_step && !encoders_fit(c)) {
+    snprintf(why, whyn, "the encoders in the step: the VAE's levels, resnets, groups and latent channels must be "
+                        ">= 1, its latent side the U-Net's sample, CLIP's width the context's, its heads dividing "
+                        "it, the context no longer than its positions");
     return VL_ERR_INVALID;
   }
   int ntb = 0;

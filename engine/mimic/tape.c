@@ -411,6 +411,14 @@ void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx) {
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel) {
   if (t->stopped) return ghost(t, op, t->t[q].numel, t->t[q].esz);
   int cat = t->phase == 'f' ? VL_MC_ACT : VL_MC_TEMP;
+  if (!mt_requires_grad(t, q) && !mt_requires_grad(t, k) && !mt_requires_grad(t, v)) {
+    /* nothing requires grad (torch.no_grad, frozen encoders): no node, nothing saved; the
+     * logsumexp goes at once (lse_numel 0: a kernel that made none) */
+    mt_id out = make(t, op, t->t[q].numel, t->t[q].esz, cat, false);
+    mt_id lse = make(t, op, lse_numel, 4, cat, false);
+    mt_drop(t, lse);
+    return out;
+  }
   mt_id in[3] = {q, k, v};
   int32_t ni = node(t, MT_BW_SDPA, op, 0, in, 3);
   save(t, &t->n[ni], q); /* the inputs before it runs */

@@ -85,7 +85,10 @@ void mt_input_requires_grad(mt_tape *t, mt_id x);
 /* A new tensor with no autograd history (masks, rotary tables, temporaries). */
 mt_id mt_temp(mt_tape *t, const char *op, int64_t numel, int esz);
 /* An op: out = numel x esz from inputs (0-terminated list of up to 4); saves per its formula;
- * `extra`: a second output (SDPA's logsumexp: numel x 4 bytes), returned through *extra. */
+ * `extra`: a second output (SDPA's logsumexp: numel x 4 bytes), returned through *extra.
+ * When no input requires grad (torch.no_grad over frozen weights and data: sd-lora's VAE
+ * encoder and CLIP in the step; inputs may be 0) it records no node and saves nothing, the
+ * formula unused: the output is all there is, freed when its last reference goes. */
 mt_id mt_op(mt_tape *t, const char *op, mt_bw bw, int64_t numel, int esz, mt_id a, mt_id b, mt_id c);
 /* An in-place op on x (relu_, add_): x's storage under a new name (no bytes, keeps x alive)
  * whose node is the op's, b the other operand (add_) or 0. */
@@ -109,6 +112,9 @@ void mt_ckpt_end(mt_tape *t, mt_block_fn fn, void *ctx);
 void mt_chunk2(mt_tape *t, mt_id x, mt_id *lo, mt_id *hi);
 /* a slice of x (a view: no bytes, keeps x alive; its backward is slice_backward) */
 mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
+/* SDPA: out (q's size) and its logsumexp (lse_numel x 4 bytes); saves q, k, v (mask), out and
+ * the logsumexp when any of q, k, v requires grad, else (no_grad) records nothing and lets
+ * the logsumexp go at once */
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);
 /* autocast's cast of x to esz: x itself if it already has it; a leaf that requires grad is
  * cast once per autocast region (the weight cache) */

@@ -24,6 +24,7 @@
 #include "vramlab/core.h"
 #include "vramlab/mistral.h"
 #include "vramlab/resunet.h"
+#include "vramlab/sd_encoders.h"
 #include "vramlab/sd_unet.h"
 
 /* MemTracker's categories (torch.distributed._tools.mem_tracker._MemRefType), OTH holding the
@@ -123,18 +124,28 @@ vl_status vl_mimic_resunet(const vl_mimic_resunet_cfg *cfg, vl_mimic_result *out
  * lora_rank/alpha, attn, checkpoint), PEFT LoRA on to_q/to_k/to_v/to_out.0 of every attention
  * (fp32 factors), DDPMScheduler.add_noise, F.mse_loss on the noise, AdamW on the factors, the
  * clip, gradients set to None. Mimicked: the cached rungs (latents and text embeddings
- * given), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet and
- * per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0) or classic
- * (AttnProcessor: baddbmm, softmax, bmm), on
- * PyTorch's CPU code path (held op by op to the traces of fp32 and fp16, checkpointing off
- * and on, and bf16) and its CUDA one (foreach AdamW, autocast's fp32 norms, flash /
- * memory-efficient attention, the cuBLAS workspaces, the caching allocator: not held to a
- * trace). VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the
- * rest: the encoders in the step (uncached rungs), optimizers other than
+ * given) and the uncached ones (encoders_in_step: in every micro-batch, under no_grad,
+ * diffusers' AutoencoderKL encoder + quant_conv, latent_dist.sample() x scaling factor, and
+ * transformers' CLIPTextModel's last_hidden_state, from images and token ids; nothing of
+ * theirs kept for backward), fp32 or fp16/bf16 autocast (+ GradScaler for fp16), per-resnet
+ * and per-transformer-block checkpointing or none, SDPA attention (AttnProcessor2_0; CLIP's
+ * "sdpa") or classic (AttnProcessor: baddbmm, softmax, bmm; CLIP's "eager" with its causal
+ * mask), on PyTorch's CPU code path (held op by op to the traces of fp32 and fp16,
+ * checkpointing off and on, bf16, both attentions, cached and uncached) and its CUDA one
+ * (foreach AdamW, autocast's fp32 norms and exp, flash / memory-efficient attention, the
+ * cuBLAS workspaces, the caching allocator: not held to a trace, never run against a GPU).
+ * VL_ERR_UNSUPPORTED with "not mimicked: ..." in *why for the rest: optimizers other than
  * AdamW, a frozen base whose dtype is not the compute dtype. */
 typedef struct {
   vl_sd_unet_cfg model;
-  bool encoders_in_step; /* an uncached rung: the VAE encoder and CLIP under no_grad */
+  /* an uncached rung: the VAE encoder and CLIP under no_grad. Their architecture is read from
+   * vae (in_ch, n_levels, ch, layers_per_block, groups, latent_ch, mid_attn, image) and text
+   * (the CLIP text encoder's vocab, dim, n_layers, n_heads, ffn, n_pos); their precision and
+   * attention are the U-Net's (model.weights, model.attn), as the peer builds them. The VAE's latent side must be model.sample, CLIP's width model.ctx_dim and
+   * model.ctx_len <= n_pos (the tokens' length). */
+  bool encoders_in_step;
+  vl_sd_vae_cfg vae;
+  vl_sd_clip_cfg text;
   vl_optimizer optim;
   float clip;
   int64_t batch, accum;
