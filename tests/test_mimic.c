@@ -125,6 +125,7 @@ static vl_mimic_sd_unet_cfg sd_cfg_of(const cJSON *c) {
   m.batch = (int64_t)vl_rep_num(c, "batch");
   m.steps = 2;
   m.device = VL_MIMIC_CPU;
+  m.traced = true; /* the fixtures' own traces are of fake tensors (a --real one says so) */
   return m;
 }
 
@@ -260,6 +261,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
   char why[200];
   if (!strcmp(vl_rep_str(fx, "script"), "sd_lora_peer.py")) {
     vl_mimic_sd_unet_cfg cfg = cfg_in ? *(const vl_mimic_sd_unet_cfg *)cfg_in : sd_cfg_of(cJSON_GetObjectItem(fx, "config"));
+    if (!cfg_in && cJSON_IsTrue(cJSON_GetObjectItem(fx, "real"))) cfg.traced = false; /* torch_trace.py --real */
     assert_int_equal(vl_mimic_sd_unet(&cfg, &r, sink, &v, why, sizeof why), VL_OK);
   } else if (is_seg(fx)) {
     vl_mimic_resunet_cfg cfg = cfg_in ? *(const vl_mimic_resunet_cfg *)cfg_in : seg_cfg_of(cJSON_GetObjectItem(fx, "config"));
@@ -350,11 +352,13 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
  *   baseline with train.compute "fp16")
  *   python3 tools/peers/torch_trace.py --real --script llm_lora_peer.py --config "$cfg"
  * There no mask is built, SDPA takes k and v at their own heads (enable_gqa), v's gradient
- * comes back in v's strides. Every one matched exactly. */
+ * comes back in v's strides. sd-f32-enc-real and seg-before-real: sd-lora's `before` (fp32) and
+ * seg-ckpt's `before` at the tiny scale, --real (there F.mse_loss keeps its unreduced buffer
+ * as the loss's storage). Every one matched exactly. */
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
                                      "llm-base-real", "llm-lora-real", "llm-fp16-real",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt",
-                                     "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc", "sd-f16-ckpt-enc"};
+                                     "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc", "sd-f16-ckpt-enc", "sd-f32-enc-real", "seg-before-real"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
  * tiny scale, fp16 as the ladder has it, the others by --set:
  *   cfg=$(vramlab peer-config sd-lora --scale tiny --step disk_cache [--set disk_cache.precision=fp32|bf16]

@@ -962,6 +962,10 @@ static mt_id forward(prog *p, const blocks *bl) {
   mt_id pred = unet(p, bl, noisy);
   mt_id pf = mt_cast(t, pred, 4, false); /* pred.float() */
   mt_drop(t, pred);
+  /* F.mse_loss(reduction="mean"): on real tensors the 0-dim loss lives in the unreduced
+   * (squared difference) buffer, which it keeps until it is divided (`unred`: its bytes; the
+   * loss's 4 counted beside them); on fake ones a 4-byte storage (vl_mimic_sd_unet_cfg.traced) */
+  mt_id unred = p->c->traced ? 0 : mt_temp(t, "mse_loss", mt_numel(t, pf), 4);
   mt_id loss = mt_op(t, "mse_loss", MT_BW_MSE, 1, 4, pf, p->noise, 0);
   mt_drop(t, pf);
   mt_drop(t, noisy);
@@ -972,6 +976,7 @@ static mt_id forward(prog *p, const blocks *bl) {
   }
   mt_id l2 = mt_op(t, "div", MT_BW_DIVS, 1, 4, loss, 0, 0); /* / accum */
   mt_drop(t, loss);
+  mt_drop(t, unred);
   return l2;
 }
 

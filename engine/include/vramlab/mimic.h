@@ -153,6 +153,9 @@ typedef struct {
   vl_mimic_device device;
   uint64_t capacity;  /* as vl_mimic_llm_cfg's */
   int cuda_cc_major;  /* as vl_mimic_llm_cfg's */
+  bool traced;        /* what PyTorch does on fake tensors (MemTracker, torch_trace.py): F.mse_loss's
+                         output is a storage of its own; off, the real run's: the mean is taken in
+                         the unreduced buffer, which the loss keeps (the traces named -real) */
 } vl_mimic_sd_unet_cfg;
 vl_status vl_mimic_sd_unet(const vl_mimic_sd_unet_cfg *cfg, vl_mimic_result *out, vl_mimic_sink sink, void *user,
                            char *why, size_t whyn);
