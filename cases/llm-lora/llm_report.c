@@ -177,7 +177,10 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
           vl_rep_fmt("%.2f", vl_rep_num(p0, "cuda_context_bytes") / 1e9), vl_rep_fmt("%g", vl_rep_num(p0, "oom_batches")));
   vl_case_pytorch_report(res, md, "tools/peers/llm_lora_peer.py runs (Hugging Face's MistralForCausalLM with SDPA, "
                          "PEFT LoRA, torch.autocast and GradScaler, clip_grad_norm_, AdamW, gradients set to None)",
-                         "An NF4 base is not mimicked (bitsandbytes' code path). " VL_MIMIC_GPU_MEASURED);
+                         "An NF4 base is not mimicked (bitsandbytes' code path). On CUDA an fp32 step with grouped KV heads runs "
+                         "SDPA's math kernel (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), "
+                         "which keeps each layer's (B, H, T, T) attention; the mimic plans it as flash, a known gap (the "
+                         "fp32 rungs above peak in the optimizer step). " VL_MIMIC_GPU_MEASURED);
   fprintf(appendix, "### llm-lora: the planner's speed\n\nPlanning one full-scale step took at most %s s; the "
                     "largest-batch search at most %s s (targets: < 0.5 s, < 2 s).\n\n",
           vl_rep_fmt("%.3f", max_over_rungs(res, "plan_seconds")),

@@ -73,7 +73,9 @@ typedef struct {
  * transformers causal mask is built explicitly and SDPA gets it, as MemTracker and
  * torch_trace.py see); off: the real run's path (no mask tensor, is_causal).
  * VL_ERR_UNSUPPORTED with a message in *why for what it does not mimic (an NF4 base,
- * Adafactor). */
+ * Adafactor). Known gap: on CUDA an fp32 step with grouped KV heads runs SDPA's math kernel
+ * (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), which keeps the
+ * (B, H, T, T) attention; it is planned as flash. */
 typedef struct {
   vl_mistral_model_cfg model;
   int64_t batch, seq, accum;
