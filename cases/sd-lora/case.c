@@ -52,10 +52,8 @@ static void plan_extra_json(vl_case_env *env, const vl_sdl_rung *r, int64_t B, i
 static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *m, char *why,
                             size_t whyn) {
   const vl_sdl_rung *r = cfg;
-  vl_mimic_sd_unet_cfg c = {.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
-                            .vae = r->model.vae, .text = r->model.clip,
-                            .optim = r->model.optim.opt, .clip = r->model.clip_norm, .batch = batch, .accum = r->accum,
-                            .steps = 2, .device = VL_MIMIC_CUDA, .capacity = capacity};
+  vl_mimic_sd_unet_cfg c = vl_sdl_mimic_cfg(r, batch, VL_MIMIC_CUDA);
+  c.capacity = capacity;
   return vl_mimic_sd_unet(&c, m, NULL, NULL, why, whyn);
 }
 

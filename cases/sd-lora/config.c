@@ -241,3 +241,10 @@ vl_status vl_sdl_run_batch(vl_case_env *env, const vl_knobs *k, const vl_sdl_run
   if (*B > cap) *B = cap > 0 ? cap : 1;
   return VL_OK;
 }
+
+vl_mimic_sd_unet_cfg vl_sdl_mimic_cfg(const vl_sdl_rung *r, int64_t batch, vl_mimic_device dev) {
+  return (vl_mimic_sd_unet_cfg){.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
+                                .vae = r->model.vae, .text = r->model.clip, .optim = r->model.optim.opt,
+                                .clip = r->model.clip_norm, .batch = batch, .accum = r->accum, .steps = 2,
+                                .device = dev};
+}

@@ -13,6 +13,7 @@
 #include "datasets/captions.h"
 #include "vramlab/cache.h"
 #include "vramlab/data.h"
+#include "vramlab/mimic.h"
 #include "vramlab/sd.h"
 
 typedef enum { VL_SDL_CACHE_NONE = 0, VL_SDL_CACHE_DISK, VL_SDL_CACHE_RAM } vl_sdl_cache;
@@ -43,6 +44,9 @@ typedef struct {
 extern const vl_knob_decl vl_sdl_knobs[];
 /* Every knob of a rung and the setting at `scale` into r; VL_ERR_INVALID naming the knob. */
 vl_status vl_sdl_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_sdl_rung *r);
+/* The PyTorch mimic of the rung's step (vl_mimic_sd_unet) at `batch` on `dev`, two steps; the
+ * caller sets what depends on the card (capacity, cuda_cc_major). */
+vl_mimic_sd_unet_cfg vl_sdl_mimic_cfg(const vl_sdl_rung *r, int64_t batch, vl_mimic_device dev);
 /* A step of accum micro-batches of B images of the rung's model. */
 vl_step_spec vl_sdl_step_spec(const vl_sdl_rung *r, int64_t B);
 /* Largest micro-batch whose step fits under cap on a CUDA card (0: none). */

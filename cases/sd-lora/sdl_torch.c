@@ -147,11 +147,8 @@ static void fill_micro(const vl_sd_cfg *m, int64_t B, uint64_t seed, vl_sdl_micr
 /* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
  * at this batch: its prediction beside what the peer measures. */
 static void mimic_json(const vl_sdl_rung *r, int64_t B, vl_device dev, const cJSON *hello, cJSON *o) {
-  vl_mimic_sd_unet_cfg c = {.model = r->model.unet, .encoders_in_step = r->model.encoders_in_step,
-                            .vae = r->model.vae, .text = r->model.clip,
-                            .optim = r->model.optim.opt, .clip = r->model.clip_norm, .batch = B, .accum = r->accum,
-                            .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
-                            .cuda_cc_major = vl_peer_cuda_cc_major(hello)}; /* sizes cuBLAS's workspaces */
+  vl_mimic_sd_unet_cfg c = vl_sdl_mimic_cfg(r, B, dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU);
+  c.cuda_cc_major = vl_peer_cuda_cc_major(hello); /* sizes cuBLAS's workspaces */
   vl_mimic_result m;
   char why[200];
   vl_status s = vl_mimic_sd_unet(&c, &m, NULL, NULL, why, sizeof why);
