@@ -373,9 +373,11 @@ s_peers() {
     --set eval_images=8 --set data_dir="$DATA/segset-$SMALL" --set reps=1 --quiet || rc=1
   LIMIT=120 run peers-llm-lora run llm-lora --device "$DEV" --scale "$SMALL" --set steps=3 --set warmup=1 --set reps=1 \
     --set after.batch=8 --quiet || rc=1
-  # sd-lora's cached rung beside diffusers' UNet (the pack's diffusers wheel): checks the
-  # mimic's CUDA path (autocast's fp32 norms, flash attention), never yet measured on a GPU
-  LIMIT=150 run peers-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --step disk_cache --set consumer=model \
+  # sd-lora's rungs beside diffusers' UNet (the pack's diffusers wheel): checks the mimic's CUDA
+  # path (autocast's fp32 norms, flash attention; in `before` the VAE encoder and CLIP under
+  # no_grad), never yet measured on a GPU. The whole ladder: the side by side runs only after
+  # one (`vramlab run` without --step; 4242424 gave it --step, which would have run no peer)
+  LIMIT=200 run peers-sd-lora run sd-lora --device "$DEV" --scale "$SMALL" --set consumer=model \
     --set images=32 --set epochs=1 --set steps=3 --set data_dir="$DATA/captions-$SMALL" \
     --set cache_dir="$DATA/sd-cache-$SMALL" --set reps=1 --quiet || rc=1
   return $rc
@@ -447,7 +449,7 @@ stage 1 build 240 s_build || exit 1
 stage 2 gpu-check 60 s_gpucheck
 stage 3 memory 170 s_memory
 stage 4 full-scale 300 s_full
-stage 5 peers 240 s_peers
+stage 5 peers 360 s_peers
 stage 6 regress 90 s_regress
 stage 7 collective 30 s_collective
 # a GPU run's failed stage is a finding (the summary says which); the dry run must pass whole
