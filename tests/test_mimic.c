@@ -196,6 +196,12 @@ static bool same(const ev *a, const ev *b) { return a->bytes == b->bytes && a->p
 
 /* Longest common subsequence of the two allocation sequences (op by op, in order). */
 static int64_t lcs(const ev *a, int64_t na, const ev *b, int64_t nb) {
+  /* the common prefix and suffix are in every longest common subsequence: only the middle
+   * needs the table (nothing, when the mimic matched exactly) */
+  int64_t pre = 0, suf = 0;
+  while (pre < na && pre < nb && same(&a[pre], &b[pre])) pre++;
+  while (suf < na - pre && suf < nb - pre && same(&a[na - 1 - suf], &b[nb - 1 - suf])) suf++;
+  if (pre + suf > 0) return pre + suf + lcs(a + pre, na - pre - suf, b + pre, nb - pre - suf);
   int64_t *prev = calloc((size_t)nb + 1, sizeof *prev), *cur = calloc((size_t)nb + 1, sizeof *cur);
   assert_non_null(prev);
   assert_non_null(cur);
