@@ -37,6 +37,7 @@ static vl_mimic_llm_cfg cfg_of(const cJSON *c) {
   assert_int_equal(vl_dtype_parse(vl_rep_str(t, "compute"), &tc->compute), 0);
   assert_int_equal(vl_dtype_parse(vl_rep_str(t, "frozen"), &tc->frozen), 0);
   assert_int_equal(vl_optimizer_parse(vl_rep_str(t, "optimizer"), &tc->optim.opt), 0);
+  tc->optim.adafactor_beta1 = cJSON_IsTrue(cJSON_GetObjectItem(t, "adafactor_beta1"));
   tc->lora_rank = (int)vl_rep_num(t, "lora_rank");
   tc->lora_alpha = (float)vl_rep_num(t, "lora_alpha");
   tc->lora_targets = !strcmp(vl_rep_str(t, "lora_targets"), "all") ? VL_LORA_ALL : VL_LORA_QKVO;
@@ -362,7 +363,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
  * seg-ckpt's `before` at the tiny scale, --real (there F.mse_loss keeps its unreduced buffer
  * as the loss's storage). Every one matched exactly. */
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "llm-base-real", "llm-lora-real", "llm-fp16-real",
+                                     "llm-base-real", "llm-lora-real", "llm-fp16-real", "llm-adafactor", "llm-adafactor-real",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt",
                                      "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc", "sd-f16-ckpt-enc", "sd-f32-enc-real", "seg-before-real"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
@@ -414,6 +415,18 @@ static void test_traces_planted(void **state) {
   real.traced = false; /* no causal-mask tensor: PyTorch's real run, not its fake-tensor trace */
   assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &real, true) > 0);
   assert_int_equal(compare_trace("tests/fixtures/trace/llm-lora.json", &c, true), 0);
+  /* Adafactor: AdamW against its trace, no first moment against one with it */
+  const char *ada = "tests/fixtures/trace/llm-adafactor.json";
+  fx = load(ada);
+  c = cfg_of(cJSON_GetObjectItem(fx, "config"));
+  cJSON_Delete(fx);
+  vl_mimic_llm_cfg a1 = c;
+  a1.model.tc.optim.opt = VL_OPT_ADAMW;
+  assert_true(compare_trace(ada, &a1, true) > 0);
+  a1 = c;
+  a1.model.tc.optim.adafactor_beta1 = false;
+  assert_true(compare_trace(ada, &a1, true) > 0);
+  assert_int_equal(compare_trace(ada, &c, true), 0);
   /* sd-lora: no checkpointing against a checkpointing trace, another rank, fp32 against fp16,
    * another batch */
   fx = load("tests/fixtures/trace/sd-f16-ckpt.json");
@@ -594,10 +607,11 @@ static void test_cuda_path(void **state) {
   assert_false(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "pytorch"), "fits")));
   cJSON_Delete(o);
   /* a step it does not mimic says so */
-  g.model.tc.optim.opt = VL_OPT_ADAFACTOR;
+  g.model.tc.lora_rank = 8;
+  g.model.tc.frozen = VL_NF4;
   o = cJSON_CreateObject();
   vl_case_pytorch_json(o, run_llm_cuda, &g, 2, cap, "test");
-  assert_non_null(strstr(vl_rep_str(cJSON_GetObjectItem(o, "pytorch"), "not_mimicked"), "Adafactor"));
+  assert_non_null(strstr(vl_rep_str(cJSON_GetObjectItem(o, "pytorch"), "not_mimicked"), "NF4"));
   cJSON_Delete(o);
 }
 
@@ -712,10 +726,6 @@ static void test_refused(void **state) {
   c.model.tc.frozen = VL_NF4;
   assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
   assert_non_null(strstr(why, "NF4"));
-  c = small_cfg();
-  c.model.tc.optim.opt = VL_OPT_ADAFACTOR;
-  assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_UNSUPPORTED);
-  assert_non_null(strstr(why, "Adafactor"));
   c = small_cfg();
   c.batch = 0;
   assert_int_equal(vl_mimic_llm(&c, &r, NULL, NULL, why, sizeof why), VL_ERR_INVALID);

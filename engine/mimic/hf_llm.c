@@ -44,10 +44,14 @@ struct prog {
 
 static int esz_of(vl_dtype d) { return d == VL_F32 ? 4 : 2; }
 
-static mt_id param(prog *p, int64_t numel, bool trainable) {
+/* a parameter of numel elements whose last dimension is cols (0: one-dimensional) */
+static mt_id param(prog *p, int64_t numel, int64_t cols, bool trainable) {
   int esz = trainable && p->lora ? 4 : p->pesz;
   mt_id x = mt_leaf(p->t, "param", numel, esz, VL_MC_PARAM, trainable);
-  if (trainable) p->opt.train[p->opt.ntrain++] = x;
+  if (trainable) {
+    p->opt.cols[p->opt.ntrain] = cols;
+    p->opt.train[p->opt.ntrain++] = x;
+  }
   return x;
 }
 
@@ -60,11 +64,11 @@ static bool targeted(const prog *p, const char *name) {
 static lin linear_params(prog *p, const char *name, int64_t in, int64_t out, bool bias) {
   lin l = {.in = in, .out = out};
   bool full = !p->lora;
-  l.w = param(p, in * out, full);
-  if (bias) l.bias = param(p, out, full);
+  l.w = param(p, in * out, in, full);
+  if (bias) l.bias = param(p, out, 0, full);
   if (targeted(p, name)) {
-    l.a = param(p, p->r * in, true);
-    l.b = param(p, out * p->r, true);
+    l.a = param(p, p->r * in, in, true);
+    l.b = param(p, out * p->r, p->r, true);
   }
   return l;
 }
@@ -72,7 +76,7 @@ static lin linear_params(prog *p, const char *name, int64_t in, int64_t out, boo
 static void build(prog *p) {
   const vl_mistral_cfg *m = &p->c->model.mc;
   bool qb = m->qkv_bias != 0;
-  p->embed = param(p, p->V * p->D, !p->lora);
+  p->embed = param(p, p->V * p->D, p->D, !p->lora);
   for (int64_t i = 0; i < m->n_layers; i++) {
     layer *y = &p->L[i];
     y->q = linear_params(p, "q", p->D, p->H * p->hd, qb);
@@ -82,11 +86,11 @@ static void build(prog *p) {
     y->gate = linear_params(p, "gate", p->D, p->F, false);
     y->up = linear_params(p, "up", p->D, p->F, false);
     y->down = linear_params(p, "down", p->F, p->D, false);
-    y->in_norm = param(p, p->D, !p->lora);
-    y->post_norm = param(p, p->D, !p->lora);
+    y->in_norm = param(p, p->D, 0, !p->lora);
+    y->post_norm = param(p, p->D, 0, !p->lora);
   }
-  p->norm = param(p, p->D, !p->lora);
-  p->head = m->tie_embed ? p->embed : param(p, p->V * p->D, !p->lora);
+  p->norm = param(p, p->D, 0, !p->lora);
+  p->head = m->tie_embed ? p->embed : param(p, p->V * p->D, p->D, !p->lora);
   /* inv_freq and original_inv_freq */
   p->inv_freq = mt_leaf(p->t, "buffer", p->hd, p->pesz, VL_MC_BUFFER, false);
   p->batch = mt_leaf(p->t, "input_ids", p->B * p->T, 8, VL_MC_OTH, false);
@@ -386,10 +390,6 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
     snprintf(why, whyn, "not mimicked: an NF4 base (bitsandbytes' Linear4bit code path)");
     return VL_ERR_UNSUPPORTED;
   }
-  if (tc->optim.opt == VL_OPT_ADAFACTOR) {
-    snprintf(why, whyn, "not mimicked: transformers' Adafactor");
-    return VL_ERR_UNSUPPORTED;
-  }
   if (c->batch < 1 || c->seq < 1 || c->accum < 1 || c->steps < 1 || m->n_layers < 1 || m->n_kv_heads < 1) {
     snprintf(why, whyn, "batch, seq, accum, steps, layers and kv heads must be >= 1");
     return VL_ERR_INVALID;
@@ -405,9 +405,11 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   p.L = calloc((size_t)m->n_layers, sizeof *p.L);
   p.calls = calloc((size_t)m->n_layers, sizeof *p.calls);
   p.opt = (mt_optim){.train = calloc((size_t)max_train, sizeof(mt_id)),
-                     .state = calloc((size_t)max_train * 2, sizeof(mt_id)), .opt = tc->optim.opt, .cuda = p.cuda};
+                     .state = calloc((size_t)max_train * MT_OPT_STATE, sizeof(mt_id)),
+                     .cols = calloc((size_t)max_train, sizeof(int64_t)), .opt = tc->optim.opt,
+                     .beta1 = tc->optim.adafactor_beta1, .cuda = p.cuda};
   vl_status st = VL_OK;
-  if (!p.t || !p.L || !p.calls || !p.opt.train || !p.opt.state) {
+  if (!p.t || !p.L || !p.calls || !p.opt.train || !p.opt.state || !p.opt.cols) {
     snprintf(why, whyn, "out of host memory");
     st = VL_ERR_OOM;
     goto done;
@@ -430,6 +432,7 @@ done:
   free(p.calls);
   free(p.opt.train);
   free(p.opt.state);
+  free(p.opt.cols);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   return st;

@@ -21,7 +21,71 @@ void mt_clip(mt_tape *t, const mt_optim *p) {
   mt_drop(t, c);
 }
 
+/* transformers.optimization.Adafactor.step as the peer configures it (relative_step and
+ * scale_parameter off, fp32 parameters and gradients), parameter by parameter, read off
+ * torch_trace.py's traces (tests/fixtures/trace/llm-adafactor*.json). A parameter of two or more
+ * dimensions keeps a factored second moment (a row of its rows, a column of its last dimension);
+ * a one-dimensional one a full exp_avg_sq. `update` lives on until the next parameter's
+ * `update = grad**2 + eps` rebinds the name (or step returns). */
+static void adafactor(mt_tape *t, mt_optim *p) {
+  mt_id update = 0;
+  for (int i = 0; i < p->ntrain; i++) {
+    mt_id w = p->train[i], *s = p->state + MT_OPT_STATE * (size_t)i;
+    int64_t n = mt_numel(t, w), C = p->cols ? p->cols[i] : 0, R = C ? n / C : 0;
+    int e = mt_esz(t, w);
+    if (!p->has_state) { /* exp_avg, then torch.zeros(shape[:-1]).to(grad) and the column's */
+      if (p->beta1) s[0] = mt_leaf(t, "zeros_like", n, e, VL_MC_OPT, false);
+      if (C) {
+        s[1] = mt_leaf(t, "zeros", R, e, VL_MC_OPT, false);
+        s[2] = mt_leaf(t, "zeros", C, e, VL_MC_OPT, false);
+      } else {
+        s[1] = mt_leaf(t, "zeros_like", n, e, VL_MC_OPT, false);
+      }
+    }
+    mt_id nrm = mt_temp(t, "linalg_vector_norm", 1, 4), rms = mt_temp(t, "div", 1, 4); /* state["RMS"] */
+    mt_set_cat(t, rms, VL_MC_OPT);
+    mt_drop(t, nrm);
+    mt_drop(t, s[3]);
+    s[3] = rms;
+    mt_id sq = mt_temp(t, "pow", n, e), u = mt_temp(t, "add", n, e); /* (grad**2) + eps[0] */
+    mt_drop(t, sq);
+    mt_drop(t, update);
+    update = u;
+    if (C) {
+      mt_drop(t, mt_temp(t, "mean", R, e)); /* row.mul_(beta2t).add_(update.mean(dim=-1)) */
+      mt_drop(t, mt_temp(t, "mean", C, e));
+      mt_id m = mt_temp(t, "mean", 1, e), rf = mt_temp(t, "div", R, e); /* _approx_sq_grad */
+      mt_drop(t, m);
+      mt_id cf = mt_temp(t, "rsqrt", C, e), a = mt_temp(t, "mul", n, e);
+      mt_drop(t, rf);
+      mt_drop(t, cf);
+      mt_drop(t, update);
+      update = a; /* .mul_(grad) */
+    } else {
+      mt_id a = mt_temp(t, "rsqrt", n, e); /* exp_avg_sq.rsqrt().mul_(grad) */
+      mt_drop(t, update);
+      update = a;
+    }
+    mt_id un = mt_temp(t, "linalg_vector_norm", 1, 4), ur = mt_temp(t, "div", 1, 4); /* _rms(update) */
+    mt_drop(t, un);
+    mt_id uc = mt_temp(t, "div", 1, 4); /* / clip_threshold, clamp_, update.div_ */
+    mt_drop(t, ur);
+    mt_drop(t, uc);
+    if (p->beta1) { /* exp_avg.mul_().add_(update); update = exp_avg */
+      mt_drop(t, update);
+      update = 0;
+    }
+    mt_drop(t, mt_temp(t, "neg", n, e)); /* p_data_fp32.add_(-update) */
+  }
+  mt_drop(t, update);
+  p->has_state = true;
+}
+
 void mt_optim_step(mt_tape *t, mt_optim *p) {
+  if (p->opt == VL_OPT_ADAFACTOR) {
+    adafactor(t, p);
+    return;
+  }
   bool sgd = p->opt == VL_OPT_SGD;
   int per = sgd ? 1 : 2;
   if (!p->has_state) { /* _init_group: state created on the first step */

@@ -156,15 +156,22 @@ typedef struct {
 const mt_ev *mt_events(const mt_tape *t, int64_t *n);
 
 /* ---- step.c: what every step shares ------------------------------------------------------ */
+#define MT_OPT_STATE 4
 typedef struct {
   mt_id *train;   /* the trainable parameters, in model.parameters() order */
   int ntrain;
-  mt_id *state;   /* AdamW (exp_avg, exp_avg_sq) or SGD (momentum_buffer) per parameter */
+  mt_id *state;   /* AdamW (exp_avg, exp_avg_sq), SGD (momentum_buffer) or Adafactor (exp_avg,
+                     exp_avg_sq_row or exp_avg_sq, exp_avg_sq_col, RMS) per parameter: room for
+                     MT_OPT_STATE each */
+  int64_t *cols;  /* Adafactor: each trainable's last dimension (0: one-dimensional, not factored) */
+  bool beta1;     /* Adafactor keeps a first moment (exp_avg) */
   bool has_state; /* created on the first step */
   vl_optimizer opt;
   bool cuda;      /* foreach (CUDA) or single-tensor (CPU) code path */
 } mt_optim;
 void mt_clip(mt_tape *t, const mt_optim *o);
+/* the optimizer's step: torch.optim's AdamW (single-tensor on the CPU, foreach on CUDA) and SGD,
+ * transformers' Adafactor (a loop over the parameters on either) */
 void mt_optim_step(mt_tape *t, mt_optim *o);
 void mt_zero_grad(mt_tape *t, const mt_optim *o);
 /* What every peer's one_step ends with after its micro-batches (peer_common.py): phase 'o',
