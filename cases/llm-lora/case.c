@@ -107,7 +107,7 @@ static vl_status llm_plan(vl_case_env *env, const char *scale, const vl_knobs *k
   vl_case_fit_json(out, &r.card, vl_run_fits(&spec, r.card.cap), mb, t_plan, t_search);
   oom_rate_json(&r, B, out);
   vl_case_pytorch_json(out, mimic_cuda, &r, B, r.card.cap,
-                       "transformers + PEFT + torch.autocast + AdamW/SGD on CUDA (mimic)");
+                       "transformers + PEFT + bitsandbytes + torch.autocast + AdamW/SGD/Adafactor on CUDA (mimic)");
   cJSON *timeline = cJSON_AddArrayToObject(out, "timeline");
   for (size_t i = 0; i < p.n_timeline; i++) {
     double pt[2] = {(double)p.timeline[i].seq, (double)p.timeline[i].bytes};

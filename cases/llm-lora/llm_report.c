@@ -177,7 +177,11 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
           vl_rep_fmt("%.2f", vl_rep_num(p0, "cuda_context_bytes") / 1e9), vl_rep_fmt("%g", vl_rep_num(p0, "oom_batches")));
   vl_case_pytorch_report(res, md, "tools/peers/llm_lora_peer.py runs (Hugging Face's MistralForCausalLM with SDPA, "
                          "PEFT LoRA, torch.autocast and GradScaler, clip_grad_norm_, AdamW, gradients set to None)",
-                         "An NF4 base is not mimicked (bitsandbytes' code path). On CUDA an fp32 step with grouped KV heads runs "
+                         "An NF4 base is bitsandbytes' Linear4bit (0.50: NF4, double quantisation, the weight dequantised "
+                         "in each forward and backward), held to real CPU traces; on CUDA bitsandbytes fuses the forward's "
+                         "dequantisation into its own 4-bit matmul for some shapes (up to 1536 rows), which the mimic plans "
+                         "unfused: at most one weight's transient copy too much in the forward. MemTracker cannot trace it "
+                         "(Params4bit cannot wrap a fake tensor). On CUDA an fp32 step with grouped KV heads runs "
                          "SDPA's math kernel (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), "
                          "which keeps each layer's (B, H, T, T) attention; the mimic plans it as flash, a known gap (the "
                          "fp32 rungs above peak in the optimizer step). " VL_MIMIC_GPU_MEASURED);

@@ -1,8 +1,9 @@
 /* llm-lora beside its PyTorch peer (tools/peers/llm_lora_peer.py: Hugging Face's Mistral,
- * SDPA, PEFT LoRA): the extra hook runs the baseline rung (fp32 full fine-tune, the ladder's
- * start) and the lora rung (the last rung a CPU peer can run: the later ones add an NF4
- * base, which needs bitsandbytes on a GPU) on one fixed-length batch, engine and PyTorch in
- * turn (kit/peers.c), and the report shows them side by side. */
+ * SDPA, PEFT LoRA, bitsandbytes' NF4): the extra hook runs the baseline rung (fp32 full
+ * fine-tune, the ladder's start), the lora rung and the qlora rung (its NF4 base needs
+ * bitsandbytes, which runs on the CPU too; without it the rung is "not measured") on one
+ * fixed-length batch, engine and PyTorch in turn (kit/peers.c), and the report shows them
+ * side by side. */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -18,7 +19,7 @@
  * same process, the mimic says 42) and reads the next rung's memory wrong */
 static const vl_peer_kind kind = {"llm_lora_peer.py", "pip install torch transformers peft", "tokens", true};
 static const vl_peer_rounds rounds = {2, 1, 6, 2};
-static const char *const compared[] = {"baseline", "lora"};
+static const char *const compared[] = {"baseline", "lora", "qlora"};
 
 /* A half-precision compute dtype PyTorch has no fast kernels for here (hello: fp16_fast,
  * bf16_fast): the comparison runs the rung with fp32 compute and base on both sides (set
@@ -83,9 +84,7 @@ static void fill_tokens(int32_t *tok, int32_t *tgt, int64_t B, int64_t T, int64_
 static vl_status peer_rung(vl_case_env *env, const vl_knobs *k, vl_llm_rung *r, int64_t *B, int64_t *T,
                            const char **skip) {
   VL_TRY(vl_llm_parse_rung(env, env->scale, k, r));
-  *skip = r->model.tc.frozen == VL_NF4 ? "an NF4 base (QLoRA) needs bitsandbytes on a GPU"
-          : r->batch == 0             ? "batch = max is compared only at a fixed batch"
-                                      : NULL;
+  *skip = r->batch == 0 ? "batch = max is compared only at a fixed batch" : NULL;
   *B = r->batch;
   *T = r->run_seq > 0 ? r->run_seq : r->model.mc.seq;
   if (*T > r->model.mc.seq) r->model.mc.seq = *T;
@@ -169,6 +168,7 @@ void vl_llm_peers_report(const cJSON *res, FILE *md) {
                  "part of the engine's larger activations at long sequences. Where the mimic and MemTracker "
                  "differ: MemTracker traces on fake tensors, where transformers builds the causal mask as a tensor "
                  "((B, 1, T, T) booleans) and SDPA's CPU path turns it into an additive mask of q's dtype that each "
-                 "layer saves; the real run passes no mask (is_causal), which the mimic follows. tests/test_mimic.c "
+                 "layer saves, and repeats k and v to every head (repeat_kv); the real run passes no mask (is_causal) "
+                 "and lets SDPA take k and v at their own heads (enable_gqa), which the mimic follows. tests/test_mimic.c "
                  "replays the fake-tensor path too and matches MemTracker to 0.1%.");
 }

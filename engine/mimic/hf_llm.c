@@ -12,7 +12,8 @@
 #include "tape.h"
 
 typedef struct {
-  mt_id w, bias, a, b; /* base weight, its bias; LoRA A (r x in) and B (out x r) */
+  mt_id w, bias, a, b; /* base weight (an NF4 one: packed, n/2 bytes), its bias; LoRA A (r x in)
+                          and B (out x r) */
   int64_t in, out;
 } lin;
 
@@ -34,7 +35,7 @@ struct prog {
   int64_t B, T, D, H, KV, hd, F, V, r;
   int pesz, aesz; /* the stored parameters' dtype size, the autocast dtype's (0: no autocast) */
   float lora_scale;
-  bool lora, cuda;
+  bool lora, cuda, nf4; /* nf4: the layers' linears are bitsandbytes' Linear4bit */
   mt_id embed, norm, head, inv_freq, batch;
   layer *L;
   mt_optim opt; /* the trainable parameters in model.parameters() order, their state */
@@ -61,10 +62,22 @@ static bool targeted(const prog *p, const char *name) {
   return name[0] == 'q' || name[0] == 'k' || name[0] == 'v' || name[0] == 'o';
 }
 
+/* bitsandbytes' Params4bit (NF4, double quantisation, blocks of 64) of n elements: the packed
+ * weight (uint8, two per byte), then its QuantState: absmax quantised to uint8 (one a block),
+ * the NF4 code (16 fp32), the absmax's offset (fp32), and state2: the absmax's own absmax (fp32,
+ * one per 256 blocks) and its dynamic code (256 fp32) */
+static mt_id nf4_param(prog *p, int64_t n) {
+  mt_id w = mt_leaf(p->t, "param", n / 2, 1, VL_MC_PARAM, false);
+  int64_t nb = n / 64;
+  const int64_t qs[5][2] = {{nb, 1}, {16, 4}, {1, 4}, {(nb + 255) / 256, 4}, {256, 4}};
+  for (int i = 0; i < 5; i++) (void)mt_leaf(p->t, "param", qs[i][0], (int)qs[i][1], VL_MC_PARAM, false);
+  return w;
+}
+
 static lin linear_params(prog *p, const char *name, int64_t in, int64_t out, bool bias) {
   lin l = {.in = in, .out = out};
   bool full = !p->lora;
-  l.w = param(p, in * out, in, full);
+  l.w = p->nf4 ? nf4_param(p, in * out) : param(p, in * out, in, full);
   if (bias) l.bias = param(p, out, 0, full);
   if (targeted(p, name)) {
     l.a = param(p, p->r * in, in, true);
@@ -125,14 +138,42 @@ static mt_id f_linear(prog *p, mt_id x, mt_id w, mt_id bias, int64_t rows, int64
   return y;
 }
 
+/* bitsandbytes' Linear4bit.forward: x.to(compute_dtype) (the rung's: none), MatMul4Bit.apply,
+ * whose gemm_4bit dequantises the weight for F.linear. On the CPU its default kernel: the
+ * absmax dequantised (n/64 fp32) + offset, the first freed; the weight (n in x's dtype); linear;
+ * both freed. On CUDA the same unfused fallback (_dequant_linear_fallback: all three freed when
+ * it returns); bitsandbytes' fused kernel, which it picks for some shapes at up to 1536 rows by
+ * the card's arch, allocates only the output: there this plans up to one weight's transient
+ * copy too much in the forward (the backward dequantises either way). */
+static mt_id nf4_linear(prog *p, mt_id x, const lin *l, int64_t rows) {
+  mt_tape *t = p->t;
+  int64_t n = l->in * l->out, e = mt_esz(t, x);
+  mt_id a = mt_temp(t, "empty_like", n / 64, 4), am = mt_temp(t, "add", n / 64, 4);
+  if (!p->cuda) mt_drop(t, a);
+  mt_id w = mt_temp(t, "empty", n, (int)e);
+  mt_id y = mt_op(t, "linear", MT_BW_NF4, rows * l->out, (int)e, x, l->w, l->bias);
+  if (p->cuda) mt_drop(t, a);
+  drop2(p, am, w);
+  return y;
+}
+
 /* peft.tuners.lora.layer.Linear.forward: result = base_layer(x); x cast to lora_A's dtype;
- * result = result + lora_B(lora_A(x)) * scaling */
+ * result = result + lora_B(lora_A(x)) * scaling. Over an NF4 base, peft.tuners.lora.bnb
+ * .Linear4bit.forward: result = base_layer(x).clone(), and x is cast only when
+ * torch.is_autocast_enabled() is false: that asks about CUDA's autocast alone, so on the CPU
+ * (and in an fp32 step) x is cast, on CUDA under autocast it is not. */
 static mt_id lora_linear(prog *p, mt_id x, const lin *l) {
   mt_tape *t = p->t;
   int64_t rows = p->B * p->T;
-  mt_id y = f_linear(p, x, l->w, l->bias, rows, l->out);
+  mt_id y = p->nf4 ? nf4_linear(p, x, l, rows) : f_linear(p, x, l->w, l->bias, rows, l->out);
   if (!l->a) return y;
-  mt_id x32 = mt_cast(t, x, 4, false); /* _cast_input_dtype: x.to(lora_A.weight.dtype) */
+  if (p->nf4) {
+    mt_id c = mt_op(t, "clone", MT_BW_ADD, rows * l->out, mt_esz(t, y), y, 0, 0);
+    mt_drop(t, y);
+    y = c;
+  }
+  bool convert = !p->nf4 || !(p->cuda && p->aesz);
+  mt_id x32 = convert ? mt_cast(t, x, 4, false) : (mt_ref(t, x), x); /* _cast_input_dtype */
   mt_id ya = f_linear(p, x32, l->a, 0, rows, p->r);
   mt_drop(t, x32);
   mt_id yb = f_linear(p, ya, l->b, 0, rows, l->out);
@@ -356,7 +397,7 @@ static mt_id forward(prog *p) {
 
 static void one_step(prog *p) {
   mt_tape *t = p->t;
-  int64_t accum = p->c->accum;
+  int64_t accum = mt_micro_batches(p->c->accum);
   for (int64_t a = 0; a < accum; a++) {
     mt_phase(t, 'f');
     int mark = mt_graph_mark(t);
@@ -386,9 +427,9 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   memset(out, 0, sizeof *out);
   const vl_mistral_cfg *m = &c->model.mc;
   const vl_train_cfg *tc = &c->model.tc;
-  if (tc->frozen == VL_NF4 && tc->lora_rank > 0) {
-    snprintf(why, whyn, "not mimicked: an NF4 base (bitsandbytes' Linear4bit code path)");
-    return VL_ERR_UNSUPPORTED;
+  if (tc->frozen == VL_NF4 && (tc->lora_rank < 1 || (m->dim * m->ffn) % 64 || (m->dim * m->head_dim) % 64)) {
+    snprintf(why, whyn, "an NF4 base needs LoRA and weight sizes divisible by 64");
+    return VL_ERR_INVALID;
   }
   if (c->batch < 1 || c->seq < 1 || c->accum < 1 || c->steps < 1 || m->n_layers < 1 || m->n_kv_heads < 1) {
     snprintf(why, whyn, "batch, seq, accum, steps, layers and kv heads must be >= 1");
@@ -397,8 +438,9 @@ vl_status vl_mimic_llm(const vl_mimic_llm_cfg *c, vl_mimic_result *out, vl_mimic
   prog p = {.c = c, .B = c->batch, .T = c->seq, .D = m->dim, .H = m->n_heads, .KV = m->n_kv_heads,
             .hd = m->head_dim, .F = m->ffn, .V = m->vocab, .r = tc->lora_rank, .lora = tc->lora_rank > 0,
             .cuda = c->device == VL_MIMIC_CUDA};
-  p.pesz = p.lora ? esz_of(tc->frozen) : 4;
   p.aesz = tc->compute == VL_F32 ? 0 : 2;
+  p.nf4 = tc->frozen == VL_NF4; /* the rest of the base in the compute dtype */
+  p.pesz = !p.lora ? 4 : p.nf4 ? (p.aesz ? p.aesz : 4) : esz_of(tc->frozen);
   p.lora_scale = p.lora ? tc->lora_alpha / (float)tc->lora_rank : 1.f;
   int64_t max_train = 2 + m->n_layers * 24;
   p.t = mt_new(sink, user);

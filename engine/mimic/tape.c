@@ -706,6 +706,17 @@ static void run_node(mt_tape *t, mt_node *n) {
       }
     }
     break;
+  case MT_BW_NF4: {
+    if (!ra) break;
+    int64_t n4 = 2 * t->t[b].numel;
+    mt_id am = tmp(t, "empty_like", n4 / 64, 4), w = tmp(t, "empty", n4, t->t[g].esz);
+    mt_drop(t, am);
+    mt_id ga = tmp(t, "mm", t->t[a].numel, t->t[g].esz);
+    blas_used(t);
+    mt_drop(t, w);
+    defer(&out, a, ga);
+    break;
+  }
   case MT_BW_EXPAND: /* CloneBackward passes g on, ExpandBackward sums it to a's size */
     if (ra) defer(&out, a, tmp(t, "sum", t->t[a].numel, t->t[a].esz));
     break;

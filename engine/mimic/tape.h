@@ -66,6 +66,10 @@ typedef enum {
   MT_BW_BADDBMM,  /* baddbmm(empty, a, b^T, beta 0, alpha): saves a and b as bmm does; grads: a's
                      (bmm, then mul.Scalar by alpha), then b's (the same) */
   MT_BW_SOFTMAX,  /* _softmax: saves its result; grad: _softmax_backward_data */
+  MT_BW_NF4,      /* bitsandbytes' MatMul4Bit: in0 x, in1 the packed NF4 weight (n/2 bytes): saves
+                     nothing that is not a parameter; grad: x's, grad_output @ the weight
+                     dequantised again (F.dequantize_4bit: its absmax, n/64 fp32, then the
+                     weight in grad_output's dtype; each freed after its use) */
 } mt_bw;
 
 typedef struct mt_tape mt_tape;
@@ -156,6 +160,13 @@ typedef struct {
 const mt_ev *mt_events(const mt_tape *t, int64_t *n);
 
 /* ---- step.c: what every step shares ------------------------------------------------------ */
+/* The micro-batches a step replays: every one up to MT_MICRO_MAX, then MT_MICRO_MAX. From the
+ * third on each repeats the one before it (the same tensors; the gradients accumulated in place
+ * into .grad), so neither the peak nor the allocator's high-water marks move past it
+ * (test_mimic: accum 3 and 8 plan the same), and a plan with accum 4096 stays fast. */
+#define MT_MICRO_MAX 8
+static inline int64_t mt_micro_batches(int64_t accum) { return accum < MT_MICRO_MAX ? accum : MT_MICRO_MAX; }
+
 #define MT_OPT_STATE 4
 typedef struct {
   mt_id *train;   /* the trainable parameters, in model.parameters() order */

@@ -235,7 +235,7 @@ static mt_id forward(prog *p) {
 
 static void one_step(prog *p) {
   mt_tape *t = p->t;
-  for (int64_t a = 0; a < p->c->accum; a++) {
+  for (int64_t a = 0; a < mt_micro_batches(p->c->accum); a++) {
     mt_phase(t, 'f');
     int mark = mt_graph_mark(t);
     mt_id loss = forward(p);

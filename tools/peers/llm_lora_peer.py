@@ -13,8 +13,15 @@ None after each step, as PyTorch does by default. Protocol and memory: peer_comm
 
   python3 tools/peers/llm_lora_peer.py --config '{"batch": 8, "seq": 128, ...}' --steps 5
 
-Refused (an error reply, the case then says "not measured here"): an NF4 base (QLoRA needs
-bitsandbytes and a GPU) and a half-precision base under fp32 compute."""
+An NF4 base (QLoRA) is bitsandbytes' Linear4bit in place of every linear of the layers (NF4,
+double quantisation, blocks of 64, uint8 storage, the compute dtype the rung's: what
+transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_use_double_quant=True) loads; the embedding, norms and head stay unquantised in the
+compute dtype, as the engine keeps them; no prepare_model_for_kbit_training, whose fp32 casts
+and checkpointing the engine's rung does not have). bitsandbytes >= 0.46 runs it on the CPU too.
+
+Refused (an error reply, the case then says "not measured here"): an NF4 base without
+bitsandbytes, and a half-precision base under fp32 compute."""
 import inspect
 import os
 import sys
@@ -47,14 +54,43 @@ def mistral_config(m, seq):
     return Config(**kw)
 
 
+def quantize_nf4(torch, model, dtype, dev):
+    """Every linear of the layers as bitsandbytes' Linear4bit (NF4, double quantisation): the
+    weight quantised from the model's own values when it moves to dev, as from_pretrained with
+    BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype) loads it."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise ValueError("unsupported: an NF4 base (QLoRA) needs bitsandbytes (pip install bitsandbytes)")
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for n in names:
+                lin = getattr(parent, n)
+                q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                                      compute_dtype=dtype, compress_statistics=True, quant_type="nf4",
+                                      quant_storage=torch.uint8, device="meta")
+                q.weight = bnb.nn.Params4bit(lin.weight.data.to(dtype), requires_grad=False,
+                                             compress_statistics=True, quant_type="nf4",
+                                             quant_storage=torch.uint8, module=q)
+                if lin.bias is not None:
+                    q.bias = torch.nn.Parameter(lin.bias.data.to(dtype), requires_grad=False)
+                setattr(parent, n, q.to(dev))
+    # what transformers' Bnb4BitHfQuantizer sets on the model it loads: PEFT reads
+    # is_loaded_in_4bit to put its bitsandbytes LoRA layer (lora.bnb.Linear4bit) on these
+    model.is_quantized = True
+    model.quantization_method = "bitsandbytes"
+    model.is_loaded_in_4bit = True
+    return model
+
+
 def make(torch, mem, cfg):
     """The step of cfg, built on cfg's device (model, optimizer, batch; st.micro the loss of
     one micro-batch), nothing run: build() and tools/peers/memtracker_peer.py share it."""
     from transformers import MistralForCausalLM, Qwen2ForCausalLM
     t = cfg["train"]
-    if t["frozen"] == "nf4":
-        raise ValueError("unsupported: an NF4 base (QLoRA) needs bitsandbytes on a GPU")
-    if t["lora_rank"] > 0 and t["frozen"] != "fp32" and t["compute"] == "fp32":
+    if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16") and t["compute"] == "fp32":
         raise ValueError(f"unsupported: a {t['frozen']} base under fp32 compute")
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
@@ -65,6 +101,9 @@ def make(torch, mem, cfg):
         model = Model._from_config(mistral_config(cfg["model"], cfg["seq"]), attn_implementation="sdpa")
     if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16"):
         model = model.to(torch.float16 if t["frozen"] == "fp16" else torch.bfloat16)
+    if t["frozen"] == "nf4":  # the rest of the base in the compute dtype
+        dt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[t["compute"]]
+        model = quantize_nf4(torch, model.to(dt), dt, dev)
     model = model.to(dev)
     if t["checkpoint"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

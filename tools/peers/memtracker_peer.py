@@ -131,7 +131,13 @@ def trace(torch, make, cfg, steps):
     frozen_hooks_skipped(torch)
     t0 = time.perf_counter()
     with FakeTensorMode():
-        st = make(torch, NoMemory(), cfg)
+        try:
+            st = make(torch, NoMemory(), cfg)
+        except RuntimeError as e:
+            if "Params4bit" not in str(e):
+                raise
+            raise ValueError("bitsandbytes' Params4bit (an NF4 base) cannot wrap a fake tensor, so MemTracker "
+                             "cannot trace the step") from e
         t1 = time.perf_counter()
         mt = MemTracker()
         total_peak_only(mt)

@@ -16,8 +16,8 @@ the step on real tensors on the CPU instead (the values computed; the code path 
 when it runs, which on fake tensors can differ: transformers' packed-sequence check cannot read
 a fake value, so it builds a causal mask the real run does not). Prints one JSON object:
   {"script", "steps", "config" (the --config given), "real": whether --real, "torch", "transformers", "peft",
-   "base_bytes": bytes of the storages alive when the trace began (parameters, buffers, the
-                 batch: what the step does not allocate),
+   "base_bytes": bytes of the storages alive when the trace began (parameters, an NF4 weight's
+                 quantisation state, buffers, the batch: what the step does not allocate),
    "events": [[op, phase, bytes], ...]: bytes > 0 an allocation (a new storage an op made),
              bytes < 0 a free (that storage's last reference gone, after the op named),
              phase f (forward), b (backward), o (clip, optimizer, zero_grad), in step order,
@@ -25,7 +25,12 @@ a fake value, so it builds a causal mask the real run does not). Prints one JSON
    "peak_bytes": the highest sum of live bytes (base included), "peak_at": its event index,
    "peak_phase"}
 or {"error": ...} with exit status 1. A storage is counted once however many tensors view it;
-its bytes are its nbytes (no allocator rounding: the CPU's and MemTracker's view)."""
+its bytes are its nbytes (no allocator rounding: the CPU's and MemTracker's view).
+
+A custom op whose kernel is Python (bitsandbytes' gemm_4bit, dequantize_4bit: registered with
+torch.library.register_kernel) is traced inside under --real: its kernel runs with the tracer
+active, so the temporaries it makes (the dequantised weight of an NF4 matmul) are events too.
+On fake tensors the op's fake kernel is all there is (MemTracker sees no more)."""
 import os
 import sys
 import weakref
@@ -34,6 +39,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import memtracker_peer  # noqa: E402
 import peer_common  # noqa: E402
+
+
+KERNELS = {}  # (an op's qualified name, device type) -> its Python kernel (capture_kernels)
+
+
+def capture_kernels():
+    """Keep every Python kernel registered from now on (before the peer's modules are imported:
+    PEFT imports bitsandbytes, which registers its kernels at import)."""
+    import torch
+    register_kernel = torch.library.register_kernel
+
+    def capture(op, device_types, func=None, *a, **k):
+        devs = [device_types] if isinstance(device_types, str) else list(device_types or [None])
+
+        def keep(fn):
+            for d in devs:
+                KERNELS[(op if isinstance(op, str) else str(op), d)] = fn
+            return register_kernel(op, device_types, fn, *a, **k)
+        return keep(func) if func is not None else keep
+    torch.library.register_kernel = capture
 
 
 def trace(torch, make, cfg, steps, real=False):
@@ -64,7 +89,13 @@ def trace(torch, make, cfg, steps, real=False):
 
     class Tracer(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            qual = func._schema.name
+            kern = real and (KERNELS.get((qual, "cpu")) or KERNELS.get((qual, "default")))
+            if kern:  # a Python kernel: traced inside (its outputs are its last ops')
+                with self:
+                    out = kern(*args, **(kwargs or {}))
+            else:
+                out = func(*args, **(kwargs or {}))
             name = func.__name__
             state["op"] = name
             flat, _ = tree_flatten(out)
@@ -87,6 +118,11 @@ def trace(torch, make, cfg, steps, real=False):
                 continue  # rung's images and tokens)
             if isinstance(v, torch.Tensor):
                 pre.append(v)
+        for w in st.model.parameters():  # an NF4 weight's quantisation state (bitsandbytes)
+            qs = getattr(w, "quant_state", None)
+            while qs is not None:
+                pre += [x for x in (qs.absmax, qs.code, qs.offset) if isinstance(x, torch.Tensor)]
+                qs = getattr(qs, "state2", None)
         for t in pre:
             n = track(t.untyped_storage(), "init")
             base += n or 0
@@ -127,6 +163,7 @@ def main():
     real = "--real" in sys.argv
     if real:
         sys.argv.remove("--real")
+        capture_kernels()
     return memtracker_peer.cli(__doc__, lambda torch, make, cfg, steps: dict(config=cfg, real=real,
                                                                              **trace(torch, make, cfg, steps, real)))
 

@@ -66,14 +66,19 @@ typedef struct {
  * play, Qwen2ForCausalLM with qkv_bias), SDPA attention, use_cache off, PEFT LoRA on the
  * targets (lora_dropout 0, adapters in fp32), gradient checkpointing per decoder layer
  * (use_reentrant=False, with PEFT's enable_input_require_grads), autocast for fp16/bf16
- * compute with GradScaler for fp16, the clip by global norm, AdamW or SGD,
- * zero_grad(set_to_none=True): the step
+ * compute with GradScaler for fp16, the clip by global norm, AdamW, SGD or transformers'
+ * Adafactor, zero_grad(set_to_none=True), and an NF4 base as bitsandbytes' Linear4bit (NF4,
+ * double quantisation; the weight dequantised in each forward and backward; PEFT's bitsandbytes
+ * LoRA layer, which clones the base output and casts x to fp32 except under CUDA's autocast):
+ * the step
  * tools/peers/llm_lora_peer.py runs. `steps` steps (2: the first creates the optimizer's
  * state, the peak is over both). traced: mirror what PyTorch does on fake tensors (the
  * transformers causal mask is built explicitly and SDPA gets it, as MemTracker and
  * torch_trace.py see); off: the real run's path (no mask tensor, is_causal).
- * VL_ERR_UNSUPPORTED with a message in *why for what it does not mimic (an NF4 base,
- * Adafactor). Known gap: on CUDA an fp32 step with grouped KV heads runs SDPA's math kernel
+ * VL_ERR_INVALID for a step the engine refuses too (an NF4 base without LoRA). Known gaps: on
+ * CUDA bitsandbytes (0.50) picks a fused 4-bit matmul for some shapes at up to 1536 rows, which
+ * allocates no dequantised weight in the forward: planned as its unfused path, one weight's
+ * transient copy too much there (the backward dequantises either way). On CUDA an fp32 step with grouped KV heads runs SDPA's math kernel
  * (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), which keeps the
  * (B, H, T, T) attention; it is planned as flash. */
 typedef struct {
