@@ -30,7 +30,13 @@ static const char *half_variant(vl_case_env *env, vl_knobs *k, const cJSON *hell
   if ((!f16 && !b16) || cJSON_IsTrue(cJSON_GetObjectItem(hello, f16 ? "fp16_fast" : "bf16_fast"))) return NULL;
   *s = vl_knob_set_err(k, "compute", "fp32", &env->err);
   const char *fz = vl_knob_str(k, "frozen", vl_llm_knobs);
-  if (*s == VL_OK && (!strcasecmp(fz, "fp16") || !strcasecmp(fz, "bf16"))) *s = vl_knob_set_err(k, "frozen", "fp32", &env->err);
+  bool nf4 = !strcasecmp(fz, "nf4"); /* stays NF4, dequantised to fp32 */
+  if (*s == VL_OK && !nf4 && strcasecmp(fz, "fp32")) *s = vl_knob_set_err(k, "frozen", "fp32", &env->err);
+  if (nf4)
+    return f16 ? "compute in fp32 on both sides, the base NF4 (dequantised to fp32): PyTorch has no fast fp16 "
+                 "kernels on this CPU (oneDNN's need AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
+               : "compute in fp32 on both sides, the base NF4 (dequantised to fp32): PyTorch has no fast bf16 kernels "
+                 "on this CPU";
   return f16 ? "compute and frozen base in fp32 on both sides: PyTorch has no fast fp16 kernels on this CPU "
                "(oneDNN's need AVX512-FP16 or AMX-FP16), so its fp16 step would time reference loops"
              : "compute and frozen base in fp32 on both sides: PyTorch has no fast bf16 kernels on this CPU";

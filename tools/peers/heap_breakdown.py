@@ -3,7 +3,7 @@
 imported) with build/libvlmemcount.so preloaded in its "who" mode (VL_MEMCOUNT_WHO=1): every
 live heap block is kept with what allocated it, the ATen op running at the time (a
 TorchDispatchMode names each op) and whether it is a tensor's storage (the op's outputs,
-the parameters, buffers and batch, marked as such), so the malloc-counted peak the peer
+the parameters, NF4 quantisation state, buffers and batch, marked as such), so the malloc-counted peak the peer
 measures splits into tensors and what is no tensor: buffers a library takes for itself
 (oneDNN's reorders and scratchpads, MKL's packing, through PyTorch's CPU allocator or its
 own), C++ objects (autograd's nodes), Python objects. Neither the mimic nor MemTracker sees
@@ -99,14 +99,8 @@ def breakdown(torch, make, cfg, steps):
     gc.collect()
     lib.vl_memcount_who_base()  # the peer's base: before anything of the setup exists
     st = make(torch, peer_common.Memory(torch, "cpu"), cfg)
-    for t in list(st.model.parameters()) + list(st.model.buffers()):
-        tensor(t, "parameters")
-    for cell in (st.micro.__closure__ or ()):
-        try:
-            v = cell.cell_contents
-        except ValueError:
-            continue
-        tensor(v, "batch")
+    for t in peer_common.before_step(torch, st):  # parameters, quantisation state, buffers, batch
+        tensor(t, "before_step")
     t0 = time.perf_counter()
     for k in range(steps):
         gc.collect()

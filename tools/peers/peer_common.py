@@ -105,6 +105,32 @@ def fast_half(torch, device):
         return False, False
 
 
+def numel(p):
+    """A parameter's element count: an NF4 weight (bitsandbytes' Params4bit) packs two in each
+    uint8 (transformers' num_parameters counts it so too)."""
+    return p.numel() * (2 if getattr(p, "quant_state", None) is not None else 1)
+
+
+def before_step(torch, st):
+    """The tensors that exist before a step of st (a Stepper made by a peer's make): the
+    model's parameters and buffers, each NF4 weight's quantisation state (absmax, code, offset,
+    and its nested state's), and the batch (the tensors st.micro closes over)."""
+    out = list(st.model.parameters()) + list(st.model.buffers())
+    for w in st.model.parameters():
+        qs = getattr(w, "quant_state", None)
+        while qs is not None:
+            out += [x for x in (qs.absmax, qs.code, qs.offset) if isinstance(x, torch.Tensor)]
+            qs = getattr(qs, "state2", None)
+    for cell in (st.micro.__closure__ or ()):
+        try:
+            v = cell.cell_contents
+        except ValueError:  # a name the step never binds (sd_lora_peer.py: a cached rung's
+            continue  # images and tokens)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
 class Stepper:
     """A model's training step, timed, with its memory. Subclasses build model, optimizer,
     batch and the loss in setup(cfg) and set self.micro (the micro-batch forward+backward)."""
@@ -239,7 +265,7 @@ class Stepper:
 
     def ready(self, model):
         params = list(model.parameters())
-        return {"ready": 1, "params_total": sum(p.numel() for p in params),
+        return {"ready": 1, "params_total": sum(numel(p) for p in params),
                 "params_trainable": sum(p.numel() for p in params if p.requires_grad),
                 "setup_bytes": self.mem.live() - self.base if self.mem.kind else None,
                 "saved_bytes": self.saved_bytes(params)}

@@ -109,20 +109,7 @@ def trace(torch, make, cfg, steps, real=False):
     with contextlib.nullcontext() if real else FakeTensorMode():
         st = make(torch, memtracker_peer.NoMemory(), cfg)
         base = 0
-        # what exists before the step: parameters, buffers, the batch (closures of st.micro)
-        pre = [t for t in st.model.parameters()] + [t for t in st.model.buffers()]
-        for cell in (st.micro.__closure__ or ()):
-            try:
-                v = cell.cell_contents
-            except ValueError:  # a name the step never binds (sd_lora_peer.py: a cached
-                continue  # rung's images and tokens)
-            if isinstance(v, torch.Tensor):
-                pre.append(v)
-        for w in st.model.parameters():  # an NF4 weight's quantisation state (bitsandbytes)
-            qs = getattr(w, "quant_state", None)
-            while qs is not None:
-                pre += [x for x in (qs.absmax, qs.code, qs.offset) if isinstance(x, torch.Tensor)]
-                qs = getattr(qs, "state2", None)
+        pre = peer_common.before_step(torch, st)  # parameters, quantisation state, buffers, batch
         for t in pre:
             n = track(t.untyped_storage(), "init")
             base += n or 0
