@@ -169,7 +169,8 @@ const vl_case vl_case_llm_lora = {
               "article's Mistral-7B and sequence length) by the plan backend, which runs the exact "
               "allocation sequence of a training step through the same arena algorithm as a real "
               "run, with a CUDA card's workspace rules. Step time, tokens/s and loss are measured "
-              "by running each rung at the run scale; the baseline and lora rungs are then run side by side "
-              "with the same step in PyTorch (Hugging Face Mistral, SDPA, PEFT) when it is installed.",
+              "by running each rung at the run scale; the baseline, lora and qlora rungs are then run side by "
+              "side with the same step in PyTorch (Hugging Face Mistral, SDPA, PEFT; bitsandbytes for the NF4 "
+              "base) when it is installed.",
     .report = vl_llm_lora_report,
 };

@@ -176,7 +176,8 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
           scale_dims("full", dims, sizeof dims), vl_rep_fmt("%g", vl_rep_num(p0, "seq")),
           vl_rep_fmt("%.2f", vl_rep_num(p0, "cuda_context_bytes") / 1e9), vl_rep_fmt("%g", vl_rep_num(p0, "oom_batches")));
   vl_case_pytorch_report(res, md, "tools/peers/llm_lora_peer.py runs (Hugging Face's MistralForCausalLM with SDPA, "
-                         "PEFT LoRA, torch.autocast and GradScaler, clip_grad_norm_, AdamW, gradients set to None)",
+                         "PEFT LoRA, bitsandbytes' NF4 Linear4bit, torch.autocast and GradScaler, clip_grad_norm_, AdamW or "
+                         "transformers' Adafactor, gradients set to None)",
                          "An NF4 base is bitsandbytes' Linear4bit (0.50: NF4, double quantisation, the weight dequantised "
                          "in each forward and backward), held to real CPU traces; on CUDA bitsandbytes fuses the forward's "
                          "dequantisation into its own 4-bit matmul for some shapes (up to 1536 rows), which the mimic plans "
