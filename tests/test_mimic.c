@@ -383,9 +383,10 @@ static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-lo
  * under no_grad in every micro-batch. Every one matched exactly. */
 /* Hugging Face's gradient checkpointing: within 1.5% (llm-lora-ckpt's peak 0.6% low; llm-qlora-ckpt-real's,
  * the ladder's ckpt rung on real tensors (NF4, Adafactor, fp16), 0.23% low, every one of its 2,882
- * allocations >= 1 KiB matched in order, its phase ends within 2.1%: the checkpoint frames keep each
- * layer's cos and sin (8 KiB each here) past the step's end, 8 more after each step (64 KiB after
- * the first, 128 KiB after the second), which the mimic frees at their last use). The small tensors the
+ * allocations >= 1 KiB matched in order, its phase ends within 2.1%: PyTorch keeps 8 more tensors
+ * of 8 KiB past each step's end (64 KiB after the first, 128 KiB after the second), by their size
+ * (T x head_dim fp16) the checkpoint frames' cos and sin, inferred rather than traced to their
+ * owner; the mimic frees those at their last use). The small tensors the
  * mimic leaves out (the causal mask's and rotary embedding's temporaries, position ids) are
  * kept longer by the checkpoint frames of the layers; the recomputation's early stop makes
  * the mimic allocate four tensors PyTorch does not (checked: at most 4). */
