@@ -646,6 +646,54 @@ static void test_cuda_path(void **state) {
   assert_true(rq.max_reserved >= rq.max_allocated);
 }
 
+typedef struct {
+  int64_t b[64];
+  int n;
+} bw_allocs;
+
+static void flash_bw_sink(void *user, const vl_mimic_event *e) {
+  bw_allocs *a = user;
+  if (e->bytes > 0 && strcmp(e->op, "_scaled_dot_product_flash_attention_backward") == 0 && a->n < 64)
+    a->b[a->n++] = e->bytes;
+}
+
+/* CUDA's flash attention backward (PyTorch's FlashAttention-2 mha_bwd, read from its source):
+ * dq, dk, dv, then softmax_d (B·H·Tq rounded up to 128, fp32), dq_accum (B·Tq rounded·H·hd
+ * rounded up to 32, fp32) and, with grouped KV heads, dK and dV at every query head (fp16) */
+static void test_flash_backward_buffers(void **state) {
+  (void)state;
+  vl_mimic_llm_cfg c = small_cfg(); /* 8 heads, 2 KV heads, head dim 32, 4 layers */
+  c.model.tc.lora_rank = 8;
+  c.model.tc.lora_alpha = 16;
+  c.model.tc.compute = VL_F16; /* autocast: SDPA runs in fp16, flash attention */
+  c.seq = c.model.mc.seq = 100;
+  vl_mimic_result r;
+  char why[200];
+  bw_allocs a = {.n = 0};
+  assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
+  const int64_t B = 2, H = 8, KV = 2, T = 100, hd = 32;
+  const int64_t want[7] = {B * H * T * hd * 2, B * KV * T * hd * 2, B * KV * T * hd * 2, B * H * 128 * 4,
+                           B * 128 * H * hd * 4, B * H * T * hd * 2, B * H * T * hd * 2};
+  assert_int_equal(a.n, 7 * 4 * 2); /* every layer's backward, two steps */
+  for (int i = 0; i < a.n; i++) assert_int_equal(a.b[i], want[i % 7]);
+  /* heads not grouped: no expanded dK, dV */
+  c.model.mc.n_kv_heads = 8;
+  a.n = 0;
+  assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
+  assert_int_equal(a.n, 5 * 4 * 2);
+  assert_int_equal(a.b[4], B * 128 * H * hd * 4);
+  /* fp32 (another kernel on CUDA) and the CPU's flash kernel: none of these */
+  c.model.tc.compute = VL_F32;
+  a.n = 0;
+  assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
+  assert_int_equal(a.n, 3 * 4 * 2);
+  c.model.tc.compute = VL_F16;
+  c.device = VL_MIMIC_CPU;
+  a.n = 0;
+  assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
+  assert_int_equal(a.n, 0);
+}
+
 static vl_status run_sd_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
                              size_t whyn) {
   vl_mimic_sd_unet_cfg c = *(const vl_mimic_sd_unet_cfg *)cfg;
@@ -799,7 +847,8 @@ static void test_accum_repeats(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_traces),   cmocka_unit_test(test_traces_planted), cmocka_unit_test(test_memtracker),
-      cmocka_unit_test(test_cuda_path), cmocka_unit_test(test_sd_cuda_path),
+      cmocka_unit_test(test_cuda_path), cmocka_unit_test(test_flash_backward_buffers),
+      cmocka_unit_test(test_sd_cuda_path),
       cmocka_unit_test(test_cublas_workspace), cmocka_unit_test(test_refused), cmocka_unit_test(test_accum_repeats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -240,6 +240,7 @@ static mt_id attention(prog *p, mt_id x, mt_id ctx, int64_t Lq, int64_t Lk, cons
                                : "_scaled_dot_product_efficient_attention";
     int64_t lq = p->cuda && !p->aesz ? (Lq + 31) / 32 * 32 : Lq;
     a = mt_sdpa(t, op, qq, kk, vv, 0, B * p->H * lq);
+    if (p->cuda && p->aesz) mt_flash_bw_buffers(t, a, B, p->H, p->H, Lq, Lk, C / p->H);
   }
   mt_id y = linear(p, a, o, B * Lq, true, p->B > 1);
   mt_drop(t, a);

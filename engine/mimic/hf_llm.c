@@ -264,6 +264,8 @@ static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, m
     fmask = mt_temp(t, "where", p->B * p->T * p->T, mt_esz(t, q));
   mt_id o = mt_sdpa(t, p->cuda ? "_scaled_dot_product_flash_attention" : "_scaled_dot_product_flash_attention_for_cpu",
                     q, k, v, fmask, p->B * p->H * p->T);
+  if (p->cuda && mt_esz(t, q) == 2) /* flash attention proper (fp32 runs another kernel: mimic.h) */
+    mt_flash_bw_buffers(t, o, p->B, p->H, repeat ? p->H : p->KV, p->T, p->T, p->hd);
   drop2(p, q, k);
   drop2(p, v, fmask);
   mt_id out = lora_linear(p, o, &y->o);

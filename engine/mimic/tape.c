@@ -19,6 +19,7 @@ typedef struct {
   const char *op;
   mt_id in[4], saved[6], out;
   int nin, nsaved;
+  int64_t ws[4]; /* SDPA on CUDA: the buffers its backward makes beside the gradients (bytes) */
   int holds; /* inside a checkpointed block: what it saved (as holders) */
 } mt_node;
 
@@ -438,6 +439,19 @@ mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask,
   return out;
 }
 
+void mt_flash_bw_buffers(mt_tape *t, mt_id out, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk,
+                         int64_t hd) {
+  if (!out || t->t[out].node <= 0 || t->n[t->t[out].node].out != out) return; /* no graph */
+  int64_t *ws = t->n[t->t[out].node].ws;
+  int64_t tq = (Tq + 127) / 128 * 128, hdr = (hd + (hd <= 128 ? 31 : 63)) / (hd <= 128 ? 32 : 64) * (hd <= 128 ? 32 : 64);
+  ws[0] = B * H * tq * 4;       /* softmax_d, fp32 */
+  ws[1] = B * tq * H * hdr * 4; /* dq_accum, fp32 (the loop is always on) */
+  if (Hkv != H) {               /* grouped KV: dK and dV at every query head, then summed */
+    ws[2] = B * Tk * H * hd * t->t[out].esz;
+    ws[3] = ws[2];
+  }
+}
+
 mt_id mt_cast(mt_tape *t, mt_id x, int esz, bool autocast) {
   mt_t *s = &t->t[x];
   if (s->esz == esz) {
@@ -728,6 +742,11 @@ static void run_node(mt_tape *t, mt_node *n) {
     mt_id gq = ra ? tmp(t, bw, t->t[a].numel, t->t[a].esz) : 0;
     mt_id gk = rb ? tmp(t, bw, t->t[b].numel, t->t[b].esz) : 0;
     mt_id gv = rc ? tmp(t, bw, t->t[c].numel, t->t[c].esz) : 0;
+    mt_id ws[4] = {0};
+    for (int i = 0; i < 4; i++)
+      if (n->ws[i]) ws[i] = tmp(t, bw, n->ws[i], 1);
+    for (int i = 3; i >= 0; i--) /* the kernel's locals go at its return, the last made first */
+      if (ws[i]) mt_drop(t, ws[i]);
     if (gq) defer(&out, a, gq);
     if (gk) defer(&out, b, gk);
     if (gv) defer(&out, c, gv);

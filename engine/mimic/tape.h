@@ -120,6 +120,14 @@ mt_id mt_slice(mt_tape *t, mt_id x, int64_t numel);
  * the logsumexp when any of q, k, v requires grad, else (no_grad) records nothing and lets
  * the logsumexp go at once */
 mt_id mt_sdpa(mt_tape *t, const char *op, mt_id q, mt_id k, mt_id v, mt_id mask, int64_t lse_numel);
+/* CUDA's flash attention (PyTorch's FlashAttention-2, flash_api.cpp's mha_bwd): what its
+ * backward makes beside dq, dk and dv and frees at its return, attached to the node of the SDPA
+ * whose output is `out` (nothing without a graph): softmax_d (B·H·Tq rounded up to 128, fp32),
+ * dq_accum (B·Tq rounded·H·hd rounded up to 32, or 64 past 128, fp32), and with grouped KV
+ * heads dK and dV at every query head (q's dtype) that it then sums to the KV heads. Read from
+ * the source, not yet measured on a GPU. */
+void mt_flash_bw_buffers(mt_tape *t, mt_id out, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk,
+                         int64_t hd);
 /* autocast's cast of x to esz: x itself if it already has it; a leaf that requires grad is
  * cast once per autocast region (the weight cache) */
 mt_id mt_cast(mt_tape *t, mt_id x, int esz, bool autocast);
