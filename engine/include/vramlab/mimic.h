@@ -79,7 +79,7 @@ typedef struct {
  * CUDA bitsandbytes (0.50) picks a fused 4-bit matmul for some shapes at up to 1536 rows, which
  * allocates no dequantised weight in the forward: planned as its unfused path, one weight's
  * transient copy too much there (the backward dequantises either way). On CUDA an fp32 step with grouped KV heads runs SDPA's math kernel
- * (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), which keeps the
+ * in PyTorch 2.11 (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), which keeps the
  * (B, H, T, T) attention; it is planned as flash. */
 typedef struct {
   vl_mistral_model_cfg model;
