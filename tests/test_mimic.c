@@ -47,6 +47,8 @@ static vl_mimic_llm_cfg cfg_of(const cJSON *c) {
   m.steps = 2;
   m.device = VL_MIMIC_CPU;
   m.traced = true;
+  const char *sdpa = cJSON_GetStringValue(cJSON_GetObjectItem(t, "sdpa")); /* the math kernel forced */
+  m.sdpa_math = sdpa && !strcmp(sdpa, "math");
   return m;
 }
 
@@ -357,6 +359,9 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
  * Adafactor ones: llm-adafactor (fake, tiny, --step baseline --set baseline.optimizer=adafactor
  * with train.adafactor_beta1 true and seq 16) and llm-adafactor-real (--step lora --set
  * lora.optimizer=adafactor, compute and frozen "fp32"). */
+/* llm-base-math-real: llm-base-real's config with train.sdpa "math" (llm_lora_peer.py runs the
+ * step under sdpa_kernel(SDPBackend.MATH)): SDPA's math kernel, which CUDA runs for an fp32 step
+ * with grouped KV heads (PyTorch 2.11), traced on the CPU; matched exactly. */
 /* The llm-*-real traces: the step on real tensors (torch_trace.py --real), the code path the
  * side by side and a GPU run take, at the small scale (sequence 128: position ids and
  * transformers' packed-sequence check are 1 KiB and more):
@@ -369,7 +374,7 @@ static int compare_trace_tol(const char *path, const void *cfg_in, bool quiet, t
  * seg-ckpt's `before` at the tiny scale, --real (there F.mse_loss keeps its unreduced buffer
  * as the loss's storage). Every one matched exactly. */
 static const char *const traces[] = {"llm-base", "llm-fp16", "llm-lora", "llm-loraall", "llm-qwen", "llm-lora-ckpt",
-                                     "llm-base-real", "llm-lora-real", "llm-fp16-real", "llm-adafactor", "llm-adafactor-real", "llm-qlora-real", "llm-qlora-f16-real", "llm-qlora-ckpt-real",
+                                     "llm-base-real", "llm-base-math-real", "llm-lora-real", "llm-fp16-real", "llm-adafactor", "llm-adafactor-real", "llm-qlora-real", "llm-qlora-f16-real", "llm-qlora-ckpt-real",
                                      "seg-before", "seg-ckpt", "seg-relu_off", "seg-amp", "sd-f32", "sd-f32-ckpt", "sd-f16", "sd-f16-ckpt", "sd-bf16", "sd-f16-classic", "sd-f32-classic-ckpt",
                                      "sd-f32-enc", "sd-f16-enc", "sd-f32-classic-enc", "sd-f16-classic-enc", "sd-f16-ckpt-enc", "sd-f32-enc-real", "seg-before-real"};
 /* The sd-* traces: the ladder's disk_cache rung (cached latents and text embeddings) at the
@@ -427,6 +432,16 @@ static void test_traces_planted(void **state) {
   real.traced = false; /* no causal-mask tensor: PyTorch's real run, not its fake-tensor trace */
   assert_true(compare_trace("tests/fixtures/trace/llm-lora.json", &real, true) > 0);
   assert_int_equal(compare_trace("tests/fixtures/trace/llm-lora.json", &c, true), 0);
+  /* SDPA's math kernel: the flash kernel's step against its trace */
+  const char *mt = "tests/fixtures/trace/llm-base-math-real.json";
+  fx = load(mt);
+  c = cfg_of(cJSON_GetObjectItem(fx, "config"));
+  c.traced = false;
+  cJSON_Delete(fx);
+  vl_mimic_llm_cfg fl = c;
+  fl.sdpa_math = false;
+  assert_true(compare_trace(mt, &fl, true) > 0);
+  assert_int_equal(compare_trace(mt, &c, true), 0);
   /* Adafactor: AdamW against its trace, no first moment against one with it */
   const char *ada = "tests/fixtures/trace/llm-adafactor.json";
   fx = load(ada);
@@ -682,11 +697,15 @@ static void test_flash_backward_buffers(void **state) {
   assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
   assert_int_equal(a.n, 5 * 4 * 2);
   assert_int_equal(a.b[4], B * 128 * H * hd * 4);
-  /* fp32 (another kernel on CUDA) and the CPU's flash kernel: none of these */
+  /* fp32 (flash takes fp16/bf16 only) and the CPU's flash kernel: none of these */
   c.model.tc.compute = VL_F32;
   a.n = 0;
   assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
   assert_int_equal(a.n, 3 * 4 * 2);
+  c.model.mc.n_kv_heads = 2; /* fp32 with grouped KV heads: the math kernel (PyTorch 2.11), no flash */
+  a.n = 0;
+  assert_int_equal(vl_mimic_llm(&c, &r, flash_bw_sink, &a, why, sizeof why), VL_OK);
+  assert_int_equal(a.n, 0);
   c.model.tc.compute = VL_F16;
   c.device = VL_MIMIC_CPU;
   a.n = 0;

@@ -183,9 +183,11 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
                          "dequantisation into its own 4-bit matmul for some shapes (up to 1536 rows), which the mimic plans "
                          "unfused: at most one weight's transient copy too much in the forward. MemTracker cannot trace it "
                          "(Params4bit cannot wrap a fake tensor). On CUDA an fp32 step with grouped KV heads runs "
-                         "SDPA's math kernel in PyTorch 2.11 (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), "
-                         "which keeps each layer's (B, H, T, T) attention; the mimic plans it as flash, a known gap (the "
-                         "fp32 rungs above peak in the optimizer step). " VL_MIMIC_GPU_MEASURED);
+                         "SDPA's math kernel in PyTorch 2.11 (flash takes fp16/bf16 only, the memory-efficient kernel no "
+                         "grouped heads), which keeps each layer's (B, H, T, T) attention: the mimic plans that kernel, held "
+                         "to a trace of it on this CPU (sdpa_kernel(MATH)); flash attention's backward buffers (softmax_d, "
+                         "dq_accum, the expanded dK and dV) are read from PyTorch's source, not yet measured on a GPU. "
+                         VL_MIMIC_GPU_MEASURED);
   fprintf(appendix, "### llm-lora: the planner's speed\n\nPlanning one full-scale step took at most %s s; the "
                     "largest-batch search at most %s s (targets: < 0.5 s, < 2 s).\n\n",
           vl_rep_fmt("%.3f", max_over_rungs(res, "plan_seconds")),

@@ -225,6 +225,43 @@ static mt_id rope(prog *p, mt_id x, mt_id cos, mt_id sin) {
   return y;
 }
 
+/* SDPA's math kernel (_scaled_dot_product_attention_math, is_causal, enable_gqa), as the trace of
+ * an fp32 step under sdpa_kernel(MATH) shows it: q scaled; the causal mask (ones, tril, then
+ * where(mask, 0, -inf) in q's dtype); k and v repeated to every query head (repeat_interleave's
+ * clones); k scaled; matmul's reshape copies q (its rope output is in (B, T, H, hd) order);
+ * bmm; the mask added out of place; _safe_softmax; bmm with v; its locals (scaled q, repeated
+ * k, the mask) freed at its return. The output, (B, H, T, hd) contiguous, is copied by
+ * transformers' transpose(1, 2).contiguous(), so its gradient comes back transposed. */
+static mt_id sdpa_math(prog *p, mt_id q, mt_id k, mt_id v) {
+  mt_tape *t = p->t;
+  int esz = mt_esz(t, q);
+  int64_t n = p->B * p->H * p->T * p->hd, tt = p->T * p->T, s = p->B * p->H * tt;
+  mt_id qs = mt_op(t, "mul", MT_BW_MULS, n, esz, q, 0, 0);
+  mt_id ones = mt_temp(t, "ones", tt, 1), tril = mt_temp(t, "tril", tt, 1);
+  mt_drop(t, ones);
+  mt_id zero = mt_temp(t, "scalar_tensor", 1, esz), inf = mt_temp(t, "scalar_tensor", 1, esz);
+  mt_id mask = mt_temp(t, "where", tt, esz);
+  drop2(p, zero, inf);
+  mt_drop(t, tril);
+  mt_id ke = mt_op(t, "clone", MT_BW_EXPAND, n, esz, k, 0, 0), ve = mt_op(t, "clone", MT_BW_EXPAND, n, esz, v, 0, 0);
+  mt_id ks = mt_op(t, "mul", MT_BW_MULS, n, esz, ke, 0, 0);
+  mt_id qc = mt_op(t, "clone", MT_BW_ADD, n, esz, qs, 0, 0); /* CloneBackward: the gradient passes */
+  mt_id sc = mt_op(t, "bmm", MT_BW_BMM, s, esz, qc, ks, 0);
+  drop2(p, qc, ks);
+  mt_id a = bin(p, "add", MT_BW_ADD, sc, mask);
+  mt_drop(t, sc);
+  mt_id pr = mt_op(t, "_safe_softmax", MT_BW_SOFTMAX, s, esz, a, 0, 0);
+  mt_drop(t, a);
+  mt_id o = mt_op(t, "bmm", MT_BW_BMM, n, esz, pr, ve, 0);
+  drop2(p, pr, ve);
+  drop2(p, qs, ke);
+  mt_drop(t, mask);
+  mt_noncontig_grad(t, o);
+  mt_id oc = mt_op(t, "clone", MT_BW_ADD, n, esz, o, 0, 0);
+  mt_drop(t, o);
+  return oc;
+}
+
 /* MistralAttention.forward + sdpa_attention_forward; h keeps its reference */
 static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, mt_id mask) {
   mt_tape *t = p->t;
@@ -235,13 +272,16 @@ static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, m
   /* repeat_kv only with a mask: with none (and head_dim <= 256), transformers' use_gqa_in_sdpa
    * passes enable_gqa to SDPA, on the CPU as on CUDA, which takes k and v at their own heads */
   bool repeat = rep > 1 && mask;
+  /* the math kernel: forced (the traces), or CUDA's choice for fp32 with grouped KV heads
+   * (flash takes fp16/bf16 only; PyTorch 2.11's memory-efficient kernel no grouped heads) */
+  bool math = !repeat && (p->c->sdpa_math || (p->cuda && rep > 1 && !p->aesz && mt_esz(t, q) == 4));
   /* .view(hidden_shape).transpose(1, 2): a gradient that comes back in (B, heads, T, hd) order
    * is copied before its projection's mm. q's and k's come from rope's backward; v's from SDPA's
    * backward, which gives it in v's own strides (no copy), unless the mask's path expanded v
    * (repeat_kv's sum gives it in head order) */
   mt_noncontig_grad(t, q);
   mt_noncontig_grad(t, k);
-  if (mask) mt_noncontig_grad(t, v);
+  if (mask || (math && rep > 1)) mt_noncontig_grad(t, v); /* repeated: its sum gives head order */
   q = rope(p, q, cos, sin);
   k = rope(p, k, cos, sin);
   if (repeat) {
@@ -258,6 +298,14 @@ static mt_id attention(prog *p, mt_id h, const layer *y, mt_id cos, mt_id sin, m
     drop2(p, q, k);
     mt_drop(t, v);
     q = q2, k = k2, v = v2;
+  }
+  if (math) {
+    mt_id o = sdpa_math(p, q, k, v);
+    mt_id out = lora_linear(p, o, &y->o);
+    mt_drop(t, o);
+    drop2(p, q, k); /* the forward's locals, at its return: not saved by the math kernel's ops */
+    mt_drop(t, v);
+    return out;
   }
   mt_id fmask = 0;
   if (mask) /* SDPA's CPU path turns the boolean mask into an additive one of q's dtype */

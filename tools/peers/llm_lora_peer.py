@@ -20,6 +20,10 @@ bnb_4bit_use_double_quant=True) loads; the embedding, norms and head stay unquan
 compute dtype, as the engine keeps them; no prepare_model_for_kbit_training, whose fp32 casts
 and checkpointing the engine's rung does not have). bitsandbytes >= 0.46 runs it on the CPU too.
 
+train.sdpa "math" (for traces only: the case never sets it) runs the step under
+sdpa_kernel(SDPBackend.MATH): SDPA's math kernel, which CUDA takes by itself for an fp32 step
+with grouped KV heads (PyTorch 2.11), traced on the CPU (tests/fixtures/trace/llm-base-math-real).
+
 Refused (an error reply, the case then says "not measured here"): an NF4 base without
 bitsandbytes, and a half-precision base under fp32 compute."""
 import inspect
@@ -119,6 +123,13 @@ def make(torch, mem, cfg):
     g = torch.Generator().manual_seed(cfg["seed"] + 1000)
     x = torch.randint(0, cfg["model"]["vocab"], (cfg["batch"], cfg["seq"]), generator=g).to(dev)
     st.micro = lambda: model(input_ids=x, labels=x).loss
+    if t.get("sdpa") == "math":  # SDPA's math kernel: what CUDA runs for an fp32 step with grouped KV heads
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # (PyTorch 2.11), traced on the CPU
+
+        def micro():  # closes over the batch, as peer_common.before_step reads it
+            with sdpa_kernel(SDPBackend.MATH):
+                return model(input_ids=x, labels=x).loss
+        st.micro = micro
     st.model = model
     return st
 

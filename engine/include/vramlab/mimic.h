@@ -78,15 +78,19 @@ typedef struct {
  * VL_ERR_INVALID for a step the engine refuses too (an NF4 base without LoRA). Known gaps: on
  * CUDA bitsandbytes (0.50) picks a fused 4-bit matmul for some shapes at up to 1536 rows, which
  * allocates no dequantised weight in the forward: planned as its unfused path, one weight's
- * transient copy too much there (the backward dequantises either way). On CUDA an fp32 step with grouped KV heads runs SDPA's math kernel
- * in PyTorch 2.11 (flash takes fp16/bf16 only, the memory-efficient kernel no grouped heads), which keeps the
- * (B, H, T, T) attention; it is planned as flash. */
+ * transient copy too much there (the backward dequantises either way). On CUDA an fp32 step with
+ * grouped KV heads runs SDPA's math kernel in PyTorch 2.11 (flash takes fp16/bf16 only, the
+ * memory-efficient kernel no grouped heads), which keeps the (B, H, T, T) attention: planned as
+ * that kernel (sdpa_math below; test_mimic holds it to a CPU trace of it). */
 typedef struct {
   vl_mistral_model_cfg model;
   int64_t batch, seq, accum;
   int steps;
   vl_mimic_device device;
   bool traced;
+  /* SDPA's math kernel (sdpa_kernel(SDPBackend.MATH) on the CPU: the traces). The CUDA path
+   * takes it by itself for an fp32 step with grouped KV heads, as PyTorch 2.11 does */
+  bool sdpa_math;
   /* CUDA: the bytes the caching allocator may reserve (the card less the CUDA context, or
    * a per-process fraction); 0 unlimited. Past it the allocator frees its cached segments
    * and retries, as PyTorch does, then reports out of memory (oom). */
