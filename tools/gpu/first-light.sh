@@ -364,6 +364,10 @@ s_peers() {
   local rc=0
   "$PY" -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' ||
     echo "PyTorch, transformers or peft missing for $PY: the peers will say not measured"
+  # SDPA on this card, measured (seconds): the kernel PyTorch picks and what its backward makes
+  # beyond the gradients, beside the mimic's assumptions (tools/gpu/sdpa_probe.py)
+  timeout 60 "$PY" tools/gpu/sdpa_probe.py > "$RES/sdpa-probe.json" || rc=1
+  cat "$RES/sdpa-probe.json"
   # the peers run after the whole ladder; its `after` rung (batch = max) held at batch 8 here;
   # FIRST_LIGHT_SEG_FP32=1 holds seg-ckpt's fp16 rungs at fp32 (its fp16 step hung on the H200)
   local segx=()

@@ -244,6 +244,22 @@ def main():
           "mimic's max_memory_reserved | mimic vs PyTorch |\n|---|---|---|---|---|---|---|---|---|---|---|")
         p("\n".join(prow) + "\n")
 
+    sp = load(os.path.join(res, "sdpa-probe.json")) or {}
+    if sp:
+        p("## SDPA on this card (stage 5, tools/gpu/sdpa_probe.py)\n")
+        if sp.get("not_measured"):
+            p(f"not measured: {sp['not_measured']}\n")
+        else:
+            p(f"torch {sp.get('torch')}, {sp.get('device')}, sm {sp.get('capability')}; B 4, T 512, 32 heads of 128, "
+              "causal; bytes on the second step\n")
+            p("| dtype | KV heads | kernel | forward keeps | backward peak | backward beyond dq, dk, dv | "
+              "mimic's flash buffers |\n|---|---|---|---|---|---|---|")
+            for c in sp.get("cases", []):
+                p(f"| {c.get('dtype')} | {c.get('KV')} | {c.get('backend', c.get('error', '?'))} | "
+                  f"{c.get('fwd_kept_bytes', '–')} | {c.get('bw_peak_bytes', '–')} | {c.get('bw_extra_bytes', '–')} | "
+                  f"{c.get('mimic_bw_extra_bytes') if c.get('mimic_bw_extra_bytes') is not None else '–'} |")
+            p("")
+
     rg = text(os.path.join(res, "regress.txt"))
     if rg:
         p("## Regress baseline (stage 6)\n\n```\n" + "\n".join(rg.splitlines()[-60:]) + "\n```\n")
