@@ -113,6 +113,19 @@ static void test_parser_errors(void **state) {
   expect_field_error("num_attention_heads", "30", "does not divide hidden_size 4096");
   expect_field_error("num_key_value_heads", "5", "does not divide num_attention_heads 32");
   expect_field_error("head_dim", "127", "odd");
+  /* a head_dim derived past its limit (hidden_size / num_attention_heads, no head_dim given):
+   * found by fuzz_model_config */
+  char *dt = mistral_with("num_attention_heads", "1");
+  cJSON *o = cJSON_Parse(dt);
+  free(dt);
+  assert_non_null(o);
+  cJSON_DeleteItemFromObjectCaseSensitive(o, "num_key_value_heads");
+  cJSON_DeleteItemFromObjectCaseSensitive(o, "head_dim");
+  cJSON_ReplaceItemInObjectCaseSensitive(o, "hidden_size", cJSON_CreateNumber(4192));
+  dt = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  expect_error(dt, (const char *const[]){"num_attention_heads", "head_dim 4192", "exceeds 4096", NULL});
+  free(dt);
   /* what the engine's Mistral does not have is refused, never ignored */
   expect_field_error("tie_word_embeddings", "1", "expected true or false");
   expect_field_error("attention_bias", "true", "q, k and v only");

@@ -181,6 +181,9 @@ static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
       return hf_fail(h, "num_attention_heads", "%lld does not divide hidden_size %lld (and no head_dim is given)",
                      (long long)heads, (long long)dim);
     hd = dim / heads;
+    if (hd > X->head_dim) /* derived, so hf_int's bound did not see it (found by fuzz_model_config) */
+      return hf_fail(h, "num_attention_heads", "head_dim %lld (hidden_size %lld / %lld heads) exceeds %lld",
+                     (long long)hd, (long long)dim, (long long)heads, (long long)X->head_dim);
   }
   if (!has_kv) kv = heads; /* transformers: multi-head attention when absent */
   if (heads % kv)
