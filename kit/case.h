@@ -146,8 +146,12 @@ void vl_case_pytorch_json(cJSON *out, vl_case_mimic_fn run, const void *cfg, int
 /* The mimic of a side by side's PyTorch step (the peer's own batch and code path) into a
  * compared rung `o`: mimic_peak_bytes (on the CPU the live tensor peak, what the peer's malloc
  * count sees; on CUDA max_memory_allocated, what the peer reads there), mimic_max_reserved_bytes
- * (CUDA), mimic_code_path, mimic_seconds; mimic_why where it is not mimicked. */
-void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, const char *why, bool cuda);
+ * (CUDA), mimic_code_path, mimic_seconds; mimic_why where it is not mimicked. fake (NULL: none):
+ * the mimic of the step as MemTracker traces it (PyTorch's code path on fake tensors, the CPU's),
+ * into mimic_fake_peak_bytes less the batch, which MemTracker does not count: the like-for-like
+ * number beside MemTracker's. */
+void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, const vl_mimic_result *fake,
+                             const char *why, bool cuda);
 /* "## PyTorch's own step on the card (planned, mimic)": each rung's "pytorch" beside the
  * engine's plan; replays: what step it is ("tools/peers/X.py runs (...)"); note: what it does
  * not mimic. Nothing when no rung has one. */

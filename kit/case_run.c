@@ -130,12 +130,15 @@ vl_status vl_case_triage(vl_case_env *env, vl_status s, const char *msg, cJSON *
   return s;
 }
 
-void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, const char *why, bool cuda) {
+void vl_case_peer_mimic_json(cJSON *o, vl_status s, const vl_mimic_result *m, const vl_mimic_result *fake,
+                             const char *why, bool cuda) {
   if (s != VL_OK) {
     cJSON_AddStringToObject(o, "mimic_why", why);
     return;
   }
   cJSON_AddNumberToObject(o, "mimic_peak_bytes", (double)(cuda ? m->max_allocated : m->peak_bytes));
+  /* MemTracker's terms: its fake-tensor code path, the batch (made before it tracks) not counted */
+  if (fake) cJSON_AddNumberToObject(o, "mimic_fake_peak_bytes", (double)(fake->peak_bytes - fake->cat[VL_MC_OTH]));
   if (cuda) cJSON_AddNumberToObject(o, "mimic_max_reserved_bytes", (double)m->max_reserved);
   cJSON_AddStringToObject(o, "mimic_code_path", cuda ? "cuda" : "cpu");
   cJSON_AddNumberToObject(o, "mimic_seconds", m->seconds);

@@ -798,18 +798,21 @@ static void report_estimates(const cJSON *pe, FILE *md) {
   if (!any) return;
   fprintf(md, "\n#### The step's peak, four ways\n\n"
               "| rung | engine's plan MB (planned) | PyTorch mimic MB (planned) | MemTracker MB (PyTorch's estimator) "
-              "| PyTorch measured MB | mimic vs measured | MemTracker vs measured | PyTorch's tensors at their peak MB "
+              "| mimic on MemTracker's terms MB (planned; vs MemTracker) | PyTorch measured MB | mimic vs measured | MemTracker vs measured | PyTorch's tensors at their peak MB "
               "(measured) | mimic vs measured tensors | no tensor at the measured peak MB (measured) | planning time: "
               "engine ms / mimic ms / MemTracker s |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
     if (cJSON_GetObjectItem(o, "not_measured")) continue;
+    double fake = vl_rep_num(o, "mimic_fake_peak_bytes"), mt = vl_rep_num(o, "memtracker_peak_bytes");
     double real = vl_rep_num(o, "peer_peak_bytes");
     double tens = vl_rep_num(o, "heap_tensor_peak_bytes");
-    fprintf(md, "| %s%s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
+    fprintf(md, "| %s%s | %s | %s | %s | %s%s | %s | %s | %s | %s | %s | %s | %s / %s / %s |\n", vl_rep_str(o, "rung"),
             cJSON_GetObjectItem(o, "variant") ? " (variant)" : "",
             vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why", "not mimicked"),
-            mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"), vl_rep_fmt("%.1f", mb(real)),
+            mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"),
+            isnan(fake) ? "-" : vl_rep_fmt("%.1f", mb(fake)), isnan(fake) || isnan(mt) ? "" : vl_rep_fmt(" (%+.1f%%)", 100 * (fake / mt - 1)),
+            vl_rep_fmt("%.1f", mb(real)),
             pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
             mb_or(o, "heap_tensor_peak_bytes", "heap_why", "not measured here"), pct_vs(o, "mimic_peak_bytes", tens),
             mb_or(o, "heap_no_tensor_bytes_at_peak", "heap_why", "not measured here"),
@@ -820,7 +823,11 @@ static void report_estimates(const cJSON *pe, FILE *md) {
               "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
               "(`torch.distributed._tools.mem_tracker`) traces the real ops on fake tensors, the batch not counted; "
               "\"measured\" is the peer's live heap bytes above those when its setup began (malloc-counted: kernel "
-              "workspaces and library buffers that are no tensor are in it, not in the two estimates). Its split "
+              "workspaces and library buffers that are no tensor are in it, not in the two estimates). MemTracker's "
+              "terms: the mimic of the step as MemTracker traces it, PyTorch's code path on fake tensors (there "
+              "transformers builds the causal mask as a tensor and SDPA repeats k and v to every head, where the "
+              "real run passes is_causal and grouped heads; F.mse_loss's output is a storage of its own), the batch "
+              "not counted: the like-for-like number beside MemTracker's. Its split "
               "(tools/peers/heap_breakdown.py: the step run again in a fresh process, each heap block kept with the "
               "ATen op that made it and whether it is a tensor's storage) gives PyTorch's tensors at their highest, "
               "the number the mimic and MemTracker estimate, and what is no tensor at the measured peak.");

@@ -119,7 +119,11 @@ static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev
   vl_mimic_result m;
   char why[200];
   vl_status s = vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why);
-  vl_case_peer_mimic_json(o, s, &m, why, dev == VL_DEV_CUDA);
+  /* MemTracker's terms (CPU): its fake tensors take the explicit causal mask and repeat_kv */
+  vl_mimic_result fake;
+  c.traced = true;
+  bool cpu = s == VL_OK && dev != VL_DEV_CUDA && vl_mimic_llm(&c, &fake, NULL, NULL, why, sizeof why) == VL_OK;
+  vl_case_peer_mimic_json(o, s, &m, cpu ? &fake : NULL, why, dev == VL_DEV_CUDA);
 }
 
 static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, const cJSON *rung, int threads,

@@ -443,7 +443,8 @@ void mt_flash_bw_buffers(mt_tape *t, mt_id out, int64_t B, int64_t H, int64_t Hk
                          int64_t hd) {
   if (!out || t->t[out].node <= 0 || t->n[t->t[out].node].out != out) return; /* no graph */
   int64_t *ws = t->n[t->t[out].node].ws;
-  int64_t tq = (Tq + 127) / 128 * 128, hdr = (hd + (hd <= 128 ? 31 : 63)) / (hd <= 128 ? 32 : 64) * (hd <= 128 ? 32 : 64);
+  int64_t hm = hd <= 128 ? 32 : 64; /* head_dim rounded up to this multiple */
+  int64_t tq = (Tq + 127) / 128 * 128, hdr = (hd + hm - 1) / hm * hm;
   ws[0] = B * H * tq * 4;       /* softmax_d, fp32 */
   ws[1] = B * tq * H * hdr * 4; /* dq_accum, fp32 (the loop is always on) */
   if (Hkv != H) {               /* grouped KV: dK and dV at every query head, then summed */
