@@ -180,8 +180,11 @@ void vl_llm_lora_report(cJSON *res, FILE *md, FILE *appendix, const char *dir, c
                          "transformers' Adafactor, gradients set to None)",
                          "An NF4 base is bitsandbytes' Linear4bit (0.50: NF4, double quantisation, the weight dequantised "
                          "in each forward and backward), held to real CPU traces; on CUDA bitsandbytes fuses the forward's "
-                         "dequantisation into its own 4-bit matmul for some shapes (up to 1536 rows), which the mimic plans "
-                         "unfused: at most one weight's transient copy too much in the forward. MemTracker cannot trace it "
+                         "dequantisation into its own 4-bit matmul for some shapes, which the mimic plans unfused: at most one "
+                         "weight's transient copy too much in the forward. It never does past 1536 rows (batch × "
+                         "sequence), nor past 512 for a weight of 4 Mi elements or more, as every 7B weight is "
+                         "(bitsandbytes 0.50's _gemm_4bit_use_custom_cuda), so the full-scale rungs above, 1024 rows "
+                         "and more, take the unfused path the mimic plans. MemTracker cannot trace it "
                          "(Params4bit cannot wrap a fake tensor). On CUDA an fp32 step with grouped KV heads runs "
                          "SDPA's math kernel in PyTorch 2.11 (flash takes fp16/bf16 only, the memory-efficient kernel no "
                          "grouped heads), which keeps each layer's (B, H, T, T) attention: the mimic plans that kernel, held "

@@ -144,7 +144,9 @@ static mt_id f_linear(prog *p, mt_id x, mt_id w, mt_id bias, int64_t rows, int64
  * both freed. On CUDA the same unfused fallback (_dequant_linear_fallback: all three freed when
  * it returns); bitsandbytes' fused kernel, which it picks for some shapes at up to 1536 rows by
  * the card's arch, allocates only the output: there this plans up to one weight's transient
- * copy too much in the forward (the backward dequantises either way). */
+ * copy too much in the forward (the backward dequantises either way). Its choice
+ * (_gemm_4bit_use_custom_cuda, 0.50): never past 1536 rows, nor past 512 for a weight of 4 Mi
+ * elements or more (every 7B weight), so a 7B step at 1024 rows or more is planned exactly. */
 static mt_id nf4_linear(prog *p, mt_id x, const lin *l, int64_t rows) {
   mt_tape *t = p->t;
   int64_t n = l->in * l->out, e = mt_esz(t, x);

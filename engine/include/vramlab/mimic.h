@@ -78,7 +78,8 @@ typedef struct {
  * VL_ERR_INVALID for a step the engine refuses too (an NF4 base without LoRA). Known gaps: on
  * CUDA bitsandbytes (0.50) picks a fused 4-bit matmul for some shapes at up to 1536 rows, which
  * allocates no dequantised weight in the forward: planned as its unfused path, one weight's
- * transient copy too much there (the backward dequantises either way). On CUDA an fp32 step with
+ * transient copy too much there (the backward dequantises either way); never past 1536 rows, nor
+ * past 512 for a weight of 4 Mi elements or more (every 7B weight). On CUDA an fp32 step with
  * grouped KV heads runs SDPA's math kernel in PyTorch 2.11 (flash takes fp16/bf16 only, the
  * memory-efficient kernel no grouped heads), which keeps the (B, H, T, T) attention: planned as
  * that kernel (sdpa_math below; test_mimic holds it to a CPU trace of it). */
