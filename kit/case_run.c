@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "case.h"
+#include "peers.h"
 #include "rep.h"
 
 static const vl_knob_decl card_knobs[] = {VL_CASE_CARD_KNOBS, {NULL, NULL, NULL, 0}};
@@ -227,5 +228,6 @@ void vl_case_pytorch_report(const cJSON *res, FILE *md, const char *replays, con
               "caching allocator, which frees its cached segments and retries before it fails, stays under the "
               "rung's cap. Planned, full scale, two steps; held to PyTorch's own traces op by op and to MemTracker "
               "on the CPU (tests/test_mimic.c). %s\n\n", replays, note);
+  vl_peer_full_scale_report(res, md);
 }
 

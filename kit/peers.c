@@ -487,11 +487,8 @@ static void summarise(const vl_peer_cmp *cmp, const vl_loop_result *lr, double *
   cJSON_AddNumberToObject(o, "peer_flops_per_s", flops / mp);
 }
 
-/* A tool of tools/peers/ (python3 TOOL --script PEER --config SETUP [extra...]) run in a fresh
- * process: its reply (the last line that is a JSON object), or NULL with why in o[why_key];
- * *secs the process's seconds. */
-static cJSON *run_tool(const vl_peer *p, const cJSON *setup, const char *tool, char *const extra[], cJSON *o,
-                       const char *why_key, double *secs) {
+cJSON *vl_peer_run_tool(const char *peer_script, const cJSON *setup, const char *tool, char *const extra[], cJSON *o,
+                        const char *why_key, double *secs) {
   char script[PATH_MAX];
   snprintf(script, sizeof script, "%s/tools/peers/%s", VRAMLAB_SOURCE_DIR, tool);
   char *js = cJSON_PrintUnformatted(setup);
@@ -502,7 +499,7 @@ static cJSON *run_tool(const vl_peer *p, const cJSON *setup, const char *tool, c
     cJSON_AddStringToObject(o, why_key, "no host memory");
     return NULL;
   }
-  char *argv[12] = {(char *)vl_peer_python(), script, "--script", (char *)p->script, "--config", js};
+  char *argv[12] = {(char *)vl_peer_python(), script, "--script", (char *)peer_script, "--config", js};
   int k = 6;
   for (int i = 0; extra && extra[i] && k < 11; i++) argv[k++] = extra[i];
   argv[k] = NULL;
@@ -526,16 +523,13 @@ static cJSON *run_tool(const vl_peer *p, const cJSON *setup, const char *tool, c
   return r;
 }
 
-/* PyTorch's own estimate of the same step: tools/peers/memtracker_peer.py (MemTracker on fake
- * tensors) in a fresh process, its peak, categories and seconds into o ("memtracker_*"), or
- * why not ("memtracker_why"). */
-static void memtracker(vl_case_env *env, const vl_peer *p, const cJSON *setup, cJSON *o) {
-  if (!env->quiet) vl_progress("  MemTracker (PyTorch's estimator, fake tensors): %s", vl_rep_str(o, "rung"));
+void vl_peer_memtracker(const char *peer_script, const cJSON *setup, cJSON *o) {
   double secs = 0;
-  cJSON *r = run_tool(p, setup, "memtracker_peer.py", NULL, o, "memtracker_why", &secs);
+  cJSON *r = vl_peer_run_tool(peer_script, setup, "memtracker_peer.py", NULL, o, "memtracker_why", &secs);
   if (!r) return;
   cJSON_AddNumberToObject(o, "memtracker_peak_bytes", vl_rep_num(r, "peak_bytes"));
   cJSON_AddNumberToObject(o, "memtracker_seconds", vl_rep_num(r, "trace_seconds"));
+  cJSON_AddNumberToObject(o, "memtracker_build_seconds", vl_rep_num(r, "build_seconds"));
   cJSON_AddNumberToObject(o, "memtracker_process_seconds", secs);
   cJSON *c = cJSON_DetachItemFromObject(r, "categories");
   if (c) cJSON_AddItemToObject(o, "memtracker_categories", c);
@@ -556,7 +550,7 @@ static void heap_breakdown(vl_case_env *env, const vl_peer *p, const cJSON *setu
   if (!env->quiet) vl_progress("  PyTorch's peak split into tensors and the rest (real step): %s", vl_rep_str(o, "rung"));
   char *extra[] = {"--lib", VRAMLAB_MEMCOUNT_LIB, NULL};
   double secs = 0;
-  cJSON *r = run_tool(p, setup, "heap_breakdown.py", extra, o, "heap_why", &secs);
+  cJSON *r = vl_peer_run_tool(p->script, setup, "heap_breakdown.py", extra, o, "heap_why", &secs);
   if (!r) return;
   const char *k[] = {"peak_bytes", "tensor_bytes_at_peak", "no_tensor_bytes_at_peak", "tensor_peak_bytes",
                      "no_tensor_kept_bytes"};
@@ -629,7 +623,8 @@ vl_status vl_peer_compare(vl_case_env *env, vl_peer *p, const vl_peer_cmp *cmp, 
     const char *ok[] = {"peer_peak_bytes", "peer_step_extra_bytes", "peer_persistent_bytes", "peer_reserved_bytes"};
     for (int i = 0; i < 4; i++)
       if (!isnan(vl_rep_num(mem, mk[i]))) cJSON_AddNumberToObject(o, ok[i], vl_rep_num(mem, mk[i]));
-    memtracker(env, p, cmp->setup, o);
+    if (!env->quiet) vl_progress("  MemTracker (PyTorch's estimator, fake tensors): %s", cmp->rung);
+    vl_peer_memtracker(p->script, cmp->setup, o);
     heap_breakdown(env, p, cmp->setup, o);
   } else if (s == VL_ERR_INTERRUPTED || vl_interrupted) {
     cJSON_AddStringToObject(o, "not_measured", "the run was interrupted");
@@ -811,7 +806,7 @@ static void report_estimates(const cJSON *pe, FILE *md) {
             cJSON_GetObjectItem(o, "variant") ? " (variant)" : "",
             vl_rep_fmt("%.1f", mb(vl_rep_num(o, "engine_planned_peak_bytes"))), mb_or(o, "mimic_peak_bytes", "mimic_why", "not mimicked"),
             mb_or(o, "memtracker_peak_bytes", "memtracker_why", "not measured here"),
-            isnan(fake) ? "-" : vl_rep_fmt("%.1f", mb(fake)), isnan(fake) || isnan(mt) ? "" : vl_rep_fmt(" (%+.1f%%)", 100 * (fake / mt - 1)),
+            mb_or(o, "mimic_fake_peak_bytes", "mimic_why", "-"), isnan(fake) || isnan(mt) ? "" : vl_rep_fmt(" (%+.1f%%)", 100 * (fake / mt - 1)),
             vl_rep_fmt("%.1f", mb(real)),
             pct_vs(o, "mimic_peak_bytes", real), pct_vs(o, "memtracker_peak_bytes", real),
             mb_or(o, "heap_tensor_peak_bytes", "heap_why", "not measured here"), pct_vs(o, "mimic_peak_bytes", tens),

@@ -124,8 +124,40 @@ void vl_peer_rung_metrics(cJSON *res, const cJSON *o);
 /* The major compute capability of the peer's card from its hello ("cuda_capability": [major,
  * minor]); 0 when it reports none (CPU): what sizes the mimic's cuBLAS workspaces. */
 int vl_peer_cuda_cc_major(const cJSON *hello);
+/* A tool of tools/peers/ (python3 TOOL --script PEER_SCRIPT --config SETUP [extra...]) run in
+ * a fresh process: its reply (the last line that is a JSON object), or NULL with why in
+ * o[why_key]; *secs the process's seconds. */
+cJSON *vl_peer_run_tool(const char *peer_script, const cJSON *setup, const char *tool, char *const extra[], cJSON *o,
+                        const char *why_key, double *secs);
+/* PyTorch's own estimate of the step `setup` sets up for peer_script: tools/peers/memtracker_peer.py
+ * (MemTracker on fake tensors) in a fresh process, into o: memtracker_peak_bytes,
+ * memtracker_categories, memtracker_seconds (the trace), memtracker_build_seconds (the model
+ * on fake tensors) and memtracker_process_seconds (all of it, imports too); or why not
+ * (memtracker_why). */
+void vl_peer_memtracker(const char *peer_script, const cJSON *setup, cJSON *o);
 /* The peer's optimizer, clipping, accumulation and compute dtype as the setup's "train". */
 cJSON *vl_peer_train_json(const vl_optim_cfg *o, float clip, int64_t accum, vl_dtype compute);
+
+/* ---- PyTorch's estimator at full scale (kit/peer_full.c) ----------------------------------- */
+/* A case's peer_config hook (case.h). */
+typedef vl_status (*vl_peer_config_fn)(vl_case_env *env, const vl_knobs *knobs, int threads, cJSON *out);
+/* The mimic of the rung's step as MemTracker traces it (PyTorch's CPU code path on fake
+ * tensors, vramlab/mimic.h), the rung parsed at env->scale: *m, or a status with why. */
+typedef vl_status (*vl_peer_fake_mimic_fn)(vl_case_env *env, const vl_knobs *knobs, vl_mimic_result *m, char *why,
+                                           size_t n);
+/* For every rung of the ladder in res at `scale` (the case's "full": the article's model):
+ * MemTracker's trace of the peer's step on fake tensors of the CPU device
+ * (tools/peers/memtracker_peer.py, a fresh process per rung) beside `fake`'s mimic of it, the
+ * peaks and the seconds each took, into res.case_metrics.pytorch_full_scale.rungs (a rung
+ * whose setup repeats an earlier one's gets that trace, same_setup_as; a rung no peer runs,
+ * not_measured). A Python without PyTorch is said once (pytorch_full_scale.not_measured) and
+ * stops it. Nothing on the plan device; VL_OK unless a rung cannot be parsed (env->err). */
+vl_status vl_peer_full_scale(vl_case_env *env, cJSON *res, const char *scale, vl_peer_config_fn config,
+                             vl_peer_fake_mimic_fn fake);
+/* "### The full-scale step beside PyTorch's own estimator": per rung the mimic's peak, MemTracker's,
+ * their difference, the mimic's milliseconds and MemTracker's seconds and their ratio; why a
+ * rung has none. Nothing for results without it. */
+void vl_peer_full_scale_report(const cJSON *res, FILE *md);
 
 /* ---- the report --------------------------------------------------------------------------- */
 /* "## PyTorch side by side": per compared rung, step times, the ratio, units/s, FLOP/s

@@ -165,27 +165,47 @@ static void test_broken_peers(void **state) {
 /* ---- the llm-lora extra hook with a fake interpreter -------------------------------------------- */
 /* A results object as `vramlab run llm-lora --scale tiny` leaves it before the extra hook:
  * the baseline rung (its knobs resolved) with one run. */
-static cJSON *tiny_results(const char *case_id, const char *rung, vl_ladder *L) {
+/* Results of the named rungs of case_id's ladder (seed 3), each with one empty run. */
+static cJSON *ladder_results(const char *case_id, const char *const *names, int n, vl_ladder *L) {
   vl_err err;
   assert_int_equal(vl_ladder_load(L, VRAMLAB_SOURCE_DIR, case_id, &err), 0);
   assert_int_equal(vl_knob_set(&L->setting, "seed", "3"), 0);
   cJSON *res = cJSON_CreateObject();
   cJSON *rungs = cJSON_AddArrayToObject(res, "rungs");
-  int i = vl_ladder_find(L, rung);
-  assert_true(i >= 0);
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddStringToObject(o, "name", rung);
-  cJSON *kn = cJSON_AddObjectToObject(o, "knobs");
-  for (int j = 0; j < L->rungs[i].knobs.n; j++)
-    cJSON_AddStringToObject(kn, L->rungs[i].knobs.k[j].key, L->rungs[i].knobs.k[j].val);
-  cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "runs"), cJSON_CreateObject());
-  cJSON_AddItemToArray(rungs, o);
+  for (int r = 0; r < n; r++) {
+    int i = vl_ladder_find(L, names[r]);
+    assert_true(i >= 0);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", names[r]);
+    cJSON *kn = cJSON_AddObjectToObject(o, "knobs");
+    for (int j = 0; j < L->rungs[i].knobs.n; j++)
+      cJSON_AddStringToObject(kn, L->rungs[i].knobs.k[j].key, L->rungs[i].knobs.k[j].val);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "runs"), cJSON_CreateObject());
+    cJSON_AddItemToArray(rungs, o);
+  }
   cJSON_AddNumberToObject(res, "sgemm_flops_per_s", 1e11);
   return res;
 }
 
+static cJSON *tiny_results(const char *case_id, const char *rung, vl_ladder *L) {
+  return ladder_results(case_id, &rung, 1, L);
+}
+
 static const cJSON *peers_of(const cJSON *res) {
   return cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "peers");
+}
+
+/* What a report section fn writes for res, into text. */
+static void report_text(void (*fn)(const cJSON *, FILE *), const cJSON *res, char *text, size_t n) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/section.md", tmpdir);
+  FILE *md = fopen(path, "w+");
+  assert_non_null(md);
+  fn(res, md);
+  rewind(md);
+  size_t k = fread(text, 1, n - 1, md);
+  text[k] = 0;
+  fclose(md);
 }
 
 /* The extra with VRAMLAB_PYTHON = interp: VL_OK whatever the peer does. */
@@ -209,16 +229,8 @@ static void test_extra_without_pytorch(void **state) {
   const char *nm = vl_rep_str(peers_of(res), "not_measured");
   assert_non_null(strstr(nm, "PyTorch is not installed (pip install torch transformers peft)"));
   /* the report says so */
-  char path[256];
-  snprintf(path, sizeof path, "%s/report.md", tmpdir);
-  FILE *md = fopen(path, "w+");
-  assert_non_null(md);
-  vl_llm_peers_report(res, md);
-  rewind(md);
   char text[4096];
-  size_t n = fread(text, 1, sizeof text - 1, md);
-  text[n] = 0;
-  fclose(md);
+  report_text(vl_llm_peers_report, res, text, sizeof text);
   assert_non_null(strstr(text, "## PyTorch side by side"));
   assert_non_null(strstr(text, "Not measured here: PyTorch is not installed (pip install torch transformers peft)"));
   cJSON_Delete(res);
@@ -279,15 +291,8 @@ static void test_extra_with_fake_peer(void **state) {
   assert_true(vl_rep_num(run0, "peer_step_seconds") == 0.5);
   assert_true(vl_rep_num(run0, "speedup_vs_torch") == vl_rep_num(o, "speedup"));
   /* the report's row: the ratio as measured; PyTorch's memory said not measured, with why */
-  char rpath[256], text[16384], want[64];
-  snprintf(rpath, sizeof rpath, "%s/fake.md", tmpdir);
-  FILE *md = fopen(rpath, "w+");
-  assert_non_null(md);
-  vl_llm_peers_report(res, md);
-  rewind(md);
-  size_t n = fread(text, 1, sizeof text - 1, md);
-  text[n] = 0;
-  fclose(md);
+  char text[16384], want[64];
+  report_text(vl_llm_peers_report, res, text, sizeof text);
   snprintf(want, sizeof want, "| baseline | %.4f | 0.5000 | **%.2f×** |", me, 0.5 / me);
   if (!strstr(text, want)) fail_msg("no row '%s' in:\n%s", want, text);
   assert_non_null(strstr(text, "PyTorch's memory: not measured here: a fake peer counts nothing."));
@@ -550,12 +555,12 @@ static int memtracker_ok(const char *rung, const cJSON *mt) {
   return 1;
 }
 
-/* tests/fixtures/memtracker/<case>.json: well-formed, every rung of the ladder in it, and
- * each rung's peer setup the one `vramlab peer-config` makes now (a rung changed since the
+/* tests/fixtures/memtracker/<case><suffix>.json (suffix "" or "-full"): well-formed, every
+ * rung of the ladder in it, and each rung's peer setup the one `vramlab peer-config` makes now (a rung changed since the
  * fixture was made fails here: run tools/peers/memtracker_all.py again). */
-static void check_memtracker_fixture(const char *case_id) {
+static void check_memtracker_fixture(const char *case_id, const char *suffix) {
   char path[256];
-  snprintf(path, sizeof path, "tests/fixtures/memtracker/%s.json", case_id);
+  snprintf(path, sizeof path, "tests/fixtures/memtracker/%s%s.json", case_id, suffix);
   char *text = NULL;
   size_t n = 0;
   vl_err err;
@@ -592,7 +597,8 @@ static void check_memtracker_fixture(const char *case_id) {
         fail_msg("%s: the fixture's peer config is stale (the rung changed): run tools/peers/memtracker_all.py "
                  "--case %s", r->string, case_id);
       traced += memtracker_ok(r->string, cJSON_GetObjectItem(r, "memtracker"));
-      check_measured(r->string, "real_cpu", cJSON_GetObjectItem(r, "real_cpu"));
+      /* full scale: MemTracker alone (--no-real: the step's real tensors would not fit here) */
+      if (strcmp(scale, "full")) check_measured(r->string, "real_cpu", cJSON_GetObjectItem(r, "real_cpu"));
     }
     cJSON_Delete(now);
   }
@@ -602,9 +608,11 @@ static void check_memtracker_fixture(const char *case_id) {
 
 static void test_memtracker_fixtures(void **state) {
   (void)state;
-  check_memtracker_fixture("llm-lora");
-  check_memtracker_fixture("seg-ckpt");
-  check_memtracker_fixture("sd-lora");
+  static const char *const cases[] = {"llm-lora", "seg-ckpt", "sd-lora"};
+  for (int i = 0; i < 3; i++) {
+    check_memtracker_fixture(cases[i], "");
+    check_memtracker_fixture(cases[i], "-full");
+  }
 }
 
 /* A changed rung makes its fixture stale: the same check fails. */
@@ -623,6 +631,188 @@ static void test_memtracker_fixture_stale(void **state) {
   cJSON_Delete(b);
   assert_null(vl_peer_configs(vl_case_find("dataloader"), &L, "small", NULL, 2, &err));
   assert_non_null(strstr(err.msg, "no PyTorch peer"));
+}
+
+/* ---- full scale: MemTracker beside the mimic on its terms (kit/peer_full.c) ----------------- */
+typedef vl_status (*full_fn)(vl_case_env *env, cJSON *res, const char *scale);
+
+/* fn over the named rungs of case_id at `scale`, VRAMLAB_PYTHON = interp; VL_OK expected. */
+static cJSON *full_scale_with(const char *interp, const char *case_id, const char *const *names, int n, full_fn fn,
+                              const char *scale) {
+  static vl_ladder L;
+  cJSON *res = ladder_results(case_id, names, n, &L);
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CPU, .setting = &L.setting, .quiet = 1};
+  char *old = getenv("VRAMLAB_PYTHON") ? strdup(getenv("VRAMLAB_PYTHON")) : NULL;
+  if (interp) setenv("VRAMLAB_PYTHON", interp, 1);
+  vl_status s = fn(&env, res, scale);
+  if (old) setenv("VRAMLAB_PYTHON", old, 1);
+  else unsetenv("VRAMLAB_PYTHON");
+  free(old);
+  if (s != VL_OK) fail_msg("%s at %s: %s", case_id, scale, env.err.msg);
+  return res;
+}
+
+static const cJSON *full_of(const cJSON *res) {
+  return cJSON_GetObjectItem(cJSON_GetObjectItem(res, "case_metrics"), "pytorch_full_scale");
+}
+
+static const cJSON *full_row(const cJSON *res, const char *rung) {
+  const cJSON *o;
+  cJSON_ArrayForEach(o, cJSON_GetObjectItem(full_of(res), "rungs")) if (!strcmp(vl_rep_str(o, "rung"), rung)) return o;
+  fail_msg("no full-scale row for %s", rung);
+  return NULL;
+}
+
+
+/* A fake MemTracker (1 GB, 0.5 + 1.5 s) that counts its calls: the kit traces each distinct
+ * setup once, the rungs it cannot are said, and the mimic each case's hook gives is PyTorch's
+ * CPU path on fake tensors at full scale: within 0.1% of the real MemTracker's peaks committed
+ * in tests/fixtures/memtracker/CASE-full.json (their CUDA path differs by 2% on llm-lora's lora). */
+static void full_scale_fake(const char *case_id, const char *const *names, int n, full_fn fn, int calls,
+                            const char *same, const char *as) {
+  char calls_path[256], body[768], py[256];
+  snprintf(calls_path, sizeof calls_path, "%s/calls-%s", tmpdir, case_id);
+  unlink(calls_path);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\necho \"$2 $3 $4\" >> %s\necho '{\"peak_bytes\": 1000000000, \"categories\": {\"PARAM\": "
+           "600000000, \"ACT\": 400000000}, \"build_seconds\": 0.5, \"trace_seconds\": 1.5}'\n",
+           calls_path);
+  write_script("python-memtracker", body, true, py, sizeof py);
+  cJSON *res = full_scale_with(py, case_id, names, n, fn, "full");
+  const cJSON *top = full_of(res);
+  assert_non_null(top);
+  assert_null(cJSON_GetObjectItem(top, "not_measured"));
+  assert_string_equal(vl_rep_str(top, "scale"), "full");
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), n);
+  /* the committed MemTracker of the same steps */
+  char fx_path[256], *text = NULL;
+  size_t len = 0;
+  vl_err err;
+  snprintf(fx_path, sizeof fx_path, "tests/fixtures/memtracker/%s-full.json", case_id);
+  if (vl_file_read_text(fx_path, 1u << 22, "4 MiB", &text, &len, &err)) fail_msg("%s", err.msg);
+  cJSON *fx = cJSON_Parse(text);
+  free(text);
+  assert_non_null(fx);
+  int compared = 0;
+  for (int i = 0; i < n; i++) {
+    const cJSON *o = full_row(res, names[i]);
+    if (cJSON_GetObjectItem(o, "not_measured")) continue;
+    assert_true(vl_rep_num(o, "memtracker_peak_bytes") == 1e9);
+    assert_true(vl_rep_num(o, "mimic_seconds") >= 0);
+    const cJSON *mt = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(fx, "rungs"), names[i]), "memtracker");
+    double want = vl_rep_num(mt, "peak_bytes"), got = vl_rep_num(o, "mimic_fake_peak_bytes");
+    if (isnan(want)) continue; /* MemTracker cannot trace it (an NF4 base) */
+    printf("  %s %s: mimic on MemTracker's terms %.0f B, the fixture's MemTracker %.0f B\n", case_id, names[i], got, want);
+    if (!(fabs(got / want - 1) <= 1e-3)) fail_msg("%s %s: mimic %.0f, MemTracker %.0f", case_id, names[i], got, want);
+    compared++;
+  }
+  assert_true(compared > 0);
+  cJSON_Delete(fx);
+  /* each distinct setup traced once, in a process of its own */
+  FILE *f = fopen(calls_path, "r");
+  assert_non_null(f);
+  int lines = 0;
+  for (int ch; (ch = fgetc(f)) != EOF;) lines += ch == '\n';
+  fclose(f);
+  assert_int_equal(lines, calls);
+  assert_string_equal(vl_rep_str(full_row(res, same), "same_setup_as"), as);
+  assert_true(vl_rep_num(full_row(res, same), "memtracker_peak_bytes") == 1e9);
+  /* the report's row of the repeated rung and of one no peer runs */
+  static char md[1 << 15];
+  report_text(vl_peer_full_scale_report, res, md, sizeof md);
+  char want[128];
+  snprintf(want, sizeof want, "| %s (as %s) | ", same, as);
+  if (!strstr(md, want)) fail_msg("no '%s' in:\n%s", want, md);
+  assert_non_null(strstr(md, "| after | not measured here: batch = max is compared only at a fixed batch |"));
+  assert_non_null(strstr(md, "### The full-scale step beside PyTorch's own estimator (MemTracker)"));
+  cJSON_Delete(res);
+}
+
+static void test_full_scale_fake_memtracker(void **state) {
+  (void)state;
+  static const char *const llm[] = {"baseline", "cap", "lora", "qlora", "after"};
+  full_scale_fake("llm-lora", llm, 5, vl_llm_full_scale, 3, "cap", "baseline");
+  static const char *const seg[] = {"before", "relu_off", "amp", "loader", "after"};
+  full_scale_fake("seg-ckpt", seg, 5, vl_segcase_full_scale, 3, "loader", "amp");
+  static const char *const sd[] = {"before", "batched_workers", "disk_cache", "after"};
+  full_scale_fake("sd-lora", sd, 4, vl_sdl_full_scale, 2, "batched_workers", "before");
+}
+
+/* Its numbers as the report shows them: GB to 3 places, the difference, MemTracker's build +
+ * trace seconds over the mimic's, and why a rung has none. */
+static void test_full_scale_report(void **state) {
+  (void)state;
+  cJSON *res = cJSON_Parse(
+      "{\"case_metrics\": {\"pytorch_full_scale\": {\"scale\": \"full\", \"rungs\": ["
+      "{\"rung\": \"baseline\", \"mimic_fake_peak_bytes\": 116916307596, \"mimic_seconds\": 0.004, "
+      "\"memtracker_peak_bytes\": 116916307600, \"memtracker_build_seconds\": 0.4, \"memtracker_seconds\": 8.4, "
+      "\"memtracker_process_seconds\": 19.9}, "
+      "{\"rung\": \"qlora\", \"mimic_fake_peak_bytes\": 9000000000, \"mimic_seconds\": 0.005, "
+      "\"memtracker_why\": \"ValueError: Params4bit cannot wrap a fake tensor\"}, "
+      "{\"rung\": \"after\", \"not_measured\": \"batch = max is compared only at a fixed batch\"}]}}}");
+  assert_non_null(res);
+  static char md[1 << 14];
+  report_text(vl_peer_full_scale_report, res, md, sizeof md);
+  if (!strstr(md, "| baseline | 116.916 | 116.916 | -0.0000% | 4.0 | 8.8 (19.9) | 2200× |")) fail_msg("%s", md);
+  assert_non_null(strstr(md, "| qlora | 9.000 | cannot trace it | - | 5.0 | - | - |"));
+  assert_non_null(strstr(md, "qlora: MemTracker cannot trace it: ValueError: Params4bit cannot wrap a fake tensor."));
+  cJSON_Delete(res);
+  /* without PyTorch: one line */
+  res = cJSON_Parse("{\"case_metrics\": {\"pytorch_full_scale\": {\"scale\": \"full\", \"not_measured\": "
+                    "\"cannot import torch\", \"rungs\": []}}}");
+  report_text(vl_peer_full_scale_report, res, md, sizeof md);
+  assert_non_null(strstr(md, "MemTracker not measured here: cannot import torch."));
+  assert_null(strstr(md, "| step |"));
+  cJSON_Delete(res);
+  /* results without it: nothing */
+  res = cJSON_Parse("{\"case_metrics\": {}}");
+  report_text(vl_peer_full_scale_report, res, md, sizeof md);
+  assert_string_equal(md, "");
+  cJSON_Delete(res);
+}
+
+/* A Python that cannot run, or has no PyTorch: said once, no rung tried after the first. */
+static void test_full_scale_without_pytorch(void **state) {
+  (void)state;
+  static const char *const llm[] = {"baseline", "lora", "qlora"};
+  cJSON *res = full_scale_with("/nonexistent/python3", "llm-lora", llm, 3, vl_llm_full_scale, "full");
+  const cJSON *top = full_of(res);
+  assert_non_null(cJSON_GetStringValue(cJSON_GetObjectItem(top, "not_measured")));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), 1);
+  cJSON_Delete(res);
+  char py[256];
+  write_script("python-no-torch", "#!/bin/sh\necho '{\"error\": \"cannot import torch: No module named torch\", "
+                                  "\"missing\": \"torch\"}'\nexit 1\n", true, py, sizeof py);
+  res = full_scale_with(py, "llm-lora", llm, 3, vl_llm_full_scale, "full");
+  top = full_of(res);
+  assert_non_null(strstr(vl_rep_str(top, "not_measured"), "cannot import torch"));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), 1);
+  cJSON_Delete(res);
+}
+
+/* The real MemTracker (PyTorch installed) at tiny scale, one rung: the mimic on its terms
+ * within 0.1% (the committed fixtures: 0.0001%), its seconds measured. */
+static void test_real_full_scale(void **state) {
+  (void)state;
+  static const char *const lora[] = {"lora"};
+  cJSON *res = full_scale_with(NULL, "llm-lora", lora, 1, vl_llm_full_scale, "tiny");
+  const char *nm = cJSON_GetStringValue(cJSON_GetObjectItem(full_of(res), "not_measured"));
+  if (nm && (strstr(nm, "cannot import") || expect_no_torch())) {
+    if (!strstr(nm, "cannot import")) fail_msg("VRAMLAB_TEST_NO_TORCH=1 but: %s", nm);
+    printf("skipped: %s\n", nm);
+    cJSON_Delete(res);
+    skip();
+  }
+  if (expect_no_torch()) fail_msg("VRAMLAB_TEST_NO_TORCH=1 but MemTracker ran");
+  if (nm) fail_msg("not measured: %s", nm);
+  const cJSON *o = full_row(res, "lora");
+  if (cJSON_GetObjectItem(o, "memtracker_why")) fail_msg("%s", vl_rep_str(o, "memtracker_why"));
+  double got = vl_rep_num(o, "mimic_fake_peak_bytes"), want = vl_rep_num(o, "memtracker_peak_bytes");
+  printf("  tiny lora: mimic on MemTracker's terms %.0f B, MemTracker %.0f B (%+.4f%%), %.1f s\n", got, want,
+         100 * (got / want - 1), vl_rep_num(o, "memtracker_seconds"));
+  assert_true(fabs(got / want - 1) <= 1e-3);
+  assert_true(vl_rep_num(o, "memtracker_seconds") > 0);
+  cJSON_Delete(res);
 }
 
 static int setup(void **state) {
@@ -703,6 +893,8 @@ int main(void) {
       cmocka_unit_test(test_real_llm_peer),         cmocka_unit_test(test_real_seg_peer),
       cmocka_unit_test(test_real_sd_peer),          cmocka_unit_test(test_sd_peer_config),
       cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),
+      cmocka_unit_test(test_full_scale_fake_memtracker), cmocka_unit_test(test_full_scale_report),
+      cmocka_unit_test(test_full_scale_without_pytorch), cmocka_unit_test(test_real_full_scale),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -153,6 +153,11 @@ static const char *const metrics[] = {
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};
 
+static vl_status llm_extra(vl_case_env *env, cJSON *res) {
+  VL_TRY(vl_llm_peers(env, res));
+  return vl_llm_full_scale(env, res, "full");
+}
+
 const vl_case vl_case_llm_lora = {
     .id = "llm-lora",
     .summary = "7B LLM fine-tuning memory on a 24 GB card: fp32 -> cap -> fp16 -> LoRA -> QLoRA -> Adafactor -> checkpointing",
@@ -163,7 +168,7 @@ const vl_case vl_case_llm_lora = {
     .plan = llm_plan,
     .run = vl_llm_run,
     .resumable = true, /* --save-every / --resume (run.c) */
-    .extra = vl_llm_peers,
+    .extra = llm_extra,
     .peer_config = vl_llm_peer_config,
     .method = "Memory, FLOPs, fit, largest batch and OOM rate are **planned at full scale** (the "
               "article's Mistral-7B and sequence length) by the plan backend, which runs the exact "

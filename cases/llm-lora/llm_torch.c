@@ -163,6 +163,28 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   return s;
 }
 
+/* The rung's step on MemTracker's terms (vl_peer_fake_mimic_fn): the peer's batch and length
+ * at env->scale, PyTorch's CPU code path as it runs on fake tensors (the causal mask as a
+ * tensor, k and v repeated to every head). */
+static vl_status fake_mimic(vl_case_env *env, const vl_knobs *k, vl_mimic_result *m, char *why, size_t n) {
+  vl_llm_rung r;
+  int64_t B, T;
+  const char *skip;
+  vl_status s = peer_rung(env, k, &r, &B, &T, &skip);
+  if (s != VL_OK || skip) {
+    snprintf(why, n, "%s", s != VL_OK ? env->err.msg : skip);
+    return s != VL_OK ? s : VL_ERR_INVALID;
+  }
+  vl_mimic_llm_cfg c = {.model = r.model, .batch = B, .seq = T, .accum = r.accum, .steps = 2,
+                        .device = VL_MIMIC_CPU, .traced = true};
+  c.model.mc.seq = T;
+  return vl_mimic_llm(&c, m, NULL, NULL, why, n);
+}
+
+vl_status vl_llm_full_scale(vl_case_env *env, cJSON *res, const char *scale) {
+  return vl_peer_full_scale(env, res, scale, vl_llm_peer_config, fake_mimic);
+}
+
 vl_status vl_llm_peers(vl_case_env *env, cJSON *res) {
   return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
                               compare_rung);

@@ -119,7 +119,8 @@ static const char *const metrics[] = {
  * compared rungs' steps beside PyTorch (sdl_torch.c). */
 static vl_status sdl_extra(vl_case_env *env, cJSON *res) {
   VL_TRY(vl_sdl_extra(env, res));
-  return vl_sdl_peers(env, res);
+  VL_TRY(vl_sdl_peers(env, res));
+  return vl_sdl_full_scale(env, res, "full");
 }
 
 static const char *const scales[] = {"tiny", "small", "full", NULL};

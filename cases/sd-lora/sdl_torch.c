@@ -197,6 +197,25 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   return s;
 }
 
+/* The rung's step on MemTracker's terms (vl_peer_fake_mimic_fn): PyTorch's CPU code path at the
+ * rung's batch, F.mse_loss's output a storage of its own as on fake tensors. */
+static vl_status fake_mimic(vl_case_env *env, const vl_knobs *k, vl_mimic_result *m, char *why, size_t n) {
+  vl_sdl_rung r;
+  vl_status s = vl_sdl_parse_rung(env, env->scale, k, &r);
+  const char *skip = s == VL_OK ? skip_why(&r) : NULL;
+  if (s != VL_OK || skip) {
+    snprintf(why, n, "%s", s != VL_OK ? env->err.msg : skip);
+    return s != VL_OK ? s : VL_ERR_INVALID;
+  }
+  vl_mimic_sd_unet_cfg c = vl_sdl_mimic_cfg(&r, r.batch, VL_MIMIC_CPU);
+  c.traced = true;
+  return vl_mimic_sd_unet(&c, m, NULL, NULL, why, n);
+}
+
+vl_status vl_sdl_full_scale(vl_case_env *env, cJSON *res, const char *scale) {
+  return vl_peer_full_scale(env, res, scale, vl_sdl_peer_config, fake_mimic);
+}
+
 vl_status vl_sdl_peers(vl_case_env *env, cJSON *res) {
   return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
                               compare_rung);

@@ -13,6 +13,9 @@ vl_status vl_sdl_peers(vl_case_env *env, cJSON *res);
 /* The case's peer_config hook (kit/case.h): the rung's setup for tools/peers/sd_lora_peer.py,
  * or why no peer runs it (batch = max, text-encoder LoRA). */
 vl_status vl_sdl_peer_config(vl_case_env *env, const vl_knobs *k, int threads, cJSON *out);
+/* Every rung at `scale` (the extra's: full, SD 1.5's U-Net at 512x512) through MemTracker on fake tensors
+ * beside the mimic on its terms (kit/peer_full.c), into res.case_metrics.pytorch_full_scale. */
+vl_status vl_sdl_full_scale(vl_case_env *env, cJSON *res, const char *scale);
 /* "### PyTorch side by side" of the report (appendix). */
 void vl_sdl_peers_report(const cJSON *res, FILE *md);
 

@@ -122,7 +122,8 @@ static const char *const scales[] = {"tiny", "small", "full", NULL};
  * before and relu_off rungs beside PyTorch (seg_torch.c). */
 static vl_status seg_extra(vl_case_env *env, cJSON *res) {
   VL_TRY(vl_segcase_interleaved(env, res));
-  return vl_segcase_peers(env, res);
+  VL_TRY(vl_segcase_peers(env, res));
+  return vl_segcase_full_scale(env, res, "full");
 }
 
 const vl_case vl_case_seg_ckpt = {

@@ -126,6 +126,26 @@ static vl_status compare_rung(vl_case_env *env, vl_peer *p, const cJSON *hello, 
   return s;
 }
 
+/* The rung's step on MemTracker's terms (vl_peer_fake_mimic_fn): the U-Net's ops are the same
+ * on fake tensors, so PyTorch's CPU code path at the rung's batch. */
+static vl_status fake_mimic(vl_case_env *env, const vl_knobs *k, vl_mimic_result *m, char *why, size_t n) {
+  vl_segrung r;
+  vl_status s = vl_segrung_parse(env, env->scale, k, &r);
+  if (s != VL_OK || r.batch == 0) {
+    snprintf(why, n, "%s", s != VL_OK ? env->err.msg : fixed_only);
+    return s != VL_OK ? s : VL_ERR_INVALID;
+  }
+  const vl_resunet_train_cfg *t = &r.model.tc;
+  vl_mimic_resunet_cfg c = {.model = r.model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
+                            .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip,
+                            .batch = r.batch, .accum = r.accum, .steps = 2, .device = VL_MIMIC_CPU};
+  return vl_mimic_resunet(&c, m, NULL, NULL, why, n);
+}
+
+vl_status vl_segcase_full_scale(vl_case_env *env, cJSON *res, const char *scale) {
+  return vl_peer_full_scale(env, res, scale, vl_segcase_peer_config, fake_mimic);
+}
+
 vl_status vl_segcase_peers(vl_case_env *env, cJSON *res) {
   return vl_peer_side_by_side(env, res, &kind, &rounds, compared, (int)(sizeof compared / sizeof *compared),
                               compare_rung);

@@ -3,6 +3,11 @@
 the malloc counter, into a fixture (tests/fixtures/memtracker/<case>.json).
 
   /work/venv-torch/bin/python tools/peers/memtracker_all.py --case llm-lora [--scale small]
+  /work/venv-torch/bin/python tools/peers/memtracker_all.py --case llm-lora --scale full --no-real
+
+(the second: the article's model on fake tensors, the 7B step among them, into
+tests/fixtures/memtracker/llm-lora-full.json; a full-scale step's real tensors would not fit
+this machine, so --no-real)
 
 The rungs' peer setups come from `vramlab peer-config CASE --scale S` (the C side's own
 serialisation: the same setup the case's side-by-side sends its peer). Per rung, each in a
@@ -88,7 +93,8 @@ def main():
     ap.add_argument("--scale", default="small")
     ap.add_argument("--step", help="one rung only (printed, no fixture written)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (vramlab, libvlmemcount.so)")
-    ap.add_argument("--out", help="the fixture (default tests/fixtures/memtracker/CASE.json)")
+    ap.add_argument("--out", help="the fixture (default tests/fixtures/memtracker/CASE.json; CASE-SCALE.json "
+                    "at another scale than small)")
     ap.add_argument("--steps", type=int, default=2, help="MemTracker: traced steps (default 2)")
     ap.add_argument("--real-warmup", type=int, default=1)
     ap.add_argument("--real-steps", type=int, default=2)
@@ -106,7 +112,8 @@ def main():
     pc = json.loads(p.stdout)
     out = {"case": a.case, "scale": a.scale, "generator": "tools/peers/memtracker_all.py", "versions": {},
            "rungs": {}}
-    path = a.out or os.path.join(ROOT, "tests", "fixtures", "memtracker", f"{a.case}.json")
+    suffix = "" if a.scale == "small" else f"-{a.scale}"
+    path = a.out or os.path.join(ROOT, "tests", "fixtures", "memtracker", f"{a.case}{suffix}.json")
     again = set(a.update.split(",")) if a.update else None
     seen = {}  # a peer setup -> the first rung that has it
     if again:
