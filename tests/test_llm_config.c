@@ -61,7 +61,7 @@ static void expect_error(const char *text, const char *const *want) {
   assert_int_equal(vl_mistral_preset("tiny", &mc), 0);
   before = mc;
   int64_t pos = -7;
-  vl_status s = vl_llm_hf_config_parse(&env, text, strlen(text), "x.json", &mc, &pos);
+  vl_status s = vl_llm_hf_config_parse(&env, text, strlen(text), "x.json", &mc, &pos, NULL);
   if (s != VL_ERR_INVALID) fail_msg("accepted (status %d): %.300s", (int)s, text);
   for (int i = 0; want[i]; i++)
     if (!strstr(env.err.msg, want[i])) fail_msg("message '%s' lacks '%s'", env.err.msg, want[i]);
@@ -153,7 +153,7 @@ static void test_parser_errors(void **state) {
   vl_mistral_preset("tiny", &mc);
   memcpy(two, t, n + 1);
   two[5] = 0;
-  assert_int_equal(vl_llm_hf_config_parse(&env, two, n, "x.json", &mc, &pos), VL_ERR_INVALID);
+  assert_int_equal(vl_llm_hf_config_parse(&env, two, n, "x.json", &mc, &pos, NULL), VL_ERR_INVALID);
   assert_non_null(strstr(env.err.msg, "NUL byte at offset 5"));
   /* transformers' defaults for the optional fields: multi-head attention, theta 1e4, eps 1e-6 */
   char *opt = mistral_with("num_key_value_heads", NULL);
@@ -163,27 +163,35 @@ static void test_parser_errors(void **state) {
   free(opt);
   opt = cJSON_PrintUnformatted(oo);
   cJSON_Delete(oo);
-  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos, NULL), VL_OK);
   assert_int_equal(mc.n_kv_heads, 32);
   assert_true(mc.rope_theta == 10000.0f && mc.norm_eps == 1e-6f);
   free(opt);
   /* an explicit head_dim (Mistral-Nemo's 128 at hidden 5120, 32 heads) is the head size */
   opt = mistral_with("head_dim", "96");
-  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos, NULL), VL_OK);
   assert_int_equal(mc.head_dim, 96);
   free(opt);
   /* the families: a tied head (Llama 3.2, small Qwen2.5), Qwen2's q/k/v biases */
   opt = mistral_with("tie_word_embeddings", "true");
-  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos, NULL), VL_OK);
   assert_true(mc.tie_embed && !mc.qkv_bias);
   free(opt);
+  /* model_type: the transformers class the peers build */
+  const char *mt = NULL;
   opt = mistral_with("model_type", "\"qwen2\"");
-  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos, &mt), VL_OK);
   assert_true(!mc.tie_embed && mc.qkv_bias);
+  assert_string_equal(mt, "qwen2");
+  free(opt);
+  opt = mistral_with("model_type", "\"llama\"");
+  assert_int_equal(vl_llm_hf_config_parse(&env, opt, strlen(opt), "x.json", &mc, &pos, &mt), VL_OK);
+  assert_string_equal(mt, "llama");
   free(opt);
   /* the unchanged text parses: the failures above are the changes' */
-  assert_int_equal(vl_llm_hf_config_parse(&env, t, n, "x.json", &mc, &pos), VL_OK);
+  assert_int_equal(vl_llm_hf_config_parse(&env, t, n, "x.json", &mc, &pos, &mt), VL_OK);
   assert_int_equal(pos, 32768);
+  assert_string_equal(mt, "mistral");
   free(two);
   free(t);
 }
@@ -197,14 +205,14 @@ static void test_file_errors(void **state) {
   char path[512];
   vl_mistral_preset("tiny", &mc);
   snprintf(path, sizeof path, "%s/absent.json", tmpdir);
-  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos, NULL), VL_ERR_INVALID);
   assert_non_null(strstr(env.err.msg, "model_config"));
   assert_non_null(strstr(env.err.msg, "cannot open"));
-  assert_int_equal(vl_llm_hf_config_load(&env, tmpdir, &mc, &pos), VL_ERR_INVALID); /* a directory */
+  assert_int_equal(vl_llm_hf_config_load(&env, tmpdir, &mc, &pos, NULL), VL_ERR_INVALID); /* a directory */
   assert_non_null(strstr(env.err.msg, "not a regular file"));
   snprintf(path, sizeof path, "%s/fifo.json", tmpdir);
   assert_int_equal(mkfifo(path, 0600), 0);
-  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID); /* never blocks */
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos, NULL), VL_ERR_INVALID); /* never blocks */
   assert_non_null(strstr(env.err.msg, "not a regular file (fifo)"));
   snprintf(path, sizeof path, "%s/huge.json", tmpdir);
   FILE *f = fopen(path, "w");
@@ -213,7 +221,7 @@ static void test_file_errors(void **state) {
   for (int i = 0; i < (1 << 20); i++) fputc('x', f);
   fputs("\"}", f);
   fclose(f);
-  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos), VL_ERR_INVALID);
+  assert_int_equal(vl_llm_hf_config_load(&env, path, &mc, &pos, NULL), VL_ERR_INVALID);
   assert_non_null(strstr(env.err.msg, "exceeds the 1 MiB limit"));
   vl_mistral_cfg tiny;
   vl_mistral_preset("tiny", &tiny);
@@ -265,7 +273,7 @@ static void test_many_keys(void **state) {
   assert_true(strlen(t) <= VL_LLM_HF_CONFIG_MAX_BYTES);
   tu_write_text(path, t);
   double t0 = now_s();
-  if (vl_llm_hf_config_load(&env, path, &mc, &pos)) fail_msg("%s", env.err.msg);
+  if (vl_llm_hf_config_load(&env, path, &mc, &pos, NULL)) fail_msg("%s", env.err.msg);
   double dt = now_s() - t0;
   print_message("  a config of %zu bytes with 100k keys read in %.3f s\n", strlen(t), dt);
   assert_true(dt < 5.0);
@@ -337,7 +345,7 @@ static void test_mistral_config_is_the_preset(void **state) {
   int64_t pos = 0;
   assert_int_equal(vl_mistral_preset("full", &full), 0);
   assert_int_equal(vl_mistral_preset("tiny", &mc), 0);
-  if (vl_llm_hf_config_load(&env, MISTRAL_JSON, &mc, &pos)) fail_msg("%s", env.err.msg);
+  if (vl_llm_hf_config_load(&env, MISTRAL_JSON, &mc, &pos, NULL)) fail_msg("%s", env.err.msg);
   assert_int_equal(pos, 32768);
   mc.seq = full.seq; /* a training setting, not the config's */
   assert_memory_equal(&mc, &full, sizeof mc);
@@ -471,7 +479,12 @@ static void test_llama3_8b_at_2048(void **state) {
   vl_mistral_cfg mc;
   int64_t pos = 0;
   vl_mistral_preset("full", &mc);
-  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos)) fail_msg("%s", env.err.msg);
+  const char *mt = NULL;
+  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos, &mt)) fail_msg("%s", env.err.msg);
+  assert_string_equal(mt, "llama");
+  mt = NULL; /* again, from the loader's cache */
+  if (vl_llm_hf_config_load(&env, LLAMA3_JSON, &mc, &pos, &mt)) fail_msg("%s", env.err.msg);
+  assert_string_equal(mt, "llama");
   assert_int_equal(mc.dim, 4096);
   assert_int_equal(mc.ffn, 14336);
   assert_int_equal(mc.n_layers, 32);

@@ -562,6 +562,10 @@ static void test_memtracker(void **state) {
   (void)state;
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-full.json") >= 3);
+  /* the families of --model-config in their own transformers classes, at full size
+   * (memtracker_all.py --model-config: LlamaForCausalLM, Qwen2ForCausalLM) */
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-llama-3.2-1b-full.json") >= 3);
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-qwen2.5-0.5b-full.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt.json") >= 5);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt-full.json") >= 5);
   /* sd-lora: the cached rungs (disk_cache, prefetch16, ram_cache) and the uncached ones (before,

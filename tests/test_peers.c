@@ -574,6 +574,9 @@ static void check_memtracker_fixture(const char *case_id, const char *suffix) {
   assert_true(cJSON_IsString(cJSON_GetObjectItem(ver, "torch")));
   static vl_ladder L;
   assert_int_equal(vl_ladder_load(&L, ".", case_id, &err), VL_OK);
+  /* a fixture of another model of the family (memtracker_all.py --model-config) */
+  const char *model_config = cJSON_GetStringValue(cJSON_GetObjectItem(fx, "model_config"));
+  if (model_config) assert_int_equal(vl_knob_set(&L.setting, "model_config", model_config), 0);
   const vl_case *c = vl_case_find(case_id);
   assert_non_null(c);
   const cJSON *rungs = cJSON_GetObjectItem(fx, "rungs"), *r;
@@ -613,6 +616,9 @@ static void test_memtracker_fixtures(void **state) {
     check_memtracker_fixture(cases[i], "");
     check_memtracker_fixture(cases[i], "-full");
   }
+  /* the families in their own transformers classes (the setup says model_type) */
+  check_memtracker_fixture("llm-lora", "-llama-3.2-1b-full");
+  check_memtracker_fixture("llm-lora", "-qwen2.5-0.5b-full");
 }
 
 /* A changed rung makes its fixture stale: the same check fails. */

@@ -68,13 +68,15 @@ static vl_status size_knob(vl_case_env *env, const char *key, long lo, long hi, 
 
 /* The model's sizes: the scale's preset, the model config over it, the size knobs over
  * both; every relation the model needs checked here, naming the knobs. */
-static vl_status parse_model(vl_case_env *env, const char *scale, vl_mistral_cfg *mc, int64_t *max_pos) {
+static vl_status parse_model(vl_case_env *env, const char *scale, vl_mistral_cfg *mc, int64_t *max_pos,
+                             const char **model_type) {
   if (vl_mistral_preset(scale, mc))
     return vl_case_fail(env, VL_ERR_INVALID, "unknown scale '%s' (tiny, small, full)", scale);
   *max_pos = 0;
+  *model_type = NULL;
   const char *path = vl_knob_str(env->setting, "model_config", vl_llm_knobs);
   bool cfg = strcasecmp(path, "none") != 0;
-  if (cfg) VL_TRY(vl_llm_hf_config_load(env, path, mc, max_pos));
+  if (cfg) VL_TRY(vl_llm_hf_config_load(env, path, mc, max_pos, model_type));
   const vl_llm_dim_limits *X = &vl_llm_dim_max;
   bool g_layers, g_dim, g_ffn, g_heads, g_kv, g_vocab, g_seq;
   VL_TRY(size_knob(env, "layers", 1, X->layers, &mc->n_layers, &g_layers));
@@ -105,7 +107,7 @@ static vl_status parse_model(vl_case_env *env, const char *scale, vl_mistral_cfg
 vl_status vl_llm_parse_rung(vl_case_env *env, const char *scale, const vl_knobs *k, vl_llm_rung *r) {
   memset(r, 0, sizeof *r);
   vl_train_cfg *tc = &r->model.tc;
-  VL_TRY(parse_model(env, scale, &r->model.mc, &r->max_pos));
+  VL_TRY(parse_model(env, scale, &r->model.mc, &r->max_pos, &r->model_type));
   vl_train_cfg_default(tc);
   const vl_knobs *s = env->setting;
   VL_TRY(vl_knob_int(s, "run_seq", vl_llm_knobs, 0, vl_llm_dim_max.seq, &r->run_seq, &env->err));

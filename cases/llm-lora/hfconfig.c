@@ -160,12 +160,16 @@ static vl_status hf_no_duplicates(const hf_reader *h) {
   return s;
 }
 
-static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
+static const char *const families[] = {"llama", "mistral", "qwen2", NULL};
+
+static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos, const char **model_type) {
   const vl_llm_dim_limits *X = &vl_llm_dim_max;
-  static const char *const families[] = {"llama", "mistral", "qwen2", NULL};
   static const char *const acts[] = {"silu", NULL};
   VL_TRY(hf_str(h, "model_type", true, families, "the Llama/Mistral family: llama, mistral or qwen2"));
-  bool qwen2 = !strcmp(cJSON_GetObjectItemCaseSensitive(h->root, "model_type")->valuestring, "qwen2");
+  const char *mt = cJSON_GetObjectItemCaseSensitive(h->root, "model_type")->valuestring;
+  int fam = 0;
+  while (strcmp(families[fam], mt)) fam++; /* hf_str accepted it: one of them */
+  bool qwen2 = !strcmp(mt, "qwen2");
   int64_t dim = 0, ffn = 0, layers = 0, heads = 1, kv = 1, vocab = 0, pos = 0, hd = 0;
   bool has_kv, has_hd;
   VL_TRY(hf_int(h, "hidden_size", true, 2, X->dim, &dim, NULL));
@@ -218,11 +222,12 @@ static vl_status hf_fields(hf_reader *h, vl_mistral_cfg *mc, int64_t *max_pos) {
   mc->tie_embed = tie;
   mc->qkv_bias = qwen2;
   *max_pos = pos;
+  *model_type = families[fam];
   return VL_OK;
 }
 
 vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, const char *name, vl_mistral_cfg *mc,
-                                 int64_t *max_pos) {
+                                 int64_t *max_pos, const char **model_type) {
   hf_reader h = {env, name, NULL};
   if (strlen(text) != n) return hf_fail(&h, NULL, "not JSON text: a NUL byte at offset %zu", strlen(text));
   const char *end = NULL;
@@ -240,8 +245,12 @@ vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, c
   /* a key given twice would be read as its first value: refused, not guessed */
   if (s == VL_OK) s = hf_no_duplicates(&h);
   vl_mistral_cfg tmp = *mc; /* mc is changed only by a config that is read whole */
-  if (s == VL_OK) s = hf_fields(&h, &tmp, max_pos);
-  if (s == VL_OK) *mc = tmp;
+  const char *mt = NULL;
+  if (s == VL_OK) s = hf_fields(&h, &tmp, max_pos, &mt);
+  if (s == VL_OK) {
+    *mc = tmp;
+    if (model_type) *model_type = mt;
+  }
   cJSON_Delete(root);
   return s;
 }
@@ -257,6 +266,7 @@ static struct {
   struct stat st;
   vl_mistral_cfg mc; /* every size the config sets (all but seq) */
   int64_t max_pos;
+  const char *model_type; /* one of families[] */
 } hf_last = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static bool same_file(const struct stat *a, const struct stat *b) {
@@ -273,18 +283,21 @@ static void hf_apply(const vl_mistral_cfg *from, vl_mistral_cfg *to) {
 }
 
 /* The cached config of path when its file is still the one read: true and *mc, *max_pos set. */
-static bool hf_cached(const char *path, const struct stat *st, vl_mistral_cfg *mc, int64_t *max_pos) {
+static bool hf_cached(const char *path, const struct stat *st, vl_mistral_cfg *mc, int64_t *max_pos,
+                      const char **model_type) {
   pthread_mutex_lock(&hf_last.lock);
   bool hit = hf_last.path && !strcmp(hf_last.path, path) && same_file(&hf_last.st, st);
   if (hit) {
     hf_apply(&hf_last.mc, mc);
     *max_pos = hf_last.max_pos;
+    if (model_type) *model_type = hf_last.model_type;
   }
   pthread_mutex_unlock(&hf_last.lock);
   return hit;
 }
 
-static void hf_remember(const char *path, const struct stat *st, const vl_mistral_cfg *mc, int64_t max_pos) {
+static void hf_remember(const char *path, const struct stat *st, const vl_mistral_cfg *mc, int64_t max_pos,
+                        const char *model_type) {
   char *p = strdup(path);
   if (!p) return; /* not cached: the next rung reads the file again */
   pthread_mutex_lock(&hf_last.lock);
@@ -293,22 +306,26 @@ static void hf_remember(const char *path, const struct stat *st, const vl_mistra
   hf_last.st = *st;
   hf_last.mc = *mc;
   hf_last.max_pos = max_pos;
+  hf_last.model_type = model_type;
   pthread_mutex_unlock(&hf_last.lock);
 }
 
-vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos) {
+vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos,
+                                const char **model_type) {
   /* the identity is taken before the read: a file changed during it is read again next time */
   struct stat st;
   bool known = stat(path, &st) == 0 && S_ISREG(st.st_mode);
-  if (known && hf_cached(path, &st, mc, max_pos)) return VL_OK;
+  if (known && hf_cached(path, &st, mc, max_pos, model_type)) return VL_OK;
   vl_err m;
   size_t n = 0;
   char *text;
   /* a config that cannot be read is a bad value of the setting, like any other */
   if (vl_file_read_text(path, VL_LLM_HF_CONFIG_MAX_BYTES, "the 1 MiB limit of a model config", &text, &n, &m))
     return vl_case_fail(env, VL_ERR_INVALID, "model_config: %s", m.msg);
-  vl_status s = vl_llm_hf_config_parse(env, text, n, path, mc, max_pos);
+  const char *mt = NULL;
+  vl_status s = vl_llm_hf_config_parse(env, text, n, path, mc, max_pos, &mt);
   free(text);
-  if (s == VL_OK && known) hf_remember(path, &st, mc, *max_pos);
+  if (s == VL_OK && model_type) *model_type = mt;
+  if (s == VL_OK && known) hf_remember(path, &st, mc, *max_pos, mt);
   return s;
 }

@@ -16,6 +16,9 @@ typedef struct {
   long seed, steps, warmup, oom_batches;
   long run_seq;     /* runs: 0 = variable-length dialogue batches; N = every batch N tokens */
   int64_t max_pos;  /* the model config's max_position_embeddings; 0 without one */
+  /* the model config's model_type (llama, mistral, qwen2: the transformers class the peers
+   * build); NULL without one (the scale's preset: Mistral) */
+  const char *model_type;
 } vl_llm_rung;
 
 /* Upper bounds of the model's sizes, for the knobs and the config reader alike. */
@@ -29,15 +32,17 @@ extern const vl_llm_dim_limits vl_llm_dim_max;
  * its max_position_embeddings into *max_pos. Strict: a missing, mistyped, non-integer or
  * out-of-range field, heads not dividing the hidden size, a key given twice, trailing text
  * is VL_ERR_INVALID with a message naming the file and the field; *mc is then unchanged.
- * `name` names the text in messages. */
+ * `name` names the text in messages. *model_type (when not NULL): its model_type, a static
+ * string ("llama", "mistral" or "qwen2"). */
 #define VL_LLM_HF_CONFIG_MAX_BYTES (1u << 20)
 vl_status vl_llm_hf_config_parse(vl_case_env *env, const char *text, size_t n, const char *name, vl_mistral_cfg *mc,
-                                 int64_t *max_pos);
+                                 int64_t *max_pos, const char **model_type);
 /* The same from a file (a regular file of at most VL_LLM_HF_CONFIG_MAX_BYTES, read with
  * vl_file_read_text); a file that cannot be read is VL_ERR_INVALID too (a bad value of the
  * model_config setting). The file is read once: the accepted config is kept and reused
  * while the file stays the same (inode, size, mtime, ctime), so a ladder reads it once. */
-vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos);
+vl_status vl_llm_hf_config_load(vl_case_env *env, const char *path, vl_mistral_cfg *mc, int64_t *max_pos,
+                                const char **model_type);
 
 /* Every knob a rung may set and every setting the case reads (config.c). */
 extern const vl_knob_decl vl_llm_knobs[];

@@ -65,6 +65,7 @@ static cJSON *setup_json(const vl_llm_rung *r, vl_device dev, int threads, int64
   /* the families of --model-config, named only when set (a Mistral's setup stays as it was) */
   if (mc->tie_embed) cJSON_AddBoolToObject(m, "tie_embed", true);
   if (mc->qkv_bias) cJSON_AddBoolToObject(m, "qkv_bias", true);
+  if (r->model_type) cJSON_AddStringToObject(m, "model_type", r->model_type); /* the peer's class */
   cJSON *t = vl_peer_train_json(&tc->optim, tc->clip, r->accum, tc->compute);
   cJSON_AddStringToObject(t, "frozen", vl_dtype_name(tc->frozen));
   cJSON_AddNumberToObject(t, "lora_rank", tc->lora_rank);

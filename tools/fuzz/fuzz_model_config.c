@@ -31,12 +31,17 @@ static void check_model(const vl_mistral_cfg *m, int64_t max_pos) {
 }
 
 /* One reading: its status; *m changed only when it was accepted, a refusal names `name`. */
-static vl_status read_one(const char *text, size_t n, const char *path, vl_mistral_cfg *m, int64_t *pos) {
+static vl_status read_one(const char *text, size_t n, const char *path, vl_mistral_cfg *m, int64_t *pos,
+                          const char **mt) {
   vl_case_env env = {.scale = "full", .device = VL_DEV_PLAN, .quiet = 1};
   vl_mistral_cfg before = *m;
-  vl_status s = path ? vl_llm_hf_config_load(&env, path, m, pos) : vl_llm_hf_config_parse(&env, text, n, "f.json", m, pos);
+  *mt = NULL;
+  vl_status s = path ? vl_llm_hf_config_load(&env, path, m, pos, mt)
+                     : vl_llm_hf_config_parse(&env, text, n, "f.json", m, pos, mt);
   if (s == VL_OK) {
     check_model(m, *pos);
+    if (!*mt || (strcmp(*mt, "llama") && strcmp(*mt, "mistral") && strcmp(*mt, "qwen2")))
+      die("accepted without its family", *mt ? *mt : "(none)");
     if (m->seq != before.seq) die("seq changed", "a training setting, not the config's");
     return s;
   }
@@ -56,7 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
   vl_mistral_preset("tiny", &a);
   b = c = a;
   int64_t pa = 0, pb = 0, pc = 0;
-  vl_status sa = read_one(text, n, NULL, &a, &pa);
+  const char *ma, *mb, *mc;
+  vl_status sa = read_one(text, n, NULL, &a, &pa, &ma);
   /* the same bytes as a file, read by the loader, then again (from its cache when accepted);
    * a new name each time: a file rewritten to the same size within one tick of the file
    * system's clock (and its inode reused) would be taken for the one cached, by design */
@@ -67,10 +73,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
            serial++);
   FILE *f = fopen(path, "wb");
   if (f && fwrite(d, 1, n, f) == n && fclose(f) == 0) {
-    vl_status sb = read_one(NULL, 0, path, &b, &pb);
-    vl_status sc = read_one(NULL, 0, path, &c, &pc);
+    vl_status sb = read_one(NULL, 0, path, &b, &pb, &mb);
+    vl_status sc = read_one(NULL, 0, path, &c, &pc, &mc);
     if (sb != sa || sc != sa) die("file and memory disagree", path);
-    if (sa == VL_OK && (memcmp(&a, &b, sizeof a) || memcmp(&a, &c, sizeof a) || pa != pb || pa != pc))
+    if (sa == VL_OK && (memcmp(&a, &b, sizeof a) || memcmp(&a, &c, sizeof a) || pa != pb || pa != pc ||
+                        strcmp(ma, mb) || strcmp(ma, mc)))
       die("file, cache and memory give other models", path);
   } else if (f) {
     fclose(f);

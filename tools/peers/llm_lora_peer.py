@@ -2,7 +2,8 @@
 """PyTorch peer of the llm-lora step: Hugging Face's MistralForCausalLM with the engine's
 dimensions (the case passes them: vocab, dim, layers, heads, kv_heads, head_dim, ffn,
 rope_theta, norm_eps; tie_embed and qkv_bias for the families of --model-config: a tied
-head, and Qwen2ForCausalLM for q/k/v biases), SDPA attention, no sliding window (the engine
+head, and Qwen2ForCausalLM for q/k/v biases; model_type, a --model-config's: LlamaForCausalLM
+for "llama", Qwen2ForCausalLM for "qwen2"), SDPA attention, no sliding window (the engine
 attends over the whole causal window); the rung's dtypes (fp32; fp16/bf16 as autocast with
 fp32 master weights, GradScaler for fp16; a LoRA base stored in the frozen dtype), PEFT LoRA
 on the same linears with the same rank and alpha (no dropout), per-layer gradient
@@ -37,20 +38,37 @@ TARGETS = {"qkvo": ["q_proj", "k_proj", "v_proj", "o_proj"],
            "all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
+def family(m):
+    """The transformers family of the model: its model_type (a --model-config's), else Qwen2
+    when the case says qkv_bias (q/k/v biases), else Mistral (the scales' presets)."""
+    return m.get("model_type") or ("qwen2" if m.get("qkv_bias") else "mistral")
+
+
+def classes(m):
+    """(config class, model class) of the model's family."""
+    import transformers as tf
+    return {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM), "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+            "mistral": (tf.MistralConfig, tf.MistralForCausalLM)}[family(m)]
+
+
 def mistral_config(m, seq):
-    """The model's transformers config: Mistral's (Llama's is the same network without a
-    sliding window); Qwen2's when the case says qkv_bias (q/k/v biases); tie_embed: the
-    head is the embedding (Llama 3.2, the small Qwen2.5)."""
-    from transformers import MistralConfig, Qwen2Config
-    qwen2 = bool(m.get("qkv_bias"))
-    Config = Qwen2Config if qwen2 else MistralConfig
+    """The model's transformers config in its family's class (Llama's: no q/k/v/o or MLP
+    biases; Qwen2's: q/k/v biases), no sliding window; tie_embed: the head is the embedding
+    (Llama 3.2, the small Qwen2.5). A config's rope scaling (Llama 3.1's "llama3") is not
+    passed: it changes the rotary frequencies at build time, not a step's tensors."""
+    fam = family(m)
+    Config = classes(m)[0]
     kw = dict(vocab_size=m["vocab"], hidden_size=m["dim"], intermediate_size=m["ffn"],
               num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
               num_key_value_heads=m["kv_heads"], head_dim=m["head_dim"], hidden_act="silu",
-              max_position_embeddings=max(seq, 32), rms_norm_eps=m["norm_eps"], sliding_window=None,
+              max_position_embeddings=max(seq, 32), rms_norm_eps=m["norm_eps"],
               tie_word_embeddings=bool(m.get("tie_embed")), use_cache=False, attention_dropout=0.0)
-    if qwen2:
-        kw["use_sliding_window"] = False
+    if fam == "qwen2":
+        kw.update(use_sliding_window=False, sliding_window=None)
+    elif fam == "llama":
+        kw.update(attention_bias=False, mlp_bias=False)
+    else:
+        kw["sliding_window"] = None
     if "rope_parameters" in inspect.signature(Config.__init__).parameters:  # transformers >= 5
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": m["rope_theta"]}
     else:
@@ -92,7 +110,6 @@ def quantize_nf4(torch, model, dtype, dev):
 def make(torch, mem, cfg):
     """The step of cfg, built on cfg's device (model, optimizer, batch; st.micro the loss of
     one micro-batch), nothing run: build() and tools/peers/memtracker_peer.py share it."""
-    from transformers import MistralForCausalLM, Qwen2ForCausalLM
     t = cfg["train"]
     if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16") and t["compute"] == "fp32":
         raise ValueError(f"unsupported: a {t['frozen']} base under fp32 compute")
@@ -101,7 +118,7 @@ def make(torch, mem, cfg):
     st = peer_common.Stepper(torch, mem, cfg)
     dev = st.device
     with torch.device(dev):  # built where it trains: a 7B model initialised on a GPU, not the host
-        Model = Qwen2ForCausalLM if cfg["model"].get("qkv_bias") else MistralForCausalLM
+        Model = classes(cfg["model"])[1]
         model = Model._from_config(mistral_config(cfg["model"], cfg["seq"]), attn_implementation="sdpa")
     if t["lora_rank"] > 0 and t["frozen"] in ("fp16", "bf16"):
         model = model.to(torch.float16 if t["frozen"] == "fp16" else torch.bfloat16)

@@ -7,7 +7,10 @@ the malloc counter, into a fixture (tests/fixtures/memtracker/<case>.json).
 
 (the second: the article's model on fake tensors, the 7B step among them, into
 tests/fixtures/memtracker/llm-lora-full.json; a full-scale step's real tensors would not fit
-this machine, so --no-real)
+this machine, so --no-real). --model-config FILE (llm-lora) plans another model of the family
+(vramlab's --model-config; the peer builds its transformers class): the fixture records the
+file and is named CASE-STEM-SCALE.json (cases/llm-lora/configs/llama-3.2-1b.json at full scale:
+llm-lora-llama-3.2-1b-full.json).
 
 The rungs' peer setups come from `vramlab peer-config CASE --scale S` (the C side's own
 serialisation: the same setup the case's side-by-side sends its peer). Per rung, each in a
@@ -92,6 +95,7 @@ def main():
     ap.add_argument("--case", required=True, help="llm-lora, seg-ckpt or sd-lora")
     ap.add_argument("--scale", default="small")
     ap.add_argument("--step", help="one rung only (printed, no fixture written)")
+    ap.add_argument("--model-config", help="llm-lora: a Hugging Face config.json (path from the repository root)")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (vramlab, libvlmemcount.so)")
     ap.add_argument("--out", help="the fixture (default tests/fixtures/memtracker/CASE.json; CASE-SCALE.json "
                     "at another scale than small)")
@@ -105,14 +109,20 @@ def main():
     argv = [os.path.join(a.build, "vramlab"), "peer-config", a.case, "--scale", a.scale]
     if a.step:
         argv += ["--step", a.step]
-    p = subprocess.run(argv, capture_output=True, text=True)
+    if a.model_config:
+        argv += ["--model-config", a.model_config]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     if p.returncode:
         print(json.dumps({"error": p.stderr.strip()}))
         return 1
     pc = json.loads(p.stdout)
     out = {"case": a.case, "scale": a.scale, "generator": "tools/peers/memtracker_all.py", "versions": {},
            "rungs": {}}
+    if a.model_config:
+        out["model_config"] = a.model_config
     suffix = "" if a.scale == "small" else f"-{a.scale}"
+    if a.model_config:
+        suffix = "-" + os.path.splitext(os.path.basename(a.model_config))[0] + (suffix or "-small")
     path = a.out or os.path.join(ROOT, "tests", "fixtures", "memtracker", f"{a.case}{suffix}.json")
     again = set(a.update.split(",")) if a.update else None
     seen = {}  # a peer setup -> the first rung that has it
