@@ -151,7 +151,8 @@ typedef vl_status (*vl_peer_fake_mimic_fn)(vl_case_env *env, const vl_knobs *kno
  * peaks and the seconds each took, into res.case_metrics.pytorch_full_scale.rungs (a rung
  * whose setup repeats an earlier one's gets that trace, same_setup_as; a rung no peer runs,
  * not_measured). A Python without PyTorch is said once (pytorch_full_scale.not_measured) and
- * stops it. Nothing on the plan device; VL_OK unless a rung cannot be parsed (env->err). */
+ * stops it. Nothing on the plan device; on a GPU only that reason (the trace is the host's, and
+ * the card would idle through it). VL_OK unless a rung cannot be parsed (env->err). */
 vl_status vl_peer_full_scale(vl_case_env *env, cJSON *res, const char *scale, vl_peer_config_fn config,
                              vl_peer_fake_mimic_fn fake);
 /* "### The full-scale step beside PyTorch's own estimator": per rung the mimic's peak, MemTracker's,

@@ -796,6 +796,35 @@ static void test_full_scale_without_pytorch(void **state) {
   cJSON_Delete(res);
 }
 
+/* A run on a GPU traces nothing (the card would idle through minutes of host work) and says
+ * why; nothing is started (a fake MemTracker that counts its calls is not called). */
+static void test_full_scale_not_on_a_gpu(void **state) {
+  (void)state;
+  char calls[256], body[512], py[256];
+  snprintf(calls, sizeof calls, "%s/calls-gpu", tmpdir);
+  unlink(calls);
+  snprintf(body, sizeof body, "#!/bin/sh\necho x >> %s\necho '{\"peak_bytes\": 1}'\n", calls);
+  write_script("python-gpu-count", body, true, py, sizeof py);
+  static vl_ladder L;
+  static const char *const lora[] = {"lora"};
+  cJSON *res = ladder_results("llm-lora", lora, 1, &L);
+  vl_case_env env = {.scale = "tiny", .device = VL_DEV_CUDA, .setting = &L.setting, .quiet = 1};
+  char *old = getenv("VRAMLAB_PYTHON") ? strdup(getenv("VRAMLAB_PYTHON")) : NULL;
+  setenv("VRAMLAB_PYTHON", py, 1);
+  assert_int_equal(vl_llm_full_scale(&env, res, "full"), VL_OK);
+  if (old) setenv("VRAMLAB_PYTHON", old, 1);
+  else unsetenv("VRAMLAB_PYTHON");
+  free(old);
+  const cJSON *top = full_of(res);
+  assert_non_null(strstr(vl_rep_str(top, "not_measured"), "a CPU bench makes it"));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), 0);
+  assert_int_equal(access(calls, F_OK), -1);
+  static char md[4096];
+  report_text(vl_peer_full_scale_report, res, md, sizeof md);
+  assert_non_null(strstr(md, "MemTracker not measured here: a run on a GPU spends no card time"));
+  cJSON_Delete(res);
+}
+
 /* The real MemTracker (PyTorch installed) at tiny scale, one rung: the mimic on its terms
  * within 0.1% (the committed fixtures: 0.0001%), its seconds measured. */
 static void test_real_full_scale(void **state) {
@@ -901,6 +930,7 @@ int main(void) {
       cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),
       cmocka_unit_test(test_full_scale_fake_memtracker), cmocka_unit_test(test_full_scale_report),
       cmocka_unit_test(test_full_scale_without_pytorch), cmocka_unit_test(test_real_full_scale),
+      cmocka_unit_test(test_full_scale_not_on_a_gpu),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
