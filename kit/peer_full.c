@@ -38,10 +38,9 @@ vl_status vl_peer_full_scale(vl_case_env *env, cJSON *res, const char *scale, vl
                                                  "tensors; a CPU bench makes it");
     return VL_OK;
   }
-  /* MemTracker traces on a fake CPU device, whatever the scale */
+  /* MemTracker traces on a fake CPU device (this run's), whatever the scale */
   vl_case_env fe = *env;
   fe.scale = scale;
-  fe.device = VL_DEV_CPU;
   fe.quiet = 1;
   int threads = omp_get_max_threads();
   const cJSON *rung;
@@ -89,7 +88,7 @@ vl_status vl_peer_full_scale(vl_case_env *env, cJSON *res, const char *scale, vl
     /* no PyTorch (or no transformers, peft, ...), or a Python that does not answer: said once,
      * no other rung tried (a step MemTracker refuses is that rung's reason) */
     const char *w = cJSON_GetStringValue(cJSON_GetObjectItem(o, "memtracker_why"));
-    if (w && (strstr(w, "cannot import") || strstr(w, "could not run") || strstr(w, "no reply"))) {
+    if (w && (cJSON_GetObjectItem(o, "missing") || strstr(w, "could not run") || strstr(w, "no reply"))) {
       cJSON_AddStringToObject(top, "not_measured", w);
       break;
     }

@@ -517,6 +517,10 @@ cJSON *vl_peer_run_tool(const char *peer_script, const cJSON *setup, const char 
     if (!line) snprintf(why, sizeof why, "%s (exit status %d%s%.100s)", rc < 0 ? "it could not run" : "no reply", rc,
                         *head ? ", printed: " : "", head);
     cJSON_AddStringToObject(o, why_key, why);
+    cJSON *err = line ? cJSON_Parse(line) : NULL; /* an error reply: is a module missing? */
+    const char *missing = cJSON_GetStringValue(cJSON_GetObjectItem(err, "missing"));
+    if (missing && !cJSON_GetObjectItem(o, "missing")) cJSON_AddStringToObject(o, "missing", missing);
+    cJSON_Delete(err);
   }
   free(js);
   free(out);

@@ -126,7 +126,8 @@ void vl_peer_rung_metrics(cJSON *res, const cJSON *o);
 int vl_peer_cuda_cc_major(const cJSON *hello);
 /* A tool of tools/peers/ (python3 TOOL --script PEER_SCRIPT --config SETUP [extra...]) run in
  * a fresh process: its reply (the last line that is a JSON object), or NULL with why in
- * o[why_key]; *secs the process's seconds. */
+ * o[why_key]; *secs the process's seconds. A tool that cannot import a module (PyTorch, ...)
+ * names it in its reply's "missing": then o["missing"] is that module too. */
 cJSON *vl_peer_run_tool(const char *peer_script, const cJSON *setup, const char *tool, char *const extra[], cJSON *o,
                         const char *why_key, double *secs);
 /* PyTorch's own estimate of the step `setup` sets up for peer_script: tools/peers/memtracker_peer.py

@@ -793,6 +793,16 @@ static void test_full_scale_without_pytorch(void **state) {
   top = full_of(res);
   assert_non_null(strstr(vl_rep_str(top, "not_measured"), "cannot import torch"));
   assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), 1);
+  /* the tool's "missing" is what stops the table (not the reason's wording) */
+  assert_string_equal(vl_rep_str(cJSON_GetArrayItem(cJSON_GetObjectItem(top, "rungs"), 0), "missing"), "torch");
+  cJSON_Delete(res);
+  /* a module missing, whatever the reason says: stopped after the first rung too */
+  write_script("python-no-peft", "#!/bin/sh\necho '{\"error\": \"peft is older than 0.10\", \"missing\": \"peft\"}'\n"
+                                 "exit 1\n", true, py, sizeof py);
+  res = full_scale_with(py, "llm-lora", llm, 3, vl_llm_full_scale, "full");
+  top = full_of(res);
+  assert_string_equal(vl_rep_str(top, "not_measured"), "peft is older than 0.10");
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(top, "rungs")), 1);
   cJSON_Delete(res);
 }
 

@@ -68,8 +68,8 @@ static int64_t max_batch_13b_48gb(const vl_llm_rung *r) {
 static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
                             size_t whyn) {
   const vl_llm_rung *q = cfg;
-  vl_mimic_llm_cfg c = {.model = q->model, .batch = batch, .seq = q->model.mc.seq, .accum = q->accum, .steps = 2,
-                        .device = VL_MIMIC_CUDA, .capacity = capacity};
+  vl_mimic_llm_cfg c = vl_llm_mimic_cfg(q, batch, q->model.mc.seq, VL_MIMIC_CUDA);
+  c.capacity = capacity;
   return vl_mimic_llm(&c, r, NULL, NULL, why, whyn);
 }
 

@@ -109,14 +109,18 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
   return VL_OK;
 }
 
+vl_mimic_llm_cfg vl_llm_mimic_cfg(const vl_llm_rung *r, int64_t B, int64_t T, vl_mimic_device dev) {
+  vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2, .device = dev};
+  c.model.mc.seq = T;
+  return c;
+}
+
 /* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
  * at this batch and length: what it predicts beside what the peer measures. */
 static void mimic_json(const vl_llm_rung *r, int64_t B, int64_t T, vl_device dev, const cJSON *hello, cJSON *o) {
   /* the peer's card sizes cuBLAS's workspace (its hello: cuda_capability) */
-  vl_mimic_llm_cfg c = {.model = r->model, .batch = B, .seq = T, .accum = r->accum, .steps = 2,
-                        .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU,
-                        .cuda_cc_major = vl_peer_cuda_cc_major(hello)};
-  c.model.mc.seq = T;
+  vl_mimic_llm_cfg c = vl_llm_mimic_cfg(r, B, T, dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU);
+  c.cuda_cc_major = vl_peer_cuda_cc_major(hello);
   vl_mimic_result m;
   char why[200];
   vl_status s = vl_mimic_llm(&c, &m, NULL, NULL, why, sizeof why);
@@ -176,9 +180,8 @@ static vl_status fake_mimic(vl_case_env *env, const vl_knobs *k, vl_mimic_result
     snprintf(why, n, "%s", s != VL_OK ? env->err.msg : skip);
     return s != VL_OK ? s : VL_ERR_INVALID;
   }
-  vl_mimic_llm_cfg c = {.model = r.model, .batch = B, .seq = T, .accum = r.accum, .steps = 2,
-                        .device = VL_MIMIC_CPU, .traced = true};
-  c.model.mc.seq = T;
+  vl_mimic_llm_cfg c = vl_llm_mimic_cfg(&r, B, T, VL_MIMIC_CPU);
+  c.traced = true;
   return vl_mimic_llm(&c, m, NULL, NULL, why, n);
 }
 

@@ -4,6 +4,8 @@
 #define VRAMLAB_LLM_LORA_PEER_H
 
 #include "kit/case.h"
+#include "llm.h"
+#include "vramlab/mimic.h"
 
 /* The baseline and lora rungs, engine and tools/peers/llm_lora_peer.py in turn, into
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
@@ -15,6 +17,10 @@ vl_status vl_llm_peer_config(vl_case_env *env, const vl_knobs *k, int threads, c
 /* Every rung at `scale` (the extra's: full, the article's 7B step) through MemTracker on fake tensors beside
  * the mimic on its terms (kit/peer_full.c), into res.case_metrics.pytorch_full_scale. */
 vl_status vl_llm_full_scale(vl_case_env *env, cJSON *res, const char *scale);
+/* The mimic of llm_lora_peer.py's step for the rung at batch B and length T on `dev`: two
+ * steps (the first creates AdamW's state), the rung's accumulation; the caller sets the rest
+ * (capacity, cuda_cc_major, traced). */
+vl_mimic_llm_cfg vl_llm_mimic_cfg(const vl_llm_rung *r, int64_t B, int64_t T, vl_mimic_device dev);
 /* "## PyTorch side by side" of the report. */
 void vl_llm_peers_report(const cJSON *res, FILE *md);
 

@@ -50,10 +50,8 @@ static vl_status curve_json(vl_case_env *env, const vl_segrung *r, int64_t mb, c
 static vl_status mimic_cuda(const void *cfg, int64_t batch, uint64_t capacity, vl_mimic_result *r, char *why,
                             size_t whyn) {
   const vl_segrung *q = cfg;
-  const vl_resunet_train_cfg *t = &q->model.tc;
-  vl_mimic_resunet_cfg c = {.model = q->model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
-                            .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip, .batch = batch,
-                            .accum = q->accum, .steps = 2, .device = VL_MIMIC_CUDA, .capacity = capacity};
+  vl_mimic_resunet_cfg c = vl_segcase_mimic_cfg(q, batch, VL_MIMIC_CUDA);
+  c.capacity = capacity;
   return vl_mimic_resunet(&c, r, NULL, NULL, why, whyn);
 }
 

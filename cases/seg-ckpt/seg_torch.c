@@ -69,13 +69,17 @@ vl_status vl_segcase_peer_config(vl_case_env *env, const vl_knobs *k, int thread
   return VL_OK;
 }
 
+vl_mimic_resunet_cfg vl_segcase_mimic_cfg(const vl_segrung *r, int64_t batch, vl_mimic_device dev) {
+  const vl_resunet_train_cfg *t = &r->model.tc;
+  return (vl_mimic_resunet_cfg){.model = r->model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
+                                .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip,
+                                .batch = batch, .accum = r->accum, .steps = 2, .device = dev};
+}
+
 /* The mimic of the peer's own step (the code path of the real run on `dev`, vramlab/mimic.h)
  * at this batch: its prediction beside what the peer measures. */
 static void mimic_json(const vl_segrung *r, int64_t B, vl_device dev, cJSON *o) {
-  const vl_resunet_train_cfg *t = &r->model.tc;
-  vl_mimic_resunet_cfg c = {.model = r->model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
-                            .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip, .batch = B,
-                            .accum = r->accum, .steps = 2, .device = dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU};
+  vl_mimic_resunet_cfg c = vl_segcase_mimic_cfg(r, B, dev == VL_DEV_CUDA ? VL_MIMIC_CUDA : VL_MIMIC_CPU);
   vl_mimic_result m;
   char why[200];
   vl_status s = vl_mimic_resunet(&c, &m, NULL, NULL, why, sizeof why);
@@ -135,10 +139,7 @@ static vl_status fake_mimic(vl_case_env *env, const vl_knobs *k, vl_mimic_result
     snprintf(why, n, "%s", s != VL_OK ? env->err.msg : fixed_only);
     return s != VL_OK ? s : VL_ERR_INVALID;
   }
-  const vl_resunet_train_cfg *t = &r.model.tc;
-  vl_mimic_resunet_cfg c = {.model = r.model.mc, .compute = t->compute, .checkpoint = t->checkpoint,
-                            .relu_inplace = t->relu_inplace, .optim = t->optim.opt, .clip = t->clip,
-                            .batch = r.batch, .accum = r.accum, .steps = 2, .device = VL_MIMIC_CPU};
+  vl_mimic_resunet_cfg c = vl_segcase_mimic_cfg(&r, r.batch, VL_MIMIC_CPU);
   return vl_mimic_resunet(&c, m, NULL, NULL, why, n);
 }
 

@@ -4,6 +4,8 @@
 #define VRAMLAB_SEG_CKPT_PEER_H
 
 #include "kit/case.h"
+#include "kit/segrung.h"
+#include "vramlab/mimic.h"
 
 /* The before and relu_off rungs, engine and tools/peers/seg_peer.py in turn, into
  * res.case_metrics.peers (and each rung's first run); "not measured here" with the reason
@@ -15,6 +17,10 @@ vl_status vl_segcase_peer_config(vl_case_env *env, const vl_knobs *k, int thread
 /* Every rung at `scale` (the extra's: full, ResNet-101 at 512x512) through MemTracker on fake tensors beside
  * the mimic on its terms (kit/peer_full.c), into res.case_metrics.pytorch_full_scale. */
 vl_status vl_segcase_full_scale(vl_case_env *env, cJSON *res, const char *scale);
+/* The mimic of seg_peer.py's step for the rung at this batch on `dev`: two steps (the first
+ * creates the optimizer's state), the rung's precision, checkpointing, ReLU, optimizer,
+ * clipping and accumulation; the caller sets the rest (capacity). */
+vl_mimic_resunet_cfg vl_segcase_mimic_cfg(const vl_segrung *r, int64_t batch, vl_mimic_device dev);
 /* "## PyTorch side by side" of the report. */
 void vl_segcase_peers_report(const cJSON *res, FILE *md);
 

@@ -19,7 +19,10 @@ GradScaler's overflow check and scale update are left out (peer_common.Stepper.o
    "build_seconds": building the model and optimizer on fake tensors,
    "trace_seconds": the traced steps, "torch", "transformers", "peft", "torchvision",
    "diffusers"}
-or {"error": ...} with exit status 1 (an import that fails also names "missing"). One
+or {"error": ...} with exit status 1 (an import that fails also names "missing").
+--as-shipped leaves MemTracker's per-module peak loop in (see total_peak_only: the same total
+peak, a slower trace; "as_shipped": true in the reply): how long PyTorch's estimator takes as
+PyTorch ships it. One
 process per rung: a process that traced an earlier rung may keep state (compiled kernels,
 caches) that a later trace does not see again. Anything a library prints goes to stderr."""
 import argparse
@@ -121,7 +124,7 @@ def total_peak_only(mt):
     mt._update_peak_stats = update
 
 
-def trace(torch, make, cfg, steps):
+def trace(torch, make, cfg, steps, as_shipped=False):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -140,7 +143,8 @@ def trace(torch, make, cfg, steps):
                              "cannot trace the step") from e
         t1 = time.perf_counter()
         mt = MemTracker()
-        total_peak_only(mt)
+        if not as_shipped:
+            total_peak_only(mt)
         mt.track_external(st.model, st.opt)
         with mt:
             for _ in range(steps):  # per-module statistics are per forward (a micro-batch of an
@@ -156,18 +160,24 @@ def trace(torch, make, cfg, steps):
             total = int(v)
         else:
             cats[getattr(k, "name", str(k))] = int(v)
-    return {"peak_bytes": total if total is not None else sum(cats.values()), "categories": cats,
-            "build_seconds": round(t1 - t0, 3), "trace_seconds": round(t2 - t1, 3)}
+    out = {"peak_bytes": total if total is not None else sum(cats.values()), "categories": cats,
+           "build_seconds": round(t1 - t0, 3), "trace_seconds": round(t2 - t1, 3)}
+    if as_shipped:
+        out["as_shipped"] = True
+    return out
 
 
-def cli(doc, run):
+def cli(doc, run, extra=None):
     """The command line both fake-tensor tools share (this one and torch_trace.py): --script,
     --config, --steps; the peer's modules imported (a missing one named); run(torch, make, cfg,
-    steps) -> dict, emitted with the script and versions; every failure a reply."""
+    steps) -> dict (extra(ap) adds a tool's own options; run then also gets the parsed
+    arguments), emitted with the script and versions; every failure a reply."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--script", required=True, choices=sorted(PEERS), help="the peer the config belongs to")
     ap.add_argument("--config", required=True, help="the peer's setup (JSON)")
     ap.add_argument("--steps", type=int, default=2, help="training steps traced (default 2)")
+    if extra:
+        extra(ap)
     a = ap.parse_args()
     peer_common._claim_stdout()
     module, needs = PEERS[a.script]
@@ -181,7 +191,7 @@ def cli(doc, run):
     try:
         cfg = json.loads(a.config)
         out = {"script": a.script, "steps": a.steps}
-        out.update(run(torch, importlib.import_module(module).make, cfg, a.steps))
+        out.update(run(torch, importlib.import_module(module).make, cfg, a.steps, *((a,) if extra else ())))
         out.update(versions())
     except Exception as e:  # every failure is a reply
         peer_common.emit({"error": f"{type(e).__name__}: {e}"[:400]})
@@ -191,7 +201,11 @@ def cli(doc, run):
 
 
 def main():
-    return cli(__doc__, lambda torch, make, cfg, steps: dict(device="cpu (fake)", **trace(torch, make, cfg, steps)))
+    def shipped(ap):
+        ap.add_argument("--as-shipped", action="store_true",
+                        help="keep MemTracker's per-module peak loop (slower; the same total peak)")
+    return cli(__doc__, lambda torch, make, cfg, steps, a: dict(
+        device="cpu (fake)", **trace(torch, make, cfg, steps, a.as_shipped)), shipped)
 
 
 if __name__ == "__main__":
