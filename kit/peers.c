@@ -818,19 +818,30 @@ static void report_estimates(const cJSON *pe, FILE *md) {
             vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "engine_plan_seconds")),
             vl_rep_fmt("%.2f", 1e3 * vl_rep_num(o, "mimic_seconds")), vl_rep_fmt("%.1f", vl_rep_num(o, "memtracker_seconds")));
   }
-  fprintf(md, "\nAll four at this run's scale and batch, on this CPU. The mimic replays PyTorch's own step op by op "
-              "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
-              "(`torch.distributed._tools.mem_tracker`) traces the real ops on fake tensors, the batch not counted; "
-              "\"measured\" is the peer's live heap bytes above those when its setup began (malloc-counted: kernel "
-              "workspaces and library buffers that are no tensor are in it, not in the two estimates). MemTracker's "
-              "terms: the mimic of the step as MemTracker traces it, PyTorch's code path on fake tensors (there "
-              "transformers builds the causal mask as a tensor and SDPA repeats k and v to every head, where the "
-              "real run passes is_causal and grouped heads; F.mse_loss's output is a storage of its own), the batch "
-              "not counted: the like-for-like number beside MemTracker's. Its split "
-              "(tools/peers/heap_breakdown.py: the step run again in a fresh process, each heap block kept with the "
-              "ATen op that made it and whether it is a tensor's storage) gives PyTorch's tensors at their highest, "
-              "the number the mimic and MemTracker estimate, and what is no tensor at the measured peak.");
-  cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) report_no_tensor(o, md);
+  const char *mem = cJSON_GetStringValue(cJSON_GetObjectItem(pe, "memory"));
+  if (mem && !strcmp(mem, "cuda")) {
+    fprintf(md, "\nAll four at this run's scale and batch, on this GPU. The mimic replays PyTorch's own CUDA step op by "
+                "op (`vramlab plan CASE --mimic pytorch`, its CUDA path: autocast's casts, SDPA's kernel on this card, "
+                "cuBLAS's workspaces); MemTracker (`torch.distributed._tools.mem_tracker`) traces the real ops on "
+                "fake CUDA tensors, the batch not counted; \"measured\" is `torch.cuda.max_memory_allocated` above "
+                "the bytes allocated when the setup began: tensors only, each rounded to the caching allocator's "
+                "512-byte blocks, so no column splits it. The mimic on MemTracker's terms is the CPU's fake-tensor "
+                "code path and is not made on a GPU.");
+  } else {
+    fprintf(md, "\nAll four at this run's scale and batch, on this CPU. The mimic replays PyTorch's own step op by op "
+                "(`vramlab plan CASE --mimic pytorch`; tests/test_mimic.c holds it to PyTorch's traces); MemTracker "
+                "(`torch.distributed._tools.mem_tracker`) traces the real ops on fake tensors, the batch not counted; "
+                "\"measured\" is the peer's live heap bytes above those when its setup began (malloc-counted: kernel "
+                "workspaces and library buffers that are no tensor are in it, not in the two estimates). MemTracker's "
+                "terms: the mimic of the step as MemTracker traces it, PyTorch's code path on fake tensors (there "
+                "transformers builds the causal mask as a tensor and SDPA repeats k and v to every head, where the "
+                "real run passes is_causal and grouped heads; F.mse_loss's output is a storage of its own), the batch "
+                "not counted: the like-for-like number beside MemTracker's. Its split "
+                "(tools/peers/heap_breakdown.py: the step run again in a fresh process, each heap block kept with the "
+                "ATen op that made it and whether it is a tensor's storage) gives PyTorch's tensors at their highest, "
+                "the number the mimic and MemTracker estimate, and what is no tensor at the measured peak.");
+    cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) report_no_tensor(o, md);
+  }
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(pe, "rungs")) {
     const char *w = cJSON_GetStringValue(cJSON_GetObjectItem(o, "memtracker_why"));
     const char *m = cJSON_GetStringValue(cJSON_GetObjectItem(o, "mimic_why"));

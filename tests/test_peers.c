@@ -377,6 +377,29 @@ static void test_report_heap_split(void **state) {
   cJSON_Delete(res);
 }
 
+/* The four ways of a GPU run: MemTracker on fake CUDA tensors beside the mimic's CUDA path and
+ * max_memory_allocated; the text says GPU and what measured means there, no CPU heap split
+ * and no words of the CPU's fake-tensor code path. */
+static void test_report_estimates_on_a_gpu(void **state) {
+  (void)state;
+  cJSON *res = cJSON_Parse(
+      "{\"case_metrics\": {\"peers\": {\"torch\": \"2\", \"device\": \"cuda\", \"memory\": \"cuda\", "
+      "\"rungs\": [{\"rung\": \"lora\", \"engine_planned_peak_bytes\": 50000000, \"mimic_peak_bytes\": 52000000, "
+      "\"memtracker_peak_bytes\": 53000000, \"peer_peak_bytes\": 52500000, "
+      "\"heap_why\": \"a GPU peer: max_memory_allocated counts tensors alone\"}]}}}");
+  assert_non_null(res);
+  static char text[1 << 16];
+  report_text(vl_llm_peers_report, res, text, sizeof text);
+  assert_non_null(strstr(text, "| lora | 50.0 | 52.0 | 53.0 | - | 52.5 | -1.0% | +1.0% | not measured here | - | "
+                               "not measured here |"));
+  assert_non_null(strstr(text, "All four at this run's scale and batch, on this GPU."));
+  assert_non_null(strstr(text, "fake CUDA tensors"));
+  assert_non_null(strstr(text, "`torch.cuda.max_memory_allocated`"));
+  assert_null(strstr(text, "on this CPU"));
+  assert_null(strstr(text, "of its split's peak"));
+  cJSON_Delete(res);
+}
+
 /* ---- the real peers (PyTorch installed), tiny scale ------------------------------------------ */
 /* VRAMLAB_TEST_NO_TORCH=1 (the ctest entry test_peers_no_torch, whose VRAMLAB_PYTHON cannot
  * import torch): the real peers must take the "not installed" path, on any machine. */
@@ -940,7 +963,7 @@ int main(void) {
       cmocka_unit_test(test_memtracker_fixtures),   cmocka_unit_test(test_memtracker_fixture_stale),
       cmocka_unit_test(test_full_scale_fake_memtracker), cmocka_unit_test(test_full_scale_report),
       cmocka_unit_test(test_full_scale_without_pytorch), cmocka_unit_test(test_real_full_scale),
-      cmocka_unit_test(test_full_scale_not_on_a_gpu),
+      cmocka_unit_test(test_full_scale_not_on_a_gpu), cmocka_unit_test(test_report_estimates_on_a_gpu),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

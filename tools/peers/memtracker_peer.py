@@ -3,8 +3,10 @@
 (torch.distributed._tools.mem_tracker) over the step the case's PyTorch peer runs
 (tools/peers/llm_lora_peer.py, seg_peer.py, sd_lora_peer.py: their `make` builds it,
 imported), traced on
-fake tensors (FakeTensorMode on the CPU device: the real ops' shapes, dtypes and
-allocations, no memory and no arithmetic). The model, its optimizer and the batch are built
+fake tensors (FakeTensorMode on the config's device: the real ops' shapes, dtypes and
+allocations, no memory and no arithmetic). A CUDA config traces on a fake CUDA device, which
+needs a GPU: autograd's backward asks the device for its context, so without one it is an
+error that says so (the CPU trace runs anywhere). The model, its optimizer and the batch are built
 under the fake mode, then `steps` training steps are traced (default 2: the first creates
 the optimizer's state, the second is the steady step the real peer's peak is measured on;
 the peak is over both). On fake tensors no value can be read, so the loss is not summed and
@@ -14,7 +16,7 @@ GradScaler's overflow check and scale update are left out (peer_common.Stepper.o
 
 --config is the peer's setup as `vramlab peer-config CASE --step RUNG` prints it ("config");
 --script the peer it belongs to ("script"). Prints one JSON object:
-  {"script", "device": "cpu (fake)", "steps", "peak_bytes": MemTracker's total peak,
+  {"script", "device": "cpu (fake)" | "cuda (fake)", "steps", "peak_bytes": MemTracker's total peak,
    "categories": {"PARAM": bytes, "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH"} at that peak,
    "build_seconds": building the model and optimizer on fake tensors,
    "trace_seconds": the traced steps, "torch", "transformers", "peft", "torchvision",
@@ -128,8 +130,12 @@ def trace(torch, make, cfg, steps, as_shipped=False):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    if cfg.get("device", "cpu") != "cpu":
-        raise ValueError("this peer traces on a fake CPU device only (config device: %s)" % cfg["device"])
+    device = cfg.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError("this peer traces on a fake CPU or CUDA device (config device: %s)" % device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("a fake CUDA step is traced only where a GPU is: its backward asks the device for its "
+                         "context (torch.cuda.is_available() is False here)")
     torch.nn.Module.to = fake_to
     frozen_hooks_skipped(torch)
     t0 = time.perf_counter()
@@ -152,7 +158,7 @@ def trace(torch, make, cfg, steps, as_shipped=False):
                 st.one_step(fake=True, each_micro=mt.reset_mod_stats)
         t2 = time.perf_counter()
         snap = mt.get_tracker_snapshot("peak")
-    dev = torch.device("cpu")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     per = snap.get(dev) or next(iter(snap.values()))
     cats, total = {}, None
     for k, v in per.items():
@@ -205,7 +211,7 @@ def main():
         ap.add_argument("--as-shipped", action="store_true",
                         help="keep MemTracker's per-module peak loop (slower; the same total peak)")
     return cli(__doc__, lambda torch, make, cfg, steps, a: dict(
-        device="cpu (fake)", **trace(torch, make, cfg, steps, a.as_shipped)), shipped)
+        device=cfg.get("device", "cpu") + " (fake)", **trace(torch, make, cfg, steps, a.as_shipped)), shipped)
 
 
 if __name__ == "__main__":
