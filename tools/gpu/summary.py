@@ -260,6 +260,24 @@ def main():
                   f"{c.get('mimic_bw_extra_bytes') if c.get('mimic_bw_extra_bytes') is not None else '–'} |")
             p("")
 
+    tp = load(os.path.join(res, "torch-full-peer.json")) or {}
+    tm = load(os.path.join(res, "torch-full-memtracker.json")) or {}
+    tq = (load(os.path.join(res, "torch-full-plan.json")) or {}).get("pytorch") or {}
+    if tp or tq:
+        p("## PyTorch's 7B `lora` step at full scale (stage 8)\n")
+        if tp.get("error"):
+            p(f"PyTorch's step: {tp['error']}\n")
+        p("| | max_memory_allocated | max_memory_reserved | step s (median) |\n|---|---|---|---|")
+        p(f"| PyTorch measured (this card) | {gb(num(tp, 'peak_bytes'))} | {gb(num(tp, 'reserved_bytes'))} | "
+          f"{num(tp, 'median'):.3f} |" if num(tp, "median") else "– |")
+        p(f"| mimic (planned) | {gb(num(tq, 'max_allocated_bytes'))} | {gb(num(tq, 'max_reserved_bytes'))} | – |")
+        p(f"| mimic vs measured | {vs(num(tq, 'max_allocated_bytes'), num(tp, 'peak_bytes'))} | "
+          f"{vs(num(tq, 'max_reserved_bytes'), num(tp, 'reserved_bytes'))} | – |")
+        p(f"| MemTracker, fake CUDA tensors (batch not counted) | "
+          f"{gb(num(tm, 'peak_bytes')) if num(tm, 'peak_bytes') else tm.get('error', '–')} | – | "
+          f"trace {num(tm, 'trace_seconds') or '–'} s |")
+        p(f"\nThe mimic's verdict on the 24 GB card: fits {tq.get('fits', '?')}.\n")
+
     rg = text(os.path.join(res, "regress.txt"))
     if rg:
         p("## Regress baseline (stage 6)\n\n```\n" + "\n".join(rg.splitlines()[-60:]) + "\n```\n")
