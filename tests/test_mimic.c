@@ -566,6 +566,10 @@ static void test_memtracker(void **state) {
    * (memtracker_all.py --model-config: LlamaForCausalLM, Qwen2ForCausalLM) */
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-llama-3.2-1b-full.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-qwen2.5-0.5b-full.json") >= 3);
+  /* and the sizes users bring: Llama-3-8B (untied head, 128k vocabulary: baseline 132.7 GB)
+   * and Qwen2.5-7B (q/k/v biases, untied at 7B: 126.2 GB) */
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-llama-3-8b-full.json") >= 3);
+  assert_true(memtracker_fixture("tests/fixtures/memtracker/llm-lora-qwen2.5-7b-full.json") >= 3);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt.json") >= 5);
   assert_true(memtracker_fixture("tests/fixtures/memtracker/seg-ckpt-full.json") >= 5);
   /* sd-lora: the cached rungs (disk_cache, prefetch16, ram_cache) and the uncached ones (before,

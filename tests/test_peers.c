@@ -642,6 +642,8 @@ static void test_memtracker_fixtures(void **state) {
   /* the families in their own transformers classes (the setup says model_type) */
   check_memtracker_fixture("llm-lora", "-llama-3.2-1b-full");
   check_memtracker_fixture("llm-lora", "-qwen2.5-0.5b-full");
+  check_memtracker_fixture("llm-lora", "-llama-3-8b-full");
+  check_memtracker_fixture("llm-lora", "-qwen2.5-7b-full");
 }
 
 /* A changed rung makes its fixture stale: the same check fails. */
