@@ -268,8 +268,9 @@ def main():
         if tp.get("error"):
             p(f"PyTorch's step: {tp['error']}\n")
         p("| | max_memory_allocated | max_memory_reserved | step s (median) |\n|---|---|---|---|")
+        med = num(tp, "median")
         p(f"| PyTorch measured (this card) | {gb(num(tp, 'peak_bytes'))} | {gb(num(tp, 'reserved_bytes'))} | "
-          f"{num(tp, 'median'):.3f} |" if num(tp, "median") else "– |")
+          f"{f'{med:.3f}' if med else '–'} |")
         p(f"| mimic (planned) | {gb(num(tq, 'max_allocated_bytes'))} | {gb(num(tq, 'max_reserved_bytes'))} | – |")
         p(f"| mimic vs measured | {vs(num(tq, 'max_allocated_bytes'), num(tp, 'peak_bytes'))} | "
           f"{vs(num(tq, 'max_reserved_bytes'), num(tp, 'reserved_bytes'))} | – |")
